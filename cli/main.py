@@ -1,0 +1,151 @@
+"""The `probe` command line: a thin layer over the probes API.
+
+Exit codes: 0 success, 2 bad input (one line on stderr naming the fix), 1 internal error,
+130 interrupted. `probe --debug ...` shows tracebacks.
+"""
+from __future__ import annotations
+
+import functools
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+
+app = typer.Typer(
+    name="probe",
+    help="depthprobe: per-layer, per-head probing of transformers (attention statistics, syntax, "
+         "coreference, induction, signal-propagation kernels).",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+list_app = typer.Typer(help="List tasks or models.", no_args_is_help=True)
+app.add_typer(list_app, name="list")
+
+_DEBUG = {"on": False}
+
+
+@app.callback()
+def _main(debug: bool = typer.Option(False, "--debug", help="Show full tracebacks on errors.")) -> None:
+    _DEBUG["on"] = debug
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def err(message: str) -> None:
+    typer.echo(f"error: {message}", err=True)
+
+
+def guarded(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Turn ProbeError into one line + exit 2, anything else into one line + exit 1."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        from probes.errors import ProbeError
+
+        try:
+            return fn(*args, **kwargs)
+        except typer.Exit:
+            raise
+        except ProbeError as exc:
+            if _DEBUG["on"]:
+                raise
+            err(str(exc))
+            raise typer.Exit(exc.exit_code) from None
+        except KeyboardInterrupt:
+            err("interrupted; nothing was written")
+            raise typer.Exit(130) from None
+        except Exception as exc:  # internal error: keep it to one line unless --debug
+            if _DEBUG["on"]:
+                raise
+            first = (str(exc).strip().splitlines() or [""])[0]
+            err(f"internal error: {type(exc).__name__}: {first} (rerun with probe --debug ... for the traceback)")
+            raise typer.Exit(1) from None
+
+    return wrapper
+
+
+def parse_options(pairs: list[str]) -> dict[str, str]:
+    from probes.errors import ProbeError
+
+    out: dict[str, str] = {}
+    for pair in pairs:
+        if "=" not in pair:
+            raise ProbeError(f"--option expects key=value, got {pair!r} (e.g. --option top=10)")
+        key, value = pair.split("=", 1)
+        out[key.strip().replace("-", "_")] = value.strip()
+    return out
+
+
+def print_result(result: Any) -> None:
+    import pandas as pd
+
+    with pd.option_context("display.max_rows", 200, "display.max_columns", 20, "display.width", 200,
+                           "display.max_colwidth", 80):
+        typer.echo(result.summary.to_string(index=False))
+    for note in result.notes:
+        typer.echo(f"- {note}")
+
+
+@app.command()
+@guarded
+def run(
+    model: str = typer.Option("minilm", "--model", "-m", help="Alias, Hugging Face id, local directory, "
+                              "native spec (native:layers=2,...) or checkpoint directory."),
+    task: str = typer.Option("attention-stats", "--task", "-t", help="Task name (`probe list tasks`)."),
+    data: Optional[Path] = typer.Option(None, "--data", "-d", help="Input file or folder (default: built-in sample)."),
+    limit: Optional[int] = typer.Option(None, "--limit", help="Use only the first N examples."),
+    batch_size: int = typer.Option(32, "--batch-size", "-b", help="Examples per forward pass."),
+    device: Optional[str] = typer.Option(None, "--device", help="cpu, cuda, cuda:N (default: CUDA when present)."),
+    seed: int = typer.Option(0, "--seed", help="Random seed."),
+    max_len: int = typer.Option(128, "--max-len", help="Longest input in pieces incl. specials; longer ones are skipped."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Run directory (default artifacts/runs/<run-id>)."),
+    option: list[str] = typer.Option([], "--option", "-O", help="Task option key=value (repeatable)."),
+    progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar on long runs."),
+) -> None:
+    """Run a task on a model, print its summary and write a run directory."""
+    from probes.api import run as api_run
+    from probes.task import get_task
+
+    get_task(task)  # unknown task fails before anything is loaded
+    result = api_run(model, task, data, limit=limit, batch_size=batch_size, device=device, seed=seed,
+                     max_len=max_len, progress=progress and sys.stderr.isatty(), **parse_options(option))
+    path = result.save(out)
+    print_result(result)
+    typer.echo(f"wrote {path}")
+
+
+@list_app.command("tasks")
+@guarded
+def list_tasks() -> None:
+    """Registered tasks with their options."""
+    import dataclasses
+
+    from probes.task import TASKS, task_names
+
+    for name in task_names():
+        t = TASKS.get(name)
+        opts = ", ".join(f"{f.name}={f.default}" for f in dataclasses.fields(t.Options))
+        typer.echo(f"{name:16s} {t.description}")
+        if opts:
+            typer.echo(f"{'':16s} options: {opts}")
+
+
+@list_app.command("models")
+@guarded
+def list_models() -> None:
+    """Model aliases and whether each is available offline right now."""
+    from probes.models import offline_models
+
+    typer.echo(f"{'alias':18s} {'offline':8s} {'hugging face id':42s} what")
+    for row in offline_models():
+        typer.echo(f"{row['alias']:18s} {row['offline']:8s} {row['hf_id']:42s} {row['what']}")
+    typer.echo("Also accepted: any Hugging Face id in the local cache, a local HF-format directory, "
+               "a native spec (native:layers=2,d_model=64,heads=4,attn_only=true) or a checkpoint "
+               "directory written by probe train.")
+
+
+# Commands defined in their own modules register themselves on `app` when imported.
+from cli import commands  # noqa: E402,F401

@@ -1,0 +1,13 @@
+"""depthprobe core: loading, scoped capture, word alignment, metrics, tasks and artifacts."""
+from probes.align import encode_words, word_attention
+from probes.api import Result, run
+from probes.capture import capture, forward, resolve_names
+from probes.errors import ProbeError
+from probes.models import ALIASES, DEFAULT_MODEL, Model, NativeConfig, load, load_checkpoint, save_checkpoint
+from probes.task import TASKS, Batch, Context, Examples, Output, Task, get_task, register, task_names
+
+__all__ = [
+    "ALIASES", "DEFAULT_MODEL", "TASKS", "Batch", "Context", "Examples", "Model", "NativeConfig",
+    "Output", "ProbeError", "Result", "Task", "capture", "encode_words", "forward", "get_task", "load",
+    "load_checkpoint", "register", "resolve_names", "run", "save_checkpoint", "task_names", "word_attention",
+]

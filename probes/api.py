@@ -1,0 +1,157 @@
+"""The Python API the CLI is a thin layer over: ``probes.run(model, task, data, **options)``."""
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import torch
+
+from probes import artifacts
+from probes.capture import forward
+from probes.errors import ProbeError
+from probes.models import DEFAULT_MODEL, Model, load
+from probes.task import Context, Output, RunConfig, get_task
+
+
+@dataclass
+class Result:
+    """A finished run: tidy scores, summary, notes, and everything needed to save it."""
+
+    scores: pd.DataFrame
+    summary: pd.DataFrame
+    notes: list[str]
+    headline: dict[str, Any]
+    config: dict[str, Any]
+    model_info: dict[str, Any]
+    device: str
+    timings: dict[str, float]
+    counts: dict[str, Any]
+    views: list[dict[str, Any]] = field(default_factory=list)
+    plots: dict[str, str] = field(default_factory=dict)
+    files: dict[str, bytes] = field(default_factory=dict)
+    path: Path | None = None
+
+    @property
+    def task(self) -> str:
+        return self.config["task"]
+
+    def manifest(self) -> dict[str, Any]:
+        return artifacts.manifest(self.config, self.model_info, self.device, self.timings, self.counts)
+
+    def save(self, directory: str | Path | None = None) -> Path:
+        """Write the run directory atomically; returns its path."""
+        final = Path(directory) if directory else artifacts.DEFAULT_ROOT / artifacts.run_id(
+            self.model_info["name"], self.task)
+        with artifacts.atomic_dir(final) as tmp:
+            self.scores.to_csv(tmp / "scores.csv", index=False)
+            self.summary.to_csv(tmp / "summary.csv", index=False)
+            artifacts.write_json(tmp / "summary.json", {
+                "task": self.task, "model": self.model_info["name"], "headline": self.headline,
+                "notes": self.notes, "counts": self.counts,
+                "summary": self.summary.to_dict(orient="records"),
+            })
+            artifacts.write_json(tmp / "manifest.json", self.manifest())
+            if self.views:
+                artifacts.write_json(tmp / "views.json", self.views)
+            for name, svg in self.plots.items():
+                (tmp / "plots").mkdir(exist_ok=True)
+                (tmp / "plots" / f"{name}.svg").write_text(svg, encoding="utf-8")
+            for name, data in self.files.items():
+                (tmp / name).parent.mkdir(parents=True, exist_ok=True)
+                (tmp / name).write_bytes(data)
+            from probes import report
+
+            report.write_report(tmp)
+        self.path = final
+        return final
+
+    def _repr_html_(self) -> str:
+        from probes import report
+
+        return report.result_html(self)
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def depth_note(model: Model) -> tuple[str, dict[str, Any]]:
+    """Levine et al. 2020: depth is efficient only below L_th = log3(d_model)."""
+    L, d = model.info.n_layers, model.info.d_model
+    l_th = math.log(d, 3)
+    regime = ("depth-efficient (L < L_th: adding layers beats widening)" if L < l_th
+              else "depth-inefficient (L >= L_th: widening is the better use of parameters)")
+    return (f"depth L={L}, width d_model={d}, Levine et al. threshold L_th=log3({d})={l_th:.2f}: {regime}",
+            {"depth": L, "d_model": d, "L_th": round(l_th, 3), "regime": regime.split(" ")[0]})
+
+
+def _options_tuple(options: dict[str, Any]) -> tuple[tuple[str, Any], ...]:
+    return tuple(sorted((k, v) for k, v in options.items()))
+
+
+def run(model: str | Model = DEFAULT_MODEL, task: str = "attention-stats", data: str | Path | None = None,
+        *, limit: int | None = None, batch_size: int = 32, device: str | None = None, seed: int = 0,
+        max_len: int = 128, progress: bool = False, **options: Any) -> Result:
+    """Run a task on a model and return its :class:`Result` (call ``.save()`` to write it).
+
+    Task-specific options are keyword arguments (see ``probe list tasks``). All input is
+    validated before the model is loaded or any forward pass runs.
+    """
+    timer = artifacts.Timer()
+    task_obj = get_task(task)
+    name = model.info.name if isinstance(model, Model) else model
+    if data is not None and not Path(data).exists():
+        raise ProbeError(f"data path {data} does not exist; check the path (or omit --data for the built-in sample)")
+    config = RunConfig(model=name, task=task, data=None if data is None else str(data), limit=limit,
+                       batch_size=batch_size, device=device, seed=seed, max_len=max_len,
+                       options=_options_tuple(options))
+    ctx = Context(config=config, options=task_obj.parse_options(options))
+    seed_everything(seed)
+    with timer("load_model"):
+        mdl = model if isinstance(model, Model) else load(model, device=device)
+    if task_obj.needs_text:
+        mdl.require_tokenizer(task)
+    with timer("load_data"):
+        examples = task_obj.load(mdl, ctx)
+    examples = examples.head(limit)
+    if not examples:
+        raise ProbeError(f"no examples to run {task!r} on: the input is empty; pass a file with content")
+    names = task_obj.hook_names(mdl, ctx)
+    state = task_obj.start(mdl, ctx, examples)
+    n_batches = 0
+    with timer("forward_and_accumulate"):
+        bar = _progress(progress, len(examples), config.batch_size)
+        for batch in task_obj.batches(mdl, examples, ctx):
+            acts = forward(mdl, batch.input_ids, batch.attention_mask, names, logits=task_obj.needs_logits)
+            task_obj.accumulate(state, batch, acts)
+            n_batches += 1
+            if bar is not None:
+                bar.update(len(batch.items))
+        if bar is not None:
+            bar.close()
+    with timer("finalize"):
+        out: Output = task_obj.finalize(state, ctx)
+    note, depth = depth_note(mdl)
+    headline = {**out.headline, "depth_efficiency": depth}
+    counts = {"examples": len(examples), "skipped": examples.skipped, "batches": n_batches}
+    if examples.skipped:
+        out.notes.insert(0, f"{examples.skipped} input(s) skipped ({examples.why}), not truncated")
+    counts.update({k: v for k, v in out.headline.items() if k.startswith("n_")})
+    return Result(scores=out.scores, summary=out.summary, notes=[*out.notes, note], headline=headline,
+                  config=config.as_dict(), model_info=mdl.info.as_dict(), device=str(mdl.device),
+                  timings=timer.times, counts=counts, views=out.views, plots=out.plots, files=out.files)
+
+
+def _progress(enabled: bool, total: int, batch_size: int):
+    if not enabled or total <= batch_size:
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=total, unit="ex", leave=False, dynamic_ncols=True)

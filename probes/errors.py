@@ -1,0 +1,26 @@
+"""User-facing errors: one line that names the fix, exit code 2, no traceback."""
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable
+
+
+class ProbeError(Exception):
+    """Bad input from the user. The message is one line and says how to fix it."""
+
+    exit_code = 2
+
+
+def suggest(name: str, choices: Iterable[str]) -> str:
+    """' (did you mean X?)' for the closest choices, or '' when nothing is close."""
+    close = difflib.get_close_matches(name, list(choices), n=3, cutoff=0.5)
+    if not close:
+        return ""
+    return " (did you mean " + " or ".join(repr(c) for c in close) + "?)"
+
+
+def unknown(kind: str, name: str, choices: Iterable[str]) -> ProbeError:
+    choices = sorted(choices)
+    return ProbeError(
+        f"unknown {kind} {name!r}{suggest(name, choices)}; choose from: {', '.join(choices)}"
+    )

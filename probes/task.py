@@ -1,0 +1,200 @@
+"""The task protocol and the task registry.
+
+A task is a small declarative object:
+
+- ``name``, ``description`` and ``Options`` (a frozen dataclass of task-specific options,
+  set from the CLI with ``--option key=value`` and from Python as keyword arguments);
+- ``load(model, ctx)`` reads and validates the examples (bad input fails here, before any
+  forward pass) and returns them as :class:`Examples`
+  (a list that also counts what was skipped);
+- ``batches(model, examples, ctx)`` turns them into padded model inputs, batched by length;
+- ``hook_names(model, ctx)`` lists the TransformerLens hooks to capture;
+- ``start(model, ctx, examples)`` returns a fresh state; ``accumulate(state, batch, acts)`` folds one
+  batch's activations into running sums; ``finalize(state, ctx)`` returns a :class:`Output`.
+
+Attention maps of a whole data set are never held at once: ``acts`` lives for one batch.
+"""
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+import pandas as pd
+import torch
+
+from probes.errors import ProbeError, suggest
+from probes.registry import Registry
+
+SCORE_COLUMNS = ["model", "task", "layer", "head", "metric", "value"]
+
+
+@dataclass(frozen=True)
+class NoOptions:
+    pass
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Everything that determines a run. Written into every artifact's manifest."""
+
+    model: str
+    task: str
+    data: str | None = None
+    limit: int | None = None
+    batch_size: int = 32
+    device: str | None = None
+    seed: int = 0
+    max_len: int = 128
+    options: tuple[tuple[str, Any], ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.batch_size < 1:
+            raise ProbeError(f"--batch-size must be at least 1, got {self.batch_size}")
+        if self.limit is not None and self.limit < 1:
+            raise ProbeError(f"--limit must be at least 1, got {self.limit}")
+        if self.max_len < 4:
+            raise ProbeError(f"--max-len must be at least 4, got {self.max_len}")
+
+    def as_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["options"] = dict(self.options)
+        return d
+
+
+@dataclass(frozen=True)
+class Context:
+    """What a task sees of the run: the config, its parsed options and the data path."""
+
+    config: RunConfig
+    options: Any
+
+    @property
+    def data(self) -> Path | None:
+        return None if self.config.data is None else Path(self.config.data)
+
+
+class Examples(list):
+    """A task's examples, plus how many inputs were skipped (over the length limit, ...)."""
+
+    def __init__(self, items: Iterable[Any] = (), skipped: int = 0, why: str = "over --max-len") -> None:
+        super().__init__(items)
+        self.skipped = skipped
+        self.why = why
+
+    def head(self, n: int | None) -> "Examples":
+        return self if n is None else Examples(self[:n], self.skipped, self.why)
+
+
+@dataclass
+class Batch:
+    """Padded model input for one forward pass plus whatever the task needs to score it."""
+
+    input_ids: torch.Tensor  # [batch, pos]
+    attention_mask: torch.Tensor  # [batch, pos], 1 for real tokens
+    items: Sequence[Any]  # the task's examples in this batch, in row order
+
+
+@dataclass
+class Output:
+    """What finalize returns: tidy scores, a short summary table and notes for the reader."""
+
+    scores: pd.DataFrame
+    summary: pd.DataFrame
+    notes: list[str] = field(default_factory=list)
+    headline: dict[str, Any] = field(default_factory=dict)
+    views: list[dict[str, Any]] = field(default_factory=list)  # attention views for the report
+    plots: dict[str, str] = field(default_factory=dict)  # name -> SVG text
+    files: dict[str, bytes] = field(default_factory=dict)  # extra artifact files
+
+
+class Task:
+    name: ClassVar[str]
+    description: ClassVar[str]
+    Options: ClassVar[type] = NoOptions
+    needs_text: ClassVar[bool] = True
+    needs_logits: ClassVar[bool] = False
+
+    def load(self, model: Any, ctx: Context) -> Examples:
+        raise NotImplementedError
+
+    def batches(self, model: Any, examples: list[Any], ctx: Context) -> Iterator[Batch]:
+        raise NotImplementedError
+
+    def hook_names(self, model: Any, ctx: Context) -> list[str]:
+        raise NotImplementedError
+
+    def start(self, model: Any, ctx: Context, examples: Examples) -> Any:
+        raise NotImplementedError
+
+    def accumulate(self, state: Any, batch: Batch, acts: dict[str, torch.Tensor]) -> None:
+        raise NotImplementedError
+
+    def finalize(self, state: Any, ctx: Context) -> Output:
+        raise NotImplementedError
+
+    def parse_options(self, options: dict[str, Any]) -> Any:
+        fields = {f.name: f for f in dataclasses.fields(self.Options)}
+        for key in options:
+            if key not in fields:
+                hint = suggest(key, fields)
+                known = ", ".join(fields) or "none"
+                raise ProbeError(f"task {self.name!r} has no option {key!r}{hint}; its options: {known}")
+        kwargs = {k: _coerce_option(self.name, k, v, fields[k]) for k, v in options.items()}
+        return self.Options(**kwargs)
+
+
+def _coerce_option(task: str, key: str, value: Any, f: dataclasses.Field) -> Any:
+    if not isinstance(value, str):
+        return value
+    typ = str(f.type)
+    try:
+        if typ.startswith("bool"):
+            if value.lower() not in ("true", "false", "1", "0", "yes", "no"):
+                raise ValueError
+            return value.lower() in ("true", "1", "yes")
+        if typ.startswith("int"):
+            return int(value)
+        if typ.startswith("float"):
+            return float(value)
+        if typ.startswith("tuple"):
+            inner = typ[typ.index("[") + 1:].split(",")[0].strip()
+            parts = [p.strip() for p in value.split(",") if p.strip()]
+            return tuple(int(p) if inner == "int" else float(p) if inner == "float" else p for p in parts)
+    except ValueError:
+        raise ProbeError(f"task {task!r}: option {key}={value!r} should be {typ}") from None
+    return value
+
+
+TASKS: Registry[Task] = Registry("task")
+
+
+def register(cls: type[Task]) -> type[Task]:
+    """Class decorator: instantiate and register a task under ``cls.name``."""
+    TASKS.register(cls.name, cls())
+    return cls
+
+
+def get_task(name: str) -> Task:
+    import tasks  # noqa: F401  (registers the task library)
+
+    return TASKS.get(name)
+
+
+def task_names() -> list[str]:
+    import tasks  # noqa: F401
+
+    return TASKS.names()
+
+
+def tidy(rows: Iterable[dict[str, Any]], model: str, task: str) -> pd.DataFrame:
+    """Rows -> the tidy score table with the standard columns first."""
+    df = pd.DataFrame(list(rows))
+    if df.empty:
+        return pd.DataFrame(columns=SCORE_COLUMNS)
+    df.insert(0, "model", model) if "model" not in df else None
+    df.insert(1, "task", task) if "task" not in df else None
+    rest = [c for c in df.columns if c not in SCORE_COLUMNS]
+    return df[[c for c in SCORE_COLUMNS if c in df.columns] + rest]
