@@ -1,1 +1,2 @@
 """Import every module that adds commands to the `probe` app (one line each)."""
+from cli import sweep  # noqa: F401

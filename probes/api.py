@@ -31,6 +31,7 @@ class Result:
     device: str
     timings: dict[str, float]
     counts: dict[str, Any]
+    heatmaps: list[dict[str, Any]] = field(default_factory=list)
     views: list[dict[str, Any]] = field(default_factory=list)
     plots: dict[str, str] = field(default_factory=dict)
     files: dict[str, bytes] = field(default_factory=dict)
@@ -52,7 +53,7 @@ class Result:
             self.summary.to_csv(tmp / "summary.csv", index=False)
             artifacts.write_json(tmp / "summary.json", {
                 "task": self.task, "model": self.model_info["name"], "headline": self.headline,
-                "notes": self.notes, "counts": self.counts,
+                "notes": self.notes, "counts": self.counts, "heatmaps": self.heatmaps,
                 "summary": self.summary.to_dict(orient="records"),
             })
             artifacts.write_json(tmp / "manifest.json", self.manifest())
@@ -146,7 +147,7 @@ def run(model: str | Model = DEFAULT_MODEL, task: str = "attention-stats", data:
     counts.update({k: v for k, v in out.headline.items() if k.startswith("n_")})
     return Result(scores=out.scores, summary=out.summary, notes=[*out.notes, note], headline=headline,
                   config=config.as_dict(), model_info=mdl.info.as_dict(), device=str(mdl.device),
-                  timings=timer.times, counts=counts, views=out.views, plots=out.plots, files=out.files)
+                  timings=timer.times, counts=counts, heatmaps=out.heatmaps, views=out.views, plots=out.plots, files=out.files)
 
 
 def _progress(enabled: bool, total: int, batch_size: int):

@@ -105,7 +105,12 @@ class Output:
     summary: pd.DataFrame
     notes: list[str] = field(default_factory=list)
     headline: dict[str, Any] = field(default_factory=dict)
-    views: list[dict[str, Any]] = field(default_factory=list)  # attention views for the report
+    # report panels: layer x head heatmaps pivoted from `scores`, each
+    # {"title": str, "metric": str, "where": {column: value, ...}}
+    heatmaps: list[dict[str, Any]] = field(default_factory=list)
+    # attention views: {"title": str, "tokens": [str], "pattern": [[[float]]] (head, query, key),
+    #                   "heads": [str] labels, "causal": bool}
+    views: list[dict[str, Any]] = field(default_factory=list)
     plots: dict[str, str] = field(default_factory=dict)  # name -> SVG text
     files: dict[str, bytes] = field(default_factory=dict)  # extra artifact files
 

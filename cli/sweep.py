@@ -1,0 +1,47 @@
+"""`probe sweep`: vary depth with everything else fixed."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from cli.main import app, guarded, parse_options, print_result
+
+
+@app.command()
+@guarded
+def sweep(
+    task: str = typer.Option(..., "--task", "-t", help="Sweep task (induction, kernels)."),
+    depths: Optional[str] = typer.Option(None, "--depths", "--layers", help="Comma-separated depths, e.g. 1,2,4."),
+    seed: int = typer.Option(0, "--seed", help="Random seed (identical for every depth)."),
+    device: Optional[str] = typer.Option(None, "--device", help="cpu, cuda, cuda:N (default: CUDA when present)."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Run directory (default artifacts/runs/<run-id>)."),
+    option: list[str] = typer.Option([], "--option", "-O", help="Sweep option key=value (repeatable)."),
+    variants: Optional[str] = typer.Option(None, "--variants", help="kernels: comma-separated architecture variants."),
+    width: Optional[int] = typer.Option(None, "--width", "--d-model", help="Model width d_model."),
+    heads: Optional[int] = typer.Option(None, "--heads", help="Attention heads per layer."),
+    seq_len: Optional[int] = typer.Option(None, "--seq-len", help="Tokens per sequence."),
+    steps: Optional[int] = typer.Option(None, "--steps", "--train-steps", help="Training steps per depth."),
+    attn_only: Optional[bool] = typer.Option(None, "--attn-only/--mlp", help="Attention-only blocks, or with MLPs."),
+    progress: bool = typer.Option(True, "--progress/--no-progress", help="Show progress."),
+) -> None:
+    """Train or build one model per depth with identical settings; write one table and plots."""
+    from probes.sweep import get_sweep, parse_depths, sweep as api_sweep
+
+    get_sweep(task)
+    if depths is None:
+        from probes.errors import ProbeError
+
+        raise ProbeError("probe sweep needs --depths (or --layers), e.g. --depths 1,2,4")
+    explicit = {"variants": variants, "width": width, "heads": heads, "seq_len": seq_len,
+                "steps": steps, "attn_only": attn_only}
+    options = {k: v for k, v in explicit.items() if v is not None}
+    options.update(parse_options(option))
+    result = api_sweep(task, parse_depths(depths), seed=seed, device=device,
+                       progress=progress and sys.stderr.isatty(), **options)
+    path = result.save(out)
+    print_result(result)
+    typer.echo(f"wrote {path}")
+
