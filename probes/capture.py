@@ -76,15 +76,18 @@ def capture(model: Model, names: Sequence[str], fn: HookFn | None = None, *,
     acts = Captured()
     wanted = set(resolved)
 
-    def hook(tensor: torch.Tensor, hook: Any) -> torch.Tensor | None:
-        out = fn(tensor, hook) if fn is not None else None
-        if store:
-            acts[hook.name] = (out if out is not None else tensor).detach()
-        if stop_early and wanted.issubset(acts):
-            raise _StopForward
-        return out
+    def make_hook(name: str) -> HookFn:
+        def hook(tensor: torch.Tensor, hook: Any) -> torch.Tensor | None:
+            out = fn(tensor, hook) if fn is not None else None
+            if store:  # keyed by the name asked for (the hook point may carry an alias)
+                acts[name] = (out if out is not None else tensor).detach()
+            if stop_early and wanted.issubset(acts):
+                raise _StopForward
+            return out
 
-    with model.bridge.hooks(fwd_hooks=[(n, hook) for n in resolved]):
+        return hook
+
+    with model.bridge.hooks(fwd_hooks=[(n, make_hook(n)) for n in resolved]):
         yield acts
 
 

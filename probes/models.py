@@ -373,7 +373,7 @@ def save_checkpoint(model: Model, directory: str | Path, extra: dict[str, Any] |
         raise ProbeError("only native models can be saved as depthprobe checkpoints")
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
-    state = {k: v.detach().cpu().contiguous() for k, v in model.bridge.original_model.state_dict().items()}
+    state = {k: v.detach().cpu().contiguous() for k, v in model.bridge.state_dict().items()}
     tmp = out / (CHECKPOINT_WEIGHTS + ".tmp")
     save_file(state, str(tmp))
     os.replace(tmp, out / CHECKPOINT_WEIGHTS)
@@ -400,7 +400,7 @@ def load_checkpoint(directory: str | Path, device: str | torch.device | None = N
         raise ProbeError(f"checkpoint {d} has no {CHECKPOINT_WEIGHTS}; re-save it with probe train")
     model = _load_native(cfg, name or str(d), dev, dtype, weights=_hash_file(weights))
     state = load_file(str(weights), device=str(dev))
-    model.bridge.original_model.load_state_dict(state)
+    model.bridge.load_state_dict(state)
     model.info = dataclasses.replace(model.info, source="checkpoint", resolved=str(d))
     return model
 
