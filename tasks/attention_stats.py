@@ -124,7 +124,9 @@ class AttentionStats(Task):
         if "to_sep" in means:
             by_layer = means["to_sep"].mean(1)
             headline["to_sep_by_layer"] = [round(float(x), 4) for x in by_layer]
-        return Output(scores=scores, summary=summary, notes=notes, headline=headline)
+        heatmaps = [{"title": f"attention {m.replace('_', ' ')}" if m != "entropy" else "entropy (nats)",
+                     "metric": m, "where": {}} for m in means]
+        return Output(scores=scores, summary=summary, notes=notes, headline=headline, heatmaps=heatmaps)
 
     @staticmethod
     def _summary(scores: pd.DataFrame, top: int) -> pd.DataFrame:
