@@ -1,2 +1,3 @@
 """The task library. Importing this package registers every task (one module per task)."""
 from tasks import attention_stats  # noqa: F401
+from tasks import coref  # noqa: F401

@@ -1,0 +1,621 @@
+"""coref (Clark et al. 2019, Table 2; GAP): which heads attend from a mention to its antecedent.
+
+Chains (CoNLL-U ``Entity=`` / CoNLL-2012, DESIGN §3.4): documents are cut into windows of
+consecutive whole sentences (greedy, at most ``--max-len`` pieces with specials; a longer
+sentence is skipped and ends the window), one forward pass per window. A mention M of a window
+(whole span inside) is evaluated when an earlier mention of its chain (strictly earlier start)
+starts in the window. Candidates are the window's mentions ending before M starts (start before
+M, no overlap), ordered nearest first: start descending, then end descending. Per head the
+prediction is the candidate whose head word gets the most word-level attention from M's head
+word (ties: the nearer); correct when the candidate's span belongs to M's chain.
+
+GAP (``--data file.tsv``, detected by extension or header): one pass over the whole text,
+attention from the pronoun to A and to B (pieces by character overlap), the larger wins.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+import torch
+
+from probes import coref_data as cd
+from probes.align import Encoded, unit_matrix, word_attention, word_pieces
+from probes.batching import by_length, pad
+from probes.capture import pattern_names
+from probes.errors import ProbeError
+from probes.task import Batch, Context, Examples, Output, Task, register, tidy
+
+SAMPLE = Path(__file__).parent / "data" / "sample_coref.conllu"
+TYPES = ("pronoun", "proper", "nominal")
+GENDERS = ("masculine", "feminine", "other")
+BASELINES = ("nearest", "head match", "rule-based")
+# Clark et al. 2019 Table 2, BERT-base on CoNLL-2012: All / Pronoun / Proper / Nominal (%)
+CLARK = {"head 5-4": (65, 64, 73, 58), "nearest": (27, 29, 29, 19), "head match": (52, 47, 67, 40),
+         "rule-based": (69, 70, 77, 60)}
+PATTERN_BUDGET = 1 << 30  # bytes of float32 attention patterns held for one batch
+
+
+@dataclass(frozen=True)
+class Options:
+    format: str = "auto"  # auto | conllu | conll2012 | gap
+    views: int = 4  # evaluated mentions (or GAP examples) shown with the best head's attention
+    gap_max_len: int = 512  # GAP texts longer than this many pieces (incl. specials) are skipped
+
+
+class CorefExamples(Examples):
+    """Examples that remember their format ('chains' or 'gap') and counts through ``head``."""
+
+    def __init__(self, items, skipped: int, why: str, kind: str, counts: dict) -> None:
+        super().__init__(items, skipped, why)
+        self.kind, self.counts = kind, counts
+
+    def head(self, n: int | None) -> "CorefExamples":
+        return self if n is None else CorefExamples(self[:n], self.skipped, self.why, self.kind, self.counts)
+
+
+# ---------------------------------------------------------------- chains: queries and baselines
+
+@dataclass(frozen=True)
+class Cand:
+    start: int  # window word indices, inclusive
+    end: int
+    head: int
+    chains: frozenset[str]
+
+
+@dataclass(frozen=True)
+class Query:
+    """One evaluated mention with its candidates (nearest first) and the baselines' answers."""
+
+    start: int
+    end: int
+    head: int  # window word index of M's head word
+    kind: int  # index into TYPES
+    cands: tuple[Cand, ...]
+    correct: tuple[bool, ...]  # per candidate: in M's chain
+    baselines: tuple[bool, bool, bool]  # nearest, head match, rule-based correct
+
+
+@dataclass(frozen=True)
+class Window:
+    doc: str
+    words: tuple[str, ...]
+    encoded: Encoded
+    queries: tuple[Query, ...]
+
+
+def mention_type(upos: str) -> int:
+    return 0 if upos == "PRON" else 1 if upos == "PROPN" else 2
+
+
+def agreement(token) -> tuple[str, str, str]:
+    """(Number, Gender, Person) of a head word: the pronoun table for pronouns it lists, else the
+    token's morphology; non-pronouns are third person. '' = unknown (agrees with anything)."""
+    if token.pos_ == "PRON" and token.text.lower() in cd.PRONOUNS:
+        return cd.PRONOUNS[token.text.lower()]
+    m = token.morph
+
+    def first(key: str) -> str:
+        v = m.get(key)
+        return v[0] if v else ""
+
+    person = first("Person") or ("" if token.pos_ == "PRON" else "3")
+    return first("Number"), first("Gender"), person
+
+
+def compatible(a: tuple[str, ...], b: tuple[str, ...]) -> bool:
+    return all(x == "" or y == "" or x == y for x, y in zip(a, b))
+
+
+def nearest_first(cands: Sequence[Cand]) -> list[Cand]:
+    return sorted(cands, key=lambda c: (-c.start, -c.end))
+
+
+def baseline_picks(doc, lo: int, m: cd.Mention, cands: Sequence[Cand]) -> tuple[int | None, int | None, int | None]:
+    """Indices (into the nearest-first candidates) chosen by nearest, head match and the sieve."""
+    if not cands:
+        return None, None, None
+
+    def words(s: int, e: int) -> tuple[str, ...]:
+        return tuple(t.text.lower() for t in doc[lo + s:lo + e + 1])
+
+    head = doc[m.head].text.lower()
+    same_head = next((i for i, c in enumerate(cands) if doc[lo + c.head].text.lower() == head), None)
+    text = words(m.start - lo, m.end - lo)
+    exact = next((i for i, c in enumerate(cands) if words(c.start, c.end) == text), None)
+    agree = agreement(doc[m.head])
+    compat = next((i for i, c in enumerate(cands) if compatible(agree, agreement(doc[lo + c.head]))), None)
+    head_match = same_head if same_head is not None else 0
+    sieve = next((i for i in (exact, same_head, compat) if i is not None), 0)
+    return 0, head_match, sieve
+
+
+def window_queries(doc, ms: Sequence[cd.Mention], lo: int, hi: int) -> tuple[Query, ...]:
+    """Evaluated mentions of the window of words [lo, hi)."""
+    inside = [m for m in ms if lo <= m.start and m.end < hi]
+    spans: dict[tuple[int, int], set[str]] = {}
+    for m in inside:
+        spans.setdefault((m.start, m.end), set()).add(m.chain)
+    all_cands = [Cand(s - lo, e - lo, doc.user_data["coref_heads"][(s, e + 1)] - lo, frozenset(ch))
+                 for (s, e), ch in spans.items()]
+    out = []
+    for m in inside:
+        if not any(o.chain == m.chain and lo <= o.start < m.start for o in ms):
+            continue
+        cands = nearest_first([c for c in all_cands if c.end < m.start - lo])
+        picks = baseline_picks(doc, lo, m, cands)
+        correct = tuple(m.chain in c.chains for c in cands)
+        base = tuple(p is not None and correct[p] for p in picks)
+        out.append(Query(m.start - lo, m.end - lo, m.head - lo, mention_type(doc[m.head].pos_), tuple(cands),
+                         correct, base))
+    return tuple(out)
+
+
+def doc_windows(sent_pieces: Sequence[int], n_special: int, limit: int) -> tuple[list[tuple[int, int]], int]:
+    """Greedy packing of sentences (their piece counts) into windows of at most ``limit`` pieces
+    with specials. Returns [(first sentence, end sentence exclusive)] and the skipped count."""
+    windows, skipped, first, size = [], 0, None, n_special
+    for i, n in enumerate(sent_pieces):
+        if n + n_special > limit:
+            skipped += 1
+            if first is not None:
+                windows.append((first, i))
+            first, size = None, n_special
+            continue
+        if first is not None and size + n > limit:
+            windows.append((first, i))
+            first, size = None, n_special
+        if first is None:
+            first = i
+        size += n
+    if first is not None:
+        windows.append((first, len(sent_pieces)))
+    return windows, skipped
+
+
+def encode(model, pieces: Sequence[Sequence[int]]) -> Encoded:
+    ids, units = [model.cls_id], [0]
+    for k, p in enumerate(pieces):
+        ids.extend(p)
+        units.extend([k + 1] * len(p))
+    if model.sep_id is not None:
+        ids.append(model.sep_id)
+        units.append(len(pieces) + 1)
+    return Encoded(tuple(ids), tuple(units), len(pieces))
+
+
+def chain_windows(model, docs, limit: int) -> tuple[list[Window], dict[str, int]]:
+    """Windows holding at least one evaluated mention, and counts for the notes."""
+    n_special = 1 + (model.sep_id is not None)
+    out, counts = [], {"windows": 0, "sentences_skipped": 0, "mentions": 0}
+    for doc in docs:
+        ms = cd.mentions(doc)
+        counts["mentions"] += len(ms)
+        pieces = word_pieces(model, [t.text for t in doc])
+        bounds = cd.sentence_bounds(doc)
+        spans, skipped = doc_windows([sum(len(p) for p in pieces[s:e]) for s, e in bounds], n_special, limit)
+        counts["sentences_skipped"] += skipped
+        counts["windows"] += len(spans)
+        name = doc.user_data.get("doc_id") or doc.user_data.get("source") or "doc"
+        for a, b in spans:
+            lo, hi = bounds[a][0], bounds[b - 1][1]
+            queries = window_queries(doc, ms, lo, hi)
+            if queries:
+                out.append(Window(str(name), tuple(t.text for t in doc[lo:hi]), encode(model, pieces[lo:hi]),
+                                  queries))
+    return out, counts
+
+
+# ---------------------------------------------------------------- GAP examples
+
+@dataclass(frozen=True)
+class GapItem:
+    id: str
+    names: tuple[str, str, str]  # pronoun, A, B
+    ids: tuple[int, ...]
+    pronoun: tuple[int, ...]  # piece positions (in ids)
+    a: tuple[int, ...]
+    b: tuple[int, ...]
+    label: int  # 0 = A, 1 = B
+    gender: int  # index into GENDERS
+    nearest: int  # the nearest baseline's pick
+    line: int
+
+
+def gap_nearest(ex: cd.GapExample) -> int:
+    """0 (A) or 1 (B): the candidate whose span boundary is closer to the pronoun's; ties -> the
+    candidate appearing first in the text."""
+    sp = ex.spans()
+    p0, p1 = sp["pronoun"]
+
+    def gap(s: int, e: int) -> int:
+        return p0 - e if e <= p0 else s - p1 if s >= p1 else 0
+
+    da, db = gap(*sp["A"]), gap(*sp["B"])
+    if da != db:
+        return 0 if da < db else 1
+    return 0 if ex.a_offset <= ex.b_offset else 1
+
+
+def gap_items(model, examples: Sequence[cd.GapExample], limit: int, path: Path) -> tuple[list[GapItem], dict[str, int]]:
+    tok = model.require_tokenizer("coref (GAP)")
+    if not getattr(tok, "is_fast", False):
+        raise ProbeError("GAP needs a fast tokenizer (character offsets); use a model with tokenizer.json")
+    usable = [ex for ex in examples if ex.answerable]
+    enc = tok([ex.text for ex in usable], add_special_tokens=False, return_offsets_mapping=True)
+    head = [model.cls_id]
+    tail = [model.sep_id] if model.sep_id is not None else []
+    items, too_long = [], 0
+    for ex, ids, offsets in zip(usable, enc["input_ids"], enc["offset_mapping"]):
+        seq = tuple(head + list(ids) + tail)
+        if len(seq) > limit:
+            too_long += 1
+            continue
+        pos = {}
+        for key, (s, e) in ex.spans().items():
+            pos[key] = tuple(len(head) + t for t, (ps, pe) in enumerate(offsets) if ps < e and pe > s)
+            if not pos[key]:
+                raise ProbeError(f"{path}:{ex.line}: {key} span [{s}, {e}) covers no token of the text")
+        items.append(GapItem(ex.id, (ex.pronoun, ex.a, ex.b), seq, pos["pronoun"], pos["A"], pos["B"], 0 if ex.a_coref else 1,
+                             GENDERS.index(ex.gender), gap_nearest(ex), ex.line))
+    return items, {"rows": len(examples), "unanswerable": len(examples) - len(usable), "too_long": too_long}
+
+
+# ---------------------------------------------------------------- batching
+
+def budget_batches(items: Sequence, seqs: Sequence[Sequence[int]], batch_size: int, pad_id: int,
+                   per_token_pair: int) -> Iterator[Batch]:
+    """Length-sorted batches of at most ``batch_size`` rows whose attention patterns
+    (rows x T x T x ``per_token_pair`` bytes) fit in PATTERN_BUDGET."""
+    order = [i for group in by_length([len(s) for s in seqs], len(seqs) or 1) for i in group]
+    k = 0
+    while k < len(order):
+        t = len(seqs[order[k]])  # longest of this batch (sorted longest first)
+        rows = max(1, min(batch_size, PATTERN_BUDGET // max(1, t * t * per_token_pair)))
+        idx = order[k:k + rows]
+        ids, mask = pad([seqs[i] for i in idx], pad_id)
+        yield Batch(ids, mask, [items[i] for i in idx])
+        k += rows
+
+
+# ---------------------------------------------------------------- state
+
+@dataclass
+class ChainState:
+    n_layers: int
+    n_heads: int
+    views_wanted: int
+    correct: torch.Tensor = None  # [type, layer, head] int64
+    n: list[int] = field(default_factory=lambda: [0, 0, 0])
+    base: list[list[int]] = field(default_factory=lambda: [[0, 0, 0] for _ in BASELINES])  # [baseline][type]
+    views: list[dict] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.correct = torch.zeros(len(TYPES), self.n_layers, self.n_heads, dtype=torch.long)
+
+
+@dataclass
+class GapState:
+    n_layers: int
+    n_heads: int
+    views_wanted: int
+    correct: torch.Tensor = None  # [gender, layer, head]
+    n: list[int] = field(default_factory=lambda: [0, 0, 0])
+    base: list[list[int]] = field(default_factory=lambda: [[0, 0, 0], [0, 0, 0]])  # nearest, first
+    views: list[dict] = field(default_factory=list)
+    counts: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.correct = torch.zeros(len(GENDERS), self.n_layers, self.n_heads, dtype=torch.long)
+
+
+# ---------------------------------------------------------------- scoring one batch
+
+def query_index(windows: Sequence[Window]) -> dict[str, torch.Tensor]:
+    """Flat index tensors over every query of a batch; candidates padded to the widest."""
+    qs = [(b, q) for b, w in enumerate(windows) for q in w.queries]
+    width = max([len(q.cands) for _, q in qs] + [1])
+    rows, units, cands, valid, correct, kind = [], [], [], [], [], []
+    for b, q in qs:
+        pad_n = width - len(q.cands)
+        rows.append(b)
+        units.append(q.head + 1)
+        cands.append([c.head + 1 for c in q.cands] + [0] * pad_n)
+        valid.append([True] * len(q.cands) + [False] * pad_n)
+        correct.append(list(q.correct) + [False] * pad_n)
+        kind.append(q.kind)
+    return {"row": torch.tensor(rows), "unit": torch.tensor(units), "cands": torch.tensor(cands),
+            "valid": torch.tensor(valid), "correct": torch.tensor(correct), "kind": torch.tensor(kind)}
+
+
+def head_predictions(wa: torch.Tensor, ix: dict[str, torch.Tensor]) -> torch.Tensor:
+    """wa: [batch, head, unit, unit] word attention of one layer -> predicted candidate index per
+    (query, head), [query, head]; ties go to the lower index (the nearer candidate)."""
+    rows = wa[ix["row"], :, ix["unit"]]  # [query, head, unit]
+    idx = ix["cands"][:, None, :].expand(-1, rows.shape[1], -1)  # [query, head, cand]
+    scores = rows.gather(-1, idx).masked_fill(~ix["valid"][:, None, :], float("-inf"))
+    return scores.argmax(-1)  # first maximum = nearest among ties
+
+
+def chain_accumulate(state: ChainState, batch: Batch, acts, names: list[str]) -> None:
+    windows: list[Window] = list(batch.items)
+    n_pos = batch.input_ids.shape[1]
+    units = unit_matrix([w.encoded for w in windows], n_pos)  # [batch, unit, pos]
+    ix = query_index(windows)
+    view_rows = _view_targets(state, windows)
+    layers = []
+    for layer, name in enumerate(names):
+        wa = word_attention(acts[name].cpu(), units)  # [batch, head, unit, unit] float64
+        pred = head_predictions(wa, ix)  # [query, head]
+        ok = ix["correct"].gather(1, pred) & ix["valid"].any(1, keepdim=True)  # [query, head]
+        state.correct[:, layer].index_add_(0, ix["kind"], ok.long())
+        layers.append(wa[[b for b, _ in view_rows]].float() if view_rows else None)
+    for k in ix["kind"].tolist():
+        state.n[k] += 1
+    for w in windows:
+        for q in w.queries:
+            for i, ok in enumerate(q.baselines):
+                state.base[i][q.kind] += int(ok)
+    for j, (b, q) in enumerate(view_rows):
+        stack = torch.stack([layers_l[j] for layers_l in layers])  # [layer, head, unit, unit]
+        state.views.append(_chain_view(windows[b], q, stack))
+
+
+def _view_targets(state: ChainState, windows: Sequence[Window]) -> list[tuple[int, Query]]:
+    """Up to the wanted number of (row, query) pairs: the first query with 2+ candidates per window."""
+    out = []
+    for b, w in enumerate(windows):
+        if len(state.views) + len(out) >= state.views_wanted:
+            break
+        q = next((q for q in w.queries if len(q.cands) >= 2), None)
+        if q is not None:
+            out.append((b, q))
+    return out
+
+
+def _chain_view(w: Window, q: Query, wa: torch.Tensor) -> dict:
+    """Word-level attention of every head over the words from the first candidate to M; the best
+    head is chosen in finalize. wa: [layer, head, unit, unit]."""
+    lo = min(c.start for c in q.cands)
+    hi = q.end + 1
+    sub = wa[:, :, lo + 1:hi + 1, lo + 1:hi + 1]  # [layer, head, word, word] of words lo..hi-1
+    return {"doc": w.doc, "tokens": list(w.words[lo:hi]), "query": q.head - lo,
+            "mention": " ".join(w.words[q.start:q.end + 1]), "type": TYPES[q.kind],
+            "candidates": [{"text": " ".join(w.words[c.start:c.end + 1]), "head": c.head - lo, "in_chain": ok}
+                           for c, ok in zip(q.cands, q.correct)],
+            "_all": sub}
+
+
+def gap_accumulate(state: GapState, batch: Batch, acts, names: list[str]) -> None:
+    items: list[GapItem] = list(batch.items)
+    n_pos = batch.input_ids.shape[1]
+    frm = torch.zeros(len(items), n_pos, dtype=torch.float64)  # mean over the pronoun's pieces
+    to = torch.zeros(len(items), 2, n_pos, dtype=torch.float64)  # A, B piece indicators
+    for b, it in enumerate(items):
+        frm[b, list(it.pronoun)] = 1.0 / len(it.pronoun)
+        to[b, 0, list(it.a)] = 1.0
+        to[b, 1, list(it.b)] = 1.0
+    pattern = torch.stack([acts[n].cpu() for n in names], 1)  # [batch, layer, head, q, k]
+    att = torch.einsum("bq,blhqk,bck->blhc", frm, pattern.double(), to)  # [batch, layer, head, cand]
+    label = torch.tensor([it.label for it in items])
+    nearest = torch.tensor([it.nearest for it in items])
+    pred = torch.where(att[..., 1] > att[..., 0], 1, torch.where(att[..., 0] > att[..., 1], 0,
+                                                                 nearest[:, None, None]))  # [b, l, h]
+    ok = (pred == label[:, None, None]).long()
+    gender = torch.tensor([it.gender for it in items])
+    state.correct.index_add_(0, gender, ok)
+    for it in items:
+        state.n[it.gender] += 1
+        state.base[0][it.gender] += int(it.nearest == it.label)
+        state.base[1][it.gender] += int(it.label == 0)
+    for b, it in enumerate(items):
+        if len(state.views) >= state.views_wanted:
+            break
+        state.views.append({"item": it, "att": att[b].float()})
+
+
+# ---------------------------------------------------------------- finalize helpers
+
+def best_head(correct: torch.Tensor) -> tuple[int, int]:
+    """(layer, head) with the most correct answers; ties -> lowest layer, then lowest head."""
+    flat = correct.reshape(-1)  # [layer * head], layer-major
+    i = int(flat.argmax())
+    return divmod(i, correct.shape[1])
+
+
+def pct(k: int | float, n: int) -> float | None:
+    return None if n == 0 else round(100.0 * k / n, 2)
+
+
+def clark(l: int, h: int) -> str:
+    return f"{l + 1}-{h + 1}"
+
+
+def heatmap_rows(correct: torch.Tensor, n: Sequence[int], labels: Sequence[str], column: str) -> list[dict]:
+    """Tidy rows: accuracy of every head overall and per group (type or gender)."""
+    rows = []
+    total, n_all = correct.sum(0), sum(n)
+    groups = [("all", total, n_all)] + [(g, correct[i], n[i]) for i, g in enumerate(labels) if n[i]]
+    for label, c, k in groups:
+        for layer in range(c.shape[0]):
+            for head in range(c.shape[1]):
+                rows.append({"layer": layer, "head": head, "metric": "accuracy",
+                             "value": float(c[layer, head]) / k if k else float("nan"),
+                             column: label, "n": k, "clark_head": clark(layer, head)})
+    return rows
+
+
+# ---------------------------------------------------------------- the task
+
+@register
+class Coref(Task):
+    name = "coref"
+    description = ("Antecedent selection by attention (Clark Table 2): CoNLL-U Entity chains, "
+                   "CoNLL-2012 *_conll, or GAP TSV; best head vs nearest / head-match / rule-based")
+    Options = Options
+
+    def _format(self, ctx: Context) -> str:
+        fmt = ctx.options.format
+        if fmt not in ("auto", "conllu", "conll2012", "gap"):
+            raise ProbeError(f"coref: format={fmt!r}; use auto, conllu, conll2012 or gap")
+        if fmt != "auto":
+            return fmt
+        if ctx.data is None:
+            return "conllu"
+        if ctx.data.is_dir():
+            kinds = {cd.sniff(f) for f in ctx.data.iterdir() if f.is_file() and
+                     (f.suffix in (".conllu", ".tsv") or cd.is_conll2012(f))}
+            if kinds == {"gap"}:
+                return "gap"
+            return "chains"
+        return cd.sniff(ctx.data)
+
+    def load(self, model, ctx: Context) -> Examples:
+        if ctx.options.views < 0:
+            raise ProbeError(f"coref: views={ctx.options.views} must be 0 or more")
+        fmt = self._format(ctx)
+        if fmt == "gap":
+            return self._load_gap(model, ctx)
+        docs = cd.read_chain_docs(ctx.data or SAMPLE)
+        if fmt == "conll2012" and not all(d.user_data.get("head_rule") for d in docs):
+            raise ProbeError(f"{ctx.data}: format=conll2012 but the file reads as CoNLL-U; drop --option format")
+        limit = min(ctx.config.max_len, model.info.max_len)
+        windows, counts = chain_windows(model, docs, limit)
+        if not windows:
+            raise ProbeError(f"{ctx.data or SAMPLE}: no mention has an earlier mention of its chain within "
+                             f"one window of {limit} pieces; give documents with coreference chains")
+        return CorefExamples(windows, counts["sentences_skipped"], f"sentences longer than {limit} pieces",
+                             "chains", {**counts, "documents": len(docs)})
+
+    def _load_gap(self, model, ctx: Context) -> Examples:
+        path = ctx.data
+        files = sorted(f for f in path.iterdir() if f.suffix == ".tsv") if path.is_dir() else [path]
+        rows = [ex for f in files for ex in cd.read_gap(f)]
+        limit = min(ctx.options.gap_max_len, model.info.max_len)
+        items, counts = gap_items(model, rows, limit, path)
+        if not items:
+            raise ProbeError(f"{path}: no GAP example with exactly one true candidate fits in {limit} pieces")
+        return CorefExamples(items, counts["too_long"], f"GAP texts longer than {limit} pieces", "gap", counts)
+
+    def batches(self, model, examples, ctx):
+        seqs = [w.encoded.ids if isinstance(w, Window) else w.ids for w in examples]
+        per_pair = 4 * model.info.n_layers * model.info.n_heads
+        return budget_batches(examples, seqs, ctx.config.batch_size, model.pad_id, per_pair)
+
+    def hook_names(self, model, ctx):
+        return pattern_names(model.info.n_layers)
+
+    def start(self, model, ctx, examples):
+        kind = getattr(examples, "kind", "chains")
+        cls = GapState if kind == "gap" else ChainState
+        state = cls(model.info.n_layers, model.info.n_heads, ctx.options.views)
+        state.kind, state.counts = kind, getattr(examples, "counts", {})
+        return state
+
+    def accumulate(self, state, batch, acts) -> None:
+        names = pattern_names(state.n_layers)
+        if state.kind == "gap":
+            gap_accumulate(state, batch, acts, names)
+        else:
+            chain_accumulate(state, batch, acts, names)
+
+    def finalize(self, state, ctx: Context) -> Output:
+        return gap_output(state, ctx) if state.kind == "gap" else chain_output(state, ctx)
+
+
+# ---------------------------------------------------------------- outputs
+
+def chain_output(state: ChainState, ctx: Context) -> Output:
+    n, total = state.n, sum(state.n)
+    layer, head = best_head(state.correct.sum(0))
+    best = [int(state.correct.sum(0)[layer, head])] + [int(state.correct[k, layer, head]) for k in range(3)]
+    rows = [{"method": "mentions evaluated", "head": "", "clark_head": "", "all": total,
+             "pronoun": n[0], "proper": n[1], "nominal": n[2], "clark_et_al": "All/Pron/Prop/Nom"}]
+    rows.append({"method": "best head", "head": f"{layer}-{head}", "clark_head": clark(layer, head),
+                 "all": pct(best[0], total), **{t: pct(best[k + 1], n[k]) for k, t in enumerate(TYPES)},
+                 "clark_et_al": "head 5-4: " + "/".join(map(str, CLARK["head 5-4"]))})
+    for i, name in enumerate(BASELINES):
+        b = state.base[i]
+        rows.append({"method": name, "head": "", "clark_head": "", "all": pct(sum(b), total),
+                     **{t: pct(b[k], n[k]) for k, t in enumerate(TYPES)},
+                     "clark_et_al": "/".join(map(str, CLARK[name]))})
+    scores = tidy(heatmap_rows(state.correct, n, TYPES, "type"), ctx.config.model, "coref")
+    c = state.counts
+    notes = [f"{total} mentions evaluated ({n[0]} pronoun, {n[1]} proper, {n[2]} nominal) in "
+             f"{c.get('windows', 0)} windows of {c.get('documents', 0)} documents "
+             f"({c.get('mentions', 0)} mentions in all)",
+             f"best head {layer}-{head} (0-indexed; Clark's 1-indexed layer-head {clark(layer, head)}): "
+             f"{pct(best[0], total)}% vs nearest {pct(sum(state.base[0]), total)}%, head match "
+             f"{pct(sum(state.base[1]), total)}%, rule-based {pct(sum(state.base[2]), total)}%",
+             "Clark et al. 2019 (BERT-base, CoNLL-2012), All/Pronoun/Proper/Nominal: head 5-4 65/64/73/58; "
+             "nearest 27/29/29/19; head match 52/47/67/40; rule-based 69/70/77/60"]
+    headline = {"n_mentions": total, "n_by_type": dict(zip(TYPES, n)), "best_head": [layer, head],
+                "best_head_clark": clark(layer, head), "accuracy": pct(best[0], total),
+                "accuracy_by_type": {t: pct(best[k + 1], n[k]) for k, t in enumerate(TYPES)},
+                "baselines": {name: {"all": pct(sum(state.base[i]), total),
+                                     **{t: pct(state.base[i][k], n[k]) for k, t in enumerate(TYPES)}}
+                              for i, name in enumerate(BASELINES)},
+                "clark_et_al": {k: dict(zip(("all", *TYPES), v)) for k, v in CLARK.items()}}
+    heatmaps = [{"title": "antecedent accuracy, all mentions", "metric": "accuracy", "where": {"type": "all"}}]
+    heatmaps += [{"title": f"antecedent accuracy, {t}s", "metric": "accuracy", "where": {"type": t}}
+                 for k, t in enumerate(TYPES) if n[k]]
+    views = [_finish_chain_view(v, layer, head) for v in state.views]
+    return Output(scores=scores, summary=pd.DataFrame(rows), notes=notes, headline=headline,
+                  heatmaps=heatmaps, views=views)
+
+
+def _finish_chain_view(v: dict, layer: int, head: int) -> dict:
+    m = v["_all"][layer, head]  # [word, word]
+    row = m[v["query"]]
+    cands = [{**c, "attention": round(float(row[c["head"]]), 4)} for c in v["candidates"]]
+    top = max(range(len(cands)), key=lambda i: (cands[i]["attention"], -i))
+    pick = cands[top]
+    return {"title": f"{v['doc']}: \"{v['mention']}\" ({v['type']}) -> \"{pick['text']}\" "
+                     f"({'correct' if pick['in_chain'] else 'wrong'}), head {layer}-{head}",
+            "tokens": v["tokens"], "pattern": [m.tolist()], "heads": [f"{layer}-{head} (Clark {clark(layer, head)})"],
+            "causal": False, "query": v["query"], "candidates": cands}
+
+
+def gap_output(state: GapState, ctx: Context) -> Output:
+    n = state.n
+    total = sum(n)
+    tot = state.correct.sum(0)
+    layer, head = best_head(tot)
+    m_i, f_i = GENDERS.index("masculine"), GENDERS.index("feminine")
+
+    def line(method: str, hd: str, all_k: int, by: Sequence[int]) -> dict:
+        acc_m, acc_f = pct(by[m_i], n[m_i]), pct(by[f_i], n[f_i])
+        return {"method": method, "head": hd, "clark_head": clark(layer, head) if hd else "",
+                "all": pct(all_k, total), "masculine": acc_m, "feminine": acc_f,
+                "F/M": round(acc_f / acc_m, 3) if acc_m and acc_f is not None else None}
+
+    rows = [{"method": "examples", "head": "", "clark_head": "", "all": total, "masculine": n[m_i],
+             "feminine": n[f_i], "F/M": None}]
+    rows.append(line("best head", f"{layer}-{head}", int(tot[layer, head]), state.correct[:, layer, head].tolist()))
+    for i, name in enumerate(("nearest", "first candidate")):
+        rows.append(line(name, "", sum(state.base[i]), state.base[i]))
+    summary = pd.DataFrame(rows)
+    scores = tidy(heatmap_rows(state.correct, n, GENDERS, "gender"), ctx.config.model, "coref")
+    c = state.counts
+    notes = [f"GAP: {total} examples with exactly one true candidate ({n[m_i]} masculine, {n[f_i]} feminine); "
+             f"{c.get('unanswerable', 0)} of {c.get('rows', 0)} rows have no or two true candidates and are not used",
+             f"best head {layer}-{head} (Clark {clark(layer, head)}): {pct(int(tot[layer, head]), total)}% vs "
+             f"nearest {pct(sum(state.base[0]), total)}%, first candidate {pct(sum(state.base[1]), total)}%"]
+    headline = {"n_examples": total, "best_head": [layer, head], "best_head_clark": clark(layer, head),
+                "gap": {r["method"]: {k: r[k] for k in ("all", "masculine", "feminine", "F/M")} for r in rows[1:]}}
+    heatmaps = [{"title": "GAP accuracy, all", "metric": "accuracy", "where": {"gender": "all"}}]
+    heatmaps += [{"title": f"GAP accuracy, {g}", "metric": "accuracy", "where": {"gender": g}}
+                 for k, g in enumerate(GENDERS) if n[k]]
+    views = [_gap_view(v, layer, head) for v in state.views]
+    return Output(scores=scores, summary=summary, notes=notes, headline=headline, heatmaps=heatmaps, views=views)
+
+
+def _gap_view(v: dict, layer: int, head: int) -> dict:
+    it: GapItem = v["item"]
+    att = v["att"][layer, head]
+    return {"title": f"GAP {it.id}: pronoun -> A {att[0]:.3f}, B {att[1]:.3f}; true {'AB'[it.label]}",
+            "tokens": [f"{it.names[0]} (pronoun)", f"{it.names[1]} (A)", f"{it.names[2]} (B)"], "pattern": [[[0.0, float(att[0]), float(att[1])], [0.0] * 3, [0.0] * 3]],
+            "heads": [f"{layer}-{head} (Clark {clark(layer, head)})"], "causal": False}
