@@ -1,0 +1,70 @@
+"""`probe viz` (attention views of a model on a text) and `probe report` (re-render a run's report)."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from cli.main import app, guarded
+
+
+def _read_text(text: Optional[str], file: Optional[Path]) -> tuple[str, str]:
+    from probes.errors import ProbeError
+
+    if (text is None) == (file is None):
+        raise ProbeError("probe viz needs exactly one of --text \"...\" or --file PATH")
+    if file is None:
+        return text, "--text"
+    try:
+        return file.read_text(encoding="utf-8"), str(file)
+    except FileNotFoundError:
+        raise ProbeError(f"--file {file} does not exist; check the path") from None
+    except UnicodeDecodeError:
+        raise ProbeError(f"--file {file} is not UTF-8 text; convert it (e.g. iconv -t utf-8)") from None
+    except OSError as exc:
+        raise ProbeError(f"--file {file} cannot be read: {exc.strerror}") from None
+
+
+@app.command()
+@guarded
+def viz(
+    model: str = typer.Option("minilm", "--model", "-m", help="Alias, Hugging Face id or local directory."),
+    text: Optional[str] = typer.Option(None, "--text", help="The text to show attention on."),
+    file: Optional[Path] = typer.Option(None, "--file", "-f", help="Read the text from this UTF-8 file instead."),
+    layers: Optional[str] = typer.Option(None, "--layers", help="0-indexed layers, e.g. 0,3 or 0-2 (default: all)."),
+    heads: Optional[str] = typer.Option(None, "--heads", help="0-indexed heads, e.g. 0,5 (default: all)."),
+    words: bool = typer.Option(False, "--words/--pieces", help="Word-level attention (Clark et al.) or wordpieces."),
+    max_tokens: int = typer.Option(512, "--max-tokens", help="Show at most this many tokens; the page says what was cut."),
+    device: Optional[str] = typer.Option(None, "--device", help="cpu, cuda, cuda:N (default: CUDA when present)."),
+    out: Path = typer.Option(Path("attention.html"), "--out", "-o", help="The HTML page to write."),
+) -> None:
+    """Write one self-contained HTML page of attention views (one per layer, all chosen heads)."""
+    from probes.errors import ProbeError
+    from probes.models import load
+    from probes.viz import parse_indices, viz_page, write_atomic
+
+    body, source = _read_text(text, file)
+    if not body.strip():
+        raise ProbeError(f"the text from {source} is empty; pass some words")
+    if max_tokens < 3:
+        raise ProbeError(f"--max-tokens must be at least 3, got {max_tokens}")
+    for spec, what in ((layers, "layers"), (heads, "heads")):  # syntax checked before loading
+        parse_indices(spec, 10**9, what)
+    mdl = load(model, device=device)
+    mdl.require_tokenizer("viz")
+    page = viz_page(mdl, body, source=source, words=words, max_tokens=max_tokens,
+                    layers=parse_indices(layers, mdl.info.n_layers, "layers"),
+                    heads=parse_indices(heads, mdl.info.n_heads, "heads"))
+    path = write_atomic(out, page)
+    typer.echo(f"wrote {path} ({path.stat().st_size / 1e6:.2f} MB)")
+
+
+@app.command()
+@guarded
+def report(run_dir: Path = typer.Argument(..., help="A run directory written by probe run or probe sweep.")) -> None:
+    """Re-render RUN_DIR/report.html from the run's saved files."""
+    from probes.report import write_report
+
+    path = write_report(run_dir)
+    typer.echo(f"wrote {path}")

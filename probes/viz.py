@@ -1,0 +1,567 @@
+"""Offline, self-contained attention views (circuitsvis) and the safe page assembly they need.
+
+Every page is one HTML file that makes no network request:
+
+- the circuitsvis JavaScript bundle (shipped inside the circuitsvis package) is inlined ONCE per
+  page, however many views it holds;
+- attention patterns travel as quantised integers (``round(value * 10^4)``, uint16 when every
+  value lies in [0, 6.5535], else int32), deflated and base64-encoded, inside one
+  ``<script type="application/json">`` block; a small loader inflates them in the browser
+  (``DecompressionStream``) and draws the views one after another;
+- a Content-Security-Policy allows only this page's own two scripts (by hash), inline styles
+  and ``data:`` images, so even a page that somehow carried injected markup could neither run
+  it nor fetch anything.
+
+Token text is data, never markup: it reaches the browser only inside JSON whose ``<``, ``>``
+and ``&`` (and U+2028/U+2029) are ``\\u`` escapes, so ``</script>`` or ``<!--`` can never
+appear in a script block, and circuitsvis (React) writes it as text nodes or onto a canvas.
+Control characters and bidirectional overrides are shown as visible ``<U+202E>`` marks.
+"""
+from __future__ import annotations
+
+import base64
+import functools
+import hashlib
+import html
+import json
+import re
+import unicodedata
+import zlib
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from probes.errors import ProbeError
+
+MAX_TOKENS = 512  # default token limit of a view; longer inputs are cut and the page says so
+SCALE = 10_000  # pattern values are stored as round(value * SCALE): 4 decimals
+MAX_TOKEN_CHARS = 60  # longer token labels are shortened for display (the page says by how much)
+# above this many cells (heads x tokens^2) a view shows one head at a time instead of all
+# thumbnails at once: circuitsvis draws every cell as a chart element (about 10 us each)
+HEADS_CELLS = 12 * 64 * 64
+
+_BIDI = {0x061C, 0x200E, 0x200F, *range(0x202A, 0x202F), *range(0x2066, 0x206A)}
+
+
+# ----------------------------------------------------------------------------------------------
+# escaping
+# ----------------------------------------------------------------------------------------------
+
+def _visible(ch: str) -> str:
+    if ch == "\n":
+        return "\\n"
+    if ch == "\t":
+        return "\\t"
+    return f"<U+{ord(ch):04X}>"
+
+
+def clean(text: Any) -> str:
+    """Text with control characters and bidirectional overrides made visible (``<U+202E>``)."""
+    s = str(text)
+    return "".join(_visible(c) if (ord(c) in _BIDI or unicodedata.category(c) == "Cc") else c for c in s)
+
+
+def esc(text: Any) -> str:
+    """Text for HTML element content or a quoted attribute value."""
+    return html.escape(clean(text), quote=True)
+
+
+def script_json(obj: Any) -> str:
+    """JSON safe to place inside a ``<script>`` element.
+
+    ``<``, ``>`` and ``&`` only occur inside JSON strings, where ``\\u003c`` etc. mean the same,
+    so ``</script>`` and ``<!--`` cannot appear; U+2028/U+2029 are escaped for old JS parsers.
+    """
+    text = json.dumps(obj, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    for ch, rep in (("<", "\\u003c"), (">", "\\u003e"), ("&", "\\u0026"),
+                    ("\u2028", "\\u2028"), ("\u2029", "\\u2029")):
+        text = text.replace(ch, rep)
+    return text
+
+
+def display_token(token: Any) -> str:
+    """A token as it is shown in a view: controls visible, very long ones shortened."""
+    s = clean(token)
+    if len(s) > MAX_TOKEN_CHARS:
+        s = f"{s[:MAX_TOKEN_CHARS - 12]}…(+{len(s) - MAX_TOKEN_CHARS + 12} chars)"
+    return s
+
+
+@functools.lru_cache(maxsize=1)
+def bundle_js() -> str:
+    """circuitsvis's browser bundle, made safe to inline (no ``</script``, no source-map fetch)."""
+    import circuitsvis
+
+    path = Path(circuitsvis.__file__).parent / "dist" / "cdn" / "iife.js"
+    try:
+        js = path.read_text(encoding="utf-8")
+    except OSError:
+        raise ProbeError(f"circuitsvis bundle {path} is missing; reinstall it: pip install --force-reinstall "
+                         "circuitsvis") from None
+    js = re.sub(r"^//# sourceMappingURL=.*$", "", js, flags=re.M)
+    # both sequences occur (if at all) only inside JS string literals, where the escape is harmless
+    js = re.sub(r"</(script)", r"<\\/\1", js, flags=re.I).replace("<!--", "<\\!--")
+    return js
+
+
+def _sha256(text: str) -> str:
+    return "'sha256-" + base64.b64encode(hashlib.sha256(text.encode("utf-8")).digest()).decode() + "'"
+
+
+# ----------------------------------------------------------------------------------------------
+# views: validation, cutting and compact encoding
+# ----------------------------------------------------------------------------------------------
+
+def encode_pattern(pattern: np.ndarray) -> dict[str, Any]:
+    """[head, query, key] floats -> {"shape", "dtype", "scale", "data"} (deflated base64 ints)."""
+    a = np.nan_to_num(np.asarray(pattern, dtype=np.float64), nan=0.0, posinf=0.0, neginf=0.0)
+    q = np.round(a * SCALE)
+    if q.size == 0 or (q.min() >= 0 and q.max() <= np.iinfo(np.uint16).max):
+        raw, dtype = q.astype("<u2").tobytes(), "u2"
+    else:
+        info = np.iinfo(np.int32)
+        raw, dtype = np.clip(q, info.min, info.max).astype("<i4").tobytes(), "i4"
+    return {"shape": list(a.shape), "dtype": dtype, "scale": SCALE,
+            "data": base64.b64encode(zlib.compress(raw, 9)).decode("ascii")}
+
+
+def decode_pattern(enc: dict[str, Any]) -> np.ndarray:
+    """Inverse of :func:`encode_pattern` (what the browser loader does), for tests."""
+    raw = zlib.decompress(base64.b64decode(enc["data"]))
+    a = np.frombuffer(raw, dtype="<u2" if enc["dtype"] == "u2" else "<i4").astype(np.float64)
+    return a.reshape(enc["shape"]) / enc["scale"]
+
+
+@dataclass
+class View:
+    """One attention view ready for a page: [head, query, key] pattern over ``tokens``."""
+
+    title: str
+    tokens: list[str]
+    pattern: np.ndarray  # [head, query, key]
+    heads: list[str]
+    causal: bool
+    notes: list[str] = field(default_factory=list)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "View":
+        """A view as tasks write it (views.json); shape errors raise ValueError with the reason."""
+        tokens = [str(t) for t in d.get("tokens", [])]
+        pattern = np.asarray(d.get("pattern", []), dtype=np.float64)
+        if pattern.ndim == 2:  # a single head: [query, key] -> [1, query, key]
+            pattern = pattern[None]
+        if pattern.ndim != 3:
+            raise ValueError(f"pattern must be head x query x key, got {pattern.ndim} dimension(s)")
+        n_heads, n_q, n_k = pattern.shape
+        if n_q != len(tokens) or n_k != len(tokens):
+            raise ValueError(f"pattern is {n_q} x {n_k} but there are {len(tokens)} tokens")
+        heads = [str(h) for h in d.get("heads") or [f"head {i}" for i in range(n_heads)]]
+        if len(heads) != n_heads:
+            raise ValueError(f"{len(heads)} head labels for {n_heads} heads")
+        return cls(str(d.get("title", "")), tokens, pattern, heads, bool(d.get("causal", False)),
+                   [str(n) for n in d.get("notes", [])])
+
+    def cut(self, max_tokens: int) -> "View":
+        """The first ``max_tokens`` tokens only, with a note saying what was cut."""
+        n = len(self.tokens)
+        if n <= max_tokens:
+            return self
+        note = f"showing the first {max_tokens} of {n} tokens ({n - max_tokens} cut; limit {max_tokens})"
+        return View(self.title, self.tokens[:max_tokens], self.pattern[:, :max_tokens, :max_tokens],
+                    self.heads, self.causal, [*self.notes, note])
+
+    def payload(self) -> dict[str, Any]:
+        tokens = [display_token(t) for t in self.tokens]
+        long = sum(len(clean(t)) > MAX_TOKEN_CHARS for t in self.tokens)
+        notes = list(self.notes)
+        if long:
+            notes.append(f"{long} token label(s) longer than {MAX_TOKEN_CHARS} characters shortened")
+        mode = "heads" if self.pattern.size <= HEADS_CELLS else "single"
+        if mode == "single" and len(self.heads) > 1:
+            notes.append("a long input: one head at a time (pick it with the buttons)")
+        return {"tokens": tokens, "heads": [clean(h) for h in self.heads], "causal": self.causal,
+                "mode": mode, "pattern": encode_pattern(self.pattern), "notes": notes}
+
+
+# ----------------------------------------------------------------------------------------------
+# page assembly
+# ----------------------------------------------------------------------------------------------
+
+STYLE = """
+:root { color-scheme: light; }
+body { font: 14px/1.45 system-ui, -apple-system, "Segoe UI", Roboto, "DejaVu Sans", sans-serif;
+       margin: 0 auto; padding: 16px 24px 48px; max-width: 1280px; color: #1d1d1f; background: #fff; }
+h1 { font-size: 22px; margin: 8px 0 4px; overflow-wrap: anywhere; }
+h2 { font-size: 18px; margin: 28px 0 8px; border-bottom: 1px solid #ddd; padding-bottom: 4px; }
+h3 { font-size: 15px; margin: 16px 0 6px; overflow-wrap: anywhere; }
+.meta { color: #555; overflow-wrap: anywhere; }
+.note, .cut { color: #7a4b00; background: #fff6e0; border-left: 3px solid #e0a000; padding: 4px 8px; margin: 6px 0; }
+.error { color: #8b0000; background: #ffecec; border-left: 3px solid #c00; padding: 4px 8px; margin: 6px 0; }
+ul.notes li { overflow-wrap: anywhere; }
+table.data { border-collapse: collapse; margin: 8px 0; font-variant-numeric: tabular-nums; }
+table.data th, table.data td { border: 1px solid #ddd; padding: 3px 8px; text-align: left; vertical-align: top;
+       max-width: 520px; overflow-wrap: anywhere; }
+table.data th { background: #f4f4f6; }
+.heatmaps { display: grid; grid-template-columns: repeat(auto-fill, minmax(440px, 1fr)); gap: 12px 20px; }
+figure { margin: 0; }
+figure.heatmap img { width: 100%; height: auto; }
+figure.plot img { max-width: 100%; height: auto; }
+figcaption { color: #555; font-size: 12px; overflow-wrap: anywhere; }
+.view { min-height: 40px; }
+.view[data-state="waiting"], .view[data-state="queued"] { min-height: 360px; }
+.view[data-state="waiting"]::before, .view[data-state="queued"]::before { content: "waiting to draw…"; color: #999; }
+.view[data-state="drawing"]::before { content: "drawing…"; color: #999; }
+.heads button { margin: 0 4px 4px 0; font: inherit; font-size: 12px; }
+.heads button[aria-pressed="true"] { background: #334; color: #fff; }
+pre { background: #f7f7f9; padding: 8px; overflow: auto; max-height: 420px; font-size: 12px; }
+details { margin: 8px 0; }
+"""
+
+LOADER = r"""
+(function () {
+  "use strict";
+  var doc = document, body = doc.body;
+  var dataEl = doc.getElementById("dp-views-data");
+  var views = dataEl ? JSON.parse(dataEl.textContent) : [];
+  var queue = [], busy = false, drawn = 0, failed = 0;
+  function attr(name, value) { body.setAttribute("data-views-" + name, String(value)); }
+  function status() {
+    var s = doc.getElementById("dp-status-text");
+    var left = views.length - drawn - failed;
+    if (s) { s.textContent = drawn + " of " + views.length + " attention views drawn" +
+             (failed ? ", " + failed + " failed" : "") + (left ? " (the others draw when scrolled to)" : ""); }
+    attr("drawn", drawn); attr("failed", failed);
+    if (!left) { attr("done", 1); var b = doc.getElementById("dp-draw-all"); if (b) { b.hidden = true; } }
+  }
+  function bytes(b64) {
+    var bin = atob(b64), out = new Uint8Array(bin.length);
+    for (var i = 0; i < bin.length; i++) { out[i] = bin.charCodeAt(i); }
+    return out;
+  }
+  function decode(p) {
+    var stream = new Blob([bytes(p.data)]).stream().pipeThrough(new DecompressionStream("deflate"));
+    return new Response(stream).arrayBuffer().then(function (buf) {
+      var a = p.dtype === "u2" ? new Uint16Array(buf) : new Int32Array(buf);
+      var H = p.shape[0], Q = p.shape[1], K = p.shape[2], k = 0, heads = [];
+      for (var h = 0; h < H; h++) {
+        var rows = [];
+        for (var q = 0; q < Q; q++) {
+          var row = new Array(K);
+          for (var j = 0; j < K; j++) { row[j] = a[k++] / p.scale; }
+          rows.push(row);
+        }
+        heads.push(rows);
+      }
+      return heads;
+    });
+  }
+  function fail(el, err) {
+    el.setAttribute("data-state", "error");
+    el.className = "view error";
+    el.textContent = "could not draw this view: " + (err && err.message ? err.message : String(err));
+    failed++;
+  }
+  function single(el, v, attention) {
+    // long inputs: one head at a time (circuitsvis AttentionPattern), chosen with buttons
+    var bar = doc.createElement("div"), target = doc.createElement("div");
+    bar.className = "heads";
+    var show = function (h) {
+      var fresh = doc.createElement("div");
+      fresh.id = el.id + "-head";
+      target.replaceChildren(fresh);
+      Array.prototype.forEach.call(bar.children, function (b, i) { b.setAttribute("aria-pressed", String(i === h)); });
+      CircuitsVis.render(fresh.id, CircuitsVis.AttentionPattern,
+                         { attention: attention[h], tokens: v.tokens, maskUpperTri: !!v.causal });
+    };
+    v.heads.forEach(function (name, h) {
+      var b = doc.createElement("button");
+      b.type = "button";
+      b.textContent = name;
+      b.addEventListener("click", function () { show(h); });
+      bar.appendChild(b);
+    });
+    el.replaceChildren(bar, target);
+    show(0);
+  }
+  function drawOne(i) {
+    var v = views[i], el = doc.getElementById("dp-view-" + i);
+    el.setAttribute("data-state", "drawing");
+    return decode(v.pattern).then(function (attention) {
+      el.textContent = "";
+      if (v.mode === "single") { single(el, v, attention); }
+      else {
+        CircuitsVis.render(el.id, CircuitsVis.AttentionHeads, {
+          attention: attention, tokens: v.tokens, attentionHeadNames: v.heads, maskUpperTri: !!v.causal
+        });
+      }
+      el.setAttribute("data-state", "drawn");
+      drawn++;
+    }).catch(function (err) { fail(el, err); });
+  }
+  function pump() {
+    if (busy || !queue.length) { return; }
+    busy = true;
+    drawOne(queue.shift()).then(function () {
+      status();
+      busy = false;
+      setTimeout(pump, 0);
+    });
+  }
+  function want(i) {
+    var el = doc.getElementById("dp-view-" + i);
+    if (el && el.getAttribute("data-state") === "waiting") { el.setAttribute("data-state", "queued"); queue.push(i); pump(); }
+  }
+  function all() { views.forEach(function (v, i) { want(i); }); }
+  attr("total", views.length);
+  if (typeof CircuitsVis === "undefined" || typeof DecompressionStream === "undefined") {
+    var why = typeof CircuitsVis === "undefined" ? "the circuitsvis bundle did not load"
+      : "this browser lacks DecompressionStream; use a current browser";
+    views.forEach(function (v, i) { fail(doc.getElementById("dp-view-" + i), new Error(why)); });
+    status();
+    return;
+  }
+  var button = doc.getElementById("dp-draw-all");
+  if (button) { button.hidden = false; button.addEventListener("click", all); }
+  status();
+  if (typeof IntersectionObserver === "undefined" || /[#&]all\b/.test(location.hash)) { all(); return; }
+  var seen = new IntersectionObserver(function (entries) {
+    entries.forEach(function (e) {
+      if (e.isIntersecting) { seen.unobserve(e.target); want(Number(e.target.getAttribute("data-index"))); }
+    });
+  }, { rootMargin: "300px 0px" });
+  views.forEach(function (v, i) { seen.observe(doc.getElementById("dp-view-" + i)); });
+})();
+"""
+
+
+def views_html(views: Sequence[View], max_tokens: int = MAX_TOKENS) -> tuple[str, list[dict[str, Any]]]:
+    """Placeholders (title, notes, an empty div per view) and the JSON payloads for the loader."""
+    parts, payloads = [], []
+    for i, view in enumerate(views):
+        view = view.cut(max_tokens)
+        payload = view.payload()
+        title = f"<h3>{esc(view.title)}</h3>" if view.title else ""
+        notes = "".join(f"<p class='cut'>{esc(n)}</p>" for n in payload.pop("notes"))
+        size = f"{len(view.heads)} head(s), {len(view.tokens)} tokens" + (", causal" if view.causal else
+                                                                             ", bidirectional (shown whole)")
+        parts.append(f"<section class='attention'>{title}<p class='meta'>{esc(size)}</p>{notes}"
+                     f"<div class='view' id='dp-view-{i}' data-index='{i}' data-state='waiting'></div></section>")
+        payloads.append(payload)
+    return "".join(parts), payloads
+
+
+def page(title: str, body: str, payloads: Sequence[dict[str, Any]] = ()) -> str:
+    """A complete, self-contained HTML document. ``body`` must already be escaped markup.
+
+    With view payloads, the circuitsvis bundle and the loader are appended once.
+    """
+    scripts, hashes = "", []
+    if payloads:
+        bundle, loader = bundle_js(), LOADER
+        hashes = [_sha256(bundle), _sha256(loader)]
+        scripts = (f"<script type='application/json' id='dp-views-data'>{script_json(list(payloads))}</script>"
+                   f"<script>{bundle}</script><script>{loader}</script>")
+    script_src = " ".join(hashes) if hashes else "'none'"
+    csp = (f"default-src 'none'; script-src {script_src}; style-src 'unsafe-inline'; img-src data:; "
+           "font-src 'none'; connect-src 'none'; base-uri 'none'; form-action 'none'")
+    status = ("<p id='dp-status' class='meta'><span id='dp-status-text' aria-live='polite'>"
+              "attention views need JavaScript</span> <button type='button' id='dp-draw-all' hidden>"
+              "draw all now</button></p>") if payloads else ""
+    return ("<!doctype html>\n<html lang='en'><head><meta charset='utf-8'>"
+            f"<meta http-equiv='Content-Security-Policy' content=\"{csp}\">"
+            "<meta name='viewport' content='width=device-width, initial-scale=1'>"
+            f"<meta name='referrer' content='no-referrer'><title>{esc(title)}</title>"
+            f"<style>{STYLE}</style></head>\n<body>{status}\n{body}\n{scripts}</body></html>\n")
+
+
+# ----------------------------------------------------------------------------------------------
+# attention views of a model on a text (probe viz)
+# ----------------------------------------------------------------------------------------------
+
+def parse_indices(spec: str | None, n: int, what: str) -> list[int] | None:
+    """'0,3' / '0-2,5' -> sorted unique indices in 0..n-1 (None: all). Raises ProbeError."""
+    if spec is None or not str(spec).strip():
+        return None
+    out: set[int] = set()
+    for part in (p.strip() for p in str(spec).split(",")):
+        if not part:
+            continue
+        try:
+            if "-" in part[1:]:
+                lo, hi = (int(x) for x in part.split("-", 1))
+                out.update(range(lo, hi + 1))
+            else:
+                out.add(int(part))
+        except ValueError:
+            raise ProbeError(f"--{what} expects 0-indexed numbers like 0,3 or 0-2, got {spec!r}") from None
+    bad = sorted(i for i in out if not 0 <= i < n)
+    if bad:
+        raise ProbeError(f"--{what} {', '.join(map(str, bad))} out of range: the model has {n} {what} "
+                         f"(0-indexed: 0..{n - 1})")
+    if not out:
+        raise ProbeError(f"--{what} {spec!r} names no {what}; e.g. --{what} 0,3")
+    return sorted(out)
+
+
+_WORD = re.compile(r"\w+(?:['’]\w+)*|[^\w\s]", re.UNICODE)
+
+
+def split_words(text: str) -> list[str]:
+    """Words for --words: runs of letters/digits (with inner apostrophes), each other symbol alone."""
+    return _WORD.findall(text)
+
+
+@dataclass
+class Input:
+    """What goes through the model for a viz page."""
+
+    ids: list[int]
+    labels: list[str]  # one per unit shown (pieces, or specials + words)
+    encoded: Any = None  # probes.align.Encoded for --words
+    notes: list[str] = field(default_factory=list)
+
+
+def _piece_labels(tokenizer: Any, ids: Sequence[int]) -> list[str]:
+    """Readable piece labels: WordPiece/SentencePiece as they are, byte-level BPE decoded."""
+    decoder = getattr(getattr(tokenizer, "backend_tokenizer", None), "decoder", None)
+    if type(decoder).__name__ == "ByteLevel":
+        return [tokenizer.decode([i]) for i in ids]
+    return [str(t) for t in tokenizer.convert_ids_to_tokens(list(ids))]
+
+
+def _specials(model: Any) -> tuple[list[int], list[int]]:
+    head = [model.cls_id] if model.cls_id is not None else []
+    tail = [model.sep_id] if model.sep_id is not None else []
+    return head, tail
+
+
+def piece_input(model: Any, text: str, limit: int) -> Input:
+    tok = model.tokenizer
+    pieces = list(tok(text, add_special_tokens=False)["input_ids"])
+    head, tail = _specials(model)
+    room = limit - len(head) - len(tail)
+    notes = []
+    if len(pieces) > room:
+        notes.append(f"the text has {len(pieces)} pieces; showing the first {room} ({len(pieces) - room} cut) "
+                     f"so that the input with its special tokens fits {limit} tokens (--max-tokens)")
+        pieces = pieces[:room]
+    ids = head + pieces + tail
+    return Input(ids, _piece_labels(tok, ids), None, notes)
+
+
+def word_input(model: Any, text: str, limit: int) -> Input:
+    from probes.align import encode_words, word_pieces
+
+    words = split_words(text)
+    head, tail = _specials(model)
+    lengths = [len(p) for p in word_pieces(model, words)]
+    used, keep = len(head) + len(tail), 0
+    while keep < len(words) and used + lengths[keep] <= limit:
+        used += lengths[keep]
+        keep += 1
+    notes = []
+    if keep < len(words):
+        notes.append(f"the text has {len(words)} words ({sum(lengths)} pieces); showing the first {keep} "
+                     f"({len(words) - keep} cut) so that the input fits {limit} tokens (--max-tokens)")
+    enc = encode_words(model, words[:keep])
+    tok = model.tokenizer
+    labels = ([_piece_labels(tok, head)[0]] if head else []) + words[:keep] + (
+        [_piece_labels(tok, tail)[0]] if tail else [])
+    return Input(list(enc.ids), labels, enc, notes)
+
+
+def model_views(model: Any, text: str, *, layers: Sequence[int] | None = None,
+                heads: Sequence[int] | None = None, words: bool = False,
+                max_tokens: int = MAX_TOKENS) -> tuple[list[View], list[str]]:
+    """One :class:`View` per layer (the chosen heads) of ``model`` on ``text``, plus page notes."""
+    import torch
+
+    from probes.align import unit_matrix, word_attention
+    from probes.capture import forward
+
+    model.require_tokenizer("viz")
+    info = model.info
+    if max_tokens < 3:
+        raise ProbeError(f"--max-tokens must be at least 3, got {max_tokens}")
+    if not text or not text.strip():
+        raise ProbeError("the text is empty; pass --text \"...\" or a non-empty --file")
+    layers = list(range(info.n_layers)) if layers is None else list(layers)
+    heads = list(range(info.n_heads)) if heads is None else list(heads)
+    notes = []
+    limit = max_tokens
+    if info.max_len and max_tokens > info.max_len:
+        limit = info.max_len
+        notes.append(f"--max-tokens {max_tokens} is above the model's limit; using {limit}")
+    inp = word_input(model, text, limit) if words else piece_input(model, text, limit)
+    if (words and inp.encoded.n_words == 0) or len(inp.labels) == len(_specials(model)[0] + _specials(model)[1]):
+        raise ProbeError("the text yields no tokens to show; pass some words")
+    notes.extend(inp.notes)
+    ids = torch.tensor([inp.ids])  # [1, pos]
+    names = [f"blocks.{layer}.attn.hook_pattern" for layer in layers]
+    acts = forward(model, ids, torch.ones_like(ids), names)
+    views = []
+    for layer, name in zip(layers, names):
+        pat = acts[name][:, heads].to(torch.float64).cpu()  # [1, head, query, key]
+        if words:
+            units = unit_matrix([inp.encoded], ids.shape[1])  # [1, unit, pos]
+            pat = word_attention(pat, units)  # [1, head, unit, unit]
+        unit = "word" if words else "piece"
+        views.append(View(title=f"layer {layer} ({unit} level)", tokens=list(inp.labels),
+                          pattern=pat[0].numpy(), heads=[f"L{layer}H{h}" for h in heads],
+                          causal=info.causal))
+    if words:
+        notes.append("word level (Clark et al. 2019): attention TO a word is the sum over its pieces, "
+                     "FROM a word the mean over its pieces; special tokens stay separate")
+    return views, notes
+
+
+def viz_page(model: Any, text: str, *, source: str, layers: Sequence[int] | None = None,
+             heads: Sequence[int] | None = None, words: bool = False,
+             max_tokens: int = MAX_TOKENS) -> str:
+    """The whole `probe viz` page for ``model`` on ``text`` (``source`` says where it came from)."""
+    views, notes = model_views(model, text, layers=layers, heads=heads, words=words, max_tokens=max_tokens)
+    info = model.info
+    kind = "decoder (causal: the upper triangle is masked)" if info.causal else \
+        "encoder (bidirectional: patterns shown whole)"
+    meta = (f"model <b>{esc(info.name)}</b> ({esc(info.resolved)}), {info.n_layers} layers x {info.n_heads} heads, "
+            f"{esc(kind)}; text from {esc(source)}")
+    cuts = "".join(f"<p class='cut'>{esc(n)}</p>" for n in notes)
+    body, payloads = views_html(views, max_tokens=max_tokens)
+    preview = text if len(text) <= 2000 else text[:2000] + f" … (+{len(text) - 2000} characters)"
+    head = (f"<h1>Attention: {esc(info.name)}</h1><p class='meta'>{meta}</p>{cuts}"
+            f"<details><summary>text</summary><pre>{esc(preview)}</pre></details>"
+            "<p class='meta'>Click a head thumbnail to enlarge it; hover a cell or a token to see "
+            "the attention values. Rows are queries (attending from), columns keys (attended to).</p>")
+    return page(f"depthprobe attention: {info.name}", head + body, payloads)
+
+
+def write_atomic(path: Path, text: str) -> Path:
+    """Write ``text`` to ``path`` via a temporary sibling file (never a half-written page)."""
+    import os
+    import tempfile
+
+    path = Path(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".partial", dir=path.parent)
+    except OSError as exc:
+        raise ProbeError(f"cannot write {path}: {exc.strerror}; choose another --out") from None
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; a page is as readable as any file
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+__all__ = ["MAX_TOKENS", "View", "bundle_js", "clean", "decode_pattern", "display_token", "encode_pattern",
+           "esc", "model_views", "page", "parse_indices", "script_json", "split_words", "viz_page",
+           "views_html", "write_atomic"]
