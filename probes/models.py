@@ -294,6 +294,9 @@ def load(name: str | NativeConfig = DEFAULT_MODEL, device: str | None = None,
         return _load_native(name, "native", dev, dtype)
     if name.startswith("native"):
         return _load_native(NativeConfig.parse(name), name, dev, dtype)
+    if name.startswith("spa:"):  # probes.spa depth-study family (skipless, E-SPA, ...)
+        from probes.spa import build
+        return build(name, dev)
     path = Path(name).expanduser()
     if path.is_dir():
         if (path / CHECKPOINT_CONFIG).exists():

@@ -1,0 +1,450 @@
+"""A hookable transformer family for depth studies of signal propagation (DESIGN.md §3.6).
+
+TransformerBridge's native models are always pre-LN with skips, so they cannot express skipless
+or normalisation-free networks. This family is built on TransformerLens's ``HookedRootModule`` and
+``HookPoint``, so ``probes.capture`` and every task work on it unchanged (wrap it with
+:func:`build`, or load ``spa:variant=e-spa,depth=16`` through ``probes.load``).
+
+Inputs: token ids [batch, pos] looked up in a random embedding table W_E with N(0, 1) entries
+(no positional embedding), so distinct tokens give Sigma_0 ~ I with unit diagonal; or float
+embeddings [batch, pos, d_model] used as they are. ``attention_mask`` [batch, pos] (1 = real)
+masks padded keys.
+
+Hook points (0-indexed blocks): ``hook_embed``; ``blocks.{i}.hook_resid_pre``,
+``.ln1.hook_normalized``, ``.attn.hook_q/k/v``, ``.attn.hook_attn_scores``, ``.attn.hook_pattern``
+[batch, head, query, key], ``.attn.hook_z``, ``.hook_attn_out`` (branch output, after the branch
+scale), ``.hook_resid_mid`` / ``.ln2.hook_normalized`` / ``.mlp.hook_pre`` / ``.mlp.hook_post`` /
+``.hook_mlp_out`` (with MLP), ``.hook_resid_post``.
+
+Block: ``x <- [LN](x + a * attn([LN] x))`` with the skip, ``x <- [LN](a * attn([LN] x))``
+without; LN position "pre", "post" or "none"; a = ``branch_scale``; the same again for the MLP.
+
+Attention variants (``hook_pattern`` is the matrix that multiplies the values, except the fixed
+SPA row rescaling D, which is applied after it):
+
+- ``softmax``: standard softmax(QK^T / sqrt(d_head)) with fan-in Gaussian W_Q, W_K (Vaswani et
+  al. 2017); rank collapses without skips (Dong et al. 2021).
+- ``uniform``: the same with W_Q = 0 at init, so every query averages its visible keys; the
+  initialisation He et al. 2023 analyse, whose kernel obeys Sigma_l = A Sigma_{l-1} A^T.
+- ``value-skipinit``: A <- alpha I + beta softmax(...), per-head trainable alpha = 1, beta = 0 at
+  init, so attention starts as the identity (He et al. 2023, §3, after SkipInit of De & Smith 2020).
+- ``e-spa``: D softmax(QK^T / sqrt(d_head) + B) V with W_Q = 0, B = log(A_l / rowsum) (clamped at
+  -80), D = diag(rowsum), A_l = chol(Sigma_l) chol(Sigma_{l-1})^-1 for the target
+  Sigma_l[i, j] = exp(-gamma_l |i - j|), 1 - exp(-2 gamma_l) = (1 - exp(-2 gamma_L))^(l/L),
+  gamma_L = 0.005 (He et al. 2023, §3, Exponential Signal Preserving Attention). Causal only.
+- ``u-spa``: the same with the uniform target (1 - rho_l) I + rho_l 11^T, 1 - rho_l^2 =
+  (1 - rho_L^2)^(l/L), rho_L = 0.8 (He et al. 2023, Uniform Signal Preserving Attention).
+
+Weights: W_V and W_O are orthogonal (d_model x d_model, split into heads) for value-skipinit,
+e-spa and u-spa, as He et al. prescribe, so X W_V W_O preserves the kernel exactly; otherwise
+fan-in Gaussian N(0, 1/fan_in). MLP: ReLU, W_in ~ N(0, 2/d_model) (He init), W_out ~ N(0, 1/d_mlp).
+W_K ~ N(0, 1/d_model). Everything is drawn from a generator seeded with ``seed``.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+from torch import nn
+from transformer_lens.hook_points import HookPoint
+from transformer_lens.HookedRootModule import HookedRootModule
+
+from probes import kernels as K
+from probes.errors import ProbeError, suggest
+
+ATTENTIONS = ("softmax", "uniform", "value-skipinit", "e-spa", "u-spa")
+NORMS = ("none", "pre", "post")
+SPA = ("e-spa", "u-spa")
+ORTHOGONAL_BY_DEFAULT = ("value-skipinit", "e-spa", "u-spa")
+
+
+@dataclass(frozen=True)
+class SPAConfig:
+    """One member of the family. ``branch_scale`` None means 1/sqrt(depth)."""
+
+    depth: int = 4
+    width: int = 256
+    heads: int = 4
+    n_ctx: int = 128
+    d_vocab: int = 4096
+    attention: str = "softmax"
+    skip: bool = False
+    branch_scale: float | None = 1.0
+    norm: str = "none"
+    causal: bool = True
+    mlp: bool = False
+    d_mlp: int | None = None  # None: 4 * width
+    orthogonal: bool | None = None  # None: orthogonal W_V/W_O for value-skipinit, e-spa, u-spa
+    gamma_last: float = 0.005
+    rho_last: float = 0.8
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("depth", "width", "heads", "n_ctx", "d_vocab"):
+            if getattr(self, name) < 1:
+                raise ProbeError(f"spa model: {name} must be at least 1, got {getattr(self, name)}")
+        if self.width % self.heads:
+            raise ProbeError(f"spa model: width={self.width} is not divisible by heads={self.heads}; pick a multiple")
+        if self.attention not in ATTENTIONS:
+            raise ProbeError(f"spa model: unknown attention {self.attention!r}{suggest(self.attention, ATTENTIONS)}; "
+                             f"choose from {', '.join(ATTENTIONS)}")
+        if self.norm not in NORMS:
+            raise ProbeError(f"spa model: norm must be one of {', '.join(NORMS)}, got {self.norm!r}")
+        if self.attention in SPA and not self.causal:
+            raise ProbeError(f"spa model: {self.attention} builds causal (lower-triangular) attention; "
+                             "drop causal=false or pick another attention")
+        if not 0 < self.gamma_last < 50:
+            raise ProbeError(f"spa model: gamma_last must be in (0, 50), got {self.gamma_last}")
+        if not 0 <= self.rho_last < 1:
+            raise ProbeError(f"spa model: rho_last must be in [0, 1), got {self.rho_last}")
+        if self.branch_scale is not None and not self.branch_scale > 0:
+            raise ProbeError(f"spa model: branch_scale must be positive, got {self.branch_scale}")
+
+    @property
+    def head_dim(self) -> int:
+        return self.width // self.heads
+
+    @property
+    def scale(self) -> float:
+        return 1.0 / math.sqrt(self.depth) if self.branch_scale is None else self.branch_scale
+
+    @property
+    def is_orthogonal(self) -> bool:
+        return self.attention in ORTHOGONAL_BY_DEFAULT if self.orthogonal is None else self.orthogonal
+
+    def spec(self) -> str:
+        return "spa:" + ",".join(f"{k}={_fmt(v)}" for k, v in dataclasses.asdict(self).items()
+                                 if v is not None)
+
+    @classmethod
+    def parse(cls, spec: str) -> "SPAConfig":
+        """``spa:variant=e-spa,depth=16,width=256`` -> SPAConfig (variant presets first, then keys)."""
+        body = spec.split(":", 1)[1] if ":" in spec else ""
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        pairs: dict[str, str] = {}
+        for part in filter(None, (p.strip() for p in body.split(","))):
+            if "=" not in part:
+                raise ProbeError(f"spa spec: expected key=value, got {part!r} (e.g. spa:variant=e-spa,depth=8)")
+            key, value = (s.strip() for s in part.split("=", 1))
+            key = key.replace("-", "_")
+            if key not in fields and key != "variant":
+                raise ProbeError(f"spa spec: unknown key {key!r}{suggest(key, [*fields, 'variant'])}; "
+                                 f"keys: variant, {', '.join(fields)}")
+            pairs[key] = value
+        kwargs: dict[str, Any] = {k: _coerce(k, v, str(fields[k].type)) for k, v in pairs.items() if k != "variant"}
+        depth = kwargs.get("depth", cls.depth)
+        preset = variant_config(pairs["variant"], depth) if "variant" in pairs else {}
+        return cls(**{**preset, **kwargs})
+
+
+def _fmt(v: Any) -> str:
+    return str(v).lower() if isinstance(v, bool) else str(v)
+
+
+def _coerce(key: str, value: str, typ: str) -> Any:
+    try:
+        if value.lower() == "none" and "None" in typ:
+            return None
+        if "bool" in typ:
+            if value.lower() not in ("true", "false", "1", "0", "yes", "no"):
+                raise ValueError
+            return value.lower() in ("true", "1", "yes")
+        if typ.startswith("int"):
+            return int(value)
+        if "float" in typ:
+            return float(value)
+    except ValueError:
+        raise ProbeError(f"spa spec: cannot read {key}={value!r} as {typ}") from None
+    return value
+
+
+# ----------------------------------------------------------------------------- named variants
+
+@dataclass(frozen=True)
+class Variant:
+    name: str
+    description: str
+    make: Callable[[int], dict[str, Any]]  # depth -> SPAConfig fields
+
+
+VARIANTS: dict[str, Variant] = {v.name: v for v in (
+    Variant("vanilla", "no skip, no LayerNorm, attention only (He et al.'s vanilla transformer)",
+            lambda depth: {"skip": False}),
+    Variant("skip", "skip connections, branch scale 1", lambda depth: {"skip": True, "branch_scale": 1.0}),
+    Variant("skip-scaled", "skip connections, branch scale 1/sqrt(depth)",
+            lambda depth: {"skip": True, "branch_scale": 1.0 / math.sqrt(depth)}),
+    Variant("value-skipinit", "no skip; attention alpha I + beta A with alpha=1, beta=0 at init",
+            lambda depth: {"attention": "value-skipinit"}),
+    Variant("u-spa", "no skip; U-SPA attention (uniform target kernel)", lambda depth: {"attention": "u-spa"}),
+    Variant("e-spa", "no skip; E-SPA attention (exponential target kernel)", lambda depth: {"attention": "e-spa"}),
+    Variant("pre-ln", "skips with pre-LayerNorm (the standard GPT-2 block)",
+            lambda depth: {"skip": True, "norm": "pre"}),
+    Variant("post-ln", "skips with post-LayerNorm (the original / BERT block)",
+            lambda depth: {"skip": True, "norm": "post"}),
+)}
+BASELINE = ("vanilla", "skip", "skip-scaled", "pre-ln", "post-ln")  # take the --attention option
+
+
+def variant_config(name: str, depth: int, attention: str = "uniform") -> dict[str, Any]:
+    """SPAConfig fields of a named variant at ``depth``; baselines use ``attention``."""
+    if name not in VARIANTS:
+        raise ProbeError(f"unknown variant {name!r}{suggest(name, VARIANTS)}; choose from {', '.join(VARIANTS)}")
+    fields = {"depth": depth, **VARIANTS[name].make(depth)}
+    if name in BASELINE:
+        fields["attention"] = attention
+    return fields
+
+
+# ----------------------------------------------------------------------------- modules
+
+def _gauss(gen: torch.Generator, *shape: int, std: float) -> nn.Parameter:
+    return nn.Parameter(torch.randn(*shape, generator=gen) * std)
+
+
+def _orth(gen: torch.Generator, n: int) -> nn.Parameter:
+    return nn.Parameter(nn.init.orthogonal_(torch.empty(n, n), generator=gen))
+
+
+class LayerNorm(nn.Module):
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.ones(width))
+        self.b = nn.Parameter(torch.zeros(width))
+        self.hook_normalized = HookPoint()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x - x.mean(-1, keepdim=True)
+        x = x / (x.pow(2).mean(-1, keepdim=True) + 1e-5).sqrt()
+        return self.hook_normalized(x) * self.w + self.b
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: SPAConfig, layer: int, gen: torch.Generator, spa_a: torch.Tensor | None) -> None:
+        super().__init__()
+        d, h = cfg.width, cfg.heads
+        self.cfg = cfg
+        zero_q = cfg.attention in ("uniform", "e-spa", "u-spa")
+        self.W_Q = nn.Parameter(torch.zeros(d, d)) if zero_q else _gauss(gen, d, d, std=d ** -0.5)
+        self.W_K = _gauss(gen, d, d, std=d ** -0.5)
+        if cfg.is_orthogonal:
+            self.W_V, self.W_O = _orth(gen, d), _orth(gen, d)
+        else:
+            self.W_V, self.W_O = _gauss(gen, d, d, std=d ** -0.5), _gauss(gen, d, d, std=d ** -0.5)
+        if cfg.attention == "value-skipinit":
+            self.alpha = nn.Parameter(torch.ones(h))
+            self.beta = nn.Parameter(torch.zeros(h))
+        if spa_a is not None:
+            bias, rowsum = K.softmax_realisation(spa_a)
+            self.register_buffer("spa_bias", bias.float())  # [n_ctx, n_ctx]
+            self.register_buffer("spa_scale", rowsum.float())  # [n_ctx]
+        self.register_buffer("causal_mask", torch.tril(torch.ones(cfg.n_ctx, cfg.n_ctx, dtype=torch.bool)))
+        for name in ("hook_q", "hook_k", "hook_v", "hook_attn_scores", "hook_pattern", "hook_z"):
+            setattr(self, name, HookPoint())
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        b, t, d = x.shape
+        h, dh = self.cfg.heads, self.cfg.head_dim
+        q = self.hook_q((x @ self.W_Q).view(b, t, h, dh))  # [b, t, d] -> [b, t, h, dh]
+        k = self.hook_k((x @ self.W_K).view(b, t, h, dh))
+        v = self.hook_v((x @ self.W_V).view(b, t, h, dh))
+        scores = torch.einsum("bqhe,bkhe->bhqk", q, k) / math.sqrt(dh)
+        if hasattr(self, "spa_bias"):
+            scores = scores + self.spa_bias[:t, :t]
+        scores = self.hook_attn_scores(scores.masked_fill(~self._allowed(t, mask), float("-inf")))
+        pattern = scores.softmax(-1)  # [b, h, q, k]
+        if self.cfg.attention == "value-skipinit":
+            eye = torch.eye(t, dtype=x.dtype, device=x.device)
+            pattern = self.alpha[:, None, None] * eye + self.beta[:, None, None] * pattern
+        pattern = self.hook_pattern(pattern)
+        if hasattr(self, "spa_bias"):
+            pattern = pattern * self.spa_scale[:t, None]  # D * softmax(...)
+        z = self.hook_z(torch.einsum("bhqk,bkhe->bqhe", pattern, v))  # [b, t, h, dh]
+        return z.reshape(b, t, d) @ self.W_O
+
+    def _allowed(self, t: int, mask: torch.Tensor | None) -> torch.Tensor:
+        """[b or 1, 1, q, k] keys each query may see; a padded query always sees itself (no NaN rows)."""
+        if self.cfg.causal:
+            allowed = self.causal_mask[:t, :t][None, None]
+        else:
+            allowed = torch.ones(1, 1, t, t, dtype=torch.bool, device=self.causal_mask.device)
+        if mask is None:
+            return allowed
+        real = mask.bool()
+        eye = torch.eye(t, dtype=torch.bool, device=real.device)
+        return (allowed & real[:, None, None, :]) | (eye & ~real[:, None, :, None])
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: SPAConfig, gen: torch.Generator) -> None:
+        super().__init__()
+        d_mlp = cfg.d_mlp or 4 * cfg.width
+        self.W_in = _gauss(gen, cfg.width, d_mlp, std=math.sqrt(2.0 / cfg.width))
+        self.W_out = _gauss(gen, d_mlp, cfg.width, std=d_mlp ** -0.5)
+        self.hook_pre, self.hook_post = HookPoint(), HookPoint()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.hook_post(torch.relu(self.hook_pre(x @ self.W_in))) @ self.W_out
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: SPAConfig, layer: int, gen: torch.Generator, spa_a: torch.Tensor | None) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.attn = Attention(cfg, layer, gen, spa_a)
+        self.ln1 = LayerNorm(cfg.width) if cfg.norm != "none" else None
+        self.hook_resid_pre, self.hook_attn_out, self.hook_resid_post = HookPoint(), HookPoint(), HookPoint()
+        if cfg.mlp:
+            self.mlp = MLP(cfg, gen)
+            self.ln2 = LayerNorm(cfg.width) if cfg.norm != "none" else None
+            self.hook_resid_mid, self.hook_mlp_out = HookPoint(), HookPoint()
+
+    def _sub(self, x: torch.Tensor, f: Callable[[torch.Tensor], torch.Tensor], ln: LayerNorm | None,
+             hook: HookPoint) -> torch.Tensor:
+        out = hook(self.cfg.scale * f(ln(x) if self.cfg.norm == "pre" else x))
+        x = x + out if self.cfg.skip else out
+        return ln(x) if self.cfg.norm == "post" else x
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        x = self._sub(self.hook_resid_pre(x), lambda y: self.attn(y, mask), self.ln1, self.hook_attn_out)
+        if self.cfg.mlp:
+            x = self._sub(self.hook_resid_mid(x), self.mlp, self.ln2, self.hook_mlp_out)
+        return self.hook_resid_post(x)
+
+
+class SPATransformer(HookedRootModule):
+    """The model; ``forward(input, attention_mask=None, return_type=None)`` like a bridge."""
+
+    def __init__(self, cfg: SPAConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        gen = torch.Generator().manual_seed(cfg.seed)
+        self.W_E = _gauss(gen, cfg.d_vocab, cfg.width, std=1.0)
+        self.hook_embed = HookPoint()
+        spa = (K.spa_attentions(cfg.attention, cfg.n_ctx, cfg.depth, cfg.gamma_last, cfg.rho_last)
+               if cfg.attention in SPA else None)
+        self.blocks = nn.ModuleList(
+            Block(cfg, i, gen, None if spa is None else spa[i]) for i in range(cfg.depth))
+        self.W_U = _gauss(gen, cfg.width, cfg.d_vocab, std=cfg.width ** -0.5)
+        self.setup()
+
+    def forward(self, input: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                return_type: str | None = "logits") -> torch.Tensor | None:
+        if input.dim() == 2:
+            if input.shape[1] > self.cfg.n_ctx:
+                raise ProbeError(f"input has {input.shape[1]} positions but the model's n_ctx is {self.cfg.n_ctx}; "
+                                 "shorten the input or build the model with a larger n_ctx")
+            x = self.W_E[input]  # [b, t] -> [b, t, d]
+        elif input.dim() == 3 and input.shape[-1] == self.cfg.width:
+            x = input.to(self.W_E.dtype)
+        else:
+            raise ProbeError(f"spa model input must be token ids [batch, pos] or embeddings [batch, pos, "
+                             f"{self.cfg.width}], got shape {tuple(input.shape)}")
+        x = self.hook_embed(x)
+        for block in self.blocks:
+            x = block(x, attention_mask)
+        if return_type is None:
+            return None
+        if return_type in ("logits", "residual"):
+            return x @ self.W_U if return_type == "logits" else x
+        raise ProbeError(f"return_type must be None, 'logits' or 'residual', got {return_type!r}")
+
+    def theory(self, t: int) -> torch.Tensor | None:
+        return theory_kernels(self.cfg, t)
+
+
+# ----------------------------------------------------------------------------- theory
+
+def mixing_matrices(cfg: SPAConfig, t: int) -> list[torch.Tensor] | None:
+    """The fixed attention matrix of every block at init, or None (softmax at random init)."""
+    if cfg.attention == "uniform":
+        return [K.uniform_attention(t, cfg.causal)] * cfg.depth
+    if cfg.attention == "value-skipinit":
+        return [torch.eye(t, dtype=K.F64)] * cfg.depth
+    if cfg.attention in SPA:
+        a = K.spa_attentions(cfg.attention, cfg.n_ctx, cfg.depth, cfg.gamma_last, cfg.rho_last)
+        return list(a[:, :t, :t])
+    return None
+
+
+def theory_kernels(cfg: SPAConfig, t: int, sigma0: torch.Tensor | None = None) -> torch.Tensor | None:
+    """Infinite-width kernels Sigma_0..Sigma_L at init for T = t tokens (Sigma_0 = I: distinct
+    tokens with N(0, 1) embeddings). LayerNorm acts as kernel normalisation (zero feature means
+    at infinite width); an MLP applies the ReLU arc-cosine map. None for softmax at random init,
+    which has no fixed attention matrix. [L+1, T, T] float64."""
+    mix = mixing_matrices(cfg, t)
+    if mix is None:
+        return None
+    s = torch.eye(t, dtype=K.F64) if sigma0 is None else sigma0.to(K.F64)
+    out = [s]
+    steps = [lambda y, a=a: K.attention_step(y, a) for a in mix]
+    for attn in steps:
+        s = _theory_sub(cfg, s, attn)
+        if cfg.mlp:
+            s = _theory_sub(cfg, s, K.relu_step)
+        out.append(s)
+    return torch.stack(out)
+
+
+def _theory_sub(cfg: SPAConfig, s: torch.Tensor, f: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    branch = cfg.scale ** 2 * f(K.normalised(s) if cfg.norm == "pre" else s)
+    s = s + branch if cfg.skip else branch
+    return K.normalised(s) if cfg.norm == "post" else s
+
+
+# ----------------------------------------------------------------------------- wrapping, training
+
+def build(cfg: SPAConfig | str, device: str | torch.device | None = None, name: str | None = None):
+    """An SPA model wrapped as a :class:`probes.models.Model` (tokenizer None)."""
+    from probes.models import Model, ModelInfo, resolve_device
+
+    if isinstance(cfg, str):
+        name = name or cfg
+        cfg = SPAConfig.parse(cfg)
+    dev = device if isinstance(device, torch.device) else resolve_device(device)
+    net = SPATransformer(cfg).to(dev).eval()
+    info = ModelInfo(name=name or cfg.spec(), source="spa", resolved=cfg.spec(), causal=cfg.causal,
+                     n_layers=cfg.depth, n_heads=cfg.heads, d_model=cfg.width, max_len=cfg.n_ctx,
+                     weights=f"random-init:seed={cfg.seed}")
+    return Model(bridge=net, tokenizer=None, info=info, device=dev)
+
+
+def random_tokens(n: int, t: int, d_vocab: int, seed: int = 0) -> torch.Tensor:
+    """n sequences of t distinct token ids (Sigma_0 -> I at infinite width). [n, t]."""
+    if t > d_vocab:
+        raise ProbeError(f"{t} distinct tokens per sequence need d_vocab >= {t}, got {d_vocab}")
+    gen = torch.Generator().manual_seed(seed)
+    return torch.stack([torch.randperm(d_vocab, generator=gen)[:t] for _ in range(n)])
+
+
+def copy_batch(batch: int, t: int, d_vocab: int, gen: torch.Generator) -> torch.Tensor:
+    """Synthetic training data: a random first half repeated (the copy / induction task). [batch, t]."""
+    half = (t + 1) // 2
+    first = torch.randint(0, d_vocab, (batch, half), generator=gen)
+    return torch.cat([first, first], 1)[:, :t]
+
+
+def train_synthetic(model: SPATransformer, steps: int, t: int, batch: int = 16, lr: float = 1e-3,
+                    seed: int = 0) -> list[float]:
+    """Adam on next-token loss over the repeated half of copy sequences; returns the losses."""
+    if steps < 1:
+        return []
+    gen = torch.Generator().manual_seed(seed + 1)
+    dev = model.W_E.device
+    opt = torch.optim.Adam(model.parameters(), lr=lr)
+    half, losses = (t + 1) // 2, []
+    model.train()
+    for _ in range(steps):
+        ids = copy_batch(batch, t, model.cfg.d_vocab, gen).to(dev)
+        logits = model(ids, return_type="logits")  # [b, t, vocab]
+        pred, target = logits[:, half - 1:-1], ids[:, half:]
+        loss = nn.functional.cross_entropy(pred.reshape(-1, pred.shape[-1]), target.reshape(-1))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        losses.append(float(loss))
+    model.eval()
+    return losses

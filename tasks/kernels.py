@@ -1,0 +1,509 @@
+"""kernels (DESIGN.md §3.6): signal propagation through depth, on any model, and the depth sweep.
+
+``probe run --task kernels`` captures the residual stream at the embeddings (layer 0 =
+``blocks.0.hook_resid_pre``, the input of the first block) and after every block (layer l =
+``blocks.{l-1}.hook_resid_post``), and reports per layer, averaged over input sequences: the mean
+off-diagonal cosine of the normalised kernel, Dong et al.'s residual ratios (Frobenius and
+composite (1, inf)) and the effective rank (see ``probes.kernels``). Padding never counts;
+[CLS]/[SEP]/BOS (every tokenizer special) are dropped when ``exclude_special`` is on (default on
+for encoders, off for decoders). Models without a tokenizer get sequences of distinct random
+token ids. Models from ``probes.spa`` also get the infinite-width theory next to each measurement.
+
+``probe sweep --task kernels`` builds one ``probes.spa`` model per variant and depth (optionally
+trains it) and writes one table: variant, depth, layer, metric, value, theory.
+"""
+from __future__ import annotations
+
+import io
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import torch
+
+from probes import kernels as K
+from probes import spa
+from probes.batching import length_batches
+from probes.capture import capture
+from probes.errors import ProbeError, suggest
+from probes.sweep import Sweep, SweepConfig, register_sweep
+from probes.task import Context, Examples, Output, Task, register, tidy
+
+METRICS = ("mean_cosine", "resid_ratio_fro", "resid_ratio_l1inf", "effective_rank")
+THEORY_METRICS = ("mean_cosine", "resid_ratio_fro", "effective_rank")  # what a kernel alone fixes
+COLLAPSED = 0.99  # mean cosine at which we call the representation rank-collapsed
+
+
+def resid_names(n_layers: int) -> list[str]:
+    """Layer 0 = input of block 0 (the embeddings), layer l = output of block l-1."""
+    return ["blocks.0.hook_resid_pre"] + [f"blocks.{i}.hook_resid_post" for i in range(n_layers)]
+
+
+def levine(depth: int, width: int) -> tuple[float, str]:
+    """Levine et al. 2020: L_th = log3(d_model); depth is efficient only below it."""
+    l_th = math.log(width, 3)
+    return l_th, "depth-efficient" if depth < l_th else "depth-inefficient"
+
+
+# ----------------------------------------------------------------------------- accumulation
+
+def compact(c: torch.Tensor, keep: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Move kept tokens to the front (order preserved): C [B, T, T], keep [B, T] -> both permuted."""
+    t = keep.shape[1]
+    idx = torch.sort((~keep).to(torch.int8), dim=1, stable=True).indices  # [B, T]
+    rows = c.gather(1, idx[:, :, None].expand(-1, -1, t))
+    return rows.gather(2, idx[:, None, :].expand(-1, t, -1)), keep.gather(1, idx)
+
+
+@dataclass
+class Accumulator:
+    """Running sums of per-sequence metrics and of position-aligned normalised kernels per layer."""
+
+    n_layers: int  # layers 0..L, so L + 1 of them
+    kernel_len: int
+    sums: torch.Tensor = field(init=False)  # [metric, layer]
+    counts: torch.Tensor = field(init=False)  # [metric, layer]
+    ksum: torch.Tensor = field(init=False)  # [layer, K, K]
+    kcount: torch.Tensor = field(init=False)  # [layer, K, K]
+    sequences: int = 0
+    tokens: int = 0
+
+    def __post_init__(self) -> None:
+        k = self.kernel_len
+        self.sums = torch.zeros(len(METRICS), self.n_layers, dtype=torch.float64)
+        self.counts = torch.zeros(len(METRICS), self.n_layers, dtype=torch.float64)
+        self.ksum = torch.zeros(self.n_layers, k, k, dtype=torch.float64)
+        self.kcount = torch.zeros(self.n_layers, k, k, dtype=torch.float64)
+
+    def add(self, layer: int, x: torch.Tensor, keep: torch.Tensor) -> None:
+        """Fold one layer of one batch in. x [B, T, d], keep [B, T] bool."""
+        stats, c = K.sequence_stats(x, keep)
+        for i, name in enumerate(METRICS):
+            v = stats[name].cpu()
+            ok = ~torch.isnan(v)
+            self.sums[i, layer] += v[ok].sum()
+            self.counts[i, layer] += ok.sum()
+        c, kept = compact(c, keep.to(c.device))
+        k = min(self.kernel_len, c.shape[1])
+        pairs = (kept[:, :, None] & kept[:, None, :])[:, :k, :k].to(torch.float64)  # [B, k, k]
+        self.ksum[layer, :k, :k] += (c[:, :k, :k] * pairs).sum(0).cpu()
+        self.kcount[layer, :k, :k] += pairs.sum(0).cpu()
+
+    def count(self, keep: torch.Tensor) -> None:
+        self.sequences += keep.shape[0]
+        self.tokens += int(keep.sum())
+
+    def means(self) -> dict[str, np.ndarray]:
+        m = (self.sums / self.counts.clamp_min(1)).numpy()
+        m[self.counts.numpy() == 0] = np.nan
+        return {name: m[i] for i, name in enumerate(METRICS)}
+
+    def kernels(self) -> np.ndarray:
+        """Mean normalised kernel per layer over position pairs seen. [L+1, K, K] (NaN: unseen)."""
+        out = (self.ksum / self.kcount.clamp_min(1)).numpy()
+        out[self.kcount.numpy() == 0] = np.nan
+        return out
+
+
+def theory_rows(sigmas: torch.Tensor | None) -> dict[str, np.ndarray]:
+    """Per-layer theory metrics from kernels [L+1, T, T]; NaN everywhere without a theory."""
+    if sigmas is None:
+        return {}
+    per = [K.kernel_stats(s) for s in sigmas]
+    return {m: np.array([p[m] for p in per]) for m in THEORY_METRICS}
+
+
+# ----------------------------------------------------------------------------- plots
+
+def _svg(fig) -> str:
+    import matplotlib.pyplot as plt
+
+    buf = io.StringIO()
+    fig.savefig(buf, format="svg", bbox_inches="tight")
+    plt.close(fig)
+    return buf.getvalue()
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg", force=False)
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_layers(means: dict[str, np.ndarray], theory: dict[str, np.ndarray], title: str) -> str:
+    """Mean cosine and residual ratios vs layer (theory dashed), effective rank beside."""
+    plt = _pyplot()
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(9, 3.4))
+    layers = np.arange(len(means["mean_cosine"]))
+    for name, style in (("mean_cosine", "o-"), ("resid_ratio_fro", "s-"), ("resid_ratio_l1inf", "^-")):
+        ax.plot(layers, means[name], style, ms=3, label=name)
+    if "mean_cosine" in theory:
+        ax.plot(layers, theory["mean_cosine"], "k--", lw=1, label="mean_cosine (theory)")
+    ax.set(xlabel="layer (0 = embeddings)", ylabel="value", title=title)
+    ax.legend(fontsize=7)
+    bx.plot(layers, means["effective_rank"], "o-", ms=3, label="measured")
+    if "effective_rank" in theory:
+        bx.plot(layers, theory["effective_rank"], "k--", lw=1, label="theory")
+    bx.set(xlabel="layer", ylabel="effective rank", title="effective rank of centred X")
+    bx.legend(fontsize=7)
+    return _svg(fig)
+
+
+def plot_heatmaps(panels: list[tuple[str, np.ndarray]], ncols: int, title: str) -> str:
+    """Normalised kernels as heatmaps (He et al. 2023, Figure 1 style), one panel each."""
+    plt = _pyplot()
+    nrows = max(1, math.ceil(len(panels) / ncols))
+    fig, axes = plt.subplots(nrows, ncols, figsize=(2.6 * ncols, 2.5 * nrows), squeeze=False)
+    lo = min([0.0] + [float(np.nanmin(c)) for _, c in panels if np.isfinite(c).any()])
+    im = None
+    for ax, (label, c) in zip(axes.flat, panels):
+        im = ax.imshow(c, vmin=lo, vmax=1.0, cmap="viridis", interpolation="nearest")
+        ax.set_title(label, fontsize=8)
+        ax.set_xticks([])
+        ax.set_yticks([])
+    for ax in list(axes.flat)[len(panels):]:
+        ax.axis("off")
+    if im is not None:
+        fig.colorbar(im, ax=axes.ravel().tolist(), shrink=0.8, label="cosine")
+    fig.suptitle(title, fontsize=9)
+    return _svg(fig)
+
+
+def npz_bytes(arrays: dict[str, np.ndarray]) -> bytes:
+    buf = io.BytesIO()
+    np.savez_compressed(buf, **arrays)
+    return buf.getvalue()
+
+
+# ----------------------------------------------------------------------------- the task
+
+@dataclass(frozen=True)
+class Options:
+    exclude_special: bool | None = None  # None: on for encoders, off for decoders
+    layers: tuple[int, ...] = ()  # layers whose kernels are saved and drawn; (): four spread over 0..L
+    kernel_len: int = 64  # leading positions kept in the averaged kernel matrices
+    n_random: int = 16  # random sequences for models without a tokenizer
+    seq_len: int | None = None  # their length (None: --max-len, capped at the model's context)
+
+
+@dataclass
+class State:
+    model: Any
+    layers: list[int]
+    exclude: bool
+    specials: torch.Tensor
+    acc: Accumulator
+    lengths: set[int] = field(default_factory=set)
+    excluded: int = 0
+
+
+def default_layers(n_layers: int) -> list[int]:
+    return sorted({round(x) for x in np.linspace(0, n_layers, 4)})
+
+
+@register
+class Kernels(Task):
+    name = "kernels"
+    description = "Signal propagation per layer: mean cosine, residual ratios, effective rank, kernel maps"
+    Options = Options
+    needs_text = False
+
+    def load(self, model, ctx: Context) -> Examples:
+        opts = ctx.options
+        bad = [l for l in opts.layers if not 0 <= l <= model.info.n_layers]
+        if bad:
+            raise ProbeError(f"kernels: layers {bad} out of range; {model.name} has layers 0..{model.info.n_layers} "
+                             "(0 = embeddings, l = after block l-1)")
+        if opts.kernel_len < 2 or opts.n_random < 1:
+            raise ProbeError("kernels: kernel_len must be at least 2 and n_random at least 1")
+        if model.tokenizer is None:
+            return self._random(model, ctx)
+        from tasks.attention_stats import SAMPLE, read_lines
+
+        if opts.seq_len is not None:
+            raise ProbeError("kernels: seq_len applies to models without a tokenizer; use --max-len for text")
+        lines = read_lines(ctx.data) if ctx.data else read_lines(SAMPLE)
+        pieces = model.tokenizer(lines, add_special_tokens=False)["input_ids"]
+        head = [model.cls_id] if model.cls_id is not None else []
+        tail = [model.sep_id] if model.sep_id is not None else []
+        seqs = [tuple([*head, *p, *tail]) for p in pieces]
+        limit = min(ctx.config.max_len, model.info.max_len)
+        kept = [s for s in seqs if 2 <= len(s) <= limit]
+        if not kept:
+            raise ProbeError(f"no input has between 2 and {limit} pieces; raise --max-len (model limit "
+                             f"{model.info.max_len}) or give longer lines")
+        return Examples(kept, skipped=len(seqs) - len(kept), why=f"shorter than 2 or longer than {limit} pieces")
+
+    def _random(self, model, ctx: Context) -> Examples:
+        opts = ctx.options
+        if ctx.data is not None:
+            raise ProbeError(f"model {model.name!r} has no tokenizer, so kernels cannot read --data; omit it "
+                             "(random token sequences are used) or use a pretrained model")
+        t = opts.seq_len if opts.seq_len is not None else min(ctx.config.max_len, model.info.max_len)
+        if not 2 <= t <= model.info.max_len:
+            raise ProbeError(f"kernels: seq_len must be between 2 and the model's context {model.info.max_len}, got {t}")
+        vocab = int(model.bridge.cfg.d_vocab)
+        if t <= vocab:
+            ids = spa.random_tokens(opts.n_random, t, vocab, ctx.config.seed)
+        else:  # more positions than token types: repeats are unavoidable
+            ids = torch.randint(0, vocab, (opts.n_random, t), generator=torch.Generator().manual_seed(ctx.config.seed))
+        return Examples([tuple(r) for r in ids.tolist()])
+
+    def batches(self, model, examples, ctx):
+        return length_batches(examples, examples, ctx.config.batch_size, model.pad_id)
+
+    def hook_names(self, model, ctx):
+        return resid_names(model.info.n_layers)
+
+    def start(self, model, ctx, examples):
+        opts = ctx.options
+        exclude = (not model.info.causal) if opts.exclude_special is None else opts.exclude_special
+        specials = torch.tensor(sorted(model.special_ids), dtype=torch.long)
+        layers = list(opts.layers) or default_layers(model.info.n_layers)
+        return State(model=model, layers=layers, exclude=exclude and model.tokenizer is not None,
+                     specials=specials, acc=Accumulator(model.info.n_layers + 1, opts.kernel_len))
+
+    def accumulate(self, state: State, batch, acts) -> None:
+        keep = batch.attention_mask.bool()
+        if state.exclude and len(state.specials):
+            special = torch.isin(batch.input_ids, state.specials)
+            state.excluded += int((special & keep).sum())
+            keep = keep & ~special
+        names = resid_names(state.model.info.n_layers)
+        for layer, name in enumerate(names):
+            x = acts[name]
+            state.acc.add(layer, x, keep.to(x.device))
+        state.acc.count(keep)
+        state.lengths.update(int(n) for n in keep.sum(1))
+
+    def finalize(self, state: State, ctx: Context) -> Output:
+        model, acc = state.model, state.acc
+        means = acc.means()
+        theory = self._theory(state)
+        names = resid_names(model.info.n_layers)
+        rows = [{"layer": l, "hook": names[l], "metric": m, "value": float(means[m][l]),
+                 "theory": float(theory[m][l]) if m in theory else math.nan}
+                for m in METRICS for l in range(len(names))]
+        scores = tidy(rows, ctx.config.model, self.name)
+        summary = pd.DataFrame({"layer": range(len(names)), "hook": names,
+                                **{m: np.round(means[m], 4) for m in METRICS}})
+        if theory:
+            summary.insert(3, "theory_cosine", np.round(theory["mean_cosine"], 4))
+        kern = acc.kernels()
+        panels = [(f"layer {l}", kern[l]) for l in state.layers]
+        plots = {"kernels_vs_layer": plot_layers(means, theory, f"{model.name}: signal propagation"),
+                 "kernels_heatmaps": plot_heatmaps(panels, len(panels), f"{model.name}: mean normalised kernel")}
+        files = {"kernels.npz": npz_bytes({**{f"layer_{l}": kern[l].astype(np.float32) for l in state.layers},
+                                           "pairs": acc.kcount[0].numpy().astype(np.int64),
+                                           "layers": np.array(state.layers)})}
+        collapse = next((l for l, c in enumerate(means["mean_cosine"]) if c >= COLLAPSED), None)
+        headline = {"n_sequences": acc.sequences, "n_tokens": acc.tokens,
+                    "final_mean_cosine": round(float(means["mean_cosine"][-1]), 4),
+                    "first_collapsed_layer": collapse}
+        notes = [f"{acc.sequences} sequences, {acc.tokens} tokens counted; layer 0 = embeddings "
+                 f"(blocks.0.hook_resid_pre), layer l = output of block l-1",
+                 ("special tokens excluded" + (f" ({state.excluded} positions)" if state.excluded else ""))
+                 if state.exclude else "special tokens included (exclude_special=false or no tokenizer)",
+                 f"kernel matrices (kernels.npz, heatmaps) average cosines of the first {acc.kernel_len} "
+                 "counted positions over sequences"]
+        if theory:
+            gap = float(np.nanmax(np.abs(means["mean_cosine"] - theory["mean_cosine"])))
+            notes.append(f"theory = infinite-width recursion from Sigma_0 = I; max |measured - theory| "
+                         f"mean cosine = {gap:.4f}")
+            headline["max_theory_gap"] = round(gap, 4)
+        return Output(scores=scores, summary=summary, notes=notes, headline=headline, plots=plots, files=files)
+
+    @staticmethod
+    def _theory(state: State) -> dict[str, np.ndarray]:
+        theory = getattr(state.model.bridge, "theory", None)
+        if theory is None or len(state.lengths) != 1 or state.excluded:
+            return {}
+        return theory_rows(theory(next(iter(state.lengths))))
+
+
+# ----------------------------------------------------------------------------- the sweep
+
+DEFAULT_VARIANTS = ("vanilla", "skip", "skip-scaled", "value-skipinit", "u-spa", "e-spa")
+
+
+@dataclass(frozen=True)
+class SweepOptions:
+    variants: tuple[str, ...] = DEFAULT_VARIANTS
+    width: int = 256
+    heads: int = 4
+    seq_len: int = 128
+    samples: int = 8  # random sequences per model (one batch)
+    steps: int = 0  # training steps on the synthetic copy task before measuring
+    attn_only: bool = True
+    attention: str = "uniform"  # attention of vanilla/skip/skip-scaled: uniform (W_Q = 0) or softmax
+    causal: bool = True
+    gamma_last: float = 0.005
+    rho_last: float = 0.8
+    lr: float = 1e-3
+    train_batch: int = 16
+    heatmap_depths: tuple[int, ...] = ()  # (): smallest, middle and largest depth
+
+
+def sweep_configs(depths: tuple[int, ...], o: SweepOptions, seed: int) -> dict[tuple[str, int], spa.SPAConfig]:
+    """Every model of the sweep, validated before anything is built."""
+    for v in o.variants:
+        if v not in spa.VARIANTS:
+            raise ProbeError(f"unknown variant {v!r}{suggest(v, spa.VARIANTS)}; choose from {', '.join(spa.VARIANTS)}")
+    if not o.variants:
+        raise ProbeError("--variants needs at least one variant, e.g. --variants vanilla,e-spa")
+    if o.attention not in ("uniform", "softmax"):
+        raise ProbeError(f"attention (for the baseline variants) must be uniform or softmax, got {o.attention!r}")
+    if o.seq_len < 2 or o.samples < 1 or o.steps < 0 or o.train_batch < 1 or not o.lr > 0:
+        raise ProbeError("kernels sweep: seq_len >= 2, samples >= 1, steps >= 0, train_batch >= 1 and lr > 0 required")
+    bad = [d for d in o.heatmap_depths if d not in depths]
+    if bad:
+        raise ProbeError(f"heatmap_depths {bad} are not among --depths {list(depths)}")
+    common = dict(width=o.width, heads=o.heads, n_ctx=o.seq_len, d_vocab=max(4096, o.seq_len), causal=o.causal,
+                  mlp=not o.attn_only, gamma_last=o.gamma_last, rho_last=o.rho_last, seed=seed)
+    return {(v, d): spa.SPAConfig(**{**common, **spa.variant_config(v, d, o.attention)})
+            for v in o.variants for d in depths}
+
+
+def measure(net: spa.SPATransformer, ids: torch.Tensor) -> Accumulator:
+    """One pass over ids [B, T]; metrics folded in per layer as each residual is produced."""
+    from probes.models import Model, ModelInfo
+
+    cfg = net.cfg
+    info = ModelInfo(name="spa", source="spa", resolved=cfg.spec(), causal=cfg.causal, n_layers=cfg.depth,
+                     n_heads=cfg.heads, d_model=cfg.width, max_len=cfg.n_ctx, weights="")
+    model = Model(bridge=net, tokenizer=None, info=info, device=net.W_E.device)
+    names = resid_names(cfg.depth)
+    layer_of = {n: i for i, n in enumerate(names)}
+    acc = Accumulator(cfg.depth + 1, ids.shape[1])
+    keep = torch.ones(ids.shape, dtype=torch.bool, device=ids.device)
+
+    def fold(x: torch.Tensor, hook: Any) -> None:
+        acc.add(layer_of[hook.name], x, keep)
+
+    with torch.inference_mode(), capture(model, names, fold, store=False):
+        net(ids, return_type=None)
+    acc.count(keep)
+    return acc
+
+
+@register_sweep
+class KernelSweep(Sweep):
+    name = "kernels"
+    description = "Rank collapse vs depth: vanilla, skips, Value-SkipInit, U-SPA, E-SPA at init (or trained)"
+    Options = SweepOptions
+
+    def run(self, config: SweepConfig, options: SweepOptions, progress: bool) -> Output:
+        from probes.models import resolve_device
+
+        depths = tuple(sorted(set(config.depths)))
+        cfgs = sweep_configs(depths, options, config.seed)
+        dev = resolve_device(config.device)
+        ids = spa.random_tokens(options.samples, options.seq_len, max(4096, options.seq_len), config.seed).to(dev)
+        rows, summary, finals = [], [], {}
+        for (variant, depth), cfg in cfgs.items():
+            if progress:
+                print(f"kernels sweep: {variant} depth {depth}", flush=True)
+            net = spa.SPATransformer(cfg).to(dev)
+            losses = spa.train_synthetic(net, options.steps, options.seq_len, options.train_batch, options.lr,
+                                         config.seed)
+            acc = measure(net.eval(), ids)
+            rec = self._record(variant, depth, cfg, acc, options, losses)
+            rows += rec["rows"]
+            summary.append(rec["summary"])
+            finals[(variant, depth)] = acc.kernels()[-1]
+        return self._output(depths, options, rows, summary, finals)
+
+    @staticmethod
+    def _record(variant: str, depth: int, cfg: spa.SPAConfig, acc: Accumulator, o: SweepOptions,
+                losses: list[float]) -> dict[str, Any]:
+        means, kern = acc.means(), acc.kernels()
+        sigmas = spa.theory_kernels(cfg, o.seq_len)
+        theory = theory_rows(sigmas)
+        rows = [{"variant": variant, "depth": depth, "layer": l, "metric": m, "value": float(means[m][l]),
+                 "theory": float(theory[m][l]) if m in theory else math.nan}
+                for m in METRICS for l in range(depth + 1)]
+        target_gap = math.nan
+        if cfg.attention in spa.SPA:
+            targets = K.target_kernels(cfg.attention, o.seq_len, depth, cfg.gamma_last, cfg.rho_last).numpy()
+            gaps = np.nanmax(np.abs(kern - targets), axis=(1, 2))
+            rows += [{"variant": variant, "depth": depth, "layer": l, "metric": "target_max_abs",
+                      "value": float(gaps[l]), "theory": 0.0} for l in range(depth + 1)]
+            target_gap = float(gaps[-1])
+        l_th, regime = levine(depth, cfg.width)
+        gap = (float(np.nanmax(np.abs(means["mean_cosine"] - theory["mean_cosine"]))) if theory else math.nan)
+        summary = {"variant": variant, "depth": depth,
+                   "final_cosine": round(float(means["mean_cosine"][-1]), 4),
+                   "theory_cosine": round(float(theory["mean_cosine"][-1]), 4) if theory else math.nan,
+                   "max_theory_gap": round(gap, 4),
+                   "resid_ratio_fro": round(float(means["resid_ratio_fro"][-1]), 4),
+                   "effective_rank": round(float(means["effective_rank"][-1]), 2),
+                   "target_max_abs": round(target_gap, 4),
+                   "L_th": round(l_th, 2), "regime": regime}
+        if losses:
+            summary["final_loss"] = round(float(np.mean(losses[-10:])), 4)
+        return {"rows": rows, "summary": summary}
+
+    def _output(self, depths: tuple[int, ...], o: SweepOptions, rows: list[dict], summary: list[dict],
+                finals: dict[tuple[str, int], np.ndarray]) -> Output:
+        scores = pd.DataFrame(rows)
+        scores.insert(0, "task", self.name)
+        table = pd.DataFrame(summary)
+        shown = list(o.heatmap_depths) or sorted({depths[0], depths[len(depths) // 2], depths[-1]})
+        panels = [(f"{v}, L={d}", finals[(v, d)]) for v in o.variants for d in shown]
+        plots = {"kernels_final_cosine_vs_depth": self._plot_depth(table, o),
+                 "kernels_heatmaps": plot_heatmaps(panels, len(shown), "final-layer normalised kernel "
+                                                   f"(width {o.width}, T={o.seq_len})")}
+        files = {"kernels.npz": npz_bytes({f"{v}/depth{d}": c.astype(np.float32) for (v, d), c in finals.items()})}
+        l_th = math.log(o.width, 3)
+        notes = [f"inputs: {o.samples} sequences of {o.seq_len} distinct random tokens with N(0,1) embeddings "
+                 f"(Sigma_0 ~ I), width {o.width}, {o.heads} heads, {'attention only' if o.attn_only else 'with MLP'}, "
+                 f"{'causal' if o.causal else 'bidirectional'}; baselines use {o.attention} attention",
+                 "theory: infinite-width kernel recursion at init from Sigma_0 = I"
+                 + (" (the models were trained, so it is a reference only)" if o.steps else ""),
+                 f"Levine et al.: L_th = log3({o.width}) = {l_th:.2f}; depths "
+                 f"{[d for d in depths if d < l_th]} are depth-efficient, {[d for d in depths if d >= l_th]} are not"]
+        notes += self._checks(table)
+        headline = {"final_cosine": {v: {int(r.depth): r.final_cosine for r in g.itertuples()}
+                                     for v, g in table.groupby("variant", sort=False)},
+                    "max_theory_gap": float(np.nanmax(table["max_theory_gap"])) if table["max_theory_gap"].notna().any() else None,
+                    "depth_efficiency": {int(d): levine(d, o.width)[1] for d in depths}}
+        return Output(scores=scores, summary=table, notes=notes, headline=headline, plots=plots, files=files)
+
+    @staticmethod
+    def _checks(table: pd.DataFrame) -> list[str]:
+        out = []
+        by = {v: g.set_index("depth") for v, g in table.groupby("variant", sort=False)}
+        if "vanilla" in by:
+            hit = by["vanilla"].index[by["vanilla"]["final_cosine"] >= COLLAPSED]
+            out.append(f"vanilla: mean cosine >= {COLLAPSED} first at depth {int(hit.min())}" if len(hit)
+                       else f"vanilla: mean cosine stays below {COLLAPSED} at every depth")
+        deepest = int(table["depth"].max())
+        present = [v for v in ("vanilla", "skip", "skip-scaled") if v in by]
+        if present:
+            out.append(f"final-layer mean cosine at depth {deepest}: " + ", ".join(
+                f"{v} {by[v].loc[deepest, 'final_cosine']:.4f}" for v in present))
+        for v in ("e-spa", "u-spa"):
+            if v in by:
+                out.append(f"{v}: max |C - target| at depth {deepest} = {by[v].loc[deepest, 'target_max_abs']:.4f}")
+        return out
+
+    @staticmethod
+    def _plot_depth(table: pd.DataFrame, o: SweepOptions) -> str:
+        plt = _pyplot()
+        fig, ax = plt.subplots(figsize=(6, 3.6))
+        for i, (v, g) in enumerate(table.groupby("variant", sort=False)):
+            color = f"C{i}"
+            ax.plot(g["depth"], g["final_cosine"], "o-", color=color, ms=4, label=v)
+            if g["theory_cosine"].notna().any():
+                ax.plot(g["depth"], g["theory_cosine"], "--", color=color, lw=1)
+        ax.set_xscale("log", base=2)
+        ax.set(xlabel="depth L", ylabel="final-layer mean off-diagonal cosine",
+               title=f"rank collapse vs depth (width {o.width}, T={o.seq_len}; dashed: theory)")
+        ax.axhline(COLLAPSED, color="grey", lw=0.5, ls=":")
+        ax.legend(fontsize=7)
+        return _svg(fig)
