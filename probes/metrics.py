@@ -28,24 +28,27 @@ def attention_stat_sums(a: torch.Tensor, mask: torch.Tensor, is_first: torch.Ten
 
     a: [batch, layer, head, q, k]; mask, is_first, is_sep, is_punct: [batch, pos] (bool/0-1).
     Returns metric -> [layer, head] sums (float64); divide by ``mask.sum()`` for the means.
-    Previous/next-token attention at the first/last real token counts as 0.
+    Previous/next-token attention at the first/last real token counts as 0. Per-query values
+    are computed in the pattern's dtype (rows of at most a few hundred terms); the sums over
+    queries and batches are float64.
     """
-    a = a.to(torch.float64)
-    q = mask.to(torch.float64)[:, None, None, :]  # [b, 1, 1, q] weights of real queries
-    real = mask.to(torch.float64)
-    nxt = diagonal(a, 1) * torch.cat([real[:, 1:], torch.zeros_like(real[:, :1])], 1)[:, None, None, :]
-
-    def to(keys: torch.Tensor) -> torch.Tensor:  # attention mass on a key set -> [b, l, h, q]
-        return (a * keys.to(torch.float64)[:, None, None, None, :]).sum(-1)
-
+    b, n_layer, n_head, n_q, n_k = a.shape
+    a = a.float() if not a.is_floating_point() or a.dtype == torch.float16 else a
+    real = mask.to(a.dtype)
+    key_sets = [is_first, is_punct] + ([is_sep] if is_sep is not None else [])
+    keys = torch.stack([k.to(a.dtype) for k in key_sets], -1)  # [b, k, m]
+    # attention mass on each key set: [b, l*h*q, k] @ [b, k, m] -> [b, l, h, q, m]
+    mass = torch.bmm(a.reshape(b, -1, n_k), keys).view(b, n_layer, n_head, n_q, len(key_sets))
+    nxt_real = torch.cat([real[:, 1:], torch.zeros_like(real[:, :1])], 1)[:, None, None, :]
     per_query = {
-        "to_first": to(is_first),
-        "to_punct": to(is_punct),
+        "to_first": mass[..., 0],
+        "to_punct": mass[..., 1],
         "to_prev": diagonal(a, -1),
-        "to_next": nxt,
+        "to_next": diagonal(a, 1) * nxt_real,
         "to_self": diagonal(a, 0),
-        "entropy": row_entropy(a),
+        "entropy": torch.special.entr(a).sum(-1),
     }
     if is_sep is not None:
-        per_query["to_sep"] = to(is_sep)
-    return {k: (v * q).sum(dim=(0, 3)) for k, v in per_query.items()}
+        per_query["to_sep"] = mass[..., 2]
+    q = mask.to(torch.float64)[:, None, None, :]  # weights of real queries
+    return {k: (v.to(torch.float64) * q).sum(dim=(0, 3)) for k, v in per_query.items()}

@@ -69,5 +69,5 @@ def test_uniform_attention_entropy_is_log_length():
     mask = torch.ones(n, dtype=torch.bool)
     none = torch.zeros(n, dtype=torch.bool)
     s = _stats(a, mask, none, None, none)
-    assert abs(s["entropy"] - math.log(n)) < 1e-12
+    assert abs(s["entropy"] - math.log(n)) < 1e-6  # float32 rows
     assert abs(s["to_prev"] - (n - 1) / n / n) < 1e-12
