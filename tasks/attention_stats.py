@@ -97,16 +97,19 @@ class AttentionStats(Task):
 
     def accumulate(self, state: State, batch, acts) -> None:
         model = state.model
-        names = pattern_names(model.info.n_layers)
-        a = acts.stacked(names).transpose(0, 1)  # [layer, b, h, q, k] -> [b, layer, h, q, k]
-        ids, mask = batch.input_ids.to(a.device), batch.attention_mask.to(a.device).bool()
+        ids, mask = batch.input_ids, batch.attention_mask.bool()
         first = torch.zeros_like(mask)
         first[:, 0] = True
         sep = (ids == model.sep_id) & mask if model.sep_id is not None else None
-        punct = torch.isin(ids, state.punct.to(ids.device)) & mask
-        sums = attention_stat_sums(a, mask, first, sep, punct)
-        for k, v in sums.items():
-            state.sums[k] = state.sums.get(k, 0) + v.cpu()
+        punct = torch.isin(ids, state.punct) & mask
+        for layer, name in enumerate(pattern_names(model.info.n_layers)):
+            a = acts[name]  # [b, head, q, k]; one layer at a time, no stacked copy
+            dev = a.device
+            sums = attention_stat_sums(a[:, None], mask.to(dev), first.to(dev),
+                                       None if sep is None else sep.to(dev), punct.to(dev))
+            for k, v in sums.items():  # v: [1, head]
+                state.sums.setdefault(k, torch.zeros(model.info.n_layers, v.shape[1], dtype=torch.float64))
+                state.sums[k][layer] += v[0].cpu()
         state.tokens += int(mask.sum())
 
     def finalize(self, state: State, ctx: Context) -> Output:
