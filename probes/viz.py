@@ -38,7 +38,7 @@ from probes.errors import ProbeError
 
 MAX_TOKENS = 512  # default token limit of a view; longer inputs are cut and the page says so
 SCALE = 10_000  # pattern values are stored as round(value * SCALE): 4 decimals
-MAX_TOKEN_CHARS = 60  # longer token labels are shortened for display (the page says by how much)
+MAX_TOKEN_CHARS = 100  # longer token labels are shortened for display (the page says by how much)
 # above this many cells (heads x tokens^2) a view shows one head at a time instead of all
 # thumbnails at once: circuitsvis draws every cell as a chart element (about 10 us each)
 HEADS_CELLS = 12 * 64 * 64
@@ -218,6 +218,8 @@ figcaption { color: #555; font-size: 12px; overflow-wrap: anywhere; }
 .heads button[aria-pressed="true"] { background: #334; color: #fff; }
 pre { background: #f7f7f9; padding: 8px; overflow: auto; max-height: 420px; font-size: 12px; }
 details { margin: 8px 0; }
+.toks span { display: inline-block; border: 1px solid #ddd; border-radius: 3px; padding: 0 4px; margin: 2px;
+       white-space: pre; max-width: 100%; overflow: hidden; text-overflow: ellipsis; font-size: 12px; }
 """
 
 LOADER = r"""
@@ -347,8 +349,11 @@ def views_html(views: Sequence[View], max_tokens: int = MAX_TOKENS) -> tuple[str
         notes = "".join(f"<p class='cut'>{esc(n)}</p>" for n in payload.pop("notes"))
         size = f"{len(view.heads)} head(s), {len(view.tokens)} tokens" + (", causal" if view.causal else
                                                                              ", bidirectional (shown whole)")
+        toks = "".join(f"<span title='{k}'>{esc(t)}</span>" for k, t in enumerate(payload["tokens"]))
         parts.append(f"<section class='attention'>{title}<p class='meta'>{esc(size)}</p>{notes}"
-                     f"<div class='view' id='dp-view-{i}' data-index='{i}' data-state='waiting'></div></section>")
+                     f"<div class='view' id='dp-view-{i}' data-index='{i}' data-state='waiting'></div>"
+                     f"<details class='tokens'><summary>tokens</summary><div class='toks'>{toks}</div></details>"
+                     "</section>")
         payloads.append(payload)
     return "".join(parts), payloads
 
@@ -438,6 +443,10 @@ def _specials(model: Any) -> tuple[list[int], list[int]]:
     return head, tail
 
 
+def _why(model: Any, limit: int) -> str:
+    return "(the model's limit)" if limit == model.info.max_len else "(--max-tokens)"
+
+
 def piece_input(model: Any, text: str, limit: int) -> Input:
     tok = model.tokenizer
     pieces = list(tok(text, add_special_tokens=False)["input_ids"])
@@ -446,7 +455,7 @@ def piece_input(model: Any, text: str, limit: int) -> Input:
     notes = []
     if len(pieces) > room:
         notes.append(f"the text has {len(pieces)} pieces; showing the first {room} ({len(pieces) - room} cut) "
-                     f"so that the input with its special tokens fits {limit} tokens (--max-tokens)")
+                     f"so that the input with its special tokens fits {limit} tokens {_why(model, limit)}")
         pieces = pieces[:room]
     ids = head + pieces + tail
     return Input(ids, _piece_labels(tok, ids), None, notes)
@@ -465,7 +474,7 @@ def word_input(model: Any, text: str, limit: int) -> Input:
     notes = []
     if keep < len(words):
         notes.append(f"the text has {len(words)} words ({sum(lengths)} pieces); showing the first {keep} "
-                     f"({len(words) - keep} cut) so that the input fits {limit} tokens (--max-tokens)")
+                     f"({len(words) - keep} cut) so that the input fits {limit} tokens {_why(model, limit)}")
     enc = encode_words(model, words[:keep])
     tok = model.tokenizer
     labels = ([_piece_labels(tok, head)[0]] if head else []) + words[:keep] + (
@@ -490,11 +499,8 @@ def model_views(model: Any, text: str, *, layers: Sequence[int] | None = None,
         raise ProbeError("the text is empty; pass --text \"...\" or a non-empty --file")
     layers = list(range(info.n_layers)) if layers is None else list(layers)
     heads = list(range(info.n_heads)) if heads is None else list(heads)
-    notes = []
-    limit = max_tokens
-    if info.max_len and max_tokens > info.max_len:
-        limit = info.max_len
-        notes.append(f"--max-tokens {max_tokens} is above the model's limit; using {limit}")
+    notes: list[str] = []
+    limit = min(max_tokens, info.max_len) if info.max_len else max_tokens
     inp = word_input(model, text, limit) if words else piece_input(model, text, limit)
     if (words and inp.encoded.n_words == 0) or len(inp.labels) == len(_specials(model)[0] + _specials(model)[1]):
         raise ProbeError("the text yields no tokens to show; pass some words")
