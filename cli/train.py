@@ -1,0 +1,65 @@
+"""`probe train`: build a native model of any depth and train it on synthetic data."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from cli.main import app, guarded
+
+
+@app.command()
+@guarded
+def train(
+    layers: Optional[int] = typer.Option(None, "--layers", "-L", help="Number of blocks (default 2)."),
+    d_model: Optional[int] = typer.Option(None, "--d-model", "--width", help="Residual width (default 64)."),
+    heads: Optional[int] = typer.Option(None, "--heads", help="Attention heads per layer (default 4)."),
+    attn_only: Optional[bool] = typer.Option(None, "--attn-only/--mlp", help="Attention-only blocks (default) or with MLPs."),
+    norm: Optional[str] = typer.Option(None, "--norm", help="ln (default) or none."),
+    positional: Optional[str] = typer.Option(None, "--positional", help="learned (default) or rotary."),
+    data: Optional[str] = typer.Option(None, "--data", help="Synthetic data: induction (default) or random."),
+    vocab: Optional[int] = typer.Option(None, "--vocab", help="Vocabulary size incl. BOS=0 (default 64)."),
+    seq_len: Optional[int] = typer.Option(None, "--seq-len", help="Tokens per sequence incl. BOS; also the context (default 64)."),
+    steps: Optional[int] = typer.Option(None, "--steps", help="Total optimiser steps (default 3000)."),
+    batch_size: Optional[int] = typer.Option(None, "--batch-size", "-b", help="Sequences per step (default 32)."),
+    lr: Optional[float] = typer.Option(None, "--lr", help="AdamW learning rate (default 1e-3)."),
+    weight_decay: Optional[float] = typer.Option(None, "--weight-decay", help="AdamW weight decay (default 0.01)."),
+    warmup: Optional[int] = typer.Option(None, "--warmup", help="Linear warm-up steps (default 100)."),
+    seed: Optional[int] = typer.Option(None, "--seed", help="Seed of the init and the data stream (default 0)."),
+    save_every: Optional[int] = typer.Option(None, "--save-every", help="Checkpoint period in steps (default 500)."),
+    log_every: Optional[int] = typer.Option(None, "--log-every", help="loss.csv row period in steps (default 50)."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Model directory (default artifacts/models/native-L<layers>-d<d>-h<h>-s<seed>)."),
+    resume: bool = typer.Option(False, "--resume", help="Continue the checkpoint in --out from its saved step."),
+    device: Optional[str] = typer.Option(None, "--device", help="cpu, cuda, cuda:N (default: CUDA when present)."),
+    progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar (loss, steps/s)."),
+) -> None:
+    """Train a native TransformerLens model with AdamW; checkpoints load anywhere a model name is accepted."""
+    from probes.errors import ProbeError
+    from probes.models import resolve_device
+    from probes.train import build_configs, resume_configs, train as api_train
+
+    given = {k: v for k, v in {
+        "layers": layers, "d_model": d_model, "heads": heads, "attn_only": attn_only, "norm": norm,
+        "positional": positional, "data": data, "vocab": vocab, "seq_len": seq_len, "steps": steps,
+        "batch_size": batch_size, "lr": lr, "weight_decay": weight_decay, "warmup": warmup, "seed": seed,
+        "save_every": save_every, "log_every": log_every}.items() if v is not None}
+    resolve_device(device)
+    if resume:
+        if out is None:
+            raise ProbeError("--resume needs --out pointing at the checkpoint directory to continue")
+        native, data_cfg, cfg = resume_configs(out, **given)
+    else:
+        native, data_cfg, cfg = build_configs(**given)
+    if out is None:
+        out = Path("artifacts/models") / f"native-L{native.layers}-d{native.d_model}-h{native.heads}-s{cfg.seed}"
+    if out.exists() and not out.is_dir():
+        raise ProbeError(f"--out {out} is a file; give a directory")
+    done = api_train(native, data_cfg, cfg, out=out, resume=resume, device=device,
+                     progress=progress and sys.stderr.isatty())
+    last = done.losses[-1] if done.losses else {}
+    typer.echo(f"trained {native.layers}-layer model to step {done.step}: loss {last.get('loss', float('nan')):.4f}, "
+               f"{last.get('steps_per_s', 0):.1f} steps/s, {done.seconds:.0f} s")
+    typer.echo(f"wrote {out} (model.safetensors, depthprobe.json, optimizer state, loss.csv)")
+    typer.echo(f"next: probe run --model {out} --task induction")

@@ -1,0 +1,449 @@
+"""induction (DESIGN §3.5; Olsson et al. 2022; Elhage et al. 2021): copying heads on repeated
+random tokens.
+
+Input: ``n_seqs`` sequences ``[BOS] r r`` (encoders: ``[CLS] r r [SEP]``), ``r`` of length
+``S = repeat_len`` drawn uniformly from the model's ordinary vocabulary (special tokens
+excluded; native models: token 0 is BOS, tokens 1..d_vocab-1 are ordinary). With ``p`` prefix
+tokens, the first copy sits at positions p..p+S-1 and the second at p+S..p+2S-1.
+
+Per head, averaged over sequences (all sequences have the same length, so this is also the
+mean over every scored position):
+
+- induction: mean over second-copy positions i of A[i, i-S+1] (the token after i's earlier
+  occurrence);
+- duplicate_token: mean over second-copy positions i of A[i, i-S] (the earlier occurrence);
+- previous_token: mean over every copy position i (first and second copy) of A[i, i-1],
+  positions whose target is BOS/[CLS] excluded (so i = p+1..p+2S-1);
+- copying (native models): for W_E W_V W_O W_U, sum of eigenvalues / sum of their absolute
+  values (LayerNorm ignored, as in Elhage et al.);
+- k_composition_max (native models, layers >= 1): the largest K-composition score of the
+  head with any head of an earlier layer (TransformerLens ``all_composition_scores('K')``);
+  the full pairwise table is written to ``k_composition.csv``.
+
+Causal models also get the in-context-learning score: mean next-token loss over the second
+copy (predicting r_1..r_{S-1}) minus the same over the first copy; ``loss_repeated`` is the
+former (the loss on the repeated half).
+"""
+from __future__ import annotations
+
+import io
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+import torch
+import torch.nn.functional as F
+
+from probes import synthetic
+from probes.batching import length_batches
+from probes.capture import forward, pattern_names
+from probes.errors import ProbeError
+from probes.metrics import diagonal
+from probes.models import Model
+from probes.sweep import Sweep, SweepConfig, register_sweep
+from probes.task import Context, Examples, Output, Task, register, tidy
+
+HEAD_METRICS = ("induction", "previous_token", "duplicate_token")
+
+
+@dataclass(frozen=True)
+class Options:
+    repeat_len: int = 25  # S, the length of r
+    n_seqs: int = 64  # repeated sequences scored
+    top: int = 5  # heads listed per metric in the summary
+
+
+# ----------------------------------------------------------------------------- pure metrics
+
+
+def head_score_sums(a: torch.Tensor, repeat_len: int, prefix: int = 1) -> dict[str, torch.Tensor]:
+    """Per-head sums over sequences of each sequence's mean score.
+
+    a: attention [batch, layer, head, query, key] on ``prefix r r ...`` with |r| = repeat_len.
+    Returns metric -> [layer, head] float64 sums; divide by the number of sequences.
+    """
+    s, p = repeat_len, prefix
+    a = a.to(torch.float64)
+    second = slice(p + s, p + 2 * s)  # query positions of the second copy
+    copies = slice(p + 1, p + 2 * s)  # copy positions whose previous token is not a prefix token
+    per_query = {
+        "induction": diagonal(a, -(s - 1))[..., second],  # [b, l, h, S]
+        "duplicate_token": diagonal(a, -s)[..., second],
+        "previous_token": diagonal(a, -1)[..., copies],  # [b, l, h, 2S-1]
+    }
+    return {k: v.mean(-1).sum(0) for k, v in per_query.items()}
+
+
+def token_losses(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """Next-token loss at each position [batch, pos-1] (position t predicts token t+1)."""
+    v = logits.shape[-1]
+    flat = F.cross_entropy(logits[:, :-1].reshape(-1, v).float(), tokens[:, 1:].reshape(-1), reduction="none")
+    return flat.view(tokens.shape[0], -1)  # [b * (t-1)] -> [b, t-1]
+
+
+def copy_losses(logits: torch.Tensor, tokens: torch.Tensor, repeat_len: int,
+                prefix: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-sequence mean loss predicting r_1..r_{S-1} in the first copy and in the second. [batch] each."""
+    s, p = repeat_len, prefix
+    loss = token_losses(logits, tokens).double()
+    return loss[:, p:p + s - 1].mean(-1), loss[:, p + s:p + 2 * s - 1].mean(-1)
+
+
+def copying_scores(model: Model) -> torch.Tensor:
+    """Elhage et al.'s copying score per head [layer, head] for W_E W_V W_O W_U.
+
+    The non-zero eigenvalues of W_E W_V W_O W_U (vocab x vocab) are those of the small
+    W_O W_U W_E W_V (d_head x d_head), so that is what is diagonalised.
+    """
+    b = model.bridge
+    w_e, w_u = b.W_E.detach().double(), b.W_U.detach().double()  # [V, d], [d, V]
+    w_v, w_o = b.W_V.detach().double(), b.W_O.detach().double()  # [L, H, d, dh], [L, H, dh, d]
+    small = w_o @ (w_u @ w_e) @ w_v  # [L, H, dh, dh]
+    eig = torch.linalg.eigvals(small)  # [L, H, dh] complex
+    return eig.sum(-1).real / eig.abs().sum(-1).clamp_min(1e-30)
+
+
+def k_composition(model: Model) -> torch.Tensor:
+    """K-composition scores [layer, head, layer, head]: [l1, h1, l2, h2] for l1 < l2, else 0."""
+    return model.bridge.all_composition_scores("K").scores.detach().double().cpu()
+
+
+# ----------------------------------------------------------------------------- inputs
+
+
+def ordinary_ids(model: Model) -> torch.Tensor:
+    """Token ids r is drawn from: the vocabulary minus special tokens (native: 1..d_vocab-1)."""
+    vocab = int(model.bridge.cfg.d_vocab)
+    if model.tokenizer is None:
+        return torch.arange(1, vocab)
+    n = min(vocab, len(model.tokenizer))
+    special = torch.tensor(sorted(i for i in model.special_ids if i < n), dtype=torch.long)
+    ids = torch.arange(n)
+    return ids[~torch.isin(ids, special)]
+
+
+def frame(model: Model) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(prefix, suffix) around ``r r``: ([BOS],) for decoders, ([CLS], [SEP]) for encoders."""
+    if model.tokenizer is None:
+        return (synthetic.BOS,), ()
+    first = model.cls_id
+    if first is None:
+        raise ProbeError(f"model {model.name!r} has no BOS/[CLS] token to start the repeated sequences with")
+    return (first,), (() if model.sep_id is None else (model.sep_id,))
+
+
+def sequences(model: Model, repeat_len: int, n: int, seed: int) -> torch.Tensor:
+    """[n, p + 2S + suffix] repeated sequences for ``model``, seeded by (seed, S)."""
+    prefix, suffix = frame(model)
+    return synthetic.repeated(n, repeat_len, ordinary_ids(model), synthetic.generator(seed, repeat_len),
+                              prefix, suffix)
+
+
+def token_strings(model: Model, ids: Sequence[int]) -> list[str]:
+    if model.tokenizer is None:
+        return ["BOS" if i == synthetic.BOS else str(i) for i in ids]
+    return [str(t) for t in model.tokenizer.convert_ids_to_tokens(list(ids))]
+
+
+# ----------------------------------------------------------------------------- the task
+
+
+@dataclass
+class State:
+    model: Model
+    repeat_len: int
+    prefix: int
+    sums: dict[str, torch.Tensor] = field(default_factory=dict)
+    n: int = 0
+    loss_first: float = 0.0
+    loss_second: float = 0.0
+    example: tuple[list[int], torch.Tensor] | None = None  # ids, pattern [layer, head, q, k]
+
+
+@register
+class Induction(Task):
+    name = "induction"
+    description = ("Per-head induction, previous-token and duplicate-token scores on repeated random "
+                   "tokens; ICL score (causal); copying and K-composition (native)")
+    Options = Options
+    needs_text = False
+    needs_logits = True
+
+    def load(self, model, ctx: Context) -> Examples:
+        o = ctx.options
+        if ctx.config.data is not None:
+            raise ProbeError("the induction task makes its own repeated random tokens; drop --data")
+        if o.repeat_len < 2:
+            raise ProbeError(f"induction: repeat_len must be at least 2, got {o.repeat_len}")
+        if o.n_seqs < 1:
+            raise ProbeError(f"induction: n_seqs must be at least 1, got {o.n_seqs}")
+        prefix, suffix = frame(model)
+        limit = min(ctx.config.max_len, model.info.max_len)
+        total = len(prefix) + 2 * o.repeat_len + len(suffix)
+        if total > limit:
+            fit = (limit - len(prefix) - len(suffix)) // 2
+            raise ProbeError(f"induction: repeat_len={o.repeat_len} makes {total} tokens, over the limit "
+                             f"{limit} (--max-len / model context); use --option repeat_len={fit} or less")
+        if len(ordinary_ids(model)) < 2:
+            raise ProbeError(f"model {model.name!r} has fewer than 2 ordinary tokens to repeat")
+        seqs = sequences(model, o.repeat_len, o.n_seqs, ctx.config.seed)
+        return Examples([tuple(row) for row in seqs.tolist()])
+
+    def batches(self, model, examples, ctx):
+        return length_batches(examples, examples, ctx.config.batch_size, model.pad_id)
+
+    def hook_names(self, model, ctx):
+        return pattern_names(model.info.n_layers)
+
+    def start(self, model, ctx, examples):
+        return State(model=model, repeat_len=ctx.options.repeat_len, prefix=len(frame(model)[0]))
+
+    def accumulate(self, state: State, batch, acts) -> None:
+        names = pattern_names(state.model.info.n_layers)
+        a = acts.stacked(names).transpose(0, 1)  # [layer, b, h, q, k] -> [b, layer, h, q, k]
+        for k, v in head_score_sums(a, state.repeat_len, state.prefix).items():
+            state.sums[k] = state.sums.get(k, 0) + v.cpu()
+        state.n += a.shape[0]
+        if state.example is None:
+            state.example = (list(batch.input_ids[0].tolist()), a[0].float().cpu())
+        if state.model.info.causal and "logits" in acts:
+            first, second = copy_losses(acts["logits"], batch.input_ids.to(a.device), state.repeat_len, state.prefix)
+            state.loss_first += float(first.sum())
+            state.loss_second += float(second.sum())
+
+    def finalize(self, state: State, ctx: Context) -> Output:
+        model = state.model
+        means = {k: v / state.n for k, v in state.sums.items()}
+        files: dict[str, bytes] = {}
+        if model.info.native is not None:
+            means["copying"] = copying_scores(model).cpu()
+            if model.info.n_layers > 1:
+                comp = k_composition(model)
+                means["k_composition_max"] = comp.amax(dim=(0, 1))  # [l2, h2] best earlier partner
+                files["k_composition.csv"] = _composition_csv(comp).encode()
+        rows = [{"layer": l, "head": h, "metric": metric, "value": float(m[l, h])}
+                for metric, m in means.items() for l in range(m.shape[0]) for h in range(m.shape[1])]
+        scores = tidy(rows, ctx.config.model, self.name)
+        model_level = {}
+        if model.info.causal:
+            early, late = state.loss_first / state.n, state.loss_second / state.n
+            model_level = {"icl_score": late - early, "loss_first_copy": early, "loss_repeated": late}
+        summary = summarise(scores, ctx.options.top, model_level)
+        best = scores[scores.metric == "induction"].nlargest(1, "value").iloc[0]
+        headline = {"best_induction_head": f"{int(best['layer'])}.{int(best['head'])}",
+                    "best_induction_score": round(float(best["value"]), 4), "n_sequences": state.n,
+                    "repeat_len": state.repeat_len, **{k: round(v, 4) for k, v in model_level.items()}}
+        notes = [f"{state.n} sequences of {'[BOS] r r' if model.info.causal else '[CLS] r r [SEP]'} with "
+                 f"|r| = {state.repeat_len} random ordinary tokens; heads are layer.head, 0-indexed"]
+        if model_level:
+            notes.append(f"in-context-learning score (loss on the second copy minus the first): "
+                         f"{model_level['icl_score']:.3f} nats")
+        return Output(scores=scores, summary=summary, notes=notes, headline=headline,
+                      heatmaps=[{"title": TITLES[m], "metric": m, "where": {}} for m in means],
+                      views=[self._view(state, scores)], files=files)
+
+    @staticmethod
+    def _view(state: State, scores: pd.DataFrame) -> dict:
+        """The best induction head (and the best previous-token head) on one repeated sequence."""
+        ids, pattern = state.example
+        picks = [("induction", scores[scores.metric == "induction"])]
+        prev = scores[(scores.metric == "previous_token")]
+        best_l = int(picks[0][1].nlargest(1, "value").iloc[0]["layer"])
+        if best_l > 0:
+            picks.append(("previous_token", prev[prev.layer < best_l]))
+        heads, labels = [], []
+        for metric, g in picks:
+            r = g.nlargest(1, "value").iloc[0]
+            layer, head = int(r["layer"]), int(r["head"])
+            heads.append(pattern[layer, head])
+            labels.append(f"{layer}.{head} best {metric} ({r['value']:.2f})")
+        return {"title": f"best induction head on one repeated sequence (|r| = {state.repeat_len})",
+                "tokens": token_strings(state.model, ids),
+                "pattern": torch.stack(heads).numpy().round(4).tolist(),
+                "heads": labels, "causal": state.model.info.causal}
+
+
+TITLES = {
+    "induction": "induction score A[i, i-S+1]",
+    "previous_token": "previous-token score A[i, i-1]",
+    "duplicate_token": "duplicate-token score A[i, i-S]",
+    "copying": "copying score (eigenvalues of W_E W_V W_O W_U)",
+    "k_composition_max": "K-composition with the best earlier head",
+}
+
+
+def summarise(scores: pd.DataFrame, top: int, model_level: dict[str, float]) -> pd.DataFrame:
+    """Per metric: mean, heads over 0.5 and the top heads (layer.head, 0-indexed)."""
+    out = []
+    for metric, g in scores.groupby("metric", sort=False):
+        best = g.nlargest(top, "value")
+        out.append({"metric": metric, "mean": round(float(g["value"].mean()), 4),
+                    "heads_over_0.5": int((g["value"] > 0.5).sum()),
+                    "top_heads": ", ".join(f"{r.layer}.{r.head} ({r.value:.2f})" for r in best.itertuples())})
+    for metric, value in model_level.items():
+        out.append({"metric": metric, "mean": round(value, 4), "heads_over_0.5": None, "top_heads": ""})
+    return pd.DataFrame(out)
+
+
+def _composition_csv(comp: torch.Tensor) -> str:
+    n_l, n_h = comp.shape[0], comp.shape[1]
+    rows = [{"src_layer": l1, "src_head": h1, "layer": l2, "head": h2, "k_composition": float(comp[l1, h1, l2, h2])}
+            for l1 in range(n_l) for h1 in range(n_h) for l2 in range(l1 + 1, n_l) for h2 in range(n_h)]
+    buf = io.StringIO()
+    pd.DataFrame(rows).to_csv(buf, index=False)
+    return buf.getvalue()
+
+
+# ----------------------------------------------------------------------------- evaluation helper
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    induction: torch.Tensor  # [layer, head] mean induction score over the lengths
+    loss_repeated: float  # mean next-token loss over second copies (r_1..r_{S-1})
+    loss_first: float  # the same over first copies
+
+    @property
+    def best(self) -> tuple[float, int, int]:
+        flat = int(self.induction.argmax())
+        layer, head = divmod(flat, self.induction.shape[1])
+        return float(self.induction[layer, head]), layer, head
+
+
+def evaluate(model: Model, lengths: Sequence[int], n_seqs: int = 32, seed: int = 0,
+             batch_size: int = 64) -> Evaluation:
+    """Induction scores and repeated-half loss of a causal model, averaged over repeat lengths
+    (each length weighs the same). Used by the depth sweep on held-out lengths."""
+    names = pattern_names(model.info.n_layers)
+    ind = torch.zeros(model.info.n_layers, model.info.n_heads, dtype=torch.float64)
+    late = early = 0.0
+    for s in lengths:
+        seqs = sequences(model, s, n_seqs, seed)
+        for chunk in seqs.split(batch_size):
+            acts = forward(model, chunk, None, names, logits=True)
+            a = acts.stacked(names).transpose(0, 1)  # [layer, b, h, q, k] -> [b, layer, h, q, k]
+            ind += head_score_sums(a, s)["induction"].cpu() / (n_seqs * len(lengths))
+            first, second = copy_losses(acts["logits"], chunk.to(a.device), s)
+            early += float(first.sum()) / (n_seqs * len(lengths))
+            late += float(second.sum()) / (n_seqs * len(lengths))
+    return Evaluation(induction=ind, loss_repeated=late, loss_first=early)
+
+
+# ----------------------------------------------------------------------------- the depth sweep
+
+
+@dataclass(frozen=True)
+class SweepOptions:
+    width: int = 64  # d_model
+    heads: int = 4
+    attn_only: bool = True
+    norm: str = "ln"  # ln | none
+    positional: str = "learned"  # learned | rotary
+    vocab: int = 64
+    seq_len: int = 64  # training sequence length, BOS included
+    steps: int = 3000
+    batch_size: int = 32
+    lr: float = 1e-3
+    weight_decay: float = 0.01
+    eval_every: int = 250  # steps between induction evaluations
+    n_seqs: int = 32  # evaluation sequences per held-out repeat length
+    threshold: float = 0.5  # phase change = first evaluated step with best induction >= threshold
+    save_models: str | None = None  # folder to keep each depth's trained model in (depth-L/)
+
+
+@register_sweep
+class InductionSweep(Sweep):
+    name = "induction"
+    description = ("Train one attention-only model per depth on repeated random tokens; best induction "
+                   "score on held-out repeat lengths vs training step")
+    Options = SweepOptions
+
+    def run(self, config: SweepConfig, options: SweepOptions, progress: bool) -> Output:
+        from probes.train import build_configs, train
+
+        o = options
+        if o.eval_every < 1 or o.n_seqs < 1:
+            raise ProbeError("induction sweep: eval_every and n_seqs must be at least 1")
+        settings = {"d_model": o.width, "heads": o.heads, "attn_only": o.attn_only, "norm": o.norm,
+                    "positional": o.positional, "vocab": o.vocab, "seq_len": o.seq_len, "steps": o.steps,
+                    "batch_size": o.batch_size, "lr": o.lr, "weight_decay": o.weight_decay,
+                    "seed": config.seed, "log_every": min(50, o.steps)}
+        plans = {depth: build_configs(layers=depth, **settings) for depth in config.depths}  # validates first
+        lengths = next(iter(plans.values()))[1].eval_lengths
+        if not lengths:
+            raise ProbeError(f"induction sweep: no held-out repeat length fits in seq_len={o.seq_len}; raise --seq-len")
+        rows, summary, losses = [], [], []
+        for depth, (native, data, cfg) in plans.items():
+            curve: list[dict] = []
+
+            def record(step: int, model: Model, depth: int = depth, curve: list = curve) -> None:
+                ev = evaluate(model, lengths, o.n_seqs, seed=config.seed + 1)
+                score, layer, head = ev.best
+                curve.append({"depth": depth, "step": step, "best_induction": round(score, 5),
+                              "best_head": f"{layer}.{head}", "loss_repeated": round(ev.loss_repeated, 5),
+                              "icl_score": round(ev.loss_repeated - ev.loss_first, 5)})
+
+            out = None if o.save_models is None else Path(o.save_models) / f"depth-{depth}"
+            done = train(native, data, cfg, out=out, device=config.device, progress=progress,
+                         every=o.eval_every, callback=record)
+            rows.extend(curve)
+            losses.extend({"depth": depth, **r} for r in done.losses)
+            summary.append(_depth_summary(depth, curve, done, o.threshold))
+        table = pd.DataFrame(rows)
+        summary_df = pd.DataFrame(summary)
+        return Output(
+            scores=table, summary=summary_df, notes=_sweep_notes(summary_df, lengths, o),
+            headline={"phase_change_step": {str(r["depth"]): r["phase_change_step"] for r in summary},
+                      "final_best_induction": {str(r["depth"]): r["best_induction"] for r in summary},
+                      "threshold": o.threshold, "held_out_lengths": list(lengths)},
+            plots={"induction_vs_step": line_plot(table, "best_induction", "best induction score (held-out lengths)",
+                                                  o.threshold),
+                   "loss_repeated_vs_step": line_plot(table, "loss_repeated", "loss on the repeated half (nats)")},
+            files={"train_loss.csv": pd.DataFrame(losses).to_csv(index=False).encode()},
+        )
+
+
+def _depth_summary(depth: int, curve: list[dict], done, threshold: float) -> dict:
+    last = curve[-1]
+    crossed = [r["step"] for r in curve if r["best_induction"] >= threshold]
+    return {"depth": depth, "steps": last["step"], "best_induction": last["best_induction"],
+            "best_head": last["best_head"], "max_best_induction": max(r["best_induction"] for r in curve),
+            "phase_change_step": crossed[0] if crossed else None, "loss_repeated": last["loss_repeated"],
+            "train_loss": round(done.losses[-1]["loss"], 4) if done.losses else None,
+            "train_seconds": round(done.seconds, 1), "steps_per_s": round(done.step / max(done.seconds, 1e-9), 1)}
+
+
+def _sweep_notes(summary: pd.DataFrame, lengths: Sequence[int], o: SweepOptions) -> list[str]:
+    notes = [f"induction scored on held-out repeat lengths {list(lengths)} (never seen in training), "
+             f"{o.n_seqs} sequences each, every {o.eval_every} steps"]
+    for r in summary.itertuples():
+        when = (f"first reached {o.threshold} at step {int(r.phase_change_step)} (phase change)"
+                if pd.notna(r.phase_change_step) else f"never reached {o.threshold}")
+        notes.append(f"{r.depth} layer(s): best induction {r.best_induction:.3f} (head {r.best_head}) after "
+                     f"{r.steps} steps; {when}")
+    return notes
+
+
+def line_plot(table: pd.DataFrame, column: str, ylabel: str, hline: float | None = None) -> str:
+    """SVG text: ``column`` vs step, one line per depth (deterministic output)."""
+    import matplotlib
+
+    matplotlib.use("Agg", force=False)
+    import matplotlib.pyplot as plt
+
+    with matplotlib.rc_context({"svg.hashsalt": "depthprobe", "svg.fonttype": "none"}):
+        fig, ax = plt.subplots(figsize=(6.4, 4.0))
+        for depth, g in table.groupby("depth"):
+            ax.plot(g["step"], g[column], marker="o", markersize=3, label=f"{depth} layer{'s' if depth > 1 else ''}")
+        if hline is not None:
+            ax.axhline(hline, color="grey", linestyle=":", linewidth=1)
+        ax.set_xlabel("training step")
+        ax.set_ylabel(ylabel)
+        ax.legend()
+        ax.grid(alpha=0.3)
+        fig.tight_layout()
+        buf = io.StringIO()
+        fig.savefig(buf, format="svg", metadata={"Date": None})
+        plt.close(fig)
+    return buf.getvalue()
