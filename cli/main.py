@@ -104,6 +104,8 @@ def run(
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Run directory (default artifacts/runs/<run-id>)."),
     option: list[str] = typer.Option([], "--option", "-O", help="Task option key=value (repeatable)."),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar on long runs."),
+    parser: Optional[str] = typer.Option(None, "--parser", help="spaCy pipeline (name or directory) that parses "
+                                         "raw-text --data (syntax); same as --option parser=NAME."),
 ) -> None:
     """Run a task on a model, print its summary and write a run directory."""
     from probes.api import run as api_run
@@ -111,7 +113,8 @@ def run(
 
     get_task(task)  # unknown task fails before anything is loaded
     result = api_run(model, task, data, limit=limit, batch_size=batch_size, device=device, seed=seed,
-                     max_len=max_len, progress=progress and sys.stderr.isatty(), **parse_options(option))
+                     max_len=max_len, progress=progress and sys.stderr.isatty(),
+                     **parse_options(option) | ({"parser": parser} if parser else {}))
     path = result.save(out)
     print_result(result)
     typer.echo(f"wrote {path}")

@@ -1,0 +1,354 @@
+"""syntax (Clark et al. 2019, §4.2, Table 1): which attention heads find syntactic governors.
+
+For every word and every head, the predicted governor is the most-attended OTHER word on
+word-level attention (DESIGN §3.1): the diagonal is zeroed, [CLS]/[SEP]/BOS are excluded, so
+ROOT is never predicted. Two directions per head:
+
+- ``dependent->head``: the argmax of the dependent's row (the word it attends to most);
+- ``head->dependent``: the argmax of the dependent's column (the word attending to it most).
+
+Accuracy per (relation, layer, head, direction); "ALL" counts every word, root and punct
+included (a root word's governor is ROOT: always wrong). Argmax ties go to the leftmost word.
+Best head: highest accuracy; ties go to the lowest layer, then the lowest head, then
+dependent->head. Baseline: a fixed offset in -3..2 in CoNLL-U numbering (word k is position k,
+ROOT is 0): predicted head = clip(k + offset, 0, n), as in Clark et al.'s code, so an offset can
+land on ROOT (``baseline_root=false`` clips to the words 1..n instead); ties go to the offset
+nearest 0, then the leftward one.
+
+Only running counts are kept: correct[relation, direction, layer, head] and total[relation].
+"""
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+
+from probes.align import Encoded, encode_words, unit_matrix, word_attention
+from probes.batching import length_batches
+from probes.capture import pattern_names
+from probes.errors import ProbeError
+from probes.task import Context, Examples, Output, Task, register, tidy
+
+SAMPLE = Path(__file__).parent / "data" / "sample_syntax.conllu"
+ALL = "ALL"
+DIRECTIONS = ("dependent->head", "head->dependent")
+OFFSETS = (-3, -2, -1, 0, 1, 2)
+HEATMAP_RELATIONS = ("det", "nsubj", "obj", "amod", "case", "aux", "nmod:poss", "advmod", ALL)
+# UD label -> Clark et al.'s Stanford Dependencies label
+UD_TO_CLARK = {"obj": "dobj", "compound": "nn", "aux:pass": "auxpass", "nmod:poss": "poss",
+               "compound:prt": "prt"}
+# Clark et al. 2019, Table 1 (BERT-base, WSJ, Stanford Dependencies): head (1-indexed), accuracy,
+# baseline accuracy. The heads are those printed by their public Syntax_Analysis notebook.
+CLARK_TABLE1 = {ALL: ("7-6", 34.5, 26.3), "prep": ("7-4", 66.7, 61.8), "pobj": ("9-6", 76.3, 34.6),
+                "det": ("8-11", 94.3, 51.7), "nsubj": ("8-2", 58.5, 45.5), "amod": ("4-10", 75.6, 68.3),
+                "dobj": ("8-10", 86.8, 40.0), "aux": ("4-10", 81.1, 71.5), "poss": ("7-6", 80.5, 47.7)}
+
+
+@dataclass(frozen=True)
+class Options:
+    parser: str | None = None  # spaCy pipeline (installed name or directory) to parse raw-text --data
+    baseline_root: bool = True  # offsets may land on ROOT (position 0), as in Clark et al.'s code
+
+
+@dataclass(frozen=True)
+class Tree:
+    """One gold sentence: words, governors in CoNLL-U numbering (0 = ROOT), relation labels."""
+
+    sent_id: str
+    words: tuple[str, ...]
+    heads: tuple[int, ...]
+    rels: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Example:
+    tree: Tree
+    enc: Encoded
+
+
+# ---------------------------------------------------------------- reading
+
+
+def trees_from_doc(doc, spans=None) -> list[Tree]:
+    """Sentences of a parsed spaCy Doc -> Trees (the doc's own sentences unless spans are given)."""
+    ids = doc.user_data.get("sent_ids") or []
+    out = []
+    for k, sent in enumerate(spans if spans is not None else doc.sents):
+        heads = tuple(0 if t.head.i == t.i else t.head.i - sent.start + 1 for t in sent)
+        rels = tuple("root" if h == 0 else t.dep_ for t, h in zip(sent, heads))
+        sid = ids[k] if k < len(ids) else f"{doc.user_data.get('source', 'text')}#{len(out) + 1}"
+        out.append(Tree(sid, tuple(t.text for t in sent), heads, rels))
+    return out
+
+
+def read_conllu_trees(path: Path) -> list[Tree]:
+    """A CoNLL-U file or folder, validated (file:line errors), through spaCy Docs."""
+    from probes.conllu import by_document, read_treebank, to_doc
+
+    out: list[Tree] = []
+    for group in by_document(read_treebank(path)):
+        doc = to_doc(group)
+        spans, start = [], 0
+        for s in group:  # the file's sentence boundaries, whatever the trees look like
+            spans.append(doc[start:start + len(s)])
+            start += len(s)
+        out.extend(trees_from_doc(doc, spans))
+    return out
+
+
+def read_trees(data: Path | None, parser: str | None) -> list[Tree]:
+    if parser is not None:
+        if data is None:
+            raise ProbeError("--parser parses raw text: give the text file with --data text.txt")
+        if data.suffix in (".conllu", ".conll") or data.is_dir():
+            raise ProbeError(f"{data} is a treebank, which has its own trees; drop --parser "
+                             "(it is for raw text files)")
+        from probes.parse import parse_text
+
+        trees = []
+        for k, doc in enumerate(parse_text(data, parser)):
+            doc.user_data["source"] = f"{data.name}:{k + 1}"
+            trees.extend(trees_from_doc(doc))
+        return trees
+    if data is not None and data.is_file() and data.suffix in (".txt", ".text"):
+        raise ProbeError(f"{data} is raw text; parse it with --parser NAME (an installed spaCy pipeline, "
+                         "e.g. en_core_web_sm) or give a CoNLL-U treebank")
+    return read_conllu_trees(data if data is not None else SAMPLE)
+
+
+# ---------------------------------------------------------------- pure metric functions
+
+
+def predict_governors(w: torch.Tensor, n_words: torch.Tensor) -> torch.Tensor:
+    """Most-attended other word of every row.
+
+    w: [batch, ..., word, word] word-to-word attention (specials already removed);
+    n_words: [batch]. The diagonal is zeroed and columns past a sentence's last word excluded;
+    ties go to the leftmost word (torch.argmax returns the first maximum). -> [batch, ..., word].
+    """
+    n = w.shape[-1]
+    eye = torch.eye(n, dtype=torch.bool, device=w.device)
+    past_end = torch.arange(n, device=w.device)[None, :] >= n_words.to(w.device)[:, None]  # [b, n]
+    past_end = past_end.view(past_end.shape[0], *([1] * (w.dim() - 2)), n)  # [b, 1.., 1, n]
+    return w.masked_fill(eye, 0.0).masked_fill(past_end, float("-inf")).argmax(-1)
+
+
+def baseline_correct(position: torch.Tensor, n: torch.Tensor, gold: torch.Tensor, root: bool) -> torch.Tensor:
+    """Fixed-offset baselines: [words] CoNLL-U positions, lengths, gold heads -> [words, offsets] bool."""
+    off = torch.tensor(OFFSETS, device=position.device)
+    pred = position[:, None] + off[None, :]  # [m, offsets]
+    low = 0 if root else 1
+    pred = torch.minimum(pred.clamp(min=low), n[:, None])
+    return pred == gold[:, None]
+
+
+def best_head(acc: np.ndarray) -> tuple[int, int, int]:
+    """acc: [direction, layer, head] -> (layer, head, direction) of the best; ties: lowest layer,
+    lowest head, dependent->head first."""
+    flat = np.transpose(acc, (1, 2, 0)).reshape(-1)  # order: layer, head, direction
+    k = int(np.argmax(flat))
+    n_heads, n_dir = acc.shape[2], acc.shape[0]
+    return k // (n_heads * n_dir), (k // n_dir) % n_heads, k % n_dir
+
+
+def best_offset(acc: np.ndarray) -> int:
+    """acc: [offsets] -> index of the best offset; ties: nearest 0, then the leftward one."""
+    order = sorted(range(len(OFFSETS)), key=lambda i: (-acc[i], abs(OFFSETS[i]), OFFSETS[i]))
+    return order[0]
+
+
+# ---------------------------------------------------------------- the task
+
+
+@dataclass
+class State:
+    model: object
+    relations: list[str]  # row r of the counts; the last row is ALL
+    index: dict[str, int]
+    baseline_root: bool
+    correct: torch.Tensor  # [relation, direction, layer, head] float64
+    total: torch.Tensor  # [relation] float64
+    base: torch.Tensor  # [relation, offset] float64
+    sentences: int = 0
+    view: dict | None = None  # word-level attention of one example sentence, for the report
+
+
+@register
+class Syntax(Task):
+    name = "syntax"
+    description = ("Clark et al. Table 1: per dependency relation, the head whose attention best finds "
+                   "the governor, vs a fixed-offset baseline (CoNLL-U, or raw text with --parser)")
+    Options = Options
+
+    def load(self, model, ctx: Context) -> Examples:
+        trees = read_trees(ctx.data, ctx.options.parser)
+        limit = min(ctx.config.max_len, model.info.max_len)
+        kept, skipped = [], 0
+        for tree in trees:
+            if ctx.config.limit is not None and len(kept) >= ctx.config.limit:
+                break
+            enc = encode_words(model, tree.words)
+            if len(enc) > limit:
+                skipped += 1
+                continue
+            kept.append(Example(tree, enc))
+        if not kept:
+            raise ProbeError(f"every sentence is longer than --max-len {limit} pieces; raise --max-len "
+                             f"(model limit {model.info.max_len})")
+        return Examples(kept, skipped=skipped, why=f"longer than {limit} pieces incl. specials")
+
+    def batches(self, model, examples, ctx):
+        return length_batches(examples, [e.enc.ids for e in examples], ctx.config.batch_size, model.pad_id)
+
+    def hook_names(self, model, ctx):
+        return pattern_names(model.info.n_layers)
+
+    def start(self, model, ctx, examples) -> State:
+        freq = Counter(r for e in examples for r in e.tree.rels)
+        relations = sorted(freq, key=lambda r: (-freq[r], r)) + [ALL]
+        L, H, R = model.info.n_layers, model.info.n_heads, len(relations)
+        f64 = dict(dtype=torch.float64, device=model.device)
+        return State(model=model, relations=relations, index={r: i for i, r in enumerate(relations)},
+                     baseline_root=ctx.options.baseline_root,
+                     correct=torch.zeros(R, len(DIRECTIONS), L, H, **f64), total=torch.zeros(R, **f64),
+                     base=torch.zeros(R, len(OFFSETS), **f64))
+
+    def accumulate(self, state: State, batch, acts) -> None:
+        names = pattern_names(state.model.info.n_layers)
+        a = acts.stacked(names).transpose(0, 1)  # [layer, b, h, q, k] -> [b, layer, h, q, k]
+        items: list[Example] = list(batch.items)
+        dev = a.device
+        units = unit_matrix([e.enc for e in items], a.shape[-1], dev)  # [b, unit, pos]
+        w = word_attention(a, units)  # [b, layer, head, unit, unit]
+        n_max = max(e.enc.n_words for e in items)
+        w = w[..., 1:n_max + 1, 1:n_max + 1]  # words only: unit k + 1 is word k -> [b, l, h, n, n]
+        n_words = torch.tensor([e.enc.n_words for e in items], device=dev)
+        pred = torch.stack([predict_governors(w, n_words),  # [b, l, h, n] each
+                            predict_governors(w.transpose(-1, -2), n_words)], 1)  # -> [b, dir, l, h, n]
+        gold = torch.zeros(len(items), n_max, dtype=torch.long, device=dev)  # [b, n] CoNLL-U heads
+        rel = torch.zeros(len(items), n_max, dtype=torch.long, device=dev)
+        for b, e in enumerate(items):
+            gold[b, : e.enc.n_words] = torch.tensor(e.tree.heads)
+            rel[b, : e.enc.n_words] = torch.tensor([state.index[r] for r in e.tree.rels])
+        real = torch.arange(n_max, device=dev)[None, :] < n_words[:, None]  # [b, n]
+        hit = (pred + 1 == gold[:, None, None, None, :])  # predicted unit == gold (ROOT=0 never hit)
+        hit = hit.permute(0, 4, 1, 2, 3)[real]  # [b, n, dir, l, h] -> [words, dir, l, h]
+        r = rel[real]  # [words]
+        self._add(state, r, hit.to(torch.float64))
+        position = torch.arange(1, n_max + 1, device=dev)[None, :].expand(len(items), n_max)[real]
+        base = baseline_correct(position, n_words[:, None].expand(-1, n_max)[real], gold[real],
+                                state.baseline_root)
+        state.base.index_add_(0, r, base.to(torch.float64))
+        state.base[-1] += base.sum(0)
+        state.sentences += len(items)
+        if state.view is None:
+            self._keep_view(state, items, w)
+
+    @staticmethod
+    def _add(state: State, r: torch.Tensor, hit: torch.Tensor) -> None:
+        state.correct.index_add_(0, r, hit)  # per relation
+        state.correct[-1] += hit.sum(0)  # ALL
+        state.total.index_add_(0, r, torch.ones_like(r, dtype=torch.float64))
+        state.total[-1] += r.numel()
+
+    @staticmethod
+    def _keep_view(state: State, items: list[Example], w: torch.Tensor) -> None:
+        """Word-level attention of every head for one short sentence (for the report's view)."""
+        for b, e in enumerate(items):
+            n = e.enc.n_words
+            if 5 <= n <= 20:
+                state.view = {"words": list(e.tree.words), "sent_id": e.tree.sent_id,
+                              "w": w[b, :, :, :n, :n].to("cpu", torch.float32)}  # [l, h, n, n]
+                return
+
+    def finalize(self, state: State, ctx: Context) -> Output:
+        info = state.model.info
+        correct, total, base = (t.cpu().numpy() for t in (state.correct, state.total, state.base))
+        acc = correct / np.maximum(total, 1)[:, None, None, None]  # [relation, dir, layer, head]
+        base_acc = base / np.maximum(total, 1)[:, None]  # [relation, offset]
+        scores = self._scores(state, acc, total, ctx)
+        summary, best = self._summary(state, acc, base_acc, total)
+        baselines = pd.DataFrame([{"relation": rel, "offset": off, "count": int(total[i]),
+                                   "accuracy": float(base_acc[i, j])}
+                                  for i, rel in enumerate(state.relations) for j, off in enumerate(OFFSETS)])
+        heatmaps = [{"title": f"{rel}: {b['direction']} (best {b['best_head']}, {b['accuracy']:.1f}%)",
+                     "metric": "accuracy", "where": {"relation": rel, "direction": b["direction"]}}
+                    for rel, b in best.items() if rel in HEATMAP_RELATIONS]
+        headline = {"n_sentences": state.sentences, "n_words": int(total[-1]),
+                    "best": {rel: best[rel] for rel in HEATMAP_RELATIONS if rel in best}}
+        return Output(scores=scores, summary=summary, notes=self._notes(state, ctx), headline=headline,
+                      heatmaps=heatmaps, views=self._views(state, best, info.causal),
+                      files={"baselines.csv": baselines.to_csv(index=False).encode()})
+
+    def _scores(self, state: State, acc: np.ndarray, total: np.ndarray, ctx: Context) -> pd.DataFrame:
+        R, D, L, H = acc.shape
+        r, d, layer, head = (g.reshape(-1) for g in np.meshgrid(*map(np.arange, acc.shape), indexing="ij"))
+        df = pd.DataFrame({"layer": layer, "head": head, "metric": "accuracy", "value": acc.reshape(-1),
+                           "relation": np.array(state.relations, dtype=object)[r],
+                           "direction": np.array(DIRECTIONS, dtype=object)[d], "count": total[r].astype(int)})
+        return tidy(df.to_dict("records"), ctx.config.model, self.name)
+
+    def _summary(self, state: State, acc: np.ndarray, base_acc: np.ndarray,
+                 total: np.ndarray) -> tuple[pd.DataFrame, dict]:
+        rows, best = [], {}
+        order = [len(state.relations) - 1] + list(range(len(state.relations) - 1))  # ALL first
+        for i in order:
+            rel = state.relations[i]
+            layer, head, d = best_head(acc[i])
+            j = best_offset(base_acc[i])
+            a, b = 100 * acc[i, d, layer, head], 100 * base_acc[i, j]
+            clark = UD_TO_CLARK.get(rel, rel)
+            published = CLARK_TABLE1.get(clark)
+            row = {"relation": rel, "count": int(total[i]), "best_head": f"{layer}-{head}",
+                   "clark_notation": f"{layer + 1}-{head + 1}", "direction": DIRECTIONS[d],
+                   "accuracy": round(a, 2), "baseline": round(b, 2), "offset": OFFSETS[j],
+                   "gain": round(a - b, 2), "clark_label": clark if published or rel in UD_TO_CLARK else "",
+                   "clark_head": published[0] if published else "",
+                   "clark_accuracy": published[1] if published else None,
+                   "clark_baseline": published[2] if published else None}
+            rows.append(row)
+            best[rel] = {k: row[k] for k in ("best_head", "clark_notation", "direction", "accuracy",
+                                                "baseline", "offset", "count")}
+        return pd.DataFrame(rows), best
+
+    @staticmethod
+    def _notes(state: State, ctx: Context) -> list[str]:
+        info = state.model.info
+        notes = [
+            f"{state.sentences} sentences, {int(state.total[-1])} words; predicted governor = most-attended other "
+            "word (diagonal zeroed, specials excluded, ties to the leftmost word); ALL includes root and punct "
+            "(a root's governor is ROOT, never predicted)",
+            "best head: ties go to the lowest layer, then head, then dependent->head; layer-head is 0-indexed, "
+            "clark_notation is Clark et al.'s 1-indexed form",
+            "baseline: best fixed offset in -3..2, predicted head = clip(position + offset, "
+            + ("0 (ROOT)" if state.baseline_root else "1") + ", n) in CoNLL-U numbering",
+            "Clark et al. (BERT-base, WSJ, Stanford Dependencies) beside ours: obj~dobj, compound~nn, "
+            "aux:pass~auxpass, nmod:poss~poss, compound:prt~prt; UD has no pobj/prep (the preposition is a case "
+            "dependent of its noun), and Clark's special case for poss + 's is not applied",
+        ]
+        if info.causal:
+            notes.insert(0, "causal model: a word only sees leftward words, so dependent->head cannot predict a "
+                            "rightward governor and head->dependent cannot predict a leftward one (a word with no "
+                            "visible other word falls back to the leftmost word by the tie rule)")
+        if ctx.options.parser:
+            notes.append(f"trees predicted by the spaCy pipeline {ctx.options.parser!r} (its label scheme)")
+        return notes
+
+    @staticmethod
+    def _views(state: State, best: dict, causal: bool) -> list[dict]:
+        if state.view is None:
+            return []
+        heads, labels = [], []
+        for rel in HEATMAP_RELATIONS:
+            if rel in best:
+                layer, head = map(int, best[rel]["best_head"].split("-"))
+                heads.append((layer, head))
+                labels.append(f"{layer}-{head} {rel} ({best[rel]['direction']})")
+        w = state.view["w"]
+        pattern = [w[layer, head].tolist() for layer, head in heads]
+        return [{"title": f"word-level attention of the best heads on {state.view['sent_id']}",
+                 "tokens": state.view["words"], "pattern": pattern, "heads": labels, "causal": causal}]
