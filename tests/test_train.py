@@ -1,0 +1,201 @@
+"""Synthetic data, the training loop, checkpoints and `probe train`."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from cli.main import app
+from probes import NativeConfig, ProbeError, load
+from probes import synthetic
+from probes.synthetic import BOS, DataConfig
+from probes.train import (LOSS_LOG, OPTIMIZER_STATE, OPTIMIZER_WEIGHTS, TrainConfig, build_configs,
+                          fast_logits, parameters, resume_configs, train)
+
+TINY = dict(layers=1, d_model=32, heads=2, vocab=16, seq_len=24, batch_size=8, warmup=5, log_every=5)
+runner = CliRunner()
+
+
+def weights(model) -> list[torch.Tensor]:
+    return [p.detach().clone() for p in parameters(model)]
+
+
+def same(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
+    return len(a) == len(b) and all(torch.equal(x, y) for x, y in zip(a, b))
+
+
+# ----------------------------------------------------------------------------- data
+
+
+def test_induction_rows_repeat_a_segment_at_varied_offsets_and_lengths():
+    data = DataConfig(seq_len=48, vocab=20, held_out=(5, 10, 15))
+    batch = synthetic.induction(512, data.seq_len, data.vocab, data.train_lengths, synthetic.generator(3, 0))
+    tok, length, offset = batch
+    assert tok.shape == (512, 48) and (tok[:, 0] == BOS).all()
+    assert ((tok[:, 1:] >= 1) & (tok[:, 1:] < 20)).all()  # ordinary tokens only after BOS
+    for row, s, o in zip(tok, length.tolist(), offset.tolist()):
+        assert s in data.train_lengths and s not in data.held_out
+        assert 1 <= o <= 48 - 2 * s
+        assert torch.equal(row[o:o + s], row[o + s:o + 2 * s])
+    assert len(set(length.tolist())) == len(data.train_lengths)  # every training length occurs
+    assert offset.min() == 1 and len(set(offset.tolist())) > 20  # offsets vary: no positional shortcut
+
+
+def test_generators_are_deterministic_per_seed_and_step():
+    data = DataConfig(seq_len=32, vocab=16, held_out=(5,))
+    a = synthetic.batch_at(data, seed=1, step=7, batch=4)
+    assert torch.equal(a, synthetic.batch_at(data, seed=1, step=7, batch=4))
+    assert not torch.equal(a, synthetic.batch_at(data, seed=1, step=8, batch=4))
+    assert not torch.equal(a, synthetic.batch_at(data, seed=2, step=7, batch=4))
+    rnd = synthetic.batch_at(DataConfig(kind="random", seq_len=32, vocab=16), seed=1, step=0, batch=64)
+    assert (rnd[:, 0] == BOS).all() and rnd[:, 1:].min() >= 1 and rnd[:, 1:].max() <= 15
+
+
+def test_repeated_frames_r_r():
+    seqs = synthetic.repeated(5, 4, [7, 8, 9], synthetic.generator(0, 4), prefix=(101,), suffix=(102,))
+    assert seqs.shape == (5, 10)
+    assert (seqs[:, 0] == 101).all() and (seqs[:, -1] == 102).all()
+    assert torch.equal(seqs[:, 1:5], seqs[:, 5:9]) and set(seqs[:, 1:9].unique().tolist()) <= {7, 8, 9}
+
+
+def test_held_out_and_eval_lengths():
+    data = DataConfig(seq_len=64)
+    assert data.max_repeat == 31 and 5 not in data.train_lengths and 4 in data.train_lengths
+    assert data.eval_lengths == (5, 10, 15, 20, 25, 30)
+    assert DataConfig(seq_len=24).eval_lengths == (5, 10)
+
+
+@pytest.mark.parametrize("kwargs, fragment", [
+    (dict(kind="induktion"), "did you mean 'induction'"),
+    (dict(seq_len=9, held_out=(4,)), "no training repeat length"),
+    (dict(vocab=2), "vocab must be at least 3"),
+])
+def test_bad_data_config(kwargs, fragment):
+    with pytest.raises(ProbeError, match=fragment):
+        DataConfig(**kwargs)
+
+
+# ----------------------------------------------------------------------------- fast path
+
+
+@pytest.mark.parametrize("cfg", [
+    NativeConfig(layers=2, d_model=32, heads=4, n_ctx=32),
+    NativeConfig(layers=2, d_model=32, heads=2, n_ctx=32, attn_only=False),
+    NativeConfig(layers=2, d_model=32, heads=2, n_ctx=32, norm="none", positional="rotary"),
+])
+def test_fast_path_computes_the_bridge_function(cfg):
+    model = load(cfg, device="cpu")
+    x = torch.randint(0, cfg.d_vocab, (3, 20), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        ref = model.bridge(x, return_type="logits")
+        torch.testing.assert_close(fast_logits(model, x), ref, atol=1e-5, rtol=1e-5)
+
+
+# ----------------------------------------------------------------------------- training and checkpoints
+
+
+def test_short_training_run_lowers_the_loss():
+    native, data, cfg = build_configs(**{**TINY, "steps": 80, "log_every": 10, "lr": 3e-3})
+    done = train(native, data, cfg)
+    assert done.step == 80 and [r["step"] for r in done.losses] == list(range(10, 81, 10))
+    assert done.losses[-1]["loss"] < done.losses[0]["loss"] - 0.2
+
+
+def test_checkpoint_loads_anywhere_a_model_name_is_accepted(tmp_path):
+    native, data, cfg = build_configs(**{**TINY, "steps": 10, "save_every": 10})
+    done = train(native, data, cfg, out=tmp_path / "m")
+    again = load(str(tmp_path / "m"), device="cpu")
+    assert same(weights(done.model), weights(again))
+    assert again.info.source == "checkpoint" and again.info.n_layers == 1 and again.info.max_len == 24
+    meta = json.loads((tmp_path / "m" / "depthprobe.json").read_text())
+    assert meta["training"]["step"] == 10 and meta["native"]["d_model"] == 32
+    for name in (OPTIMIZER_WEIGHTS, OPTIMIZER_STATE, LOSS_LOG):
+        assert (tmp_path / "m" / name).exists()
+    with pytest.raises(ProbeError, match="pass --resume"):
+        train(native, data, cfg, out=tmp_path / "m")
+
+
+def test_resume_is_bit_identical_to_an_uninterrupted_run(tmp_path):
+    settings = {**TINY, "save_every": 10}
+    straight = train(*build_configs(**settings, steps=30), out=tmp_path / "a")
+    first = train(*build_configs(**settings, steps=20), out=tmp_path / "b")
+    assert not same(weights(first.model), weights(straight.model))
+    resumed = train(*resume_configs(tmp_path / "b", steps=30), out=tmp_path / "b", resume=True)
+    assert same(weights(resumed.model), weights(straight.model))
+    assert [r["loss"] for r in resumed.losses] == pytest.approx([r["loss"] for r in straight.losses], abs=1e-5)
+    opt_a = json.loads((tmp_path / "a" / OPTIMIZER_STATE).read_text())
+    opt_b = json.loads((tmp_path / "b" / OPTIMIZER_STATE).read_text())
+    assert opt_a["step"] == opt_b["step"] == 30
+    from safetensors.torch import load_file
+    sa, sb = load_file(str(tmp_path / "a" / OPTIMIZER_WEIGHTS)), load_file(str(tmp_path / "b" / OPTIMIZER_WEIGHTS))
+    assert sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
+
+
+def test_resume_errors_name_the_fix(tmp_path):
+    with pytest.raises(ProbeError, match="drop --resume"):
+        train(*build_configs(**TINY, steps=5), out=tmp_path / "none", resume=True)
+    train(*build_configs(**TINY, steps=5, save_every=5), out=tmp_path / "m")
+    with pytest.raises(ProbeError, match="--heads 4 \\(saved: 2\\)"):
+        resume_configs(tmp_path / "m", heads=4, steps=10)
+    with pytest.raises(ProbeError, match="raise --steps above 5"):
+        train(*resume_configs(tmp_path / "m"), out=tmp_path / "m", resume=True)
+
+
+@pytest.mark.parametrize("kwargs, fragment", [
+    (dict(steps=0), "--steps must be at least 1"),
+    (dict(lr=-1.0), "--lr must be a positive"),
+    (dict(grad_clip=0.0), "--grad-clip must be positive"),
+])
+def test_bad_train_config(kwargs, fragment):
+    with pytest.raises(ProbeError, match=fragment):
+        TrainConfig(**kwargs)
+
+
+def test_bad_settings():
+    with pytest.raises(ProbeError, match="unknown training setting"):
+        build_configs(depth=2)
+    with pytest.raises(ProbeError, match="not divisible"):
+        build_configs(d_model=30, heads=4)
+
+
+# ----------------------------------------------------------------------------- CLI
+
+
+def assert_user_error(result, *fragments):
+    assert result.exit_code == 2, result.output
+    lines = [ln for ln in result.output.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.output
+    for f in fragments:
+        assert f in lines[0], lines[0]
+
+
+def test_cli_train_then_run_induction_on_the_checkpoint(tmp_path):
+    out = tmp_path / "model"
+    args = ["train", "--layers", "2", "--d-model", "32", "--heads", "2", "--vocab", "16", "--seq-len", "24",
+            "--steps", "10", "--batch-size", "4", "--save-every", "5", "--out", str(out)]
+    res = runner.invoke(app, args)
+    assert res.exit_code == 0, res.output
+    assert "step 10" in res.output and (out / "model.safetensors").exists()
+    assert len((out / LOSS_LOG).read_text().splitlines()) == 2  # header + one row (log_every 50 > steps)
+    res = runner.invoke(app, ["train", "--out", str(out), "--resume", "--steps", "15"])
+    assert res.exit_code == 0, res.output
+    assert json.loads((out / "depthprobe.json").read_text())["training"]["step"] == 15
+    res = runner.invoke(app, ["run", "--model", str(out), "--task", "induction", "--out", str(tmp_path / "run"),
+                              "-O", "repeat_len=10", "-O", "n_seqs=4"])
+    assert res.exit_code == 0, res.output
+    assert "induction" in res.output and (tmp_path / "run" / "k_composition.csv").exists()
+
+
+def test_cli_train_bad_inputs(tmp_path):
+    assert_user_error(runner.invoke(app, ["train", "--norm", "batch", "--out", str(tmp_path / "a")]), "norm")
+    assert_user_error(runner.invoke(app, ["train", "--steps", "0", "--out", str(tmp_path / "a")]), "--steps")
+    assert_user_error(runner.invoke(app, ["train", "--data", "inductoin", "--out", str(tmp_path / "a")]),
+                      "did you mean 'induction'")
+    assert_user_error(runner.invoke(app, ["train", "--resume"]), "--resume needs --out")
+    assert_user_error(runner.invoke(app, ["train", "--resume", "--out", str(tmp_path / "nothing")]),
+                      "drop --resume")
+    assert_user_error(runner.invoke(app, ["train", "--positional", "alibi", "--out", str(tmp_path / "a")]),
+                      "positional")
+    assert not (tmp_path / "a").exists()
