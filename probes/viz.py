@@ -4,8 +4,8 @@ Every page is one HTML file that makes no network request:
 
 - the circuitsvis JavaScript bundle (shipped inside the circuitsvis package) is inlined ONCE per
   page, however many views it holds;
-- attention patterns travel as quantised integers (``round(value * 10^4)``, uint16 when every
-  value lies in [0, 6.5535], else int32), deflated and base64-encoded, inside one
+- attention patterns travel as quantised integers (``round(value * 10^4)``, 10^3 for long views;
+  uint16 when every value fits, else int32), deflated and base64-encoded, inside one
   ``<script type="application/json">`` block; a small loader inflates them in the browser
   (``DecompressionStream``) and draws the views one after another;
 - a Content-Security-Policy allows only this page's own two scripts (by hash), inline styles
@@ -38,10 +38,14 @@ from probes.errors import ProbeError
 
 MAX_TOKENS = 512  # default token limit of a view; longer inputs are cut and the page says so
 SCALE = 10_000  # pattern values are stored as round(value * SCALE): 4 decimals
+LONG_SCALE = 1_000  # 3 decimals for views over HEADS_CELLS (halves a 512-token page)
 MAX_TOKEN_CHARS = 100  # longer token labels are shortened for display (the page says by how much)
 # above this many cells (heads x tokens^2) a view shows one head at a time instead of all
 # thumbnails at once: circuitsvis draws every cell as a chart element (about 10 us each)
 HEADS_CELLS = 12 * 64 * 64
+# above this many tokens a head is drawn as one pixel per cell on a plain canvas (instant) instead
+# of a circuitsvis chart, which takes seconds per head at 512 tokens
+RASTER_TOKENS = 160
 
 _BIDI = {0x061C, 0x200E, 0x200F, *range(0x202A, 0x202F), *range(0x2066, 0x206A)}
 
@@ -115,16 +119,16 @@ def _sha256(text: str) -> str:
 # views: validation, cutting and compact encoding
 # ----------------------------------------------------------------------------------------------
 
-def encode_pattern(pattern: np.ndarray) -> dict[str, Any]:
+def encode_pattern(pattern: np.ndarray, scale: int = SCALE) -> dict[str, Any]:
     """[head, query, key] floats -> {"shape", "dtype", "scale", "data"} (deflated base64 ints)."""
     a = np.nan_to_num(np.asarray(pattern, dtype=np.float64), nan=0.0, posinf=0.0, neginf=0.0)
-    q = np.round(a * SCALE)
+    q = np.round(a * scale)
     if q.size == 0 or (q.min() >= 0 and q.max() <= np.iinfo(np.uint16).max):
         raw, dtype = q.astype("<u2").tobytes(), "u2"
     else:
         info = np.iinfo(np.int32)
         raw, dtype = np.clip(q, info.min, info.max).astype("<i4").tobytes(), "i4"
-    return {"shape": list(a.shape), "dtype": dtype, "scale": SCALE,
+    return {"shape": list(a.shape), "dtype": dtype, "scale": scale,
             "data": base64.b64encode(zlib.compress(raw, 9)).decode("ascii")}
 
 
@@ -179,11 +183,13 @@ class View:
         notes = list(self.notes)
         if long:
             notes.append(f"{long} token label(s) longer than {MAX_TOKEN_CHARS} characters shortened")
-        mode = "heads" if self.pattern.size <= HEADS_CELLS else "single"
-        if mode == "single" and len(self.heads) > 1:
+        n = len(self.tokens)
+        mode = "heads" if self.pattern.size <= HEADS_CELLS else "pattern" if n <= RASTER_TOKENS else "raster"
+        if mode != "heads" and len(self.heads) > 1:
             notes.append("a long input: one head at a time (pick it with the buttons)")
+        scale = SCALE if mode == "heads" else LONG_SCALE
         return {"tokens": tokens, "heads": [clean(h) for h in self.heads], "causal": self.causal,
-                "mode": mode, "pattern": encode_pattern(self.pattern), "notes": notes}
+                "mode": mode, "pattern": encode_pattern(self.pattern, scale), "notes": notes}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -214,6 +220,7 @@ figcaption { color: #555; font-size: 12px; overflow-wrap: anywhere; }
 .view[data-state="waiting"], .view[data-state="queued"] { min-height: 360px; }
 .view[data-state="waiting"]::before, .view[data-state="queued"]::before { content: "waiting to draw…"; color: #999; }
 .view[data-state="drawing"]::before { content: "drawing…"; color: #999; }
+canvas.raster { width: min(100%, 860px); height: auto; image-rendering: pixelated; border: 1px solid #ccc; }
 .heads button { margin: 0 4px 4px 0; font: inherit; font-size: 12px; }
 .heads button[aria-pressed="true"] { background: #334; color: #fff; }
 pre { background: #f7f7f9; padding: 8px; overflow: auto; max-height: 420px; font-size: 12px; }
@@ -266,18 +273,9 @@ LOADER = r"""
     el.textContent = "could not draw this view: " + (err && err.message ? err.message : String(err));
     failed++;
   }
-  function single(el, v, attention) {
-    // long inputs: one head at a time (circuitsvis AttentionPattern), chosen with buttons
-    var bar = doc.createElement("div"), target = doc.createElement("div");
+  function headButtons(v, show) {
+    var bar = doc.createElement("div");
     bar.className = "heads";
-    var show = function (h) {
-      var fresh = doc.createElement("div");
-      fresh.id = el.id + "-head";
-      target.replaceChildren(fresh);
-      Array.prototype.forEach.call(bar.children, function (b, i) { b.setAttribute("aria-pressed", String(i === h)); });
-      CircuitsVis.render(fresh.id, CircuitsVis.AttentionPattern,
-                         { attention: attention[h], tokens: v.tokens, maskUpperTri: !!v.causal });
-    };
     v.heads.forEach(function (name, h) {
       var b = doc.createElement("button");
       b.type = "button";
@@ -285,15 +283,71 @@ LOADER = r"""
       b.addEventListener("click", function () { show(h); });
       bar.appendChild(b);
     });
+    bar.press = function (h) {
+      Array.prototype.forEach.call(bar.children, function (b, i) { b.setAttribute("aria-pressed", String(i === h)); });
+    };
+    return bar;
+  }
+  function pattern(el, v, attention) {
+    // longer inputs: one head at a time with circuitsvis's AttentionPattern
+    var target = doc.createElement("div");
+    var bar = headButtons(v, function (h) {
+      var fresh = doc.createElement("div");
+      fresh.id = el.id + "-head";
+      target.replaceChildren(fresh);
+      bar.press(h);
+      CircuitsVis.render(fresh.id, CircuitsVis.AttentionPattern,
+                         { attention: attention[h], tokens: v.tokens, maskUpperTri: !!v.causal });
+    });
     el.replaceChildren(bar, target);
-    show(0);
+    bar.firstChild.click();
+  }
+  function raster(el, v, attention) {
+    // long inputs: one pixel per cell on a plain canvas (circuitsvis needs seconds per head here)
+    var T = v.tokens.length, canvas = doc.createElement("canvas"), tip = doc.createElement("p");
+    var ctx = canvas.getContext("2d"), img = ctx.createImageData(T, T), head = 0, top = 0;
+    canvas.width = T; canvas.height = T;
+    canvas.className = "raster";
+    canvas.setAttribute("role", "img");
+    tip.className = "meta tip";
+    var masked = function (q, k) { return v.causal && k > q; };
+    var bar = headButtons(v, function (h) {
+      var m = attention[h], d = img.data;
+      head = h; top = 0;
+      for (var q = 0; q < T; q++) { for (var k = 0; k < T; k++) { if (!masked(q, k) && m[q][k] > top) { top = m[q][k]; } } }
+      for (q = 0; q < T; q++) {
+        for (k = 0; k < T; k++) {
+          var o = 4 * (q * T + k), x = top > 0 ? Math.sqrt(Math.max(0, m[q][k]) / top) : 0;
+          if (masked(q, k)) { d[o] = d[o + 1] = d[o + 2] = 215; }
+          else { d[o] = 255 - x * 187; d[o + 1] = 255 - x * 235; d[o + 2] = 255 - x * 35; }
+          d[o + 3] = 255;
+        }
+      }
+      ctx.putImageData(img, 0, 0);
+      bar.press(h);
+      canvas.setAttribute("aria-label", v.heads[h] + ": attention pattern, " + T + " tokens");
+      tip.textContent = v.heads[h] + ": white 0 to dark " + top.toFixed(4) + " (this head's largest value; " +
+        "square-root scale); " +
+        "hover a pixel for its tokens and value";
+    });
+    canvas.addEventListener("mousemove", function (e) {
+      var r = canvas.getBoundingClientRect();
+      var k = Math.min(T - 1, Math.floor((e.clientX - r.left) / r.width * T));
+      var q = Math.min(T - 1, Math.floor((e.clientY - r.top) / r.height * T));
+      if (q < 0 || k < 0) { return; }
+      tip.textContent = v.heads[head] + ": " + v.tokens[q] + " (" + q + ") attends to " + v.tokens[k] + " (" + k +
+        "): " + (masked(q, k) ? "masked" : attention[head][q][k].toFixed(4));
+    });
+    el.replaceChildren(bar, tip, canvas);
+    bar.firstChild.click();
   }
   function drawOne(i) {
     var v = views[i], el = doc.getElementById("dp-view-" + i);
     el.setAttribute("data-state", "drawing");
     return decode(v.pattern).then(function (attention) {
       el.textContent = "";
-      if (v.mode === "single") { single(el, v, attention); }
+      if (v.mode === "raster") { raster(el, v, attention); }
+      else if (v.mode === "pattern") { pattern(el, v, attention); }
       else {
         CircuitsVis.render(el.id, CircuitsVis.AttentionHeads, {
           attention: attention, tokens: v.tokens, attentionHeadNames: v.heads, maskUpperTri: !!v.causal

@@ -255,21 +255,54 @@ def _hostile_run(tmp_path: Path) -> RunData:
 def test_views_draw_with_circuitsvis(browser, tmp_path):
     views = [View("encoder", [f"w{i}" for i in range(10)], _pattern(3, 10, False), ["a", "b", "c"], False),
              View("decoder", [f"w{i}" for i in range(8)], _pattern(2, 8, True), ["x", "y"], True),
-             View("long input", [f"w{i}" for i in range(150)], _pattern(4, 150, False), list("pqrs"), False)]
+             View("longer", [f"w{i}" for i in range(130)], _pattern(4, 130, False), list("pqrs"), False)]
     body, payloads = views_html(views)
-    assert [p["mode"] for p in payloads] == ["heads", "heads", "single"]
+    assert [p["mode"] for p in payloads] == ["heads", "heads", "pattern"]
     path = _write(tmp_path, "views.html", page("views", body, payloads))
     tab = Page(browser, path, until=DRAWN, fragment="#all")
     try:
         assert tab.state()["states"] == ["drawn"] * 3
-        # AttentionHeads: one thumbnail canvas per head plus the zoomed head; single mode: one canvas
+        # AttentionHeads: one thumbnail canvas per head plus the zoomed head; pattern mode: one canvas
         counts = tab.eval("Array.from(document.querySelectorAll('.view')).map(e => e.querySelectorAll('canvas').length)")
         assert counts == [3 + 1, 2 + 1, 1]
         assert tab.eval("document.querySelector('#dp-view-0 h4').textContent") == "a"  # head labels
         assert tab.eval("document.querySelectorAll('.toks')[0].textContent") == "".join(f"w{i}" for i in range(10))
         assert tab.eval("document.querySelectorAll('#dp-view-2 .heads button').length") == 4
+        tab.eval("document.querySelectorAll('#dp-view-2 .heads button')[2].click()")
+        assert tab.eval("document.querySelector('#dp-view-2 [aria-pressed=true]').textContent") == "r"
+        assert tab.eval("document.querySelectorAll('#dp-view-2 canvas').length") == 1
         assert tab.eval("document.body.dataset.viewsDrawn") == "3"
         assert tab.problems() == []
+        assert tab.network_requests() == []
+    finally:
+        tab.close()
+
+
+def test_long_views_draw_one_pixel_per_cell(browser, tmp_path):
+    n = 300
+    pattern = np.zeros((2, n, n))
+    pattern[0, np.arange(n), np.arange(n)] = 1.0  # head 0 attends to itself
+    pattern[1, :, 0] = 1.0  # head 1 attends to the first token
+    body, payloads = views_html([View("long", [f"t{i}" for i in range(n)], pattern, ["self", "first"], True)])
+    assert payloads[0]["mode"] == "raster"
+    tab = Page(browser, _write(tmp_path, "long.html", page("long", body, payloads)), until=DRAWN)
+    pixel = ("(q, k) => Array.from(document.querySelector('#dp-view-0 canvas').getContext('2d')"
+             ".getImageData(k, q, 1, 1).data.slice(0, 3))")
+    try:
+        assert tab.eval("[document.querySelector('#dp-view-0 canvas').width, "
+                        "document.querySelector('#dp-view-0 canvas').height]") == [n, n]
+        assert tab.eval(f"({pixel})(5, 5)") == [68, 20, 220]  # the largest value: darkest
+        assert tab.eval(f"({pixel})(5, 0)") == [255, 255, 255]  # zero: white
+        assert tab.eval(f"({pixel})(5, 6)") == [215, 215, 215]  # causal: the upper triangle is masked
+        tab.eval("document.querySelectorAll('#dp-view-0 .heads button')[1].click()")
+        assert tab.eval(f"({pixel})(5, 0)") == [68, 20, 220] and tab.eval(f"({pixel})(5, 5)") == [255, 255, 255]
+        tip = tab.eval("""(() => { const c = document.querySelector('#dp-view-0 canvas'), r = c.getBoundingClientRect();
+            c.dispatchEvent(new MouseEvent('mousemove', {clientX: r.left + r.width * 0.5 / 300,
+                                                         clientY: r.top + r.height * 7.5 / 300}));
+            return document.querySelector('#dp-view-0 .tip').textContent; })()""")
+        assert tip == "first: t7 (7) attends to t0 (0): 1.0000"
+        # (the test's own pixel reads draw a performance hint about willReadFrequently)
+        assert [p for p in tab.problems() if "willReadFrequently" not in p] == []
         assert tab.network_requests() == []
     finally:
         tab.close()
