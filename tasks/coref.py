@@ -314,27 +314,62 @@ class GapState:
 
 # ---------------------------------------------------------------- scoring one batch
 
-def query_index(windows: Sequence[Window]) -> dict[str, torch.Tensor]:
-    """Flat index tensors over every query of a batch; candidates padded to the widest."""
+def query_index(windows: Sequence[Window], n_pos: int) -> dict[str, torch.Tensor]:
+    """Index tensors over every query of a batch. Each window's distinct query head words get a
+    slot; ``pieces`` [batch, r] are those words' piece positions, ``slot_of`` [batch, r] their
+    slot and ``weight`` [batch, r] 1/(pieces of the word) (0 for padding); ``unit_of`` [batch, pos]
+    is every position's word unit (padding -> an extra unit). Candidates are padded to the widest query."""
     qs = [(b, q) for b, w in enumerate(windows) for q in w.queries]
+    slots = [list(dict.fromkeys(q.head + 1 for q in w.queries)) for w in windows]
+    n_units = max(w.encoded.n_units for w in windows)
+    unit_of = torch.full((len(windows), n_pos), n_units, dtype=torch.long)
+    picked = []
+    for b, (w, s) in enumerate(zip(windows, slots)):
+        unit_of[b, :len(w.encoded)] = torch.tensor(w.encoded.unit_of_piece)
+        pos = [[p for p, u in enumerate(w.encoded.unit_of_piece) if u == unit] for unit in s]
+        picked.append([(p, k, 1.0 / len(ps)) for k, ps in enumerate(pos) for p in ps])
+    n_r = max(len(p) for p in picked)
+    pieces = torch.zeros(len(windows), n_r, dtype=torch.long)
+    slot_of = torch.zeros(len(windows), n_r, dtype=torch.long)
+    weight = torch.zeros(len(windows), n_r, dtype=torch.float64)
+    for b, rows in enumerate(picked):
+        for r, (p, k, wt) in enumerate(rows):
+            pieces[b, r], slot_of[b, r], weight[b, r] = p, k, wt
     width = max([len(q.cands) for _, q in qs] + [1])
-    rows, units, cands, valid, correct, kind = [], [], [], [], [], []
+    rows, slot, cands, valid, correct, kind = [], [], [], [], [], []
     for b, q in qs:
         pad_n = width - len(q.cands)
         rows.append(b)
-        units.append(q.head + 1)
+        slot.append(slots[b].index(q.head + 1))
         cands.append([c.head + 1 for c in q.cands] + [0] * pad_n)
         valid.append([True] * len(q.cands) + [False] * pad_n)
         correct.append(list(q.correct) + [False] * pad_n)
         kind.append(q.kind)
-    return {"row": torch.tensor(rows), "unit": torch.tensor(units), "cands": torch.tensor(cands),
-            "valid": torch.tensor(valid), "correct": torch.tensor(correct), "kind": torch.tensor(kind)}
+    return {"row": torch.tensor(rows), "slot": torch.tensor(slot), "cands": torch.tensor(cands),
+            "valid": torch.tensor(valid), "correct": torch.tensor(correct), "kind": torch.tensor(kind),
+            "pieces": pieces, "slot_of": slot_of, "weight": weight, "unit_of": unit_of,
+            "n_slots": max(len(s) for s in slots), "n_units": n_units}
 
 
-def head_predictions(wa: torch.Tensor, ix: dict[str, torch.Tensor]) -> torch.Tensor:
-    """wa: [batch, head, unit, unit] word attention of one layer -> predicted candidate index per
+def query_attention(pattern: torch.Tensor, ix: dict) -> torch.Tensor:
+    """Word-level attention (DESIGN §3.1, float64) from the query head words only.
+    pattern: [batch, head, q, k] of one layer. Returns [batch, head, slot, unit]: rows are the
+    mean over the word's pieces, columns the sum over the word's pieces (padding dropped)."""
+    b, h, _, k = pattern.shape
+    r = ix["pieces"].shape[1]
+    rows = pattern.gather(2, ix["pieces"][:, None, :, None].expand(b, h, r, k))  # [batch, head, r, k]
+    rows = rows.to(torch.float64) * ix["weight"][:, None, :, None]
+    frm = torch.zeros(b, h, ix["n_slots"], k, dtype=torch.float64)
+    frm.scatter_add_(2, ix["slot_of"][:, None, :, None].expand(b, h, r, k), rows)  # [batch, head, slot, k]
+    out = torch.zeros(b, h, ix["n_slots"], ix["n_units"] + 1, dtype=torch.float64)
+    out.scatter_add_(3, ix["unit_of"][:, None, None, :].expand(b, h, ix["n_slots"], k), frm)
+    return out[..., :-1]  # [batch, head, slot, unit]
+
+
+def head_predictions(qa: torch.Tensor, ix: dict[str, torch.Tensor]) -> torch.Tensor:
+    """qa: [batch, head, slot, unit] query attention of one layer -> predicted candidate index per
     (query, head), [query, head]; ties go to the lower index (the nearer candidate)."""
-    rows = wa[ix["row"], :, ix["unit"]]  # [query, head, unit]
+    rows = qa[ix["row"], :, ix["slot"]]  # [query, head, unit]
     idx = ix["cands"][:, None, :].expand(-1, rows.shape[1], -1)  # [query, head, cand]
     scores = rows.gather(-1, idx).masked_fill(~ix["valid"][:, None, :], float("-inf"))
     return scores.argmax(-1)  # first maximum = nearest among ties
@@ -343,16 +378,18 @@ def head_predictions(wa: torch.Tensor, ix: dict[str, torch.Tensor]) -> torch.Ten
 def chain_accumulate(state: ChainState, batch: Batch, acts, names: list[str]) -> None:
     windows: list[Window] = list(batch.items)
     n_pos = batch.input_ids.shape[1]
-    units = unit_matrix([w.encoded for w in windows], n_pos)  # [batch, unit, pos]
-    ix = query_index(windows)
+    ix = query_index(windows, n_pos)
     view_rows = _view_targets(state, windows)
+    vb = [b for b, _ in view_rows]
+    units = unit_matrix([windows[b].encoded for b in vb], n_pos) if vb else None  # [view, unit, pos]
     layers = []
     for layer, name in enumerate(names):
-        wa = word_attention(acts[name].cpu(), units)  # [batch, head, unit, unit] float64
-        pred = head_predictions(wa, ix)  # [query, head]
+        pattern = acts[name].cpu()  # [batch, head, q, k]
+        pred = head_predictions(query_attention(pattern, ix), ix)  # [query, head]
         ok = ix["correct"].gather(1, pred) & ix["valid"].any(1, keepdim=True)  # [query, head]
         state.correct[:, layer].index_add_(0, ix["kind"], ok.long())
-        layers.append(wa[[b for b, _ in view_rows]].float() if view_rows else None)
+        if vb:
+            layers.append(word_attention(pattern[vb], units).float())  # [view, head, unit, unit]
     for k in ix["kind"].tolist():
         state.n[k] += 1
     for w in windows:
@@ -360,7 +397,7 @@ def chain_accumulate(state: ChainState, batch: Batch, acts, names: list[str]) ->
             for i, ok in enumerate(q.baselines):
                 state.base[i][q.kind] += int(ok)
     for j, (b, q) in enumerate(view_rows):
-        stack = torch.stack([layers_l[j] for layers_l in layers])  # [layer, head, unit, unit]
+        stack = torch.stack([per_layer[j] for per_layer in layers])  # [layer, head, unit, unit]
         state.views.append(_chain_view(windows[b], q, stack))
 
 
@@ -389,17 +426,30 @@ def _chain_view(w: Window, q: Query, wa: torch.Tensor) -> dict:
             "_all": sub}
 
 
+def gap_scores(pattern: torch.Tensor, rows: torch.Tensor, weights: torch.Tensor, to: torch.Tensor) -> torch.Tensor:
+    """pattern: [batch, head, q, k] of one layer; rows/weights: [batch, r] the pronoun's piece
+    positions and their mean weights (0 for padding); to: [batch, cand, k] 0/1 piece indicators.
+    Returns float64 [batch, head, cand]: mean over pronoun rows, sum over candidate columns."""
+    b, h, _, k = pattern.shape
+    idx = rows[:, None, :, None].expand(b, h, rows.shape[1], k)  # [batch, head, r, k]
+    picked = pattern.gather(2, idx).to(torch.float64)  # [batch, head, r, k]
+    frm = (picked * weights[:, None, :, None]).sum(2)  # [batch, head, k]
+    return frm @ to.transpose(1, 2)  # [batch, head, k] @ [batch, k, cand] -> [batch, head, cand]
+
+
 def gap_accumulate(state: GapState, batch: Batch, acts, names: list[str]) -> None:
     items: list[GapItem] = list(batch.items)
     n_pos = batch.input_ids.shape[1]
-    frm = torch.zeros(len(items), n_pos, dtype=torch.float64)  # mean over the pronoun's pieces
+    width = max(len(it.pronoun) for it in items)
+    rows = torch.zeros(len(items), width, dtype=torch.long)
+    weights = torch.zeros(len(items), width, dtype=torch.float64)
     to = torch.zeros(len(items), 2, n_pos, dtype=torch.float64)  # A, B piece indicators
     for b, it in enumerate(items):
-        frm[b, list(it.pronoun)] = 1.0 / len(it.pronoun)
+        rows[b, :len(it.pronoun)] = torch.tensor(it.pronoun)
+        weights[b, :len(it.pronoun)] = 1.0 / len(it.pronoun)
         to[b, 0, list(it.a)] = 1.0
         to[b, 1, list(it.b)] = 1.0
-    pattern = torch.stack([acts[n].cpu() for n in names], 1)  # [batch, layer, head, q, k]
-    att = torch.einsum("bq,blhqk,bck->blhc", frm, pattern.double(), to)  # [batch, layer, head, cand]
+    att = torch.stack([gap_scores(acts[n].cpu(), rows, weights, to) for n in names], 1)  # [batch, layer, head, cand]
     label = torch.tensor([it.label for it in items])
     nearest = torch.tensor([it.nearest for it in items])
     pred = torch.where(att[..., 1] > att[..., 0], 1, torch.where(att[..., 0] > att[..., 1], 0,
