@@ -111,7 +111,7 @@ def table(records: Sequence[Mapping[str, Any]], columns: Sequence[str] | None = 
     cols = list(columns) if columns else list(dict.fromkeys(k for r in records for k in r))
     head = "".join(f"<th>{esc(c)}</th>" for c in cols)
     rows = "".join("<tr>" + "".join(f"<td>{_cell(r.get(c))}</td>" for c in cols) + "</tr>" for r in records)
-    return f"<table class='data'><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>"
+    return f"<div class='tablewrap'><table class='data'><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table></div>"
 
 
 def _key_values(d: Mapping[str, Any]) -> str:
@@ -333,9 +333,23 @@ def render(data: RunData) -> str:
 
 
 def write_report(run_dir: Path) -> Path:
-    """Render ``run_dir/report.html`` from the run's saved files; returns its path."""
+    """Render ``run_dir/report.html`` from the run's saved files; returns its path.
+
+    A failure while drawing (a bug, not bad input) still writes a page: the summary, the notes
+    and the error, so that a finished run is never lost to its report; a warning says so.
+    """
     run_dir = Path(run_dir)
-    return write_atomic(run_dir / "report.html", render(RunData.read(run_dir)))
+    data = RunData.read(run_dir)
+    try:
+        text = render(data)
+    except Exception as exc:  # noqa: BLE001 - keep the run, show the failure in the page
+        import warnings
+
+        message = f"the full report could not be drawn: {type(exc).__name__}: {exc}"
+        warnings.warn(f"{run_dir}: {message}", RuntimeWarning, stacklevel=2)
+        fallback = RunData(summary=data.summary, problems=[*data.problems, message], files=data.files)
+        text = render(fallback)
+    return write_atomic(run_dir / "report.html", text)
 
 
 _NOTEBOOK_STYLE = """<style>

@@ -208,9 +208,11 @@ h3 { font-size: 15px; margin: 16px 0 6px; overflow-wrap: anywhere; }
 .error { color: #8b0000; background: #ffecec; border-left: 3px solid #c00; padding: 4px 8px; margin: 6px 0; }
 ul.notes li { overflow-wrap: anywhere; }
 table.data { border-collapse: collapse; margin: 8px 0; font-variant-numeric: tabular-nums; }
+.tablewrap { overflow-x: auto; max-width: 100%; }
 table.data th, table.data td { border: 1px solid #ddd; padding: 3px 8px; text-align: left; vertical-align: top;
-       max-width: 520px; overflow-wrap: anywhere; }
-table.data th { background: #f4f4f6; }
+       overflow-wrap: break-word; }
+table.data td { max-width: 40em; }
+table.data th { background: #f4f4f6; white-space: nowrap; }
 .heatmaps { display: grid; grid-template-columns: repeat(auto-fill, minmax(440px, 1fr)); gap: 12px 20px; }
 figure { margin: 0; }
 figure.heatmap img { width: 100%; height: auto; }

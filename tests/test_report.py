@@ -242,6 +242,17 @@ def test_write_report_survives_damaged_views(tmp_path):
     assert "views.json cannot be read" in text
 
 
+def test_write_report_keeps_the_run_when_drawing_fails(tmp_path, monkeypatch):
+    from probes import report
+
+    (tmp_path / "summary.json").write_text(json.dumps({"task": "t", "model": "m", "notes": ["kept"], "summary": []}))
+    pd.DataFrame([{"layer": 0, "head": 0, "metric": "x", "value": 1.0}]).to_csv(tmp_path / "scores.csv", index=False)
+    monkeypatch.setattr(report, "heatmap_svg", lambda grid: 1 / 0)
+    with pytest.warns(RuntimeWarning, match="could not be drawn"):
+        text = write_report(tmp_path).read_text(encoding="utf-8")
+    assert "ZeroDivisionError" in text and "kept" in text
+
+
 # ------------------------------------------------------------------ probe viz
 
 def test_parse_indices():
