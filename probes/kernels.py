@@ -20,7 +20,10 @@ rescaling D of D * softmax(QK^T / sqrt(d_head) + B) with W_Q = 0.
 """
 from __future__ import annotations
 
+import functools
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch
 
@@ -112,6 +115,39 @@ def residual_ratio(x: torch.Tensor, mask: torch.Tensor | None = None, norm: str 
     return _out(ratio, single)
 
 
+@contextmanager
+def serial() -> Iterator[None]:
+    """Run small LAPACK calls (128 x 128 eigendecompositions, QR, Cholesky) on one thread: they
+    gain nothing from a second one and slow down badly when the cores are shared."""
+    n = torch.get_num_threads()
+    if n == 1:
+        yield
+        return
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(n)
+
+
+def _spectral_erank(s: torch.Tensor, floor: torch.Tensor) -> torch.Tensor:
+    """exp(entropy) of singular values s [..., n] after zeroing those <= floor [..., 1]; 0 if none left."""
+    s = torch.where(s > floor, s, torch.zeros_like(s))
+    total = s.sum(-1, keepdim=True)
+    p = s / total.clamp_min(1e-300)
+    h = -(p * torch.where(p > 0, p.log(), torch.zeros_like(p))).sum(-1)
+    return torch.where(total[..., 0] > 0, h.exp(), torch.zeros_like(h))
+
+
+def _erank_of_residual(res: torch.Tensor, xnorm: torch.Tensor, rtol: float) -> torch.Tensor:
+    """Effective rank from the centred X [B, T, d] and ||X||_F [B]. -> [B]."""
+    small = res.shape[-1] < res.shape[-2]
+    gram = res.transpose(-1, -2) @ res if small else res @ res.transpose(-1, -2)  # eigenvalues are s^2
+    with serial():
+        s = torch.linalg.eigvalsh(gram).clamp_min(0).sqrt()
+    return _spectral_erank(s, rtol * xnorm[:, None])
+
+
 def effective_rank(x: torch.Tensor, mask: torch.Tensor | None = None, rtol: float = 1e-6) -> torch.Tensor:
     """exp(entropy of p = s / sum(s)), s the singular values of the centred X.
 
@@ -120,15 +156,7 @@ def effective_rank(x: torch.Tensor, mask: torch.Tensor | None = None, rtol: floa
     [T, d] -> scalar, [B, T, d] -> [B].
     """
     xb, m, single = _batched(x, mask)
-    res = centred(xb, m)
-    gram = res @ res.transpose(-1, -2)  # [B, T, T]; its eigenvalues are s^2
-    s = torch.linalg.eigvalsh(gram).clamp_min(0).sqrt()  # [B, T]
-    floor = rtol * xb.flatten(1).norm(dim=-1)[:, None]  # [B, 1]
-    s = torch.where(s > floor, s, torch.zeros_like(s))
-    total = s.sum(-1, keepdim=True)
-    p = s / total.clamp_min(1e-300)
-    h = -(p * torch.where(p > 0, p.log(), torch.zeros_like(p))).sum(-1)
-    return _out(torch.where(total[:, 0] > 0, h.exp(), torch.zeros_like(h)), single)
+    return _out(_erank_of_residual(centred(xb, m), xb.flatten(1).norm(dim=-1), rtol), single)
 
 
 def sequence_stats(x: torch.Tensor, mask: torch.Tensor | None = None
@@ -138,12 +166,12 @@ def sequence_stats(x: torch.Tensor, mask: torch.Tensor | None = None
     xb, m, _ = _batched(x, mask)
     c = normalised(kernel(xb))
     res = centred(xb, m)
-    fro = xb.flatten(1).norm(dim=-1).clamp_min(1e-300)
+    fro = xb.flatten(1).norm(dim=-1)
     return {
         "mean_cosine": mean_offdiag(c, m),
-        "resid_ratio_fro": res.flatten(1).norm(dim=-1) / fro,
+        "resid_ratio_fro": res.flatten(1).norm(dim=-1) / fro.clamp_min(1e-300),
         "resid_ratio_l1inf": composite_norm(res) / composite_norm(xb).clamp_min(1e-300),
-        "effective_rank": effective_rank(xb, m),
+        "effective_rank": _erank_of_residual(res, fro, 1e-6),
     }, c
 
 
@@ -155,14 +183,13 @@ def kernel_stats(sigma: torch.Tensor, rtol: float = 1e-6) -> dict[str, float]:
     t = s.shape[-1]
     tr = float(torch.diagonal(s).sum())
     p = torch.eye(t, dtype=F64) - 1.0 / t
-    sv = torch.linalg.eigvalsh(p @ s @ p).clamp_min(0).sqrt()
-    sv = torch.where(sv > rtol * math.sqrt(tr), sv, torch.zeros_like(sv))
-    q = sv / sv.sum().clamp_min(1e-300)
-    h = -(q * torch.where(q > 0, q.log(), torch.zeros_like(q))).sum()
+    with serial():
+        sv = torch.linalg.eigvalsh(p @ s @ p).clamp_min(0).sqrt()
+    erank = _spectral_erank(sv, torch.tensor([rtol * math.sqrt(max(tr, 0.0))], dtype=F64))
     return {
         "mean_cosine": float(mean_offdiag(normalised(s))),
-        "resid_ratio_fro": math.sqrt(max(0.0, 1.0 - float(s.sum()) / (t * tr))),
-        "effective_rank": float(h.exp()) if float(sv.sum()) > 0 else 0.0,
+        "resid_ratio_fro": math.sqrt(max(0.0, 1.0 - float(s.sum()) / (t * tr))) if tr > 0 else math.nan,
+        "effective_rank": float(erank),
     }
 
 
@@ -242,16 +269,21 @@ def target_kernels(kind: str, t: int, depth: int, gamma_last: float = 0.005,
 
 def cholesky_attention(sigma_prev: torch.Tensor, sigma_next: torch.Tensor) -> torch.Tensor:
     """A = chol(Sigma_next) chol(Sigma_prev)^-1 (lower triangular, so causal). [T, T] float64."""
-    l_prev = torch.linalg.cholesky(sigma_prev.to(F64))
-    l_next = torch.linalg.cholesky(sigma_next.to(F64))
-    return torch.linalg.solve_triangular(l_prev, l_next, upper=False, left=False)  # X L_prev = L_next
+    with serial():
+        l_prev = torch.linalg.cholesky(sigma_prev.to(F64))
+        l_next = torch.linalg.cholesky(sigma_next.to(F64))
+        return torch.linalg.solve_triangular(l_prev, l_next, upper=False, left=False)  # X L_prev = L_next
 
 
+@functools.lru_cache(maxsize=16)
 def spa_attentions(kind: str, t: int, depth: int, gamma_last: float = 0.005,
                    rho_last: float = 0.8) -> torch.Tensor:
-    """A_1..A_L of E-SPA/U-SPA; index l-1 holds the matrix of block l-1 (0-indexed). [L, T, T]."""
+    """A_1..A_L of E-SPA/U-SPA; index l-1 holds the matrix of block l-1 (0-indexed). [L, T, T].
+    Cached: treat the result as read-only."""
     targets = target_kernels(kind, t, depth, gamma_last, rho_last)
-    return torch.stack([cholesky_attention(targets[l - 1], targets[l]) for l in range(1, depth + 1)])
+    with serial():
+        chol = torch.linalg.cholesky(targets)  # [L+1, T, T]
+        return torch.linalg.solve_triangular(chol[:-1], chol[1:], upper=False, left=False)
 
 
 def softmax_realisation(a: torch.Tensor, log_floor: float = -80.0) -> tuple[torch.Tensor, torch.Tensor]:

@@ -205,7 +205,8 @@ def _gauss(gen: torch.Generator, *shape: int, std: float) -> nn.Parameter:
 
 
 def _orth(gen: torch.Generator, n: int) -> nn.Parameter:
-    return nn.Parameter(nn.init.orthogonal_(torch.empty(n, n), generator=gen))
+    with K.serial():
+        return nn.Parameter(nn.init.orthogonal_(torch.empty(n, n), generator=gen))
 
 
 class LayerNorm(nn.Module):
@@ -445,6 +446,6 @@ def train_synthetic(model: SPATransformer, steps: int, t: int, batch: int = 16, 
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
-        losses.append(float(loss))
+        losses.append(float(loss.detach()))
     model.eval()
     return losses

@@ -5,7 +5,7 @@
 ``blocks.{l-1}.hook_resid_post``), and reports per layer, averaged over input sequences: the mean
 off-diagonal cosine of the normalised kernel, Dong et al.'s residual ratios (Frobenius and
 composite (1, inf)) and the effective rank (see ``probes.kernels``). Padding never counts;
-[CLS]/[SEP]/BOS (every tokenizer special) are dropped when ``exclude_special`` is on (default on
+[CLS]/[SEP] (encoders) and BOS (decoders) are dropped when ``exclude_special`` is on (default on
 for encoders, off for decoders). Models without a tokenizer get sequences of distinct random
 token ids. Models from ``probes.spa`` also get the infinite-width theory next to each measurement.
 
@@ -69,6 +69,7 @@ class Accumulator:
     kcount: torch.Tensor = field(init=False)  # [layer, K, K]
     sequences: int = 0
     tokens: int = 0
+    longest: int = 0
 
     def __post_init__(self) -> None:
         k = self.kernel_len
@@ -94,6 +95,7 @@ class Accumulator:
     def count(self, keep: torch.Tensor) -> None:
         self.sequences += keep.shape[0]
         self.tokens += int(keep.sum())
+        self.longest = max(self.longest, int(keep.sum(1).max()))
 
     def means(self) -> dict[str, np.ndarray]:
         m = (self.sums / self.counts.clamp_min(1)).numpy()
@@ -101,9 +103,11 @@ class Accumulator:
         return {name: m[i] for i, name in enumerate(METRICS)}
 
     def kernels(self) -> np.ndarray:
-        """Mean normalised kernel per layer over position pairs seen. [L+1, K, K] (NaN: unseen)."""
-        out = (self.ksum / self.kcount.clamp_min(1)).numpy()
-        out[self.kcount.numpy() == 0] = np.nan
+        """Mean normalised kernel per layer over position pairs seen, cut to the longest sequence.
+        [L+1, K, K] (NaN: pair never seen)."""
+        k = min(self.kernel_len, self.longest)
+        out = (self.ksum / self.kcount.clamp_min(1)).numpy()[:, :k, :k]
+        out[self.kcount.numpy()[:, :k, :k] == 0] = np.nan
         return out
 
 
@@ -263,7 +267,7 @@ class Kernels(Task):
     def start(self, model, ctx, examples):
         opts = ctx.options
         exclude = (not model.info.causal) if opts.exclude_special is None else opts.exclude_special
-        specials = torch.tensor(sorted(model.special_ids), dtype=torch.long)
+        specials = torch.tensor(sorted({i for i in (model.cls_id, model.sep_id) if i is not None}), dtype=torch.long)
         layers = list(opts.layers) or default_layers(model.info.n_layers)
         return State(model=model, layers=layers, exclude=exclude and model.tokenizer is not None,
                      specials=specials, acc=Accumulator(model.info.n_layers + 1, opts.kernel_len))
@@ -299,7 +303,7 @@ class Kernels(Task):
         plots = {"kernels_vs_layer": plot_layers(means, theory, f"{model.name}: signal propagation"),
                  "kernels_heatmaps": plot_heatmaps(panels, len(panels), f"{model.name}: mean normalised kernel")}
         files = {"kernels.npz": npz_bytes({**{f"layer_{l}": kern[l].astype(np.float32) for l in state.layers},
-                                           "pairs": acc.kcount[0].numpy().astype(np.int64),
+                                           "pairs": acc.kcount[0, :kern.shape[1], :kern.shape[1]].numpy().astype(np.int64),
                                            "layers": np.array(state.layers)})}
         collapse = next((l for l, c in enumerate(means["mean_cosine"]) if c >= COLLAPSED), None)
         headline = {"n_sequences": acc.sequences, "n_tokens": acc.tokens,

@@ -1,0 +1,377 @@
+"""Signal-propagation kernels: metrics on matrices with known kernels, the E-SPA/U-SPA
+construction, the infinite-width recursion against finite-width Monte Carlo, the SPA model
+family, the kernels task (tiny models, SPA models, minilm) and the sweep, and CLI bad inputs."""
+import io
+import math
+
+import numpy as np
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from cli.main import app
+from probes import kernels as K
+from probes import spa
+from probes.api import run
+from probes.capture import forward
+from probes.errors import ProbeError
+from probes.sweep import sweep
+
+runner = CliRunner()
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """These tensors are small: one thread is as fast, and far faster when the cores are shared."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def user_error(*args):
+    res = runner.invoke(app, list(args))
+    assert res.exit_code == 2, res.output
+    lines = [ln for ln in res.output.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), res.output
+    return lines[0]
+
+
+# ----------------------------------------------------------------------------- metrics
+
+def test_identical_tokens_collapse_completely():
+    x = torch.randn(1, 32).repeat(10, 1)  # [T=10, d=32], every row the same
+    assert K.mean_offdiag_cosine(x) == pytest.approx(1.0, abs=1e-12)
+    assert K.residual_ratio(x, norm="fro") == 0.0
+    assert K.residual_ratio(x, norm="l1inf") == 0.0
+    assert K.effective_rank(x) == 0.0
+    c = K.normalised(K.kernel(x))
+    assert torch.allclose(c, torch.ones(10, 10, dtype=torch.float64))
+
+
+def test_orthogonal_tokens_have_zero_cosine_and_full_rank():
+    t, d = 12, 20
+    x = math.sqrt(d) * torch.eye(d)[:t]  # orthogonal rows, each of squared norm d
+    assert torch.allclose(K.kernel(x), torch.eye(t, dtype=torch.float64))
+    assert K.mean_offdiag_cosine(x) == pytest.approx(0.0, abs=1e-12)
+    # centring removes one direction: full rank of the centred X is T - 1, all singular values equal
+    assert K.effective_rank(x) == pytest.approx(t - 1, abs=1e-9)
+    assert K.residual_ratio(x) == pytest.approx(math.sqrt((t - 1) / t), abs=1e-12)
+
+
+def test_effective_rank_of_known_spectrum():
+    a, b = 3.0, 1.0  # centred X with singular values sqrt(2) a and sqrt(2) b
+    x = torch.tensor([[a, 0.0], [-a, 0.0], [0.0, b], [0.0, -b]])
+    p = torch.tensor([a, b], dtype=torch.float64) / (a + b)
+    assert K.effective_rank(x) == pytest.approx(float(torch.exp(-(p * p.log()).sum())), abs=1e-9)
+
+
+def test_composite_norm_is_max_column_sum_times_max_row_sum():
+    m = torch.tensor([[1.0, -2.0], [3.0, 4.0]])  # column sums 4, 6; row sums 3, 7
+    assert K.composite_norm(m) == pytest.approx(math.sqrt(6 * 7))
+
+
+def test_masked_rows_do_not_count():
+    x = torch.randn(2, 6, 16)
+    mask = torch.tensor([[1, 1, 1, 1, 0, 0], [1, 1, 1, 1, 1, 1]], dtype=torch.bool)
+    stats, c = K.sequence_stats(x, mask)
+    alone, _ = K.sequence_stats(x[:1, :4], None)
+    for name in stats:
+        assert stats[name][0] == pytest.approx(float(alone[name][0]), abs=1e-9), name
+    assert torch.all(c[0, 4:] == 0) and torch.all(c[0, :, 4:] == 0)
+    assert K.mean_offdiag_cosine(x[0, :1]) != K.mean_offdiag_cosine(x[0, :1])  # one token: NaN
+
+
+def test_batched_equals_single():
+    x = torch.randn(3, 7, 9)
+    for b in range(3):
+        assert K.effective_rank(x)[b] == pytest.approx(float(K.effective_rank(x[b])), abs=1e-9)
+        assert K.residual_ratio(x, norm="l1inf")[b] == pytest.approx(float(K.residual_ratio(x[b], norm="l1inf")))
+
+
+def test_kernel_stats_match_measurement_of_the_same_matrix():
+    x = torch.randn(10, 40, dtype=torch.float64)
+    th = K.kernel_stats(K.kernel(x))
+    assert th["mean_cosine"] == pytest.approx(float(K.mean_offdiag_cosine(x)), abs=1e-12)
+    assert th["resid_ratio_fro"] == pytest.approx(float(K.residual_ratio(x)), abs=1e-12)
+    assert th["effective_rank"] == pytest.approx(float(K.effective_rank(x)), abs=1e-9)
+
+
+def test_bad_metric_inputs():
+    with pytest.raises(ProbeError, match="norm"):
+        K.residual_ratio(torch.randn(3, 4), norm="l2")
+    with pytest.raises(ProbeError, match=r"\[T, d\]"):
+        K.mean_offdiag_cosine(torch.randn(4))
+
+
+# ----------------------------------------------------------------------------- theory
+
+def test_uniform_causal_reference_values():
+    s = K.uniform_recursion(128, 8)
+    got = [float(K.mean_offdiag(K.normalised(s[l]))) for l in (1, 2, 4, 8)]
+    assert got == pytest.approx([0.67, 0.90, 0.975, 0.9985], abs=0.005)
+    assert got == sorted(got)
+
+
+def test_bidirectional_uniform_collapses_in_one_layer_and_skip_by_hand():
+    s = K.uniform_recursion(5, 1, causal=False)
+    assert torch.allclose(K.normalised(s[1]), torch.ones(5, 5, dtype=torch.float64))
+    a = K.uniform_attention(2)  # [[1, 0], [.5, .5]]
+    got = K.attention_step(torch.eye(2, dtype=torch.float64), a, skip=True, alpha=1.0)
+    assert torch.allclose(got, torch.tensor([[2.0, 0.5], [0.5, 1.5]], dtype=torch.float64))
+
+
+def test_relu_map_preserves_norms_and_maps_orthogonal_to_one_over_pi():
+    out = K.relu_step(torch.eye(3, dtype=torch.float64) * 2.0)
+    assert torch.allclose(torch.diagonal(out), torch.full((3,), 2.0, dtype=torch.float64))
+    assert float(out[0, 1]) == pytest.approx(2.0 / math.pi)
+
+
+@pytest.mark.parametrize("kind", ["e-spa", "u-spa"])
+@pytest.mark.parametrize("depth", [1, 8, 64])
+def test_spa_construction_hits_every_target(kind, depth):
+    t = 48
+    targets = K.target_kernels(kind, t, depth)  # [L+1, T, T]
+    attn = K.spa_attentions(kind, t, depth)  # [L, T, T]
+    assert torch.equal(targets[0], torch.eye(t, dtype=torch.float64))
+    rebuilt = attn @ targets[:-1] @ attn.transpose(-1, -2)  # A_l Sigma_{l-1} A_l^T for every l
+    assert float((rebuilt - targets[1:]).abs().max()) < 1e-6
+    assert torch.all(torch.triu(attn, 1) == 0)  # causal
+    assert float(attn.min()) >= -1e-12  # realisable by a softmax
+    if kind == "e-spa":
+        assert float(targets[-1][0, 1]) == pytest.approx(math.exp(-0.005))
+    else:
+        assert float(targets[-1][0, 1]) == pytest.approx(0.8)
+
+
+def test_espa_schedule_formula():
+    for l in (1, 5, 16):
+        g = K.espa_gamma(l, 16, 0.005)
+        assert 1 - math.exp(-2 * g) == pytest.approx((1 - math.exp(-0.01)) ** (l / 16))
+    assert math.isinf(K.espa_gamma(0, 16)) and K.espa_gamma(16, 16) == pytest.approx(0.005)
+    assert K.uspa_rho(0, 8) == 0.0 and K.uspa_rho(8, 8) == pytest.approx(0.8)
+
+
+def test_cholesky_attention_single_pair_float64():
+    s0, s1 = K.espa_kernel(32, 0.3), K.espa_kernel(32, 0.1)
+    a = K.cholesky_attention(s0, s1)
+    assert torch.allclose(a @ s0 @ a.T, s1, atol=1e-6, rtol=0)
+
+
+def test_softmax_realisation_reproduces_attention_without_nan():
+    a = K.spa_attentions("e-spa", 128, 64)[0]  # first layer: entries down to ~1e-75
+    bias, d = K.softmax_realisation(a)
+    assert float(bias.min()) >= -80.0 and torch.isfinite(bias).all()
+    causal = torch.tril(torch.ones(128, 128, dtype=torch.bool))
+    for dtype, tol in ((torch.float64, 1e-10), (torch.float32, 1e-5)):
+        p = bias.to(dtype).masked_fill(~causal, float("-inf")).softmax(-1)
+        rebuilt = d.to(dtype)[:, None] * p
+        assert torch.isfinite(rebuilt).all()
+        assert torch.allclose(rebuilt.double(), a, atol=tol, rtol=0)
+    with pytest.raises(ProbeError, match="negative"):
+        K.softmax_realisation(torch.tensor([[1.0, 0.0], [-0.5, 1.0]]))
+
+
+def test_recursion_matches_finite_width_monte_carlo():
+    """X <- A X W with fan-in Gaussian W: the kernel follows A S A^T (no skip) and
+    S + A S A^T (skip) up to O(1/sqrt(width)) fluctuations, averaged over draws."""
+    gen = torch.Generator().manual_seed(0)
+    t, d, depth, draws = 10, 256, 3, 40
+    a = K.uniform_attention(t)
+    for skip in (False, True):
+        theory = K.uniform_recursion(t, depth, skip=skip)[-1]
+        est = torch.zeros(t, t, dtype=torch.float64)
+        for _ in range(draws):
+            x = torch.randn(t, d, generator=gen, dtype=torch.float64)
+            for _ in range(depth):
+                w = torch.randn(d, d, generator=gen, dtype=torch.float64) / math.sqrt(d)
+                y = a @ x @ w
+                x = x + y if skip else y
+            est += K.kernel(x) / draws
+        c_est, c_th = K.normalised(est), K.normalised(theory)
+        assert float((c_est - c_th).abs().max()) < 0.06
+        assert abs(float(K.mean_offdiag(c_est) - K.mean_offdiag(c_th))) < 0.02
+        other = K.normalised(K.uniform_recursion(t, depth, skip=not skip)[-1])  # the wrong theory is far off
+        assert abs(float(K.mean_offdiag(c_est) - K.mean_offdiag(other))) > 0.2
+
+
+# ----------------------------------------------------------------------------- the model family
+
+def tiny(variant="vanilla", depth=3, **kw):
+    fields = {"width": 64, "heads": 4, "n_ctx": 16, "d_vocab": 64, **spa.variant_config(variant, depth), **kw}
+    return spa.build(spa.SPAConfig(**fields), device="cpu")
+
+
+def test_hook_points_and_shapes():
+    m = tiny("vanilla", 2, mlp=True, norm="pre", skip=True)
+    hooks = set(m.bridge.hook_dict)
+    for name in ("hook_embed", "blocks.0.hook_resid_pre", "blocks.1.hook_resid_post", "blocks.0.attn.hook_pattern",
+                 "blocks.0.hook_attn_out", "blocks.0.hook_mlp_out", "blocks.0.hook_resid_mid",
+                 "blocks.0.ln1.hook_normalized", "blocks.1.attn.hook_z"):
+        assert name in hooks, name
+    ids = spa.random_tokens(2, 10, 64)
+    acts = forward(m, ids, torch.ones_like(ids), ["blocks.*.attn.hook_pattern", "blocks.1.hook_resid_post"])
+    assert acts["blocks.0.attn.hook_pattern"].shape == (2, 4, 10, 10)
+    assert acts["blocks.1.hook_resid_post"].shape == (2, 10, 64)
+
+
+def test_attention_variants_at_init():
+    ids = spa.random_tokens(1, 8, 64)
+    names = ["blocks.0.attn.hook_pattern"]
+    uni = forward(tiny("vanilla"), ids, None, names)[names[0]][0, 0].double()
+    assert torch.allclose(uni, K.uniform_attention(8), atol=1e-6)
+    vsi = forward(tiny("value-skipinit"), ids, None, names)[names[0]][0, 0]
+    assert torch.allclose(vsi, torch.eye(8), atol=1e-7)
+    soft = forward(tiny("vanilla", attention="softmax"), ids, None, names)[names[0]][0, 0]
+    assert not torch.allclose(soft.double(), K.uniform_attention(8), atol=1e-3)
+    m = tiny("e-spa", 4)
+    p = forward(m, ids, None, names)[names[0]][0, 0].double()
+    mix = m.bridge.blocks[0].attn.spa_scale[:8, None].double() * p  # D * softmax = A_1
+    assert torch.allclose(mix, K.spa_attentions("e-spa", 16, 4)[0][:8, :8], atol=1e-5)
+
+
+def test_orthogonal_layers_follow_the_recursion_exactly_from_the_measured_input():
+    """With orthogonal W_V W_O and a fixed attention matrix, Sigma_l = A_l Sigma_{l-1} A_l^T holds
+    at any width, so theory started from the measured Sigma_0 matches to float32 precision."""
+    m = tiny("e-spa", 4)
+    ids = spa.random_tokens(1, 16, 64)
+    names = ["blocks.0.hook_resid_pre", "blocks.3.hook_resid_post"]
+    acts = forward(m, ids, None, names)
+    s0 = K.kernel(acts[names[0]][0])
+    theory = spa.theory_kernels(m.bridge.cfg, 16, sigma0=s0)[-1]
+    assert torch.allclose(K.kernel(acts[names[1]][0]), theory, atol=1e-4 * float(theory.abs().max()))
+
+
+def test_padding_does_not_change_real_tokens():
+    for variant, causal in (("vanilla", True), ("vanilla", False), ("e-spa", True)):
+        m = tiny(variant, 2, causal=causal, attention="softmax") if variant == "vanilla" else tiny(variant, 2)
+        ids = spa.random_tokens(1, 10, 64)
+        padded = torch.cat([ids, torch.zeros(1, 4, dtype=torch.long)], 1)
+        mask = torch.cat([torch.ones(1, 10), torch.zeros(1, 4)], 1).long()
+        name = "blocks.1.hook_resid_post"
+        a = forward(m, ids, None, [name])[name]
+        b = forward(m, padded, mask, [name])[name][:, :10]
+        assert torch.isfinite(b).all() and torch.allclose(a, b, atol=1e-5), variant
+
+
+def test_spec_parsing_and_bad_specs():
+    cfg = spa.SPAConfig.parse("spa:variant=skip-scaled,depth=16,width=32,heads=2")
+    assert cfg.skip and cfg.scale == pytest.approx(0.25) and cfg.width == 32
+    assert spa.SPAConfig.parse(cfg.spec()) == cfg
+    with pytest.raises(ProbeError, match="did you mean 'e-spa'"):
+        spa.SPAConfig.parse("spa:variant=e-sap")
+    with pytest.raises(ProbeError, match="unknown key 'widht'"):
+        spa.SPAConfig.parse("spa:widht=3")
+    with pytest.raises(ProbeError, match="causal"):
+        spa.SPAConfig(attention="e-spa", causal=False)
+    with pytest.raises(ProbeError, match="divisible"):
+        spa.SPAConfig(width=10, heads=3)
+    m = tiny()
+    with pytest.raises(ProbeError, match="n_ctx"):
+        m.bridge(torch.zeros(1, 17, dtype=torch.long))
+    out = m.bridge(torch.randn(1, 5, 64), return_type="residual")  # embeddings fed directly
+    assert out.shape == (1, 5, 64)
+
+
+def test_training_changes_weights_and_reduces_loss():
+    m = tiny("pre-ln", 2, attention="softmax", d_vocab=8, width=32)
+    before = m.bridge.blocks[0].attn.W_K.detach().clone()
+    losses = spa.train_synthetic(m.bridge, 40, 12, batch=16, lr=3e-3)
+    assert not torch.equal(before, m.bridge.blocks[0].attn.W_K)
+    assert np.mean(losses[-10:]) < np.mean(losses[:5])
+
+
+# ----------------------------------------------------------------------------- the task
+
+def test_task_on_spa_model_reports_theory_and_files():
+    m = tiny("vanilla", 4)
+    res = run(m, "kernels", n_random=6, seq_len=16, batch_size=4)
+    s = res.scores
+    cos = s[s.metric == "mean_cosine"].sort_values("layer")
+    assert list(cos.layer) == [0, 1, 2, 3, 4]
+    assert cos.theory.notna().all()
+    assert (cos.value.diff().dropna() > 0).all()  # uniform attention without skips: collapse grows
+    assert abs(cos.value - cos.theory).max() < 0.1  # width 64: finite-width fluctuations only
+    npz = np.load(io.BytesIO(res.files["kernels.npz"]))
+    assert set(npz.files) >= {"layer_0", "layer_4", "pairs", "layers"}
+    assert npz["layer_4"].shape == (16, 16) and np.allclose(np.diag(npz["layer_4"]), 1.0, atol=1e-5)
+    assert res.plots["kernels_heatmaps"].lstrip().startswith("<?xml") and "<svg" in res.plots["kernels_vs_layer"]
+    assert any("L_th" in n for n in res.notes)
+
+
+def test_task_excludes_specials_by_default_for_encoders(tiny_bert, tiny_gpt2):
+    on = run(tiny_bert, "kernels", limit=6)
+    off = run(tiny_bert, "kernels", limit=6, exclude_special=False)
+    assert any("excluded" in n for n in on.notes) and any("included" in n for n in off.notes)
+    assert on.headline["n_tokens"] + 12 == off.headline["n_tokens"]  # [CLS] and [SEP] of 6 lines
+    dec = run(tiny_gpt2, "kernels", limit=6)
+    assert any("included" in n for n in dec.notes)
+    assert dec.scores.theory.isna().all()
+
+
+def test_task_is_padding_invariant(tiny_bert):
+    one = run(tiny_bert, "kernels", limit=8, batch_size=1).scores.set_index(["layer", "metric"]).value
+    many = run(tiny_bert, "kernels", limit=8, batch_size=8).scores.set_index(["layer", "metric"]).value
+    assert np.allclose(one.sort_index(), many.sort_index(), atol=1e-5)
+
+
+def test_task_bad_options(tiny_bert):
+    with pytest.raises(ProbeError, match="out of range"):
+        run(tiny_bert, "kernels", layers="0,9")
+    with pytest.raises(ProbeError, match="no tokenizer"):
+        run(tiny(), "kernels", data=__file__)
+    with pytest.raises(ProbeError, match="seq_len"):
+        run(tiny(), "kernels", seq_len=99)
+
+
+@pytest.mark.slow
+def test_task_on_minilm(minilm):
+    res = run(minilm, "kernels")
+    m = res.summary.set_index("layer")
+    assert list(m.index) == list(range(7))
+    assert ((m.mean_cosine > -1) & (m.mean_cosine < 1)).all()
+    # golden values on the built-in sample (30 lines, [CLS]/[SEP] excluded), measured once
+    assert m.mean_cosine.round(3).tolist() == pytest.approx([0.070, 0.176, 0.230, 0.275, 0.302, 0.317, 0.400],
+                                                            abs=2e-3)
+    assert m.effective_rank[0] == pytest.approx(11.47, abs=0.05)
+    assert res.headline["n_sequences"] == 30
+
+
+# ----------------------------------------------------------------------------- the sweep
+
+def test_sweep_table_plots_and_claims(tmp_path):
+    res = sweep("kernels", (1, 2, 8), variants=("vanilla", "skip", "skip-scaled", "e-spa"), width=64,
+                seq_len=32, samples=4)
+    s = res.scores
+    assert list(s.columns[:7]) == ["task", "variant", "depth", "layer", "metric", "value", "theory"]
+    assert len(s[(s.variant == "vanilla") & (s.depth == 8) & (s.metric == "mean_cosine")]) == 9
+    final = res.summary.set_index(["variant", "depth"]).final_cosine
+    assert final["vanilla", 8] > final["skip", 8] > final["skip-scaled", 8]
+    assert final["vanilla", 1] < final["vanilla", 2] < final["vanilla", 8]
+    assert (res.summary.L_th == round(math.log(64, 3), 2)).all()
+    assert set(res.summary.regime) == {"depth-efficient", "depth-inefficient"}
+    espa = s[(s.variant == "e-spa") & (s.metric == "target_max_abs") & (s.layer == s.depth)]
+    assert len(espa) == 3 and espa.value.max() < 0.1  # width 64, 4 samples: finite-width noise only
+    assert set(res.plots) == {"kernels_final_cosine_vs_depth", "kernels_heatmaps"}
+    out = res.save(tmp_path / "sweep")
+    assert (out / "plots" / "kernels_heatmaps.svg").exists() and (out / "kernels.npz").exists()
+    assert "e-spa/depth8" in np.load(out / "kernels.npz").files
+
+
+def test_sweep_bad_inputs_fail_before_work():
+    assert "did you mean 'vanilla'" in user_error("sweep", "--task", "kernels", "--depths", "1,2",
+                                                  "--variants", "vanila")
+    assert "divisible" in user_error("sweep", "--task", "kernels", "--depths", "1", "--width", "10", "--heads", "3")
+    assert "uniform or softmax" in user_error("sweep", "--task", "kernels", "--depths", "1", "-O", "attention=relu")
+    assert "heatmap_depths" in user_error("sweep", "--task", "kernels", "--depths", "1,2", "-O", "heatmap_depths=4")
+    assert "positive" in user_error("sweep", "--task", "kernels", "--depths", "0,1")
+    assert "causal" in user_error("sweep", "--task", "kernels", "--depths", "1", "--variants", "e-spa",
+                                  "-O", "causal=false")
+
+
+def test_cli_run_bad_inputs():
+    assert "did you mean" in user_error("run", "--model", "spa:variant=vanila", "--task", "kernels")
+    assert "out of range" in user_error("run", "--model", "spa:depth=2,width=16,heads=2,n_ctx=8", "--task",
+                                        "kernels", "-O", "layers=5")
+    assert "did you mean 'exclude_special'" in user_error("run", "--model", "spa:depth=1,width=16,heads=2",
+                                                          "--task", "kernels", "-O", "exclude=true")
