@@ -355,17 +355,18 @@ def sniff(path: Path) -> str:
     return "conllu"
 
 
-def read_chain_docs(path: str | Path, vocab=None) -> list:
-    """Every document of a CoNLL-U / CoNLL-2012 file or folder, as Docs with chains."""
+def read_chain_docs(path: str | Path, vocab=None, kind: str | None = None) -> list:
+    """Every document of a CoNLL-U / CoNLL-2012 file or folder, as Docs with chains. ``kind``
+    ('conllu' or 'conll2012') forces the reader; by default each file is sniffed."""
     from spacy.vocab import Vocab
 
     vocab = vocab or Vocab()
     docs = []
     for f in chain_files(path):
-        kind = sniff(f)
-        if kind == "gap":
+        fkind = kind or sniff(f)
+        if fkind == "gap":
             raise ProbeError(f"{f} is GAP TSV; pass it on its own as --data (not mixed with chain files)")
-        docs.extend(read_conll2012(f, vocab) if kind == "conll2012" else read_conllu_chains(f, vocab))
+        docs.extend(read_conll2012(f, vocab) if fkind == "conll2012" else read_conllu_chains(f, vocab))
     if not any(len(d) for d in docs):
         raise ProbeError(f"{path} contains no words; give CoNLL-U or CoNLL-2012 files with coreference")
     return docs

@@ -15,6 +15,7 @@ attention from the pronoun to A and to B (pieces by character overlap), the larg
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -281,6 +282,18 @@ def budget_batches(items: Sequence, seqs: Sequence[Sequence[int]], batch_size: i
         k += rows
 
 
+@contextmanager
+def one_thread() -> Iterator[None]:
+    """Scoring works on small gathered tensors: intra-op threads only add synchronisation (and
+    stall badly on a busy machine), so it runs on one thread; the forward pass keeps them all."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(n)
+
+
 # ---------------------------------------------------------------- state
 
 @dataclass
@@ -289,6 +302,7 @@ class ChainState:
     n_heads: int
     views_wanted: int
     correct: torch.Tensor = None  # [type, layer, head] int64
+    n_windows: int = 0
     n: list[int] = field(default_factory=lambda: [0, 0, 0])
     base: list[list[int]] = field(default_factory=lambda: [[0, 0, 0] for _ in BASELINES])  # [baseline][type]
     views: list[dict] = field(default_factory=list)
@@ -351,27 +365,30 @@ def query_index(windows: Sequence[Window], n_pos: int) -> dict[str, torch.Tensor
             "n_slots": max(len(s) for s in slots), "n_units": n_units}
 
 
-def query_attention(pattern: torch.Tensor, ix: dict) -> torch.Tensor:
+def query_attention(patterns: Sequence[torch.Tensor], ix: dict) -> torch.Tensor:
     """Word-level attention (DESIGN §3.1, float64) from the query head words only.
-    pattern: [batch, head, q, k] of one layer. Returns [batch, head, slot, unit]: rows are the
-    mean over the word's pieces, columns the sum over the word's pieces (padding dropped)."""
-    b, h, _, k = pattern.shape
+    patterns: per layer [batch, head, q, k]. Returns [batch, layer, head, slot, unit]: rows are
+    the mean over the word's pieces, columns the sum over the word's pieces (padding dropped)."""
+    b, h, _, k = patterns[0].shape
     r = ix["pieces"].shape[1]
-    rows = pattern.gather(2, ix["pieces"][:, None, :, None].expand(b, h, r, k))  # [batch, head, r, k]
-    rows = rows.to(torch.float64) * ix["weight"][:, None, :, None]
-    frm = torch.zeros(b, h, ix["n_slots"], k, dtype=torch.float64)
-    frm.scatter_add_(2, ix["slot_of"][:, None, :, None].expand(b, h, r, k), rows)  # [batch, head, slot, k]
-    out = torch.zeros(b, h, ix["n_slots"], ix["n_units"] + 1, dtype=torch.float64)
-    out.scatter_add_(3, ix["unit_of"][:, None, None, :].expand(b, h, ix["n_slots"], k), frm)
-    return out[..., :-1]  # [batch, head, slot, unit]
+    idx = ix["pieces"][:, None, :, None].expand(b, h, r, k)  # [batch, head, r, k]
+    rows = torch.stack([p.gather(2, idx) for p in patterns], 1)  # [batch, layer, head, r, k]
+    n_l = rows.shape[1]
+    rows = rows.to(torch.float64) * ix["weight"][:, None, None, :, None]
+    frm = rows.new_zeros(b, n_l, h, ix["n_slots"], k)
+    frm.scatter_add_(3, ix["slot_of"][:, None, None, :, None].expand(b, n_l, h, r, k), rows)  # mean rows
+    out = rows.new_zeros(b, n_l, h, ix["n_slots"], ix["n_units"] + 1)
+    out.scatter_add_(4, ix["unit_of"][:, None, None, None, :].expand(b, n_l, h, ix["n_slots"], k), frm)
+    return out[..., :-1]  # [batch, layer, head, slot, unit]
 
 
 def head_predictions(qa: torch.Tensor, ix: dict[str, torch.Tensor]) -> torch.Tensor:
-    """qa: [batch, head, slot, unit] query attention of one layer -> predicted candidate index per
-    (query, head), [query, head]; ties go to the lower index (the nearer candidate)."""
-    rows = qa[ix["row"], :, ix["slot"]]  # [query, head, unit]
-    idx = ix["cands"][:, None, :].expand(-1, rows.shape[1], -1)  # [query, head, cand]
-    scores = rows.gather(-1, idx).masked_fill(~ix["valid"][:, None, :], float("-inf"))
+    """qa: [batch, layer, head, slot, unit] -> predicted candidate index per (query, layer, head),
+    [query, layer, head]; ties go to the lower index (the nearer candidate)."""
+    rows = qa[ix["row"], :, :, ix["slot"]]  # [query, layer, head, unit]
+    q, n_l, h, _ = rows.shape
+    idx = ix["cands"][:, None, None, :].expand(q, n_l, h, -1)  # [query, layer, head, cand]
+    scores = rows.gather(-1, idx).masked_fill(~ix["valid"][:, None, None, :], float("-inf"))
     return scores.argmax(-1)  # first maximum = nearest among ties
 
 
@@ -379,26 +396,26 @@ def chain_accumulate(state: ChainState, batch: Batch, acts, names: list[str]) ->
     windows: list[Window] = list(batch.items)
     n_pos = batch.input_ids.shape[1]
     ix = query_index(windows, n_pos)
-    view_rows = _view_targets(state, windows)
-    vb = [b for b, _ in view_rows]
-    units = unit_matrix([windows[b].encoded for b in vb], n_pos) if vb else None  # [view, unit, pos]
-    layers = []
-    for layer, name in enumerate(names):
-        pattern = acts[name].cpu()  # [batch, head, q, k]
-        pred = head_predictions(query_attention(pattern, ix), ix)  # [query, head]
-        ok = ix["correct"].gather(1, pred) & ix["valid"].any(1, keepdim=True)  # [query, head]
-        state.correct[:, layer].index_add_(0, ix["kind"], ok.long())
-        if vb:
-            layers.append(word_attention(pattern[vb], units).float())  # [view, head, unit, unit]
+    patterns = [acts[name].cpu() for name in names]  # per layer [batch, head, q, k]
+    pred = head_predictions(query_attention(patterns, ix), ix)  # [query, layer, head]
+    q, n_l, h = pred.shape
+    ok = ix["correct"].gather(1, pred.reshape(q, n_l * h)).reshape(q, n_l, h)  # [query, layer, head]
+    ok &= ix["valid"].any(1)[:, None, None]
+    state.correct.index_add_(0, ix["kind"], ok.long())
     for k in ix["kind"].tolist():
         state.n[k] += 1
+    state.n_windows += len(windows)
     for w in windows:
-        for q in w.queries:
-            for i, ok in enumerate(q.baselines):
-                state.base[i][q.kind] += int(ok)
-    for j, (b, q) in enumerate(view_rows):
-        stack = torch.stack([per_layer[j] for per_layer in layers])  # [layer, head, unit, unit]
-        state.views.append(_chain_view(windows[b], q, stack))
+        for qu in w.queries:
+            for i, good in enumerate(qu.baselines):
+                state.base[i][qu.kind] += int(good)
+    view_rows = _view_targets(state, windows)
+    if view_rows:
+        vb = [b for b, _ in view_rows]
+        units = unit_matrix([windows[b].encoded for b in vb], n_pos)  # [view, unit, pos]
+        wa = torch.stack([word_attention(p[vb], units).float() for p in patterns], 1)  # [view, layer, head, u, u]
+        for j, (b, qu) in enumerate(view_rows):
+            state.views.append(_chain_view(windows[b], qu, wa[j]))
 
 
 def _view_targets(state: ChainState, windows: Sequence[Window]) -> list[tuple[int, Query]]:
@@ -529,9 +546,7 @@ class Coref(Task):
         fmt = self._format(ctx)
         if fmt == "gap":
             return self._load_gap(model, ctx)
-        docs = cd.read_chain_docs(ctx.data or SAMPLE)
-        if fmt == "conll2012" and not all(d.user_data.get("head_rule") for d in docs):
-            raise ProbeError(f"{ctx.data}: format=conll2012 but the file reads as CoNLL-U; drop --option format")
+        docs = cd.read_chain_docs(ctx.data or SAMPLE, kind=fmt if fmt in ("conllu", "conll2012") else None)
         limit = min(ctx.config.max_len, model.info.max_len)
         windows, counts = chain_windows(model, docs, limit)
         if not windows:
@@ -567,10 +582,11 @@ class Coref(Task):
 
     def accumulate(self, state, batch, acts) -> None:
         names = pattern_names(state.n_layers)
-        if state.kind == "gap":
-            gap_accumulate(state, batch, acts, names)
-        else:
-            chain_accumulate(state, batch, acts, names)
+        with one_thread():
+            if state.kind == "gap":
+                gap_accumulate(state, batch, acts, names)
+            else:
+                chain_accumulate(state, batch, acts, names)
 
     def finalize(self, state, ctx: Context) -> Output:
         return gap_output(state, ctx) if state.kind == "gap" else chain_output(state, ctx)
@@ -594,9 +610,9 @@ def chain_output(state: ChainState, ctx: Context) -> Output:
                      "clark_et_al": "/".join(map(str, CLARK[name]))})
     scores = tidy(heatmap_rows(state.correct, n, TYPES, "type"), ctx.config.model, "coref")
     c = state.counts
-    notes = [f"{total} mentions evaluated ({n[0]} pronoun, {n[1]} proper, {n[2]} nominal) in "
-             f"{c.get('windows', 0)} windows of {c.get('documents', 0)} documents "
-             f"({c.get('mentions', 0)} mentions in all)",
+    notes = [f"{total} mentions evaluated ({n[0]} pronoun, {n[1]} proper, {n[2]} nominal) of "
+             f"{c.get('mentions', 0)} in {c.get('documents', 0)} documents; {c.get('windows', 0)} windows, "
+             f"{state.n_windows} of them with an evaluated mention (only those are run)",
              f"best head {layer}-{head} (0-indexed; Clark's 1-indexed layer-head {clark(layer, head)}): "
              f"{pct(best[0], total)}% vs nearest {pct(sum(state.base[0]), total)}%, head match "
              f"{pct(sum(state.base[1]), total)}%, rule-based {pct(sum(state.base[2]), total)}%",

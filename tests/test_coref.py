@@ -657,3 +657,36 @@ def test_minilm_gap_equals_reference(minilm, shared_data, tmp_path):
     p = write(tmp_path, "gap.tsv", "\n".join(lines[:61]) + "\n")
     r = run(minilm, "coref", p)
     check_gap(r, ref_gap(minilm, cd.read_gap(p), 512))
+
+
+# ---------------------------------------------------------------- CLI, decoders, bert-base
+
+def test_cli_run_and_bad_data(tiny_bert_dir, tmp_path):
+    import json
+
+    from typer.testing import CliRunner
+
+    from cli.main import app
+
+    runner = CliRunner()
+    out = tmp_path / "run"
+    res = runner.invoke(app, ["run", "--model", str(tiny_bert_dir), "--task", "coref", "--max-len", "64",
+                              "--out", str(out), "-O", "views=1"])
+    assert res.exit_code == 0, res.output
+    assert "best head" in res.output and "rule-based" in res.output and "Clark" in res.output
+    assert {"scores.csv", "summary.csv", "views.json", "manifest.json"} <= {p.name for p in out.iterdir()}
+    assert len(json.loads((out / "views.json").read_text())) == 1
+    bad = write(tmp_path, "bad.conllu", conllu({"d": ["John PROPN - 2 nsubj (1;ran VERB - 0 root -"]}))
+    res = runner.invoke(app, ["run", "--model", str(tiny_bert_dir), "--task", "coref", "--data", str(bad)])
+    assert res.exit_code == 2 and "bad.conllu:3:" in res.output and "never closed" in res.output
+
+
+def test_decoder_windows_have_no_sep(tiny_gpt2):
+    r = run(tiny_gpt2, "coref", max_len=64)
+    assert r.headline["n_mentions"] > 0 and len(r.scores) == 4 * 2 * 4
+
+
+def test_bert_base_without_a_cache_names_the_fix(monkeypatch, tmp_path):
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
+    with pytest.raises(ProbeError, match="bert-base-cased.*not in the local cache"):
+        run("bert-base", "coref")
