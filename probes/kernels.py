@@ -139,12 +139,21 @@ def _spectral_erank(s: torch.Tensor, floor: torch.Tensor) -> torch.Tensor:
     return torch.where(total[..., 0] > 0, h.exp(), torch.zeros_like(h))
 
 
-def _erank_of_residual(res: torch.Tensor, xnorm: torch.Tensor, rtol: float) -> torch.Tensor:
-    """Effective rank from the centred X [B, T, d] and ||X||_F [B]. -> [B]."""
-    small = res.shape[-1] < res.shape[-2]
-    gram = res.transpose(-1, -2) @ res if small else res @ res.transpose(-1, -2)  # eigenvalues are s^2
+def centred_gram(g: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+    """R R^T for R = X - 1 xbar^T over counted rows, from G = X X^T (masked rows of X zero) in
+    O(T^2): G_ij - a_i - a_j + b, a = G m / n, b = m^T G m / n^2. [B, T, T], [B, T] -> [B, T, T]."""
+    mf = m.to(g.dtype)
+    n = mf.sum(-1).clamp_min(1)[:, None]  # [B, 1]
+    a = (g * mf[:, None, :]).sum(-1) / n  # [B, T]
+    b = (a * mf).sum(-1, keepdim=True) / n  # [B, 1]
+    gc = g - a[:, :, None] - a[:, None, :] + b[:, :, None]
+    return gc * mf[:, :, None] * mf[:, None, :]
+
+
+def _erank_of_gram(gc: torch.Tensor, xnorm: torch.Tensor, rtol: float) -> torch.Tensor:
+    """Effective rank from the centred Gram R R^T [B, T, T] (eigenvalues s^2) and ||X||_F [B]. -> [B]."""
     with serial():
-        s = torch.linalg.eigvalsh(gram).clamp_min(0).sqrt()
+        s = torch.linalg.eigvalsh(gc).clamp_min(0).sqrt()
     return _spectral_erank(s, rtol * xnorm[:, None])
 
 
@@ -156,22 +165,24 @@ def effective_rank(x: torch.Tensor, mask: torch.Tensor | None = None, rtol: floa
     [T, d] -> scalar, [B, T, d] -> [B].
     """
     xb, m, single = _batched(x, mask)
-    return _out(_erank_of_residual(centred(xb, m), xb.flatten(1).norm(dim=-1), rtol), single)
+    g = xb @ xb.transpose(-1, -2)  # [B, T, T]
+    return _out(_erank_of_gram(centred_gram(g, m), xb.flatten(1).norm(dim=-1), rtol), single)
 
 
 def sequence_stats(x: torch.Tensor, mask: torch.Tensor | None = None
                    ) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
     """Every per-sequence metric at once, plus the normalised kernels C [B, T, T] (masked rows 0).
-    [B, T, d] -> ({metric: [B]}, C)."""
+    One T x T x d product serves the kernel and the effective rank. [B, T, d] -> ({metric: [B]}, C)."""
     xb, m, _ = _batched(x, mask)
-    c = normalised(kernel(xb))
+    g = xb @ xb.transpose(-1, -2)  # [B, T, T] = d * Sigma
+    c = normalised(g)
     res = centred(xb, m)
     fro = xb.flatten(1).norm(dim=-1)
     return {
         "mean_cosine": mean_offdiag(c, m),
         "resid_ratio_fro": res.flatten(1).norm(dim=-1) / fro.clamp_min(1e-300),
         "resid_ratio_l1inf": composite_norm(res) / composite_norm(xb).clamp_min(1e-300),
-        "effective_rank": _erank_of_residual(res, fro, 1e-6),
+        "effective_rank": _erank_of_gram(centred_gram(g, m), fro, 1e-6),
     }, c
 
 

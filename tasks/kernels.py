@@ -15,6 +15,7 @@ trains it) and writes one table: variant, depth, layer, metric, value, theory.
 from __future__ import annotations
 
 import io
+import sys
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -351,6 +352,7 @@ class SweepOptions:
     lr: float = 1e-3
     train_batch: int = 16
     heatmap_depths: tuple[int, ...] = ()  # (): smallest, middle and largest depth
+    threads: int | None = None  # torch CPU threads during the sweep (None: leave as is; 1 on busy machines)
 
 
 def sweep_configs(depths: tuple[int, ...], o: SweepOptions, seed: int) -> dict[tuple[str, int], spa.SPAConfig]:
@@ -364,6 +366,8 @@ def sweep_configs(depths: tuple[int, ...], o: SweepOptions, seed: int) -> dict[t
         raise ProbeError(f"attention (for the baseline variants) must be uniform or softmax, got {o.attention!r}")
     if o.seq_len < 2 or o.samples < 1 or o.steps < 0 or o.train_batch < 1 or not o.lr > 0:
         raise ProbeError("kernels sweep: seq_len >= 2, samples >= 1, steps >= 0, train_batch >= 1 and lr > 0 required")
+    if o.threads is not None and o.threads < 1:
+        raise ProbeError(f"threads must be at least 1, got {o.threads}")
     bad = [d for d in o.heatmap_depths if d not in depths]
     if bad:
         raise ProbeError(f"heatmap_depths {bad} are not among --depths {list(depths)}")
@@ -407,11 +411,20 @@ class KernelSweep(Sweep):
         depths = tuple(sorted(set(config.depths)))
         cfgs = sweep_configs(depths, options, config.seed)
         dev = resolve_device(config.device)
+        before = torch.get_num_threads()
+        torch.set_num_threads(options.threads or before)
+        try:
+            return self._run(cfgs, depths, options, config, dev, progress)
+        finally:
+            torch.set_num_threads(before)
+
+    def _run(self, cfgs: dict, depths: tuple[int, ...], options: SweepOptions, config: SweepConfig,
+             dev: torch.device, progress: bool) -> Output:
         ids = spa.random_tokens(options.samples, options.seq_len, max(4096, options.seq_len), config.seed).to(dev)
         rows, summary, finals = [], [], {}
         for (variant, depth), cfg in cfgs.items():
             if progress:
-                print(f"kernels sweep: {variant} depth {depth}", flush=True)
+                print(f"kernels sweep: {variant} depth {depth}", file=sys.stderr, flush=True)
             net = spa.SPATransformer(cfg).to(dev)
             losses = spa.train_synthetic(net, options.steps, options.seq_len, options.train_batch, options.lr,
                                          config.seed)

@@ -89,6 +89,14 @@ def test_batched_equals_single():
         assert K.residual_ratio(x, norm="l1inf")[b] == pytest.approx(float(K.residual_ratio(x[b], norm="l1inf")))
 
 
+def test_centred_gram_equals_gram_of_centred_rows():
+    x = torch.randn(2, 7, 5, dtype=torch.float64)
+    m = torch.tensor([[1, 1, 1, 1, 1, 0, 0], [1] * 7], dtype=torch.bool)
+    xm = x * m[..., None]
+    explicit = K.centred(xm, m) @ K.centred(xm, m).transpose(-1, -2)
+    assert torch.allclose(K.centred_gram(xm @ xm.transpose(-1, -2), m), explicit, atol=1e-12)
+
+
 def test_kernel_stats_match_measurement_of_the_same_matrix():
     x = torch.randn(10, 40, dtype=torch.float64)
     th = K.kernel_stats(K.kernel(x))
