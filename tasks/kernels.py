@@ -163,7 +163,7 @@ def plot_heatmaps(panels: list[tuple[str, np.ndarray]], ncols: int, title: str) 
     """Normalised kernels as heatmaps (He et al. 2023, Figure 1 style), one panel each."""
     plt = _pyplot()
     nrows = max(1, math.ceil(len(panels) / ncols))
-    fig, axes = plt.subplots(nrows, ncols, figsize=(2.6 * ncols, 2.5 * nrows), squeeze=False)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(2.6 * ncols, 2.5 * nrows), squeeze=False, layout="constrained")
     lo = min([0.0] + [float(np.nanmin(c)) for _, c in panels if np.isfinite(c).any()])
     im = None
     for ax, (label, c) in zip(axes.flat, panels):
@@ -351,7 +351,7 @@ class SweepOptions:
     rho_last: float = 0.8
     lr: float = 1e-3
     train_batch: int = 16
-    heatmap_depths: tuple[int, ...] = ()  # (): smallest, middle and largest depth
+    heatmap_depths: tuple[int, ...] = ()  # layers of the deepest model drawn; (): smallest, middle, largest depth
     threads: int | None = None  # torch CPU threads during the sweep (None: leave as is; 1 on busy machines)
 
 
@@ -368,13 +368,18 @@ def sweep_configs(depths: tuple[int, ...], o: SweepOptions, seed: int) -> dict[t
         raise ProbeError("kernels sweep: seq_len >= 2, samples >= 1, steps >= 0, train_batch >= 1 and lr > 0 required")
     if o.threads is not None and o.threads < 1:
         raise ProbeError(f"threads must be at least 1, got {o.threads}")
-    bad = [d for d in o.heatmap_depths if d not in depths]
+    bad = [d for d in o.heatmap_depths if not 0 <= d <= max(depths)]
     if bad:
-        raise ProbeError(f"heatmap_depths {bad} are not among --depths {list(depths)}")
+        raise ProbeError(f"heatmap_depths {bad} must be layers of the deepest model, 0..{max(depths)}")
     common = dict(width=o.width, heads=o.heads, n_ctx=o.seq_len, d_vocab=max(4096, o.seq_len), causal=o.causal,
                   mlp=not o.attn_only, gamma_last=o.gamma_last, rho_last=o.rho_last, seed=seed)
     return {(v, d): spa.SPAConfig(**{**common, **spa.variant_config(v, d, o.attention)})
             for v in o.variants for d in depths}
+
+
+def heatmap_layers(depths: tuple[int, ...], o: SweepOptions) -> list[int]:
+    """Layers of the deepest model drawn as heatmaps: the option, or the smallest, middle and largest depth."""
+    return sorted(set(o.heatmap_depths)) or sorted({depths[0], depths[len(depths) // 2], depths[-1]})
 
 
 def measure(net: spa.SPATransformer, ids: torch.Tensor) -> Accumulator:
@@ -421,7 +426,8 @@ class KernelSweep(Sweep):
     def _run(self, cfgs: dict, depths: tuple[int, ...], options: SweepOptions, config: SweepConfig,
              dev: torch.device, progress: bool) -> Output:
         ids = spa.random_tokens(options.samples, options.seq_len, max(4096, options.seq_len), config.seed).to(dev)
-        rows, summary, finals = [], [], {}
+        rows, summary, finals, maps = [], [], {}, {}
+        shown = heatmap_layers(depths, options)
         for (variant, depth), cfg in cfgs.items():
             if progress:
                 print(f"kernels sweep: {variant} depth {depth}", file=sys.stderr, flush=True)
@@ -432,8 +438,11 @@ class KernelSweep(Sweep):
             rec = self._record(variant, depth, cfg, acc, options, losses)
             rows += rec["rows"]
             summary.append(rec["summary"])
-            finals[(variant, depth)] = acc.kernels()[-1]
-        return self._output(depths, options, rows, summary, finals)
+            kern = acc.kernels()
+            finals[(variant, depth)] = kern[-1]
+            if depth == depths[-1]:
+                maps.update({(variant, l): kern[l] for l in shown})
+        return self._output(depths, options, rows, summary, finals, maps)
 
     @staticmethod
     def _record(variant: str, depth: int, cfg: spa.SPAConfig, acc: Accumulator, o: SweepOptions,
@@ -466,16 +475,19 @@ class KernelSweep(Sweep):
         return {"rows": rows, "summary": summary}
 
     def _output(self, depths: tuple[int, ...], o: SweepOptions, rows: list[dict], summary: list[dict],
-                finals: dict[tuple[str, int], np.ndarray]) -> Output:
+                finals: dict[tuple[str, int], np.ndarray], maps: dict[tuple[str, int], np.ndarray]) -> Output:
         scores = pd.DataFrame(rows)
         scores.insert(0, "task", self.name)
         table = pd.DataFrame(summary)
-        shown = list(o.heatmap_depths) or sorted({depths[0], depths[len(depths) // 2], depths[-1]})
-        panels = [(f"{v}, L={d}", finals[(v, d)]) for v in o.variants for d in shown]
+        shown = heatmap_layers(depths, o)
+        deepest = depths[-1]
+        panels = [(f"{v}, layer {l} of {deepest}", maps[(v, l)]) for v in o.variants for l in shown]
         plots = {"kernels_final_cosine_vs_depth": self._plot_depth(table, o),
-                 "kernels_heatmaps": plot_heatmaps(panels, len(shown), "final-layer normalised kernel "
-                                                   f"(width {o.width}, T={o.seq_len})")}
-        files = {"kernels.npz": npz_bytes({f"{v}/depth{d}": c.astype(np.float32) for (v, d), c in finals.items()})}
+                 "kernels_heatmaps": plot_heatmaps(panels, len(shown), "normalised kernel at three depths of the "
+                                                   f"{deepest}-layer models (width {o.width}, T={o.seq_len})")}
+        arrays = {f"{v}/depth{d}": c for (v, d), c in finals.items()}
+        arrays.update({f"{v}/depth{deepest}/layer{l}": c for (v, l), c in maps.items()})
+        files = {"kernels.npz": npz_bytes({k: c.astype(np.float32) for k, c in arrays.items()})}
         l_th = math.log(o.width, 3)
         notes = [f"inputs: {o.samples} sequences of {o.seq_len} distinct random tokens with N(0,1) embeddings "
                  f"(Sigma_0 ~ I), width {o.width}, {o.heads} heads, {'attention only' if o.attn_only else 'with MLP'}, "

@@ -363,7 +363,7 @@ def test_sweep_table_plots_and_claims(tmp_path):
     assert set(res.plots) == {"kernels_final_cosine_vs_depth", "kernels_heatmaps"}
     out = res.save(tmp_path / "sweep")
     assert (out / "plots" / "kernels_heatmaps.svg").exists() and (out / "kernels.npz").exists()
-    assert "e-spa/depth8" in np.load(out / "kernels.npz").files
+    assert {"e-spa/depth8", "e-spa/depth8/layer2", "vanilla/depth1"} <= set(np.load(out / "kernels.npz").files)
 
 
 def test_sweep_bad_inputs_fail_before_work():
@@ -372,6 +372,7 @@ def test_sweep_bad_inputs_fail_before_work():
     assert "divisible" in user_error("sweep", "--task", "kernels", "--depths", "1", "--width", "10", "--heads", "3")
     assert "uniform or softmax" in user_error("sweep", "--task", "kernels", "--depths", "1", "-O", "attention=relu")
     assert "heatmap_depths" in user_error("sweep", "--task", "kernels", "--depths", "1,2", "-O", "heatmap_depths=4")
+    assert "threads" in user_error("sweep", "--task", "kernels", "--depths", "1", "-O", "threads=0")
     assert "positive" in user_error("sweep", "--task", "kernels", "--depths", "0,1")
     assert "causal" in user_error("sweep", "--task", "kernels", "--depths", "1", "--variants", "e-spa",
                                   "-O", "causal=false")
