@@ -116,8 +116,7 @@ class SPAConfig:
         return self.attention in ORTHOGONAL_BY_DEFAULT if self.orthogonal is None else self.orthogonal
 
     def spec(self) -> str:
-        return "spa:" + ",".join(f"{k}={_fmt(v)}" for k, v in dataclasses.asdict(self).items()
-                                 if v is not None)
+        return "spa:" + ",".join(f"{k}={_fmt(v)}" for k, v in dataclasses.asdict(self).items())
 
     @classmethod
     def parse(cls, spec: str) -> "SPAConfig":
@@ -141,7 +140,7 @@ class SPAConfig:
 
 
 def _fmt(v: Any) -> str:
-    return str(v).lower() if isinstance(v, bool) else str(v)
+    return str(v).lower() if isinstance(v, bool) or v is None else str(v)
 
 
 def _coerce(key: str, value: str, typ: str) -> Any:

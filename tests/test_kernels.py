@@ -266,6 +266,8 @@ def test_spec_parsing_and_bad_specs():
     cfg = spa.SPAConfig.parse("spa:variant=skip-scaled,depth=16,width=32,heads=2")
     assert cfg.skip and cfg.scale == pytest.approx(0.25) and cfg.width == 32
     assert spa.SPAConfig.parse(cfg.spec()) == cfg
+    auto = spa.SPAConfig.parse("spa:skip=true,branch_scale=none,depth=9")
+    assert auto.scale == pytest.approx(1 / 3) and spa.SPAConfig.parse(auto.spec()) == auto
     with pytest.raises(ProbeError, match="did you mean 'e-spa'"):
         spa.SPAConfig.parse("spa:variant=e-sap")
     with pytest.raises(ProbeError, match="unknown key 'widht'"):
