@@ -40,13 +40,13 @@ def bench(model, hf, name: str, data: Path, repeats: int) -> None:
     ctx = Context(RunConfig(model="minilm", task="coref", data=str(data)), task.Options())
     examples = task.load(model, ctx)
     batches = [(b.input_ids, b.attention_mask) for b in task.batches(model, examples, ctx)]
-    t_hf, t_ours, result = [], [], None
+    t_hf, runs = [], []
     for _ in range(repeats):  # interleaved, so drifting machine load hits both alike
         t, _ = timed(lambda: hf_forward(hf, batches, model.device))
         t_hf.append(t)
-        t, result = timed(lambda: probes.run(model, "coref", data))
-        t_ours.append(t)
-    hf_s, ours_s = min(t_hf), min(t_ours)
+        runs.append(timed(lambda: probes.run(model, "coref", data)))
+    hf_s = min(t_hf)
+    ours_s, result = min(runs, key=lambda r: r[0])
     n_tok = sum(int(m.sum()) for _, m in batches)
     print(f"\n== {name}: {len(examples)} inputs, {len(batches)} batches, {n_tok} real tokens, "
           f"device {model.device}, {torch.get_num_threads()} threads, best of {repeats}")
