@@ -410,6 +410,7 @@ class GapExample:
     b_offset: int
     b_coref: bool
     line: int
+    path: str = ""
 
     @property
     def gender(self) -> str:
@@ -473,7 +474,7 @@ def read_gap(path: str | Path) -> list[GapExample]:
             a=cols[4], a_offset=_offset(path, lineno, text, "A-offset", cols[4], cols[5]),
             a_coref=_bool(path, lineno, "A-coref", cols[6]),
             b=cols[7], b_offset=_offset(path, lineno, text, "B-offset", cols[7], cols[8]),
-            b_coref=_bool(path, lineno, "B-coref", cols[9]), line=lineno))
+            b_coref=_bool(path, lineno, "B-coref", cols[9]), line=lineno, path=str(path)))
     if not out:
         raise ProbeError(f"{path} has a GAP header but no rows; give a file with examples")
     return out

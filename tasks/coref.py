@@ -259,8 +259,9 @@ def gap_items(model, examples: Sequence[cd.GapExample], limit: int, path: Path) 
         for key, (s, e) in ex.spans().items():
             pos[key] = tuple(len(head) + t for t, (ps, pe) in enumerate(offsets) if ps < e and pe > s)
             if not pos[key]:
-                raise ProbeError(f"{path}:{ex.line}: {key} span [{s}, {e}) covers no token of the text")
-        items.append(GapItem(ex.id, (ex.pronoun, ex.a, ex.b), seq, pos["pronoun"], pos["A"], pos["B"], 0 if ex.a_coref else 1,
+                raise ProbeError(f"{ex.path or path}:{ex.line}: {key} span [{s}, {e}) covers no token of the text")
+        items.append(GapItem(ex.id, (ex.pronoun, ex.a, ex.b), seq, pos["pronoun"], pos["A"], pos["B"],
+                             0 if ex.a_coref else 1,
                              GENDERS.index(ex.gender), gap_nearest(ex), ex.line))
     return items, {"rows": len(examples), "unanswerable": len(examples) - len(usable), "too_long": too_long}
 
@@ -683,5 +684,7 @@ def _gap_view(v: dict, layer: int, head: int) -> dict:
     it: GapItem = v["item"]
     att = v["att"][layer, head]
     return {"title": f"GAP {it.id}: pronoun -> A {att[0]:.3f}, B {att[1]:.3f}; true {'AB'[it.label]}",
-            "tokens": [f"{it.names[0]} (pronoun)", f"{it.names[1]} (A)", f"{it.names[2]} (B)"], "pattern": [[[0.0, float(att[0]), float(att[1])], [0.0] * 3, [0.0] * 3]],
+            "tokens": [f"{it.names[0]} (pronoun)", f"{it.names[1]} (A)", f"{it.names[2]} (B)"],
+            # one head; only the pronoun's row is meaningful: attention to A and to B
+            "pattern": [[[0.0, float(att[0]), float(att[1])], [0.0] * 3, [0.0] * 3]],
             "heads": [f"{layer}-{head} (Clark {clark(layer, head)})"], "causal": False}
