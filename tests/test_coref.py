@@ -690,3 +690,11 @@ def test_bert_base_without_a_cache_names_the_fix(monkeypatch, tmp_path):
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
     with pytest.raises(ProbeError, match="bert-base-cased.*not in the local cache"):
         run("bert-base", "coref")
+
+
+def test_gap_span_covering_no_token_is_an_error(tiny_bert, tmp_path):
+    cols = GAP_ROWS[0].split("\t")
+    cols[4], cols[5] = " ", str(cols[1].index(" "))  # A is a lone space: it matches its offset but no piece
+    p = write(tmp_path, "g.tsv", GAP_HEADER + "\n" + "\t".join(cols) + "\n")
+    with pytest.raises(ProbeError, match=r"g.tsv:2: A span .* covers no token"):
+        run(tiny_bert, "coref", p)
