@@ -32,6 +32,7 @@ def train(
     log_every: Optional[int] = typer.Option(None, "--log-every", help="loss.csv row period in steps (default 50)."),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Model directory (default artifacts/models/native-L<layers>-d<d>-h<h>-s<seed>)."),
     resume: bool = typer.Option(False, "--resume", help="Continue the checkpoint in --out from its saved step."),
+    threads: Optional[int] = typer.Option(None, "--threads", help="CPU threads while training (default 1: fastest for toy models)."),
     device: Optional[str] = typer.Option(None, "--device", help="cpu, cuda, cuda:N (default: CUDA when present)."),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar (loss, steps/s)."),
 ) -> None:
@@ -44,7 +45,7 @@ def train(
         "layers": layers, "d_model": d_model, "heads": heads, "attn_only": attn_only, "norm": norm,
         "positional": positional, "data": data, "vocab": vocab, "seq_len": seq_len, "steps": steps,
         "batch_size": batch_size, "lr": lr, "weight_decay": weight_decay, "warmup": warmup, "seed": seed,
-        "save_every": save_every, "log_every": log_every}.items() if v is not None}
+        "save_every": save_every, "log_every": log_every, "threads": threads}.items() if v is not None}
     resolve_device(device)
     if resume:
         if out is None:

@@ -25,7 +25,8 @@ import json
 import math
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -56,6 +57,7 @@ class TrainConfig:
     seed: int = 0  # data stream (and, through NativeConfig.seed, the init)
     save_every: int = 500  # checkpoint period in steps (only with an output directory)
     log_every: int = 50  # loss.csv row period in steps
+    threads: int | None = 1  # CPU threads while training (None: torch's setting); see threads_for
 
     def __post_init__(self) -> None:
         for name in ("steps", "batch_size", "save_every", "log_every"):
@@ -67,6 +69,8 @@ class TrainConfig:
             raise ProbeError(f"--weight-decay must be >= 0, got {self.weight_decay}")
         if self.warmup < 0:
             raise ProbeError(f"--warmup must be >= 0, got {self.warmup}")
+        if self.threads is not None and self.threads < 1:
+            raise ProbeError(f"--threads must be at least 1, got {self.threads}")
         if self.grad_clip is not None and self.grad_clip <= 0:
             raise ProbeError(f"--grad-clip must be positive (or omitted), got {self.grad_clip}")
 
@@ -298,7 +302,27 @@ def train(native: NativeConfig, data: DataConfig, cfg: TrainConfig, *, out: str 
         opt = make_optimizer(model, cfg)
     if start >= cfg.steps:
         raise ProbeError(f"the checkpoint is already at step {start}; raise --steps above {start} to train further")
-    return _loop(model, opt, native, data, cfg, start, losses, path, progress, every, callback)
+    with threads_for(model, cfg.threads):
+        return _loop(model, opt, native, data, cfg, start, losses, path, progress, every, callback)
+
+
+@contextmanager
+def threads_for(model: Model, threads: int | None) -> Iterator[None]:
+    """Run the block with ``threads`` intra-op CPU threads, restoring the setting after.
+
+    A toy model's step is a few hundred tiny ops: one thread is about as fast as two on an idle
+    machine and much faster on a loaded one (OpenMP threads wait for each other at every op), and
+    the result then does not depend on the machine's core count.
+    """
+    before = torch.get_num_threads()
+    if threads is None or model.device.type != "cpu":
+        yield
+        return
+    torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def _loop(model: Model, opt: torch.optim.Optimizer, native: NativeConfig, data: DataConfig,
@@ -377,10 +401,10 @@ DEFAULTS: dict[str, Any] = {
     "layers": 2, "d_model": 64, "heads": 4, "attn_only": True, "norm": "ln", "positional": "learned",
     "vocab": 64, "seq_len": 64, "data": "induction",
     "steps": 3000, "batch_size": 32, "lr": 1e-3, "weight_decay": 0.01, "warmup": 100, "grad_clip": 1.0,
-    "seed": 0, "save_every": 500, "log_every": 50,
+    "seed": 0, "save_every": 500, "log_every": 50, "threads": 1,
 }
 # settings a resumed run may change: they do not alter the computation of any step
-RESUMABLE = ("steps", "save_every", "log_every")
+RESUMABLE = ("steps", "save_every", "log_every", "threads")
 
 
 def build_configs(**settings: Any) -> tuple[NativeConfig, DataConfig, TrainConfig]:
@@ -395,7 +419,7 @@ def build_configs(**settings: Any) -> tuple[NativeConfig, DataConfig, TrainConfi
     data = DataConfig(kind=s["data"], seq_len=s["seq_len"], vocab=s["vocab"])
     cfg = TrainConfig(steps=s["steps"], batch_size=s["batch_size"], lr=s["lr"], weight_decay=s["weight_decay"],
                       warmup=s["warmup"], grad_clip=s["grad_clip"], seed=s["seed"], save_every=s["save_every"],
-                      log_every=s["log_every"])
+                      log_every=s["log_every"], threads=s["threads"])
     return native, data, cfg
 
 
@@ -405,7 +429,8 @@ def flat_settings(native: NativeConfig, data: DataConfig, cfg: TrainConfig) -> d
             "attn_only": native.attn_only, "norm": native.norm, "positional": native.positional,
             "vocab": data.vocab, "seq_len": data.seq_len, "data": data.kind, "steps": cfg.steps,
             "batch_size": cfg.batch_size, "lr": cfg.lr, "weight_decay": cfg.weight_decay, "warmup": cfg.warmup,
-            "grad_clip": cfg.grad_clip, "seed": cfg.seed, "save_every": cfg.save_every, "log_every": cfg.log_every}
+            "grad_clip": cfg.grad_clip, "seed": cfg.seed, "save_every": cfg.save_every, "log_every": cfg.log_every,
+            "threads": cfg.threads}
 
 
 def resume_configs(directory: str | Path, **given: Any) -> tuple[NativeConfig, DataConfig, TrainConfig]:

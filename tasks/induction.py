@@ -350,6 +350,7 @@ class SweepOptions:
     n_seqs: int = 32  # evaluation sequences per held-out repeat length
     threshold: float = 0.5  # phase change = first evaluated step with best induction >= threshold
     save_models: str | None = None  # folder to keep each depth's trained model in (depth-L/)
+    threads: int = 1  # CPU threads while training (see probes.train.threads_for)
 
 
 @register_sweep
@@ -368,7 +369,7 @@ class InductionSweep(Sweep):
         settings = {"d_model": o.width, "heads": o.heads, "attn_only": o.attn_only, "norm": o.norm,
                     "positional": o.positional, "vocab": o.vocab, "seq_len": o.seq_len, "steps": o.steps,
                     "batch_size": o.batch_size, "lr": o.lr, "weight_decay": o.weight_decay,
-                    "seed": config.seed, "log_every": min(50, o.steps)}
+                    "seed": config.seed, "log_every": min(50, o.steps), "threads": o.threads}
         plans = {depth: build_configs(layers=depth, **settings) for depth in config.depths}  # validates first
         lengths = next(iter(plans.values()))[1].eval_lengths
         if not lengths:

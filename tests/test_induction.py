@@ -190,3 +190,12 @@ def test_cli_run_and_sweep(tmp_path):
     assert (tmp_path / "s" / "plots" / "induction_vs_step.svg").exists()
     res = runner.invoke(app, ["run", "--model", "native:layers=1,n_ctx=32", "--task", "induction"])
     assert res.exit_code == 2 and "repeat_len=15 or less" in res.output
+
+
+@pytest.mark.slow
+def test_minilm_encoder_run_is_seeded(minilm):
+    a = run(minilm, "induction", repeat_len=20, n_seqs=8, seed=3)
+    b = run(minilm, "induction", repeat_len=20, n_seqs=8, seed=3)
+    assert len(a.scores) == 3 * 6 * 12 and a.scores.value.between(0, 1).all()
+    pd.testing.assert_frame_equal(a.scores, b.scores)
+    assert "icl_score" not in a.headline and a.views[0]["tokens"][0] == "[CLS]"

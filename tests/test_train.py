@@ -147,10 +147,19 @@ def test_resume_errors_name_the_fix(tmp_path):
     (dict(steps=0), "--steps must be at least 1"),
     (dict(lr=-1.0), "--lr must be a positive"),
     (dict(grad_clip=0.0), "--grad-clip must be positive"),
+    (dict(threads=0), "--threads must be at least 1"),
 ])
 def test_bad_train_config(kwargs, fragment):
     with pytest.raises(ProbeError, match=fragment):
         TrainConfig(**kwargs)
+
+
+def test_training_threads_are_scoped():
+    before = torch.get_num_threads()
+    seen = []
+    native, data, cfg = build_configs(**TINY, steps=2, threads=1)
+    train(native, data, cfg, every=1, callback=lambda step, model: seen.append(torch.get_num_threads()))
+    assert seen == [1, 1, 1] and torch.get_num_threads() == before
 
 
 def test_bad_settings():
