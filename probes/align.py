@@ -84,13 +84,22 @@ def unit_matrix(batch: Sequence[Encoded], n_pos: int, device: torch.device | str
 def word_attention(pattern: torch.Tensor, units: torch.Tensor) -> torch.Tensor:
     """Word-level attention from wordpiece attention.
 
-    pattern: [batch, (layer,) head, query_pos, key_pos]; units: [batch, unit, pos] (0/1).
-    Returns [batch, (layer,) head, from_unit, to_unit] in float64: rows are the mean over
-    the from-unit's pieces, columns the sum over the to-unit's pieces. Padding units get 0.
+    pattern: [batch, (layer,) head, query_pos, key_pos]; units: [batch, unit, pos] (0/1, each
+    position in at most one unit). Returns [batch, (layer,) head, from_unit, to_unit] in float64:
+    rows are the mean over the from-unit's pieces, columns the sum over the to-unit's pieces
+    (exact float64 sums, then one division). Padding units get 0.
     """
     m = units.to(torch.float64)
-    mean_rows = m / m.sum(-1, keepdim=True).clamp(min=1.0)  # [b, u, t]
-    a = pattern.to(torch.float64)
-    view = (m.shape[0],) + (1,) * (a.dim() - 3) + m.shape[1:]  # [b, 1.., u, t]
-    # [b, .., u, t] @ [b, .., t, s] @ [b, .., s, v] -> [b, .., u, v]
-    return mean_rows.view(view) @ a @ m.view(view).transpose(-1, -2)
+    b, n_units, n_pos = m.shape
+    # unit of every position; positions in no unit (padding) go to an extra bin that is dropped
+    unit = torch.where(m.sum(1) > 0, m.argmax(1), n_units)  # [b, t]
+    size = m.sum(-1).clamp(min=1.0)  # [b, u] pieces per unit
+    lead = pattern.shape[1:-2]
+    a = pattern.to(torch.float64).reshape(b, -1, n_pos, n_pos)  # [b, (layer,) head, t, s] -> [b, g, t, s]
+    g = a.shape[1]
+    to_unit = torch.zeros(b, g, n_pos, n_units + 1, dtype=torch.float64, device=a.device)
+    to_unit.scatter_add_(-1, unit[:, None, None, :].expand(b, g, n_pos, n_pos), a)  # sum over to-pieces
+    both = torch.zeros(b, g, n_units + 1, n_units + 1, dtype=torch.float64, device=a.device)
+    both.scatter_add_(-2, unit[:, None, :, None].expand(b, g, n_pos, n_units + 1), to_unit)
+    out = both[:, :, :n_units, :n_units] / size[:, None, :, None]  # mean over from-pieces
+    return out.reshape(b, *lead, n_units, n_units)

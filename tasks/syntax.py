@@ -123,18 +123,21 @@ def read_trees(data: Path | None, parser: str | None) -> list[Tree]:
 # ---------------------------------------------------------------- pure metric functions
 
 
-def predict_governors(w: torch.Tensor, n_words: torch.Tensor) -> torch.Tensor:
-    """Most-attended other word of every row.
+def predict_governors(w: torch.Tensor, n_words: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Most-attended other word, both directions.
 
-    w: [batch, ..., word, word] word-to-word attention (specials already removed);
-    n_words: [batch]. The diagonal is zeroed and columns past a sentence's last word excluded;
-    ties go to the leftmost word (torch.argmax returns the first maximum). -> [batch, ..., word].
+    w: [batch, ..., word, word] word-to-word attention (specials already removed), OVERWRITTEN:
+    its diagonal is zeroed and entries outside a sentence's words set to -inf. n_words: [batch].
+    Returns (dependent->head: argmax of each row, head->dependent: argmax of each column), both
+    [batch, ..., word]; ties go to the leftmost word (torch.argmax returns the first maximum).
     """
     n = w.shape[-1]
-    eye = torch.eye(n, dtype=torch.bool, device=w.device)
+    w.diagonal(dim1=-2, dim2=-1).zero_()
     past_end = torch.arange(n, device=w.device)[None, :] >= n_words.to(w.device)[:, None]  # [b, n]
-    past_end = past_end.view(past_end.shape[0], *([1] * (w.dim() - 2)), n)  # [b, 1.., 1, n]
-    return w.masked_fill(eye, 0.0).masked_fill(past_end, float("-inf")).argmax(-1)
+    outside = past_end[:, :, None] | past_end[:, None, :]  # [b, n, n]
+    w.masked_fill_(outside.view(outside.shape[0], *([1] * (w.dim() - 3)), n, n), float("-inf"))
+    # argmax over a contiguous last axis is several times faster than over a strided one
+    return w.argmax(-1), w.transpose(-1, -2).contiguous().argmax(-1)
 
 
 def baseline_correct(position: torch.Tensor, n: torch.Tensor, gold: torch.Tensor, root: bool) -> torch.Tensor:
@@ -218,52 +221,59 @@ class Syntax(Task):
                      base=torch.zeros(R, len(OFFSETS), **f64))
 
     def accumulate(self, state: State, batch, acts) -> None:
-        names = pattern_names(state.model.info.n_layers)
-        a = acts.stacked(names).transpose(0, 1)  # [layer, b, h, q, k] -> [b, layer, h, q, k]
+        info = state.model.info
         items: list[Example] = list(batch.items)
-        dev = a.device
-        units = unit_matrix([e.enc for e in items], a.shape[-1], dev)  # [b, unit, pos]
-        w = word_attention(a, units)  # [b, layer, head, unit, unit]
+        names = pattern_names(info.n_layers)
+        dev, n_pos = acts[names[0]].device, acts[names[0]].shape[-1]
+        units = unit_matrix([e.enc for e in items], n_pos, dev)  # [b, unit, pos]
         n_max = max(e.enc.n_words for e in items)
-        w = w[..., 1:n_max + 1, 1:n_max + 1]  # words only: unit k + 1 is word k -> [b, l, h, n, n]
         n_words = torch.tensor([e.enc.n_words for e in items], device=dev)
-        pred = torch.stack([predict_governors(w, n_words),  # [b, l, h, n] each
-                            predict_governors(w.transpose(-1, -2), n_words)], 1)  # -> [b, dir, l, h, n]
+        pred = torch.empty(len(items), len(DIRECTIONS), info.n_layers, info.n_heads, n_max, dtype=torch.long,
+                           device=dev)  # [b, dir, layer, head, word]: predicted governor (word index)
+        show = self._view_row(state, items)
+        shown = []
+        for layer, name in enumerate(names):  # one layer at a time keeps the float64 maps small
+            w = word_attention(acts[name], units)[..., 1:n_max + 1, 1:n_max + 1]  # words: [b, h, n, n]
+            if show is not None:
+                n = items[show].enc.n_words
+                shown.append(w[show, :, :n, :n].to("cpu", torch.float32))  # [h, n, n]
+            pred[:, 0, layer], pred[:, 1, layer] = predict_governors(w, n_words)  # [b, h, n] each
+        if shown:
+            state.view = {"words": list(items[show].tree.words), "sent_id": items[show].tree.sent_id,
+                          "w": torch.stack(shown)}  # [layer, head, n, n]
         gold = torch.zeros(len(items), n_max, dtype=torch.long, device=dev)  # [b, n] CoNLL-U heads
         rel = torch.zeros(len(items), n_max, dtype=torch.long, device=dev)
         for b, e in enumerate(items):
             gold[b, : e.enc.n_words] = torch.tensor(e.tree.heads)
             rel[b, : e.enc.n_words] = torch.tensor([state.index[r] for r in e.tree.rels])
         real = torch.arange(n_max, device=dev)[None, :] < n_words[:, None]  # [b, n]
-        hit = (pred + 1 == gold[:, None, None, None, :])  # predicted unit == gold (ROOT=0 never hit)
+        hit = pred + 1 == gold[:, None, None, None, :]  # predicted unit == gold unit (ROOT = 0 never)
         hit = hit.permute(0, 4, 1, 2, 3)[real]  # [b, n, dir, l, h] -> [words, dir, l, h]
-        r = rel[real]  # [words]
-        self._add(state, r, hit.to(torch.float64))
         position = torch.arange(1, n_max + 1, device=dev)[None, :].expand(len(items), n_max)[real]
         base = baseline_correct(position, n_words[:, None].expand(-1, n_max)[real], gold[real],
-                                state.baseline_root)
-        state.base.index_add_(0, r, base.to(torch.float64))
-        state.base[-1] += base.sum(0)
+                                state.baseline_root)  # [words, offset]
+        self._add(state, rel[real], hit, base)
         state.sentences += len(items)
-        if state.view is None:
-            self._keep_view(state, items, w)
 
     @staticmethod
-    def _add(state: State, r: torch.Tensor, hit: torch.Tensor) -> None:
-        state.correct.index_add_(0, r, hit)  # per relation
-        state.correct[-1] += hit.sum(0)  # ALL
-        state.total.index_add_(0, r, torch.ones_like(r, dtype=torch.float64))
-        state.total[-1] += r.numel()
+    def _add(state: State, r: torch.Tensor, hit: torch.Tensor, base: torch.Tensor) -> None:
+        """Scatter per-word hits into the per-relation counts (and ALL) with one matmul each.
+        float32 counts are exact here (a batch has far fewer than 2**24 words)."""
+        m, n_rel = r.numel(), len(state.relations)
+        member = torch.zeros(m, n_rel, dtype=torch.float32, device=r.device)  # [words, relation]
+        member[torch.arange(m, device=r.device), r] = 1.0
+        member[:, -1] = 1.0  # every word counts in ALL
+        flat = hit.reshape(m, -1).to(torch.float32)  # [words, dir * layer * head]
+        state.correct += (member.T @ flat).view(state.correct.shape).to(torch.float64)
+        state.total += member.sum(0).to(torch.float64)
+        state.base += (member.T @ base.to(torch.float32)).to(torch.float64)
 
     @staticmethod
-    def _keep_view(state: State, items: list[Example], w: torch.Tensor) -> None:
-        """Word-level attention of every head for one short sentence (for the report's view)."""
-        for b, e in enumerate(items):
-            n = e.enc.n_words
-            if 5 <= n <= 20:
-                state.view = {"words": list(e.tree.words), "sent_id": e.tree.sent_id,
-                              "w": w[b, :, :, :n, :n].to("cpu", torch.float32)}  # [l, h, n, n]
-                return
+    def _view_row(state: State, items: list[Example]) -> int | None:
+        """Row of one short sentence whose attention the report shows (until one is found)."""
+        if state.view is not None:
+            return None
+        return next((b for b, e in enumerate(items) if 5 <= e.enc.n_words <= 20), None)
 
     def finalize(self, state: State, ctx: Context) -> Output:
         info = state.model.info

@@ -22,13 +22,21 @@ from tasks.syntax import (ALL, DIRECTIONS, OFFSETS, SAMPLE, Example, Options, Tr
 
 def test_predict_governors_zeroes_diagonal_excludes_padding_and_breaks_ties_left():
     w = torch.tensor([[[0.9, 0.05, 0.05, 0.0],   # word 0 attends to itself most: self is ignored
-                       [0.3, 0.3, 0.2, 0.2],     # tie between words 0 and ... 0 wins (0.3 vs 0.2)
-                       [0.1, 0.1, 0.1, 0.7],     # column 3 is padding (sentence of 3 words)
-                       [0.0, 0.0, 0.0, 0.0]]], dtype=torch.float64)
-    pred = predict_governors(w, torch.tensor([3]))
-    assert pred[0, :3].tolist() == [1, 0, 0]  # row 0: tie 0.05/0.05 -> leftmost other word (1)
+                       [0.3, 0.3, 0.2, 0.2],     # 0.3 on word 0 beats 0.2 (its own 0.3 is ignored)
+                       [0.1, 0.1, 0.1, 0.7],     # column 3 is padding (a sentence of 3 words)
+                       [0.0, 0.0, 0.9, 0.0]]], dtype=torch.float64)  # row 3 is padding
+    dep_to_head, head_to_dep = predict_governors(w.clone(), torch.tensor([3]))
+    assert dep_to_head[0, :3].tolist() == [1, 0, 0]  # row 0: tie 0.05/0.05 -> leftmost other word (1)
+    # columns: who attends most to word 0? row 1 (0.3); to word 1? rows 0 and 2 tie (0.05 vs 0.1 -> 2);
+    # to word 2? row 0 (0.05) vs row 1 (0.2) -> 1; padding row 3 never counts
+    assert head_to_dep[0, :3].tolist() == [1, 2, 1]
     tie = torch.tensor([[[0.0, 0.4, 0.4], [0.5, 0.0, 0.5], [0.2, 0.2, 0.6]]], dtype=torch.float64)
-    assert predict_governors(tie, torch.tensor([3]))[0].tolist() == [1, 0, 0]
+    rows, cols = predict_governors(tie.clone(), torch.tensor([3]))
+    assert rows[0].tolist() == [1, 0, 0] and cols[0].tolist() == [1, 0, 1]  # col 1: 0.4 vs 0.2
+    # causal-style zeros: the first word sees nothing; zeroed diagonal and argmax -> itself (index 0)
+    causal = torch.tensor([[[1.0, 0.0, 0.0], [0.4, 0.6, 0.0], [0.1, 0.2, 0.7]]], dtype=torch.float64)
+    rows, cols = predict_governors(causal.clone(), torch.tensor([3]))
+    assert rows[0].tolist() == [0, 0, 1] and cols[0].tolist() == [1, 2, 0]
 
 
 def test_baseline_offsets_clip_to_root_or_words():
@@ -349,11 +357,11 @@ def test_matches_reference_on_tiny_gpt2_with_causal_note(tiny_gpt2):
 @pytest.mark.slow
 def test_matches_reference_on_minilm_ewt_slice(minilm, shared_data, tmp_path):
     ewt = shared_data / "ud-ewt-dev" / "en_ewt-ud-dev.conllu"
-    result = run(minilm, "syntax", ewt, limit=160, batch_size=32)
+    result = run(minilm, "syntax", ewt, limit=400, batch_size=32)
     task = get_task("syntax")
-    ctx = Context(RunConfig(model="x", task="syntax", data=str(ewt), limit=160), Options())
+    ctx = Context(RunConfig(model="x", task="syntax", data=str(ewt), limit=400), Options())
     examples = task.load(minilm, ctx)
-    assert len(examples) == 160
+    assert len(examples) == 400
     acc, base, count = reference(_items(minilm, examples), _patterns_by_batch(minilm, examples, 32))
     _assert_matches(result, acc, base, count)
     summary = result.summary.set_index("relation")
