@@ -3,7 +3,9 @@ next to a baseline measured in the same run: the same forward passes as bare mat
 the four d x d projections and the two attention products over the same batch; no model
 objects, hooks, metrics, theory, plots or initialisation).
 
-    .venv/bin/python bench/bench_kernels_sweep.py [--threads 2] [--samples 8]
+    .venv/bin/python bench/bench_kernels_sweep.py [--threads 1] [--samples 8]
+
+--threads sets torch's CPU threads for both the baseline and the sweep (the sweep's default is 1).
 
 Target: the sweep under 60 s on 2 CPU cores.
 """
@@ -38,7 +40,7 @@ def bare_forward(n_blocks: int, batch: int, t: int, d: int, heads: int) -> float
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--samples", type=int, default=8)
     ap.add_argument("--width", type=int, default=256)
     ap.add_argument("--seq-len", type=int, default=128)
@@ -47,7 +49,8 @@ def main() -> None:
     n_blocks = len(DEFAULT_VARIANTS) * sum(DEPTHS)
     base = bare_forward(n_blocks, args.samples, args.seq_len, args.width, 4)
     start = time.perf_counter()
-    res = sweep("kernels", DEPTHS, width=args.width, seq_len=args.seq_len, samples=args.samples)
+    res = sweep("kernels", DEPTHS, width=args.width, seq_len=args.seq_len, samples=args.samples,
+                threads=args.threads)
     took = time.perf_counter() - start
     print(f"threads={args.threads} width={args.width} T={args.seq_len} samples={args.samples} "
           f"variants={len(DEFAULT_VARIANTS)} depths={DEPTHS} ({n_blocks} blocks)")

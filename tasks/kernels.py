@@ -352,7 +352,7 @@ class SweepOptions:
     lr: float = 1e-3
     train_batch: int = 16
     heatmap_depths: tuple[int, ...] = ()  # layers of the deepest model drawn; (): smallest, middle, largest depth
-    threads: int | None = None  # torch CPU threads during the sweep (None: leave as is; 1 on busy machines)
+    threads: int = 1  # torch CPU threads during the sweep (2 pays off only on an idle machine; docs/kernels.md)
 
 
 def sweep_configs(depths: tuple[int, ...], o: SweepOptions, seed: int) -> dict[tuple[str, int], spa.SPAConfig]:
@@ -366,7 +366,7 @@ def sweep_configs(depths: tuple[int, ...], o: SweepOptions, seed: int) -> dict[t
         raise ProbeError(f"attention (for the baseline variants) must be uniform or softmax, got {o.attention!r}")
     if o.seq_len < 2 or o.samples < 1 or o.steps < 0 or o.train_batch < 1 or not o.lr > 0:
         raise ProbeError("kernels sweep: seq_len >= 2, samples >= 1, steps >= 0, train_batch >= 1 and lr > 0 required")
-    if o.threads is not None and o.threads < 1:
+    if o.threads < 1:
         raise ProbeError(f"threads must be at least 1, got {o.threads}")
     bad = [d for d in o.heatmap_depths if not 0 <= d <= max(depths)]
     if bad:
@@ -417,7 +417,7 @@ class KernelSweep(Sweep):
         cfgs = sweep_configs(depths, options, config.seed)
         dev = resolve_device(config.device)
         before = torch.get_num_threads()
-        torch.set_num_threads(options.threads or before)
+        torch.set_num_threads(options.threads)
         try:
             return self._run(cfgs, depths, options, config, dev, progress)
         finally:
