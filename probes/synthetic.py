@@ -50,7 +50,7 @@ class DataConfig:
             raise ProbeError(
                 f"data: no training repeat length left between min_repeat={self.min_repeat} and "
                 f"{self.max_repeat} (= (seq_len-1)//2) after removing held_out={list(self.held_out)}; "
-                "raise --seq-len or lower min_repeat"
+                f"raise --seq-len (at least {2 * self.min_repeat + 1})"
             )
 
     @property
