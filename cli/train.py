@@ -57,10 +57,26 @@ def train(
         out = Path("artifacts/models") / f"native-L{native.layers}-d{native.d_model}-h{native.heads}-s{cfg.seed}"
     if out.exists() and not out.is_dir():
         raise ProbeError(f"--out {out} is a file; give a directory")
-    done = api_train(native, data_cfg, cfg, out=out, resume=resume, device=device,
-                     progress=progress and sys.stderr.isatty())
+    try:
+        done = api_train(native, data_cfg, cfg, out=out, resume=resume, device=device,
+                         progress=progress and sys.stderr.isatty())
+    except KeyboardInterrupt:
+        _interrupted(out)
     last = done.losses[-1] if done.losses else {}
     typer.echo(f"trained {native.layers}-layer model to step {done.step}: loss {last.get('loss', float('nan')):.4f}, "
                f"{last.get('steps_per_s', 0):.1f} steps/s, {done.seconds:.0f} s")
     typer.echo(f"wrote {out} (model.safetensors, depthprobe.json, optimizer state, loss.csv)")
     typer.echo(f"next: probe run --model {out} --task induction")
+
+
+def _interrupted(out: Path) -> None:
+    """Ctrl-C: say what was saved and how to continue, exit 130."""
+    import json
+
+    try:
+        step = json.loads((out / "depthprobe.json").read_text())["training"]["step"]
+        typer.echo(f"error: interrupted; {out} holds the checkpoint of step {step}: continue with "
+                   f"probe train --out {out} --resume", err=True)
+    except (OSError, ValueError, KeyError):
+        typer.echo("error: interrupted before the first checkpoint; nothing was written", err=True)
+    raise typer.Exit(130)
