@@ -73,30 +73,38 @@ class Example:
 # ---------------------------------------------------------------- reading
 
 
-def trees_from_doc(doc, spans=None) -> list[Tree]:
-    """Sentences of a parsed spaCy Doc -> Trees (the doc's own sentences unless spans are given)."""
+def trees_from_doc(doc, bounds: list[tuple[int, int]] | None = None) -> list[Tree]:
+    """Sentences of a parsed spaCy Doc -> Trees: the doc's own sentences, or the given
+    (start, end) token ranges. The root (a token that is its own head) gets HEAD 0, label root."""
     ids = doc.user_data.get("sent_ids") or []
+    offset = doc.to_array("HEAD").view(np.int64)  # head.i - i, stored unsigned
+    dep = doc.to_array("DEP")  # label hashes
+    words = [t.text for t in doc]
+    strings = doc.vocab.strings
     out = []
-    for k, sent in enumerate(spans if spans is not None else doc.sents):
-        heads = tuple(0 if t.head.i == t.i else t.head.i - sent.start + 1 for t in sent)
-        rels = tuple("root" if h == 0 else t.dep_ for t, h in zip(sent, heads))
+    for k, (start, end) in enumerate(bounds if bounds is not None else ((s.start, s.end) for s in doc.sents)):
+        off = offset[start:end]
+        heads = np.where(off == 0, 0, np.arange(1, end - start + 1) + off)  # CoNLL-U numbering
+        rels = tuple("root" if o == 0 else strings[int(d)] for o, d in zip(off, dep[start:end]))
         sid = ids[k] if k < len(ids) else f"{doc.user_data.get('source', 'text')}#{len(out) + 1}"
-        out.append(Tree(sid, tuple(t.text for t in sent), heads, rels))
+        out.append(Tree(sid, tuple(words[start:end]), tuple(int(h) for h in heads), rels))
     return out
 
 
 def read_conllu_trees(path: Path) -> list[Tree]:
     """A CoNLL-U file or folder, validated (file:line errors), through spaCy Docs."""
+    from spacy.vocab import Vocab
+
     from probes.conllu import by_document, read_treebank, to_doc
 
-    out: list[Tree] = []
+    vocab, out = Vocab(), []
     for group in by_document(read_treebank(path)):
-        doc = to_doc(group)
-        spans, start = [], 0
-        for s in group:  # the file's sentence boundaries, whatever the trees look like
-            spans.append(doc[start:start + len(s)])
-            start += len(s)
-        out.extend(trees_from_doc(doc, spans))
+        doc = to_doc(group, vocab)
+        bounds, start = [], 0
+        for sent in group:  # the file's sentence boundaries, whatever the trees look like
+            bounds.append((start, start + len(sent)))
+            start += len(sent)
+        out.extend(trees_from_doc(doc, bounds))
     return out
 
 
@@ -190,15 +198,15 @@ class Syntax(Task):
     def load(self, model, ctx: Context) -> Examples:
         trees = read_trees(ctx.data, ctx.options.parser)
         limit = min(ctx.config.max_len, model.info.max_len)
-        kept, skipped = [], 0
+        kept, skipped, wanted = [], 0, ctx.config.limit
         for tree in trees:
-            if ctx.config.limit is not None and len(kept) >= ctx.config.limit:
+            if wanted is not None and len(kept) >= wanted:
                 break
-            enc = encode_words(model, tree.words)
+            enc = encode_words(model, tree.words)  # per sentence: faster than one huge tokenizer call
             if len(enc) > limit:
                 skipped += 1
-                continue
-            kept.append(Example(tree, enc))
+            else:
+                kept.append(Example(tree, enc))
         if not kept:
             raise ProbeError(f"every sentence is longer than --max-len {limit} pieces; raise --max-len "
                              f"(model limit {model.info.max_len})")

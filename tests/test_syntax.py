@@ -496,3 +496,17 @@ def test_memory_is_flat_running_counts_only(tiny_bert):
                                               task.hook_names(tiny_bert, ctx)))
     assert (state.correct.shape, state.total.shape, state.base.shape) == shapes
     assert state.correct.shape == (len(state.relations), 2, 2, 4)
+
+
+
+def test_trees_read_through_spacy_keep_the_conllu_columns(shared_data):
+    """The Doc route loses nothing: words, heads and full labels equal the CoNLL-U columns."""
+    from probes.conllu import read_treebank
+    from tasks.syntax import read_trees
+
+    for path in (SAMPLE, shared_data / "ud-ewt-dev"):
+        trees, sents = read_trees(path, None), read_treebank(path)
+        assert [t.words for t in trees] == [tuple(s.words) for s in sents]
+        assert [t.heads for t in trees] == [tuple(k.head for k in s.tokens) for s in sents]
+        assert [t.rels for t in trees] == [tuple(k.deprel for k in s.tokens) for s in sents]
+        assert [t.sent_id for t in trees] == [s.sent_id for s in sents]
