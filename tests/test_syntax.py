@@ -510,3 +510,20 @@ def test_trees_read_through_spacy_keep_the_conllu_columns(shared_data):
         assert [t.heads for t in trees] == [tuple(k.head for k in s.tokens) for s in sents]
         assert [t.rels for t in trees] == [tuple(k.deprel for k in s.tokens) for s in sents]
         assert [t.sent_id for t in trees] == [s.sent_id for s in sents]
+
+
+def test_cli_parser_flag_runs_raw_text(tiny_bert_dir, spacy_pipeline, tmp_path):
+    from typer.testing import CliRunner
+
+    from cli.main import app
+
+    text = _bad(tmp_path, "t.txt", "The dog barked at the mail carrier.\n")
+    out = tmp_path / "run"
+    res = CliRunner().invoke(app, ["run", "--model", str(tiny_bert_dir), "--task", "syntax", "--data", str(text),
+                                   "--parser", str(spacy_pipeline), "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    assert "ALL" in res.output and (out / "scores.csv").exists() and (out / "baselines.csv").exists()
+    import json
+
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["config"]["options"] == {"parser": str(spacy_pipeline)}
