@@ -59,7 +59,11 @@ def word_pieces(model: Model, words: Sequence[str]) -> list[list[int]]:
 
 def encode_words(model: Model, words: Sequence[str]) -> Encoded:
     """``[CLS] pieces [SEP]`` (encoder) or ``BOS pieces`` (decoder) with each piece's unit."""
-    pieces = word_pieces(model, words)
+    return encode_pieces(model, word_pieces(model, words))
+
+
+def encode_pieces(model: Model, pieces: Sequence[Sequence[int]]) -> Encoded:
+    """Per-word piece ids -> model input with the special tokens and each position's unit."""
     ids: list[int] = [model.cls_id]
     units: list[int] = [0]
     for k, p in enumerate(pieces):

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from probes.errors import ProbeError, suggest
+from probes.options import coerce, field_types, parse_pairs
 
 log = logging.getLogger(__name__)
 
@@ -97,35 +98,9 @@ class NativeConfig:
     @classmethod
     def parse(cls, spec: str) -> "NativeConfig":
         """`native:layers=2,d_model=64,heads=4,attn_only=true` -> NativeConfig."""
-        body = spec.split(":", 1)[1] if ":" in spec else ""
-        fields = {f.name: f for f in dataclasses.fields(cls)}
-        kwargs: dict[str, Any] = {}
-        for part in filter(None, (p.strip() for p in body.split(","))):
-            if "=" not in part:
-                raise ProbeError(f"native spec: expected key=value, got {part!r} (e.g. native:layers=2,d_model=64)")
-            key, value = (s.strip() for s in part.split("=", 1))
-            if key not in fields:
-                raise ProbeError(
-                    f"native spec: unknown key {key!r}{suggest(key, fields)}; keys: {', '.join(fields)}"
-                )
-            kwargs[key] = _coerce(key, value, fields[key].type)
-        return cls(**kwargs)
-
-
-def _coerce(key: str, value: str, typ: Any) -> Any:
-    typ = str(typ)
-    try:
-        if "bool" in typ:
-            if value.lower() not in ("true", "false", "1", "0", "yes", "no"):
-                raise ValueError
-            return value.lower() in ("true", "1", "yes")
-        if "int" in typ:
-            return int(value)
-        if "float" in typ:
-            return float(value)
-    except ValueError:
-        raise ProbeError(f"{key}: cannot read {value!r} as {typ}") from None
-    return value
+        types = field_types(cls)
+        pairs = parse_pairs(spec, "native", list(types), "native:layers=2,d_model=64")
+        return cls(**{k: coerce(v, types[k], f"native spec {k}") for k, v in pairs.items()})
 
 
 @dataclass(frozen=True)

@@ -54,6 +54,7 @@ from transformer_lens.HookedRootModule import HookedRootModule
 
 from probes import kernels as K
 from probes.errors import ProbeError, suggest
+from probes.options import coerce, field_types, parse_pairs
 
 ATTENTIONS = ("softmax", "uniform", "value-skipinit", "e-spa", "u-spa")
 NORMS = ("none", "pre", "post")
@@ -121,19 +122,9 @@ class SPAConfig:
     @classmethod
     def parse(cls, spec: str) -> "SPAConfig":
         """``spa:variant=e-spa,depth=16,width=256`` -> SPAConfig (variant presets first, then keys)."""
-        body = spec.split(":", 1)[1] if ":" in spec else ""
-        fields = {f.name: f for f in dataclasses.fields(cls)}
-        pairs: dict[str, str] = {}
-        for part in filter(None, (p.strip() for p in body.split(","))):
-            if "=" not in part:
-                raise ProbeError(f"spa spec: expected key=value, got {part!r} (e.g. spa:variant=e-spa,depth=8)")
-            key, value = (s.strip() for s in part.split("=", 1))
-            key = key.replace("-", "_")
-            if key not in fields and key != "variant":
-                raise ProbeError(f"spa spec: unknown key {key!r}{suggest(key, [*fields, 'variant'])}; "
-                                 f"keys: variant, {', '.join(fields)}")
-            pairs[key] = value
-        kwargs: dict[str, Any] = {k: _coerce(k, v, str(fields[k].type)) for k, v in pairs.items() if k != "variant"}
+        types = field_types(cls)
+        pairs = parse_pairs(spec, "spa", ["variant", *types], "spa:variant=e-spa,depth=8")
+        kwargs: dict[str, Any] = {k: coerce(v, types[k], f"spa spec {k}") for k, v in pairs.items() if k != "variant"}
         depth = kwargs.get("depth", cls.depth)
         preset = variant_config(pairs["variant"], depth) if "variant" in pairs else {}
         return cls(**{**preset, **kwargs})
@@ -141,23 +132,6 @@ class SPAConfig:
 
 def _fmt(v: Any) -> str:
     return str(v).lower() if isinstance(v, bool) or v is None else str(v)
-
-
-def _coerce(key: str, value: str, typ: str) -> Any:
-    try:
-        if value.lower() == "none" and "None" in typ:
-            return None
-        if "bool" in typ:
-            if value.lower() not in ("true", "false", "1", "0", "yes", "no"):
-                raise ValueError
-            return value.lower() in ("true", "1", "yes")
-        if typ.startswith("int"):
-            return int(value)
-        if "float" in typ:
-            return float(value)
-    except ValueError:
-        raise ProbeError(f"spa spec: cannot read {key}={value!r} as {typ}") from None
-    return value
 
 
 # ----------------------------------------------------------------------------- named variants

@@ -26,6 +26,7 @@ import pandas as pd
 import torch
 
 from probes.errors import ProbeError, suggest
+from probes.options import coerce
 from probes.registry import Registry
 
 SCORE_COLUMNS = ["model", "task", "layer", "head", "metric", "value"]
@@ -147,30 +148,8 @@ class Task:
                 hint = suggest(key, fields)
                 known = ", ".join(fields) or "none"
                 raise ProbeError(f"task {self.name!r} has no option {key!r}{hint}; its options: {known}")
-        kwargs = {k: _coerce_option(self.name, k, v, fields[k]) for k, v in options.items()}
+        kwargs = {k: coerce(v, str(fields[k].type), f"task {self.name!r} option {k}") for k, v in options.items()}
         return self.Options(**kwargs)
-
-
-def _coerce_option(task: str, key: str, value: Any, f: dataclasses.Field) -> Any:
-    if not isinstance(value, str):
-        return value
-    typ = str(f.type)
-    try:
-        if typ.startswith("bool"):
-            if value.lower() not in ("true", "false", "1", "0", "yes", "no"):
-                raise ValueError
-            return value.lower() in ("true", "1", "yes")
-        if typ.startswith("int"):
-            return int(value)
-        if typ.startswith("float"):
-            return float(value)
-        if typ.startswith("tuple"):
-            inner = typ[typ.index("[") + 1:].split(",")[0].strip()
-            parts = [p.strip() for p in value.split(",") if p.strip()]
-            return tuple(int(p) if inner == "int" else float(p) if inner == "float" else p for p in parts)
-    except ValueError:
-        raise ProbeError(f"task {task!r}: option {key}={value!r} should be {typ}") from None
-    return value
 
 
 TASKS: Registry[Task] = Registry("task")

@@ -23,7 +23,7 @@ import pandas as pd
 import torch
 
 from probes import coref_data as cd
-from probes.align import Encoded, unit_matrix, word_attention, word_pieces
+from probes.align import Encoded, encode_pieces, unit_matrix, word_attention, word_pieces
 from probes.batching import by_length, pad
 from probes.capture import pattern_names
 from probes.errors import ProbeError
@@ -177,17 +177,6 @@ def doc_windows(sent_pieces: Sequence[int], n_special: int, limit: int) -> tuple
     return windows, skipped
 
 
-def encode(model, pieces: Sequence[Sequence[int]]) -> Encoded:
-    ids, units = [model.cls_id], [0]
-    for k, p in enumerate(pieces):
-        ids.extend(p)
-        units.extend([k + 1] * len(p))
-    if model.sep_id is not None:
-        ids.append(model.sep_id)
-        units.append(len(pieces) + 1)
-    return Encoded(tuple(ids), tuple(units), len(pieces))
-
-
 def chain_windows(model, docs, limit: int) -> tuple[list[Window], dict[str, int]]:
     """Windows holding at least one evaluated mention, and counts for the notes."""
     n_special = 1 + (model.sep_id is not None)
@@ -205,7 +194,7 @@ def chain_windows(model, docs, limit: int) -> tuple[list[Window], dict[str, int]
             lo, hi = bounds[a][0], bounds[b - 1][1]
             queries = window_queries(doc, ms, lo, hi)
             if queries:
-                out.append(Window(str(name), tuple(t.text for t in doc[lo:hi]), encode(model, pieces[lo:hi]),
+                out.append(Window(str(name), tuple(t.text for t in doc[lo:hi]), encode_pieces(model, pieces[lo:hi]),
                                   queries))
     return out, counts
 

@@ -14,7 +14,7 @@ import torch
 from typer.testing import CliRunner
 
 from probes.errors import ProbeError
-from probes.report import RunData, default_panels, panel_matrix, render, result_html, write_report
+from probes.report import RunData, default_panels, panel_matrix, render, write_report
 from probes.viz import (MAX_TOKEN_CHARS, SCALE, View, bundle_js, clean, decode_pattern, display_token,
                         encode_pattern, esc, model_views, page, parse_indices, script_json, split_words,
                         views_html)
