@@ -130,7 +130,7 @@ def run(model: str | Model = DEFAULT_MODEL, task: str = "attention-stats", data:
     with timer("forward_and_accumulate"):
         bar = _progress(progress, len(examples), config.batch_size)
         for batch in task_obj.batches(mdl, examples, ctx):
-            acts = forward(mdl, batch.input_ids, batch.attention_mask, names, logits=task_obj.needs_logits)
+            acts = forward(mdl, batch.input_ids, batch.attention_mask, names, logits=task_obj.wants_logits(mdl))
             task_obj.accumulate(state, batch, acts)
             n_batches += 1
             if bar is not None:

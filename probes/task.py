@@ -123,6 +123,10 @@ class Task:
     needs_text: ClassVar[bool] = True
     needs_logits: ClassVar[bool] = False
 
+    def wants_logits(self, model: Any) -> bool:
+        """Whether forward passes must run to the logits (else they stop at the last hook)."""
+        return self.needs_logits
+
     def load(self, model: Any, ctx: Context) -> Examples:
         raise NotImplementedError
 

@@ -170,6 +170,9 @@ class Induction(Task):
     needs_text = False
     needs_logits = True
 
+    def wants_logits(self, model) -> bool:  # the ICL score is defined for causal models only
+        return model.info.causal
+
     def load(self, model, ctx: Context) -> Examples:
         o = ctx.options
         if ctx.config.data is not None:
