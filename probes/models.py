@@ -244,7 +244,7 @@ def _hub_reachable(timeout: float = 3.0) -> bool:
 def _offline_error(name: str, repo_id: str) -> ProbeError:
     return ProbeError(
         f"model {name!r} (Hugging Face id {repo_id!r}) is not in the local cache and the hub cannot be "
-        f"reached; download it once on a connected machine (huggingface-cli download {repo_id}), "
+        f"reached; download it once on a connected machine (hf download {repo_id}), "
         "pass a local directory with --model PATH, or use the offline default --model minilm"
     )
 
