@@ -24,7 +24,7 @@ demo: install
 	$(BIN)/probe run --model minilm --task attention-stats
 
 test: install
-	bash scripts/install-chromium.sh
+	bash scripts/install-chromium.sh || echo "chromium could not be installed: the browser tests will be skipped"
 	$(BIN)/python -m pytest -q
 
 test-fast: install

@@ -108,3 +108,11 @@ def test_console_script_runs_on_the_default_model(tmp_path):
     bad = subprocess.run([exe, "run", "--task", "nope"], capture_output=True, text=True, timeout=300)
     assert bad.returncode == 2 and bad.stderr.startswith("error: unknown task 'nope'")
     assert "Traceback" not in bad.stderr
+
+
+def test_debug_flag_shows_the_traceback_instead_of_one_line():
+    res = invoke("--debug", "run", "--task", "nope")
+    from probes import ProbeError
+
+    assert isinstance(res.exception, ProbeError) and "unknown task 'nope'" in str(res.exception)
+    assert not res.output.startswith("error: ")
