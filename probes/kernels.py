@@ -22,12 +22,11 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 import torch
 
 from probes.errors import ProbeError
+from probes.runtime import torch_threads
 
 F64 = torch.float64
 
@@ -115,19 +114,9 @@ def residual_ratio(x: torch.Tensor, mask: torch.Tensor | None = None, norm: str 
     return _out(ratio, single)
 
 
-@contextmanager
-def serial() -> Iterator[None]:
-    """Run small LAPACK calls (128 x 128 eigendecompositions, QR, Cholesky) on one thread: they
-    gain nothing from a second one and slow down badly when the cores are shared."""
-    n = torch.get_num_threads()
-    if n == 1:
-        yield
-        return
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(n)
+def serial():
+    """Small LAPACK calls (128 x 128 eigendecompositions, QR, Cholesky) on one thread."""
+    return torch_threads(1)
 
 
 def _spectral_erank(s: torch.Tensor, floor: torch.Tensor) -> torch.Tensor:

@@ -36,7 +36,15 @@ import torch.nn.functional as F
 
 from probes import synthetic
 from probes.errors import ProbeError
-from probes.models import CHECKPOINT_CONFIG, Model, NativeConfig, load, load_checkpoint, save_checkpoint
+from probes.models import (
+    CHECKPOINT_CONFIG,
+    Model,
+    NativeConfig,
+    load,
+    load_checkpoint,
+    save_checkpoint,
+)
+from probes.runtime import torch_threads
 from probes.synthetic import DataConfig
 
 OPTIMIZER_WEIGHTS = "optimizer.safetensors"
@@ -314,15 +322,8 @@ def threads_for(model: Model, threads: int | None) -> Iterator[None]:
     machine and much faster on a loaded one (OpenMP threads wait for each other at every op), and
     the result then does not depend on the machine's core count.
     """
-    before = torch.get_num_threads()
-    if threads is None or model.device.type != "cpu":
+    with torch_threads(threads if model.device.type == "cpu" else None):
         yield
-        return
-    torch.set_num_threads(threads)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
 
 
 def _loop(model: Model, opt: torch.optim.Optimizer, native: NativeConfig, data: DataConfig,

@@ -15,7 +15,6 @@ attention from the pronoun to A and to B (pieces by character overlap), the larg
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -23,10 +22,17 @@ import pandas as pd
 import torch
 
 from probes import coref_data as cd
-from probes.align import Encoded, encode_pieces, unit_matrix, word_attention, word_pieces
+from probes.align import (
+    Encoded,
+    encode_pieces,
+    unit_matrix,
+    word_attention,
+    word_pieces,
+)
 from probes.batching import by_length, pad
 from probes.capture import pattern_names
 from probes.errors import ProbeError
+from probes.runtime import torch_threads
 from probes.task import Batch, Context, Examples, Output, Task, register, tidy
 
 SAMPLE = Path(__file__).parent / "data" / "sample_coref.conllu"
@@ -270,18 +276,6 @@ def budget_batches(items: Sequence, seqs: Sequence[Sequence[int]], batch_size: i
         ids, mask = pad([seqs[i] for i in idx], pad_id)
         yield Batch(ids, mask, [items[i] for i in idx])
         k += rows
-
-
-@contextmanager
-def one_thread() -> Iterator[None]:
-    """Scoring works on small gathered tensors: intra-op threads only add synchronisation (and
-    stall badly on a busy machine), so it runs on one thread; the forward pass keeps them all."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(n)
 
 
 # ---------------------------------------------------------------- state
@@ -572,7 +566,7 @@ class Coref(Task):
 
     def accumulate(self, state, batch, acts) -> None:
         names = pattern_names(state.n_layers)
-        with one_thread():
+        with torch_threads(1):  # scoring: small gathered tensors, no gain from threads
             if state.kind == "gap":
                 gap_accumulate(state, batch, acts, names)
             else:

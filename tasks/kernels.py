@@ -15,8 +15,8 @@ trains it) and writes one table: variant, depth, layer, metric, value, theory.
 from __future__ import annotations
 
 import io
-import sys
 import math
+import sys
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,6 +29,7 @@ from probes import spa
 from probes.batching import length_batches
 from probes.capture import capture
 from probes.errors import ProbeError, suggest
+from probes.runtime import torch_threads
 from probes.sweep import Sweep, SweepConfig, register_sweep
 from probes.task import Context, Examples, Output, Task, register, tidy
 
@@ -416,12 +417,8 @@ class KernelSweep(Sweep):
         depths = tuple(sorted(set(config.depths)))
         cfgs = sweep_configs(depths, options, config.seed)
         dev = resolve_device(config.device)
-        before = torch.get_num_threads()
-        torch.set_num_threads(options.threads)
-        try:
+        with torch_threads(options.threads):
             return self._run(cfgs, depths, options, config, dev, progress)
-        finally:
-            torch.set_num_threads(before)
 
     def _run(self, cfgs: dict, depths: tuple[int, ...], options: SweepOptions, config: SweepConfig,
              dev: torch.device, progress: bool) -> Output:

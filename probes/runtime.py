@@ -1,0 +1,25 @@
+"""Process-wide torch settings, changed only inside a scope and always restored."""
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import torch
+
+
+@contextmanager
+def torch_threads(n: int | None) -> Iterator[None]:
+    """Run the block with ``n`` intra-op CPU threads (None: leave the setting alone).
+
+    Small ops (toy-model training steps, scoring on gathered tensors, 128 x 128 LAPACK calls)
+    gain nothing from a second thread, and OpenMP threads that wait for each other at every op
+    stall badly when other processes share the cores."""
+    before = torch.get_num_threads()
+    if n is None or n == before:
+        yield
+        return
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
