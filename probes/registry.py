@@ -20,6 +20,11 @@ class Registry(Generic[T]):
         self._items[name] = item
         return item
 
+    def register_class(self, cls: type) -> type:
+        """Class decorator: instantiate ``cls`` and register the instance under ``cls.name``."""
+        self.register(cls.name, cls())
+        return cls
+
     def get(self, name: str) -> T:
         try:
             return self._items[name]

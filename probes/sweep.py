@@ -49,11 +49,7 @@ class Sweep:
 
 
 SWEEPS: Registry[Sweep] = Registry("sweep task")
-
-
-def register_sweep(cls: type[Sweep]) -> type[Sweep]:
-    SWEEPS.register(cls.name, cls())
-    return cls
+register_sweep = SWEEPS.register_class  # @register_sweep on a Sweep subclass
 
 
 def get_sweep(name: str) -> Sweep:

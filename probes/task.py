@@ -157,12 +157,7 @@ class Task:
 
 
 TASKS: Registry[Task] = Registry("task")
-
-
-def register(cls: type[Task]) -> type[Task]:
-    """Class decorator: instantiate and register a task under ``cls.name``."""
-    TASKS.register(cls.name, cls())
-    return cls
+register = TASKS.register_class  # @register on a Task subclass adds it to the library
 
 
 def get_task(name: str) -> Task:
