@@ -7,7 +7,8 @@ A task is a small declarative object:
 - ``load(model, ctx)`` reads and validates the examples (bad input fails here, before any
   forward pass) and returns them as :class:`Examples`
   (a list that also counts what was skipped);
-- ``batches(model, examples, ctx)`` turns them into padded model inputs, batched by length;
+- ``batches(model, examples, ctx)`` turns them into padded model inputs, batched by length
+  (the default treats each example as a token-id sequence);
 - ``hook_names(model, ctx)`` lists the TransformerLens hooks to capture;
 - ``start(model, ctx, examples)`` returns a fresh state; ``accumulate(state, batch, acts)`` folds one
   batch's activations into running sums; ``finalize(state, ctx)`` returns a :class:`Output`.
@@ -131,7 +132,10 @@ class Task:
         raise NotImplementedError
 
     def batches(self, model: Any, examples: list[Any], ctx: Context) -> Iterator[Batch]:
-        raise NotImplementedError
+        """Default: the examples are token-id sequences, padded and batched by length."""
+        from probes.batching import length_batches
+
+        return length_batches(examples, examples, ctx.config.batch_size, model.pad_id)
 
     def hook_names(self, model: Any, ctx: Context) -> list[str]:
         raise NotImplementedError
@@ -177,7 +181,9 @@ def tidy(rows: Iterable[dict[str, Any]], model: str, task: str) -> pd.DataFrame:
     df = pd.DataFrame(list(rows))
     if df.empty:
         return pd.DataFrame(columns=SCORE_COLUMNS)
-    df.insert(0, "model", model) if "model" not in df else None
-    df.insert(1, "task", task) if "task" not in df else None
+    if "model" not in df:
+        df.insert(0, "model", model)
+    if "task" not in df:
+        df.insert(1, "task", task)
     rest = [c for c in df.columns if c not in SCORE_COLUMNS]
     return df[[c for c in SCORE_COLUMNS if c in df.columns] + rest]

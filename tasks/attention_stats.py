@@ -15,7 +15,6 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from probes.batching import length_batches
 from probes.capture import pattern_names
 from probes.errors import ProbeError
 from probes.metrics import attention_stat_sums
@@ -85,9 +84,6 @@ class AttentionStats(Task):
             raise ProbeError(f"every example is longer than --max-len {limit} pieces; raise --max-len "
                              f"(model limit {model.info.max_len}) or split the lines")
         return Examples(kept, skipped=len(seqs) - len(kept), why=f"longer than {limit} pieces")
-
-    def batches(self, model, examples, ctx):
-        return length_batches(examples, examples, ctx.config.batch_size, model.pad_id)
 
     def hook_names(self, model, ctx):
         return pattern_names(model.info.n_layers)

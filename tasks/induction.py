@@ -36,7 +36,6 @@ import torch
 import torch.nn.functional as F
 
 from probes import synthetic
-from probes.batching import length_batches
 from probes.capture import forward, pattern_names
 from probes.errors import ProbeError
 from probes.metrics import diagonal
@@ -192,9 +191,6 @@ class Induction(Task):
             raise ProbeError(f"model {model.name!r} has fewer than 2 ordinary tokens to repeat")
         seqs = sequences(model, o.repeat_len, o.n_seqs, ctx.config.seed)
         return Examples([tuple(row) for row in seqs.tolist()])
-
-    def batches(self, model, examples, ctx):
-        return length_batches(examples, examples, ctx.config.batch_size, model.pad_id)
 
     def hook_names(self, model, ctx):
         return pattern_names(model.info.n_layers)

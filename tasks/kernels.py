@@ -26,7 +26,6 @@ import torch
 
 from probes import kernels as K
 from probes import spa
-from probes.batching import length_batches
 from probes.capture import capture
 from probes.errors import ProbeError, suggest
 from probes.runtime import torch_threads
@@ -259,9 +258,6 @@ class Kernels(Task):
         else:  # more positions than token types: repeats are unavoidable
             ids = torch.randint(0, vocab, (opts.n_random, t), generator=torch.Generator().manual_seed(ctx.config.seed))
         return Examples([tuple(r) for r in ids.tolist()])
-
-    def batches(self, model, examples, ctx):
-        return length_batches(examples, examples, ctx.config.batch_size, model.pad_id)
 
     def hook_names(self, model, ctx):
         return resid_names(model.info.n_layers)
