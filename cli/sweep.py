@@ -25,6 +25,7 @@ def sweep(
     seq_len: Optional[int] = typer.Option(None, "--seq-len", help="Tokens per sequence."),
     steps: Optional[int] = typer.Option(None, "--steps", "--train-steps", help="Training steps per depth."),
     attn_only: Optional[bool] = typer.Option(None, "--attn-only/--mlp", help="Attention-only blocks, or with MLPs."),
+    dtype: Optional[str] = typer.Option(None, "--dtype", help="kernels: float32 or float64 (models built and run in it)."),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Show progress."),
 ) -> None:
     """Train or build one model per depth with identical settings; write one table and plots."""
@@ -36,7 +37,7 @@ def sweep(
 
         raise ProbeError("probe sweep needs --depths (or --layers), e.g. --depths 1,2,4")
     explicit = {"variants": variants, "width": width, "heads": heads, "seq_len": seq_len,
-                "steps": steps, "attn_only": attn_only}
+                "steps": steps, "attn_only": attn_only, "dtype": dtype}
     options = {k: v for k, v in explicit.items() if v is not None}
     options.update(parse_options(option))
     result = api_sweep(task, parse_depths(depths), seed=seed, device=device,

@@ -1,7 +1,6 @@
 """The Python API the CLI is a thin layer over: ``probes.run(model, task, data, **options)``."""
 from __future__ import annotations
 
-import math
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,6 +13,7 @@ import torch
 from probes import artifacts
 from probes.capture import forward
 from probes.errors import ProbeError
+from probes.levine import DepthNote
 from probes.models import DEFAULT_MODEL, Model, load
 from probes.task import Context, Output, RunConfig, get_task
 
@@ -84,13 +84,9 @@ def seed_everything(seed: int) -> None:
 
 
 def depth_note(model: Model) -> tuple[str, dict[str, Any]]:
-    """Levine et al. 2020: depth is efficient only below L_th = log3(d_model)."""
-    L, d = model.info.n_layers, model.info.d_model
-    l_th = math.log(d, 3)
-    regime = ("depth-efficient (L < L_th: adding layers beats widening)" if L < l_th
-              else "depth-inefficient (L >= L_th: widening is the better use of parameters)")
-    return (f"depth L={L}, width d_model={d}, Levine et al. threshold L_th=log3({d})={l_th:.2f}: {regime}",
-            {"depth": L, "d_model": d, "L_th": round(l_th, 3), "regime": regime.split(" ")[0]})
+    """Levine et al. 2020's threshold L_th = log3(d_model) for this model (``probes.levine``)."""
+    note = DepthNote(model.info.n_layers, model.info.d_model)
+    return note.line(), note.as_dict()
 
 
 def _options_tuple(options: dict[str, Any]) -> tuple[tuple[str, Any], ...]:

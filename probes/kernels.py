@@ -7,9 +7,16 @@ mask [T] / [B, T] (True for tokens that count; padding and excluded specials are
 - ``normalised``: C = diag(Sigma)^-1/2 Sigma diag(Sigma)^-1/2 (cosines)
 - ``mean_offdiag_cosine``: mean of C[i, j] over counted pairs i != j
 - ``residual_ratio``: Dong et al. 2021, ||X - 1 xbar^T|| / ||X|| in the Frobenius norm or the
-  composite norm sqrt(||.||_1 ||.||_inf) (max column sum times max row sum of |entries|)
+  composite norm sqrt(||.||_1 ||.||_inf) (max column sum times max row sum of |entries|). Dong et
+  al. take the x that minimises the norm; xbar (the mean token) minimises the Frobenius norm, so
+  there the two agree, while the composite ratio with xbar is an upper bound on theirs.
+- ``contraction_exponents``: log(r_l) / log(r_{l-1}) of a sequence of residual ratios, the
+  exponent of the block that produced layer l (it tends to 1 when r falls by a fixed factor per
+  layer, and is 3 for Dong et al.'s cubic contraction)
 - ``effective_rank``: exp(entropy of the normalised singular values of the centred X)
-  (Roy & Vetterli 2007); centring removes one direction, so its maximum is min(T - 1, d).
+  (Roy & Vetterli 2007): the spread around the mean token; centring removes one direction, so its
+  maximum is min(T - 1, d). It does not detect rank collapse (a tiny spread can still be isotropic).
+- ``effective_rank_uncentred``: the same of X itself; it drops to 1 under rank collapse.
 
 Infinite-width theory (He et al. 2023, "Deep Transformers without Shortcuts"): with orthogonal
 (or, in expectation, fan-in Gaussian) value/output weights an attention layer with a fixed mixing
@@ -23,6 +30,7 @@ from __future__ import annotations
 import functools
 import math
 
+import numpy as np
 import torch
 
 from probes.errors import ProbeError
@@ -150,12 +158,40 @@ def effective_rank(x: torch.Tensor, mask: torch.Tensor | None = None, rtol: floa
     """exp(entropy of p = s / sum(s)), s the singular values of the centred X.
 
     Singular values at or below ``rtol * ||X||_F`` count as zero (float32 activations resolve
-    nothing finer); a centred X that is all zero (identical tokens) has effective rank 0.
+    nothing finer, and singular values from a float64 Gram matrix resolve about 1e-8 of ||X||_F);
+    a centred X that is all zero (identical tokens) has effective rank 0.
     [T, d] -> scalar, [B, T, d] -> [B].
     """
     xb, m, single = _batched(x, mask)
     g = xb @ xb.transpose(-1, -2)  # [B, T, T]
     return _out(_erank_of_gram(centred_gram(g, m), xb.flatten(1).norm(dim=-1), rtol), single)
+
+
+def effective_rank_uncentred(x: torch.Tensor, mask: torch.Tensor | None = None,
+                             rtol: float = 1e-6) -> torch.Tensor:
+    """exp(entropy of p = s / sum(s)), s the singular values of X itself (same floor as
+    ``effective_rank``): T for T orthogonal tokens of equal norm, 1 for a rank-one X (collapse).
+    [T, d] -> scalar, [B, T, d] -> [B]."""
+    xb, _, single = _batched(x, mask)
+    g = xb @ xb.transpose(-1, -2)  # masked rows are zero, so they add only zero eigenvalues
+    return _out(_erank_of_gram(g, xb.flatten(1).norm(dim=-1), rtol), single)
+
+
+def contraction_exponents(r: np.ndarray) -> np.ndarray:
+    """Residual ratios r_0..r_L -> e_0..e_L with e_l = log(r_l) / log(r_{l-1}) (e_0 = NaN): the
+    exponent of the block that produced layer l, i.e. log(r_{l+1}) / log(r_l) for block l.
+
+    A ratio that falls by a constant factor q per layer (r_l = c q^l) gives exponents that tend to
+    1; a cubic contraction r_l = r_{l-1}^3 (Dong et al.'s doubly exponential rate) gives 3. NaN
+    where a ratio is 0, 1 or not finite (log undefined or zero). Near r = 1 (distinct tokens at
+    layer 0) the exponent is large and says nothing about the rate."""
+    r = np.asarray(r, dtype=np.float64)
+    out = np.full(r.shape, np.nan)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        logs = np.log(r)
+        ok = np.isfinite(logs[:-1]) & np.isfinite(logs[1:]) & (logs[:-1] != 0)
+        out[1:][ok] = logs[1:][ok] / logs[:-1][ok]
+    return out
 
 
 def sequence_stats(x: torch.Tensor, mask: torch.Tensor | None = None
@@ -171,25 +207,29 @@ def sequence_stats(x: torch.Tensor, mask: torch.Tensor | None = None
         "mean_cosine": mean_offdiag(c, m),
         "resid_ratio_fro": res.flatten(1).norm(dim=-1) / fro.clamp_min(1e-300),
         "resid_ratio_l1inf": composite_norm(res) / composite_norm(xb).clamp_min(1e-300),
-        "effective_rank": _erank_of_gram(centred_gram(g, m), fro, 1e-6),
+        "effective_rank_centred": _erank_of_gram(centred_gram(g, m), fro, 1e-6),
+        "effective_rank_uncentred": _erank_of_gram(g, fro, 1e-6),
     }, c
 
 
 def kernel_stats(sigma: torch.Tensor, rtol: float = 1e-6) -> dict[str, float]:
     """The metrics a kernel alone determines (for theory curves): mean off-diagonal cosine, the
-    Frobenius residual ratio sqrt(1 - 1^T S 1 / (T tr S)) and the effective rank from the
-    eigenvalues of the centred kernel P S P, P = I - 11^T / T (same floor as ``effective_rank``)."""
+    Frobenius residual ratio sqrt(1 - 1^T S 1 / (T tr S)), the centred effective rank from the
+    eigenvalues of P S P, P = I - 11^T / T, and the uncentred one from those of S (same floor as
+    ``effective_rank``)."""
     s = sigma.to(F64)
     t = s.shape[-1]
     tr = float(torch.diagonal(s).sum())
     p = torch.eye(t, dtype=F64) - 1.0 / t
     with serial():
         sv = torch.linalg.eigvalsh(p @ s @ p).clamp_min(0).sqrt()
-    erank = _spectral_erank(sv, torch.tensor([rtol * math.sqrt(max(tr, 0.0))], dtype=F64))
+        su = torch.linalg.eigvalsh(s).clamp_min(0).sqrt()
+    floor = torch.tensor([rtol * math.sqrt(max(tr, 0.0))], dtype=F64)
     return {
         "mean_cosine": float(mean_offdiag(normalised(s))),
         "resid_ratio_fro": math.sqrt(max(0.0, 1.0 - float(s.sum()) / (t * tr))) if tr > 0 else math.nan,
-        "effective_rank": float(erank),
+        "effective_rank_centred": float(_spectral_erank(sv, floor)),
+        "effective_rank_uncentred": float(_spectral_erank(su, floor)),
     }
 
 

@@ -39,6 +39,15 @@ Weights: W_V and W_O are orthogonal (d_model x d_model, split into heads) for va
 e-spa and u-spa, as He et al. prescribe, so X W_V W_O preserves the kernel exactly; otherwise
 fan-in Gaussian N(0, 1/fan_in). MLP: ReLU, W_in ~ N(0, 2/d_model) (He init), W_out ~ N(0, 1/d_mlp).
 W_K ~ N(0, 1/d_model). Everything is drawn from a generator seeded with ``seed``.
+
+Refused: value-skipinit, e-spa and u-spa with MLP blocks. Their attention holds a target kernel,
+but a plain ReLU MLP maps cosine 0 to 1/pi and pushes every cosine toward 1; He et al. pair them
+with TAT-style leaky-ReLU MLPs and split the kernel budget between attention and MLP, which this
+family does not build.
+
+``dtype`` float64 builds parameters and buffers (and so every activation) in float64: needed to
+follow a residual ratio below float32's ~1e-7 floor (the ``dong`` variant: non-causal softmax, no
+skip, no MLP, Dong et al.'s doubly exponential collapse).
 """
 from __future__ import annotations
 
@@ -60,6 +69,8 @@ ATTENTIONS = ("softmax", "uniform", "value-skipinit", "e-spa", "u-spa")
 NORMS = ("none", "pre", "post")
 SPA = ("e-spa", "u-spa")
 ORTHOGONAL_BY_DEFAULT = ("value-skipinit", "e-spa", "u-spa")
+KERNEL_CONTROLLED = ("value-skipinit", "e-spa", "u-spa")  # attention built to hold a kernel; no MLPs
+DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
 
 @dataclass(frozen=True)
@@ -82,6 +93,7 @@ class SPAConfig:
     gamma_last: float = 0.005
     rho_last: float = 0.8
     seed: int = 0
+    dtype: str = "float32"  # float32 or float64: parameters, buffers and activations
 
     def __post_init__(self) -> None:
         for name in ("depth", "width", "heads", "n_ctx", "d_vocab"):
@@ -103,6 +115,17 @@ class SPAConfig:
             raise ProbeError(f"spa model: rho_last must be in [0, 1), got {self.rho_last}")
         if self.branch_scale is not None and not self.branch_scale > 0:
             raise ProbeError(f"spa model: branch_scale must be positive, got {self.branch_scale}")
+        if self.dtype not in DTYPES:
+            raise ProbeError(f"spa model: dtype must be float32 or float64, got {self.dtype!r}")
+        if self.mlp and self.attention in KERNEL_CONTROLLED:
+            raise ProbeError(f"spa model: {self.attention} with MLP blocks is refused: its attention holds a target "
+                             "kernel, but plain ReLU MLPs push cosines toward 1 and nothing here builds the TAT-style "
+                             "leaky-ReLU MLPs He et al. pair it with; use attention-only blocks (mlp=false, sweep "
+                             "--attn-only) or a baseline variant")
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return DTYPES[self.dtype]
 
     @property
     def head_dim(self) -> int:
@@ -153,6 +176,9 @@ VARIANTS: dict[str, Variant] = {v.name: v for v in (
             lambda depth: {"attention": "value-skipinit"}),
     Variant("u-spa", "no skip; U-SPA attention (uniform target kernel)", lambda depth: {"attention": "u-spa"}),
     Variant("e-spa", "no skip; E-SPA attention (exponential target kernel)", lambda depth: {"attention": "e-spa"}),
+    Variant("dong", "no skip, no MLP, non-causal softmax attention at random init: Dong et al.'s doubly "
+            "exponential collapse (use dtype float64 to follow it past two layers)",
+            lambda depth: {"attention": "softmax", "causal": False, "skip": False, "mlp": False}),
     Variant("pre-ln", "skips with pre-LayerNorm (the standard GPT-2 block)",
             lambda depth: {"skip": True, "norm": "pre"}),
     Variant("post-ln", "skips with post-LayerNorm (the original / BERT block)",
@@ -177,9 +203,10 @@ def _gauss(gen: torch.Generator, *shape: int, std: float) -> nn.Parameter:
     return nn.Parameter(torch.randn(*shape, generator=gen) * std)
 
 
-def _orth(gen: torch.Generator, n: int) -> nn.Parameter:
+def _orth(gen: torch.Generator, n: int, dtype: torch.dtype = torch.float32) -> nn.Parameter:
+    """Orthogonal in ``dtype`` (float64: orthogonal to float64 precision, not a cast float32 matrix)."""
     with K.serial():
-        return nn.Parameter(nn.init.orthogonal_(torch.empty(n, n), generator=gen))
+        return nn.Parameter(nn.init.orthogonal_(torch.empty(n, n, dtype=dtype), generator=gen))
 
 
 class LayerNorm(nn.Module):
@@ -204,7 +231,7 @@ class Attention(nn.Module):
         self.W_Q = nn.Parameter(torch.zeros(d, d)) if zero_q else _gauss(gen, d, d, std=d ** -0.5)
         self.W_K = _gauss(gen, d, d, std=d ** -0.5)
         if cfg.is_orthogonal:
-            self.W_V, self.W_O = _orth(gen, d), _orth(gen, d)
+            self.W_V, self.W_O = _orth(gen, d, cfg.torch_dtype), _orth(gen, d, cfg.torch_dtype)
         else:
             self.W_V, self.W_O = _gauss(gen, d, d, std=d ** -0.5), _gauss(gen, d, d, std=d ** -0.5)
         if cfg.attention == "value-skipinit":
@@ -212,8 +239,8 @@ class Attention(nn.Module):
             self.beta = nn.Parameter(torch.zeros(h))
         if spa_a is not None:
             bias, rowsum = K.softmax_realisation(spa_a)
-            self.register_buffer("spa_bias", bias.float())  # [n_ctx, n_ctx]
-            self.register_buffer("spa_scale", rowsum.float())  # [n_ctx]
+            self.register_buffer("spa_bias", bias.to(cfg.torch_dtype))  # [n_ctx, n_ctx]
+            self.register_buffer("spa_scale", rowsum.to(cfg.torch_dtype))  # [n_ctx]
         self.register_buffer("causal_mask", torch.tril(torch.ones(cfg.n_ctx, cfg.n_ctx, dtype=torch.bool)))
         for name in ("hook_q", "hook_k", "hook_v", "hook_attn_scores", "hook_pattern", "hook_z"):
             setattr(self, name, HookPoint())
@@ -302,6 +329,7 @@ class SPATransformer(HookedRootModule):
         self.blocks = nn.ModuleList(
             Block(cfg, i, gen, None if spa is None else spa[i]) for i in range(cfg.depth))
         self.W_U = _gauss(gen, cfg.width, cfg.d_vocab, std=cfg.width ** -0.5)
+        self.to(cfg.torch_dtype)  # Gaussian draws are the float32 ones, cast: the same weights in either dtype
         self.setup()
 
     def forward(self, input: torch.Tensor, attention_mask: torch.Tensor | None = None,

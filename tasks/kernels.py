@@ -4,10 +4,12 @@
 ``blocks.0.hook_resid_pre``, the input of the first block) and after every block (layer l =
 ``blocks.{l-1}.hook_resid_post``), and reports per layer, averaged over input sequences: the mean
 off-diagonal cosine of the normalised kernel, Dong et al.'s residual ratios (Frobenius and
-composite (1, inf)) and the effective rank (see ``probes.kernels``). Padding never counts;
-[CLS]/[SEP] (encoders) and BOS (decoders) are dropped when ``exclude_special`` is on (default on
-for encoders, off for decoders). Models without a tokenizer get sequences of distinct random
-token ids. Models from ``probes.spa`` also get the infinite-width theory next to each measurement.
+composite (1, inf)), the contraction exponent log(r_{l+1}) / log(r_l) of the Frobenius ratio, and
+the effective rank of the centred and of the uncentred X (see ``probes.kernels``). Padding never
+counts; [CLS]/[SEP] of encoders are dropped unless ``exclude_special=false``, and the BOS of
+decoders unless ``include_bos=true`` (the model still sees them; only the kernel leaves them out).
+Models without a tokenizer get sequences of distinct random token ids. Models from
+``probes.spa`` also get the infinite-width theory next to each measurement.
 
 ``probe sweep --task kernels`` builds one ``probes.spa`` model per variant and depth (optionally
 trains it) and writes one table: variant, depth, layer, metric, value, theory.
@@ -26,14 +28,19 @@ import torch
 
 from probes import kernels as K
 from probes import spa
+from probes.levine import threshold
 from probes.capture import capture
 from probes.errors import ProbeError, suggest
 from probes.runtime import torch_threads
 from probes.sweep import Sweep, SweepConfig, register_sweep
 from probes.task import Context, Examples, Output, Task, register, tidy
 
-METRICS = ("mean_cosine", "resid_ratio_fro", "resid_ratio_l1inf", "effective_rank")
-THEORY_METRICS = ("mean_cosine", "resid_ratio_fro", "effective_rank")  # what a kernel alone fixes
+ACCUMULATED = ("mean_cosine", "resid_ratio_fro", "resid_ratio_l1inf", "effective_rank_centred",
+               "effective_rank_uncentred")  # per sequence, averaged over sequences
+CONTRACTION = "contraction_exponent"  # log(r_l) / log(r_{l-1}) of the mean resid_ratio_fro; layer 0: NaN
+METRICS = (*ACCUMULATED, CONTRACTION)
+THEORY_METRICS = ("mean_cosine", "resid_ratio_fro", "effective_rank_centred", "effective_rank_uncentred",
+                  CONTRACTION)  # what a kernel alone fixes
 COLLAPSED = 0.99  # mean cosine at which we call the representation rank-collapsed
 
 
@@ -42,10 +49,9 @@ def resid_names(n_layers: int) -> list[str]:
     return ["blocks.0.hook_resid_pre"] + [f"blocks.{i}.hook_resid_post" for i in range(n_layers)]
 
 
-def levine(depth: int, width: int) -> tuple[float, str]:
-    """Levine et al. 2020: L_th = log3(d_model); depth is efficient only below it."""
-    l_th = math.log(width, 3)
-    return l_th, "depth-efficient" if depth < l_th else "depth-inefficient"
+def with_contraction(per_layer: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Add the contraction exponent of ``resid_ratio_fro`` (layer l: that of block l-1, which produced it)."""
+    return {**per_layer, CONTRACTION: K.contraction_exponents(per_layer["resid_ratio_fro"])}
 
 
 # ----------------------------------------------------------------------------- accumulation
@@ -74,15 +80,15 @@ class Accumulator:
 
     def __post_init__(self) -> None:
         k = self.kernel_len
-        self.sums = torch.zeros(len(METRICS), self.n_layers, dtype=torch.float64)
-        self.counts = torch.zeros(len(METRICS), self.n_layers, dtype=torch.float64)
+        self.sums = torch.zeros(len(ACCUMULATED), self.n_layers, dtype=torch.float64)
+        self.counts = torch.zeros(len(ACCUMULATED), self.n_layers, dtype=torch.float64)
         self.ksum = torch.zeros(self.n_layers, k, k, dtype=torch.float64)
         self.kcount = torch.zeros(self.n_layers, k, k, dtype=torch.float64)
 
     def add(self, layer: int, x: torch.Tensor, keep: torch.Tensor) -> None:
         """Fold one layer of one batch in. x [B, T, d], keep [B, T] bool."""
         stats, c = K.sequence_stats(x, keep)
-        for i, name in enumerate(METRICS):
+        for i, name in enumerate(ACCUMULATED):
             v = stats[name].cpu()
             ok = ~torch.isnan(v)
             self.sums[i, layer] += v[ok].sum()
@@ -99,9 +105,10 @@ class Accumulator:
         self.longest = max(self.longest, int(keep.sum(1).max()))
 
     def means(self) -> dict[str, np.ndarray]:
+        """Every metric per layer: the averages, and the contraction exponent derived from them."""
         m = (self.sums / self.counts.clamp_min(1)).numpy()
         m[self.counts.numpy() == 0] = np.nan
-        return {name: m[i] for i, name in enumerate(METRICS)}
+        return with_contraction({name: m[i] for i, name in enumerate(ACCUMULATED)})
 
     def kernels(self) -> np.ndarray:
         """Mean normalised kernel per layer over position pairs seen, cut to the longest sequence.
@@ -117,7 +124,7 @@ def theory_rows(sigmas: torch.Tensor | None) -> dict[str, np.ndarray]:
     if sigmas is None:
         return {}
     per = [K.kernel_stats(s) for s in sigmas]
-    return {m: np.array([p[m] for p in per]) for m in THEORY_METRICS}
+    return with_contraction({m: np.array([p[m] for p in per]) for m in per[0]})
 
 
 # ----------------------------------------------------------------------------- plots
@@ -141,7 +148,7 @@ def _pyplot():
 
 
 def plot_layers(means: dict[str, np.ndarray], theory: dict[str, np.ndarray], title: str) -> str:
-    """Mean cosine and residual ratios vs layer (theory dashed), effective rank beside."""
+    """Mean cosine and residual ratios vs layer (theory dashed), both effective ranks beside."""
     plt = _pyplot()
     fig, (ax, bx) = plt.subplots(1, 2, figsize=(9, 3.4))
     layers = np.arange(len(means["mean_cosine"]))
@@ -151,10 +158,12 @@ def plot_layers(means: dict[str, np.ndarray], theory: dict[str, np.ndarray], tit
         ax.plot(layers, theory["mean_cosine"], "k--", lw=1, label="mean_cosine (theory)")
     ax.set(xlabel="layer (0 = embeddings)", ylabel="value", title=title)
     ax.legend(fontsize=7)
-    bx.plot(layers, means["effective_rank"], "o-", ms=3, label="measured")
-    if "effective_rank" in theory:
-        bx.plot(layers, theory["effective_rank"], "k--", lw=1, label="theory")
-    bx.set(xlabel="layer", ylabel="effective rank", title="effective rank of centred X")
+    for name, style, label in (("effective_rank_centred", "o-", "centred X (spread)"),
+                               ("effective_rank_uncentred", "s-", "uncentred X (1 = collapsed)")):
+        bx.plot(layers, means[name], style, ms=3, label=label)
+        if name in theory:
+            bx.plot(layers, theory[name], "k--", lw=1)
+    bx.set(xlabel="layer", ylabel="effective rank", title="effective rank (theory dashed)")
     bx.legend(fontsize=7)
     return _svg(fig)
 
@@ -189,7 +198,8 @@ def npz_bytes(arrays: dict[str, np.ndarray]) -> bytes:
 
 @dataclass(frozen=True)
 class Options:
-    exclude_special: bool | None = None  # None: on for encoders, off for decoders
+    exclude_special: bool | None = None  # encoders: drop [CLS]/[SEP] (None: yes)
+    include_bos: bool | None = None  # decoders: keep BOS in the kernel (None: no)
     layers: tuple[int, ...] = ()  # layers whose kernels are saved and drawn; (): four spread over 0..L
     kernel_len: int = 64  # leading positions kept in the averaged kernel matrices
     n_random: int = 16  # random sequences for models without a tokenizer
@@ -226,6 +236,12 @@ class Kernels(Task):
                              "(0 = embeddings, l = after block l-1)")
         if opts.kernel_len < 2 or opts.n_random < 1:
             raise ProbeError("kernels: kernel_len must be at least 2 and n_random at least 1")
+        if model.tokenizer is not None and model.info.causal and opts.exclude_special is not None:
+            raise ProbeError("kernels: exclude_special is for encoders' [CLS]/[SEP]; a decoder's BOS is left out of "
+                             "the kernel by default, -O include_bos=true keeps it")
+        if model.tokenizer is not None and not model.info.causal and opts.include_bos is not None:
+            raise ProbeError("kernels: include_bos is for decoders; to keep an encoder's [CLS]/[SEP] in the kernel "
+                             "use -O exclude_special=false")
         if model.tokenizer is None:
             return self._random(model, ctx)
         from tasks.attention_stats import SAMPLE, read_lines
@@ -264,7 +280,7 @@ class Kernels(Task):
 
     def start(self, model, ctx, examples):
         opts = ctx.options
-        exclude = (not model.info.causal) if opts.exclude_special is None else opts.exclude_special
+        exclude = not opts.include_bos if model.info.causal else opts.exclude_special is not False
         specials = torch.tensor(sorted({i for i in (model.cls_id, model.sep_id) if i is not None}), dtype=torch.long)
         layers = list(opts.layers) or default_layers(model.info.n_layers)
         return State(model=model, layers=layers, exclude=exclude and model.tokenizer is not None,
@@ -309,8 +325,12 @@ class Kernels(Task):
                     "first_collapsed_layer": collapse}
         notes = [f"{acc.sequences} sequences, {acc.tokens} tokens counted; layer 0 = embeddings "
                  f"(blocks.0.hook_resid_pre), layer l = output of block l-1",
-                 ("special tokens excluded" + (f" ({state.excluded} positions)" if state.excluded else ""))
-                 if state.exclude else "special tokens included (exclude_special=false or no tokenizer)",
+                 self._special_note(state),
+                 "effective_rank_centred = effective rank of X minus its mean token (the spread; it does not "
+                 "detect collapse); effective_rank_uncentred = of X itself (1 = rank-collapsed); "
+                 "contraction_exponent at layer l = log(r_l) / log(r_(l-1)), r = resid_ratio_fro: the exponent "
+                 "of the block that produced layer l (3 for Dong et al.'s doubly exponential collapse, tending "
+                 "to 1 for a fixed rate; uninformative while r is near 1)",
                  f"kernel matrices (kernels.npz, heatmaps) average cosines of the first {acc.kernel_len} "
                  "counted positions over sequences"]
         if theory:
@@ -319,6 +339,20 @@ class Kernels(Task):
                          f"mean cosine = {gap:.4f}")
             headline["max_theory_gap"] = round(gap, 4)
         return Output(scores=scores, summary=summary, notes=notes, headline=headline, plots=plots, files=files)
+
+    @staticmethod
+    def _special_note(state: State) -> str:
+        model = state.model
+        if model.tokenizer is None:
+            return "random token ids: no special tokens"
+        if model.info.causal:
+            return (f"BOS excluded from the kernel ({state.excluded} positions; the model still sees it; "
+                    "-O include_bos=true keeps it)" if state.exclude else
+                    "BOS included in the kernel (include_bos=true); in trained decoders its large activations "
+                    "dominate the kernel")
+        return (f"[CLS]/[SEP] excluded from the kernel ({state.excluded} positions; the model still sees them; "
+                "-O exclude_special=false keeps them)" if state.exclude else
+                "[CLS]/[SEP] included in the kernel (exclude_special=false)")
 
     @staticmethod
     def _theory(state: State) -> dict[str, np.ndarray]:
@@ -350,6 +384,7 @@ class SweepOptions:
     train_batch: int = 16
     heatmap_depths: tuple[int, ...] = ()  # layers of the deepest model drawn; (): smallest, middle, largest depth
     threads: int = 1  # torch CPU threads during the sweep (2 pays off only on an idle machine; docs/kernels.md)
+    dtype: str = "float32"  # float32 or float64: the models are built and run in it
 
 
 def sweep_configs(depths: tuple[int, ...], o: SweepOptions, seed: int) -> dict[tuple[str, int], spa.SPAConfig]:
@@ -365,11 +400,13 @@ def sweep_configs(depths: tuple[int, ...], o: SweepOptions, seed: int) -> dict[t
         raise ProbeError("kernels sweep: seq_len >= 2, samples >= 1, steps >= 0, train_batch >= 1 and lr > 0 required")
     if o.threads < 1:
         raise ProbeError(f"threads must be at least 1, got {o.threads}")
+    if o.dtype not in spa.DTYPES:
+        raise ProbeError(f"--dtype must be float32 or float64, got {o.dtype!r}{suggest(o.dtype, spa.DTYPES)}")
     bad = [d for d in o.heatmap_depths if not 0 <= d <= max(depths)]
     if bad:
         raise ProbeError(f"heatmap_depths {bad} must be layers of the deepest model, 0..{max(depths)}")
     common = dict(width=o.width, heads=o.heads, n_ctx=o.seq_len, d_vocab=max(4096, o.seq_len), causal=o.causal,
-                  mlp=not o.attn_only, gamma_last=o.gamma_last, rho_last=o.rho_last, seed=seed)
+                  mlp=not o.attn_only, gamma_last=o.gamma_last, rho_last=o.rho_last, seed=seed, dtype=o.dtype)
     return {(v, d): spa.SPAConfig(**{**common, **spa.variant_config(v, d, o.attention)})
             for v in o.variants for d in depths}
 
@@ -453,16 +490,16 @@ class KernelSweep(Sweep):
             rows += [{"variant": variant, "depth": depth, "layer": l, "metric": "target_max_abs",
                       "value": float(gaps[l]), "theory": 0.0} for l in range(depth + 1)]
             target_gap = float(gaps[-1])
-        l_th, regime = levine(depth, cfg.width)
         gap = (float(np.nanmax(np.abs(means["mean_cosine"] - theory["mean_cosine"]))) if theory else math.nan)
         summary = {"variant": variant, "depth": depth,
                    "final_cosine": round(float(means["mean_cosine"][-1]), 4),
                    "theory_cosine": round(float(theory["mean_cosine"][-1]), 4) if theory else math.nan,
                    "max_theory_gap": round(gap, 4),
                    "resid_ratio_fro": round(float(means["resid_ratio_fro"][-1]), 4),
-                   "effective_rank": round(float(means["effective_rank"][-1]), 2),
+                   "effective_rank_centred": round(float(means["effective_rank_centred"][-1]), 2),
+                   "effective_rank_uncentred": round(float(means["effective_rank_uncentred"][-1]), 2),
                    "target_max_abs": round(target_gap, 4),
-                   "L_th": round(l_th, 2), "regime": regime}
+                   "L_th": round(threshold(cfg.width), 2)}
         if losses:
             summary["final_loss"] = round(float(np.mean(losses[-10:])), 4)
         return {"rows": rows, "summary": summary}
@@ -481,23 +518,23 @@ class KernelSweep(Sweep):
         arrays = {f"{v}/depth{d}": c for (v, d), c in finals.items()}
         arrays.update({f"{v}/depth{deepest}/layer{l}": c for (v, l), c in maps.items()})
         files = {"kernels.npz": npz_bytes({k: c.astype(np.float32) for k, c in arrays.items()})}
-        l_th = math.log(o.width, 3)
         notes = [f"inputs: {o.samples} sequences of {o.seq_len} distinct random tokens with N(0,1) embeddings "
                  f"(Sigma_0 ~ I), width {o.width}, {o.heads} heads, {'attention only' if o.attn_only else 'with MLP'}, "
-                 f"{'causal' if o.causal else 'bidirectional'}; baselines use {o.attention} attention",
+                 f"{'causal' if o.causal else 'bidirectional'}, {o.dtype}; baselines use {o.attention} attention"
+                 + ("; dong: non-causal softmax, no skip, no MLP" if "dong" in o.variants else ""),
                  "theory: infinite-width kernel recursion at init from Sigma_0 = I"
                  + (" (the models were trained, so it is a reference only)" if o.steps else ""),
-                 f"Levine et al.: L_th = log3({o.width}) = {l_th:.2f}; depths "
-                 f"{[d for d in depths if d < l_th]} are depth-efficient, {[d for d in depths if d >= l_th]} are not"]
-        notes += self._checks(table)
+                 f"L_th = log3({o.width}) = {threshold(o.width):.2f} (Levine et al.) is given as a number only: "
+                 "their theory is for trained networks with linearised attention, so random-init families get "
+                 "no regime label"]
+        notes += self._checks(table, scores, o)
         headline = {"final_cosine": {v: {int(r.depth): r.final_cosine for r in g.itertuples()}
                                      for v, g in table.groupby("variant", sort=False)},
-                    "max_theory_gap": float(np.nanmax(table["max_theory_gap"])) if table["max_theory_gap"].notna().any() else None,
-                    "depth_efficiency": {int(d): levine(d, o.width)[1] for d in depths}}
+                    "max_theory_gap": float(np.nanmax(table["max_theory_gap"])) if table["max_theory_gap"].notna().any() else None}
         return Output(scores=scores, summary=table, notes=notes, headline=headline, plots=plots, files=files)
 
     @staticmethod
-    def _checks(table: pd.DataFrame) -> list[str]:
+    def _checks(table: pd.DataFrame, scores: pd.DataFrame, o: SweepOptions) -> list[str]:
         out = []
         by = {v: g.set_index("depth") for v, g in table.groupby("variant", sort=False)}
         if "vanilla" in by:
@@ -512,6 +549,12 @@ class KernelSweep(Sweep):
         for v in ("e-spa", "u-spa"):
             if v in by:
                 out.append(f"{v}: max |C - target| at depth {deepest} = {by[v].loc[deepest, 'target_max_abs']:.4f}")
+        if "dong" in by:
+            ex = scores[(scores.variant == "dong") & (scores.depth == deepest) & (scores.metric == CONTRACTION)]
+            shown = ", ".join(f"{v:.2f}" for v in ex.sort_values("layer").value.iloc[1:5])
+            out.append(f"dong, depth {deepest}, {o.dtype}: contraction exponent log(r_l)/log(r_(l-1)) at layers "
+                       f"1-4: {shown} (Dong et al.: 3 once the ratio is small"
+                       + ("; float32 stalls near 1e-7, use --dtype float64)" if o.dtype == "float32" else ")"))
         return out
 
     @staticmethod

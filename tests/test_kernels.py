@@ -45,6 +45,7 @@ def test_identical_tokens_collapse_completely():
     assert K.residual_ratio(x, norm="fro") == 0.0
     assert K.residual_ratio(x, norm="l1inf") == 0.0
     assert K.effective_rank(x) == 0.0
+    assert K.effective_rank_uncentred(x) == pytest.approx(1.0, abs=1e-12)  # rank one: exactly 1
     c = K.normalised(K.kernel(x))
     assert torch.allclose(c, torch.ones(10, 10, dtype=torch.float64))
 
@@ -56,7 +57,37 @@ def test_orthogonal_tokens_have_zero_cosine_and_full_rank():
     assert K.mean_offdiag_cosine(x) == pytest.approx(0.0, abs=1e-12)
     # centring removes one direction: full rank of the centred X is T - 1, all singular values equal
     assert K.effective_rank(x) == pytest.approx(t - 1, abs=1e-9)
+    assert K.effective_rank_uncentred(x) == pytest.approx(t, abs=1e-9)  # T equal singular values
     assert K.residual_ratio(x) == pytest.approx(math.sqrt((t - 1) / t), abs=1e-12)
+
+
+def test_uncentred_effective_rank_detects_collapse_that_the_centred_one_misses():
+    """A common token plus an isotropic spread eps its size: the centred rank stays near full at
+    every eps, the uncentred one falls to 1 as eps -> 0."""
+    gen = torch.Generator().manual_seed(0)
+    t, d = 16, 64
+    common = torch.randn(1, d, generator=gen, dtype=torch.float64)
+    noise = torch.randn(t, d, generator=gen, dtype=torch.float64)
+    un = []
+    for eps in (1e-1, 1e-3, 1e-5):
+        x = common + eps * noise
+        assert K.effective_rank(x) > 10
+        un.append(float(K.effective_rank_uncentred(x)))
+    assert un[0] > un[1] > un[2] and un[1] < 1.05 and un[2] == pytest.approx(1.0, abs=1e-3)
+    # two orthogonal directions with singular values 3 and 1: exp(entropy of (3/4, 1/4))
+    y = torch.tensor([[3.0, 0.0], [0.0, 1.0]])
+    p = torch.tensor([0.75, 0.25], dtype=torch.float64)
+    assert K.effective_rank_uncentred(y) == pytest.approx(float(torch.exp(-(p * p.log()).sum())), abs=1e-9)
+
+
+def test_contraction_exponents_of_geometric_and_cubic_sequences():
+    geo = 0.5 ** np.arange(6, dtype=float)  # r_l = 2^-l: exponent l / (l - 1), layer 0 and 1 undefined
+    e = K.contraction_exponents(geo)
+    assert np.isnan(e[0]) and np.isnan(e[1])  # log r_0 = 0
+    assert e[2:] == pytest.approx([2 / 1, 3 / 2, 4 / 3, 5 / 4])
+    cubic = 0.5 ** (3.0 ** np.arange(5))  # r_l = r_{l-1}^3
+    assert K.contraction_exponents(cubic)[1:] == pytest.approx([3.0] * 4)
+    assert np.isnan(K.contraction_exponents([0.5, 0.0, 0.1])[1:]).all()  # log 0 undefined
 
 
 def test_effective_rank_of_known_spectrum():
@@ -102,7 +133,8 @@ def test_kernel_stats_match_measurement_of_the_same_matrix():
     th = K.kernel_stats(K.kernel(x))
     assert th["mean_cosine"] == pytest.approx(float(K.mean_offdiag_cosine(x)), abs=1e-12)
     assert th["resid_ratio_fro"] == pytest.approx(float(K.residual_ratio(x)), abs=1e-12)
-    assert th["effective_rank"] == pytest.approx(float(K.effective_rank(x)), abs=1e-9)
+    assert th["effective_rank_centred"] == pytest.approx(float(K.effective_rank(x)), abs=1e-9)
+    assert th["effective_rank_uncentred"] == pytest.approx(float(K.effective_rank_uncentred(x)), abs=1e-9)
 
 
 def test_bad_metric_inputs():
@@ -309,20 +341,56 @@ def test_task_on_spa_model_reports_theory_and_files():
     assert any("L_th" in n for n in res.notes)
 
 
-def test_task_excludes_specials_by_default_for_encoders(tiny_bert, tiny_gpt2):
+def test_task_excludes_specials_by_default_for_encoders(tiny_bert):
     on = run(tiny_bert, "kernels", limit=6)
     off = run(tiny_bert, "kernels", limit=6, exclude_special=False)
-    assert any("excluded" in n for n in on.notes) and any("included" in n for n in off.notes)
+    assert any("[CLS]/[SEP] excluded" in n for n in on.notes) and any("included" in n for n in off.notes)
     assert on.headline["n_tokens"] + 12 == off.headline["n_tokens"]  # [CLS] and [SEP] of 6 lines
+
+
+def _reference_stats(model, lines, drop_first):
+    """Per-layer metrics averaged over lines, computed here from one forward pass per line."""
+    from tasks.kernels import resid_names
+
+    names = resid_names(model.info.n_layers)
+    out = {}
+    for line in lines:
+        ids = torch.tensor([[model.cls_id, *model.tokenizer(line, add_special_tokens=False)["input_ids"]]])
+        acts = forward(model, ids, torch.ones_like(ids), names)
+        for l, name in enumerate(names):
+            x = acts[name][0, 1:] if drop_first else acts[name][0]
+            stats, _ = K.sequence_stats(x[None])
+            for m, v in stats.items():
+                out.setdefault((l, m), []).append(float(v[0]))
+    return {k: np.mean(v) for k, v in out.items()}
+
+
+def test_decoder_bos_is_left_out_of_the_kernel_unless_asked(tiny_gpt2):
+    from tasks.attention_stats import SAMPLE, read_lines
+
+    lines = read_lines(SAMPLE)[:6]
     dec = run(tiny_gpt2, "kernels", limit=6)
-    assert any("included" in n for n in dec.notes)
+    kept = run(tiny_gpt2, "kernels", limit=6, include_bos=True)
+    assert any("BOS excluded from the kernel (6 positions" in n and "include_bos=true" in n for n in dec.notes)
+    assert any("BOS included" in n for n in kept.notes)
+    assert dec.headline["n_tokens"] + 6 == kept.headline["n_tokens"]
     assert dec.scores.theory.isna().all()
+    for res, drop in ((dec, True), (kept, False)):
+        ref = _reference_stats(tiny_gpt2, lines, drop_first=drop)
+        got = res.scores.set_index(["layer", "metric"]).value
+        for (l, m), v in ref.items():
+            assert got[l, m] == pytest.approx(v, abs=1e-6), (drop, l, m)
+    a = dec.scores.set_index(["layer", "metric"]).value
+    b = kept.scores.set_index(["layer", "metric"]).value
+    assert float((a - b).abs().max()) > 0.1  # BOS changes the kernel metrics
+    with pytest.raises(ProbeError, match="include_bos=true"):
+        run(tiny_gpt2, "kernels", limit=2, exclude_special=True)
 
 
 def test_task_is_padding_invariant(tiny_bert):
     one = run(tiny_bert, "kernels", limit=8, batch_size=1).scores.set_index(["layer", "metric"]).value
     many = run(tiny_bert, "kernels", limit=8, batch_size=8).scores.set_index(["layer", "metric"]).value
-    assert np.allclose(one.sort_index(), many.sort_index(), atol=1e-5)
+    assert np.allclose(one.sort_index(), many.sort_index(), atol=1e-5, equal_nan=True)
 
 
 def test_task_bad_options(tiny_bert):
@@ -332,6 +400,8 @@ def test_task_bad_options(tiny_bert):
         run(tiny(), "kernels", data=__file__)
     with pytest.raises(ProbeError, match="seq_len"):
         run(tiny(), "kernels", seq_len=99)
+    with pytest.raises(ProbeError, match="exclude_special=false"):
+        run(tiny_bert, "kernels", include_bos=True)
 
 
 @pytest.mark.slow
@@ -343,7 +413,7 @@ def test_task_on_minilm(minilm):
     # golden values on the built-in sample (30 lines, [CLS]/[SEP] excluded), measured once
     assert m.mean_cosine.round(3).tolist() == pytest.approx([0.070, 0.176, 0.230, 0.275, 0.302, 0.317, 0.400],
                                                             abs=2e-3)
-    assert m.effective_rank[0] == pytest.approx(11.47, abs=0.05)
+    assert m.effective_rank_centred[0] == pytest.approx(11.47, abs=0.05)
     assert res.headline["n_sequences"] == 30
 
 
@@ -359,7 +429,9 @@ def test_sweep_table_plots_and_claims(tmp_path):
     assert final["vanilla", 8] > final["skip", 8] > final["skip-scaled", 8]
     assert final["vanilla", 1] < final["vanilla", 2] < final["vanilla", 8]
     assert (res.summary.L_th == round(math.log(64, 3), 2)).all()
-    assert set(res.summary.regime) == {"depth-efficient", "depth-inefficient"}
+    # random-init families: L_th as a number, no regime label anywhere
+    assert "regime" not in res.summary.columns and "depth_efficiency" not in res.headline
+    assert not any("efficient" in n or "widen" in n.replace("not advice to widen", "") for n in res.notes)
     espa = s[(s.variant == "e-spa") & (s.metric == "target_max_abs") & (s.layer == s.depth)]
     assert len(espa) == 3 and espa.value.max() < 0.1  # width 64, 4 samples: finite-width noise only
     assert set(res.plots) == {"kernels_final_cosine_vs_depth", "kernels_heatmaps"}
