@@ -204,9 +204,12 @@ def _gauss(gen: torch.Generator, *shape: int, std: float) -> nn.Parameter:
 
 
 def _orth(gen: torch.Generator, n: int, dtype: torch.dtype = torch.float32) -> nn.Parameter:
-    """Orthogonal in ``dtype`` (float64: orthogonal to float64 precision, not a cast float32 matrix)."""
+    """nn.init.orthogonal_'s construction (QR of float32 N(0, 1) draws, signs fixed by diag R), with
+    the QR in ``dtype``: float64 gives the same matrix orthogonal to float64 precision."""
     with K.serial():
-        return nn.Parameter(nn.init.orthogonal_(torch.empty(n, n, dtype=dtype), generator=gen))
+        flat = torch.empty(n, n).normal_(0, 1, generator=gen)
+        q, r = torch.linalg.qr(flat.to(dtype))
+        return nn.Parameter(q * torch.diagonal(r).sign())
 
 
 class LayerNorm(nn.Module):

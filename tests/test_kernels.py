@@ -458,3 +458,64 @@ def test_cli_run_bad_inputs():
                                         "kernels", "-O", "layers=5")
     assert "did you mean 'exclude_special'" in user_error("run", "--model", "spa:depth=1,width=16,heads=2",
                                                           "--task", "kernels", "-O", "exclude=true")
+
+
+# ----------------------------------------------------------------------------- dtype, the dong preset, refusals
+
+def test_float64_model_runs_in_float64_with_the_same_weights():
+    m32, m64 = tiny("e-spa", 3), tiny("e-spa", 3, dtype="float64")
+    assert all(p.dtype == torch.float64 for p in m64.bridge.parameters())
+    assert m64.bridge.blocks[0].attn.spa_bias.dtype == torch.float64
+    assert torch.equal(m32.bridge.W_E.double(), m64.bridge.W_E)  # Gaussian draws: the float32 ones, cast
+    w = m64.bridge.blocks[0].attn.W_V
+    assert float((w @ w.T - torch.eye(64, dtype=torch.float64)).abs().max().detach()) < 1e-12  # orthogonal in float64
+    ids = spa.random_tokens(2, 16, 64)
+    name = "blocks.2.hook_resid_post"
+    a32, a64 = (forward(m, ids, None, [name])[name] for m in (m32, m64))
+    assert a64.dtype == torch.float64 and torch.allclose(a32.double(), a64, atol=1e-4)
+    with pytest.raises(ProbeError, match="float32 or float64"):
+        spa.SPAConfig(dtype="float16")
+
+
+def test_dong_preset_collapses_doubly_exponentially_in_float64(tmp_path):
+    """Non-causal softmax, no skip, no MLP: the residual ratio falls faster than any fixed rate;
+    float64 follows it to ~1e-10, where float32 has hit its floor."""
+    res = sweep("kernels", (5,), variants=("dong",), width=64, seq_len=32, samples=4, dtype="float64")
+    s = res.scores.set_index(["layer", "metric"]).value
+    r = [s[l, "resid_ratio_fro"] for l in range(6)]
+    e = [s[l, "contraction_exponent"] for l in range(6)]
+    assert np.isnan(e[0]) and all(x > 2 for x in e[1:4]), e
+    assert r[3] < 1e-5 and r[2] ** 2 > r[3]  # faster than squaring by layer 3
+    assert s[3, "effective_rank_uncentred"] == pytest.approx(1.0, abs=1e-3)
+    assert any("dong, depth 5, float64: contraction exponent" in n for n in res.notes)
+    f32 = sweep("kernels", (5,), variants=("dong",), width=64, seq_len=32, samples=4)
+    r32 = f32.scores.set_index(["layer", "metric"]).value
+    assert r32[1, "resid_ratio_fro"] == pytest.approx(r[1], rel=1e-4)  # the same model
+    cfg = spa.SPAConfig(**spa.variant_config("dong", 4))
+    assert (cfg.attention, cfg.causal, cfg.skip, cfg.mlp) == ("softmax", False, False, False)
+
+
+def test_uniform_causal_collapse_is_plain_exponential():
+    """Default causal uniform attention: r roughly halves per layer, exponents tend to 1."""
+    r = [K.kernel_stats(s)["resid_ratio_fro"] for s in K.uniform_recursion(128, 24)]
+    assert r[24] / r[16] == pytest.approx(0.5 ** 8, rel=0.5)
+    e = K.contraction_exponents(r)
+    assert 1.0 < e[24] < 1.1
+
+
+@pytest.mark.parametrize("attention", ["e-spa", "u-spa", "value-skipinit"])
+def test_kernel_controlled_attention_with_mlp_is_refused(attention):
+    with pytest.raises(ProbeError, match="TAT-style leaky-ReLU"):
+        spa.SPAConfig(attention=attention, mlp=True)
+    assert spa.SPAConfig(attention="softmax", mlp=True).mlp  # baselines keep their MLPs
+
+
+def test_cli_dtype_dong_and_refusals(tmp_path):
+    res = runner.invoke(app, ["sweep", "--task", "kernels", "--depths", "3", "--variants", "dong", "--width", "32",
+                              "--seq-len", "16", "--dtype", "float64", "--out", str(tmp_path / "d")])
+    assert res.exit_code == 0, res.output
+    assert "contraction exponent" in res.output
+    assert "float32 or float64" in user_error("sweep", "--task", "kernels", "--depths", "1", "--dtype", "float16")
+    line = user_error("sweep", "--task", "kernels", "--depths", "1", "--variants", "e-spa", "--mlp")
+    assert "TAT-style leaky-ReLU" in line and "--attn-only" in line
+    assert "TAT-style" in user_error("run", "--model", "spa:variant=u-spa,mlp=true", "--task", "kernels")
