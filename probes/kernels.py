@@ -13,9 +13,9 @@ mask [T] / [B, T] (True for tokens that count; padding and excluded specials are
 - ``contraction_exponents``: log(r_l) / log(r_{l-1}) of a sequence of residual ratios, the
   exponent of the block that produced layer l (it tends to 1 when r falls by a fixed factor per
   layer, and is 3 for Dong et al.'s cubic contraction)
-- ``effective_rank``: exp(entropy of the normalised singular values of the centred X)
-  (Roy & Vetterli 2007): the spread around the mean token; centring removes one direction, so its
-  maximum is min(T - 1, d). It does not detect rank collapse (a tiny spread can still be isotropic).
+- ``effective_rank`` (metric ``effective_rank_centred``): exp(entropy of the normalised singular
+  values of the centred X) (Roy & Vetterli 2007): the spread around the mean token; centring
+  removes one direction, so its maximum is min(T - 1, d). It does not detect rank collapse (a tiny spread can still be isotropic).
 - ``effective_rank_uncentred``: the same of X itself; it drops to 1 under rank collapse.
 
 Infinite-width theory (He et al. 2023, "Deep Transformers without Shortcuts"): with orthogonal

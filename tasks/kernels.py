@@ -224,7 +224,7 @@ def default_layers(n_layers: int) -> list[int]:
 @register
 class Kernels(Task):
     name = "kernels"
-    description = "Signal propagation per layer: mean cosine, residual ratios, effective rank, kernel maps"
+    description = "Signal propagation per layer: mean cosine, residual ratios, contraction exponent, effective ranks, kernel maps"
     Options = Options
     needs_text = False
 
