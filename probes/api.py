@@ -85,7 +85,7 @@ def seed_everything(seed: int) -> None:
 
 def depth_note(model: Model) -> tuple[str, dict[str, Any]]:
     """Levine et al. 2020's threshold L_th = log3(d_model) for this model (``probes.levine``)."""
-    note = DepthNote(model.info.n_layers, model.info.d_model)
+    note = DepthNote(model.info.n_layers, model.info.d_model, model.info.weights.startswith("random-init"))
     return note.line(), note.as_dict()
 
 

@@ -19,6 +19,9 @@ AT_OR_ABOVE = ("at or above the threshold, where in their theory (for linearised
                "contribute comparably and width limits what added layers can give; the threshold is a floor "
                "for depth, not advice to widen")
 
+RANDOM_INIT = ("random-init weights, so no regime label: the theory (for linearised attention) concerns "
+               "trained networks")
+
 
 def threshold(d_model: int) -> float:
     """L_th = log3(d_model)."""
@@ -33,6 +36,7 @@ class DepthNote:
 
     depth: int
     d_model: int
+    random_init: bool = False  # untrained weights: the number, no side of the threshold
 
     @property
     def l_th(self) -> float:
@@ -47,6 +51,8 @@ class DepthNote:
         return self.depth < self.l_th
 
     def sentence(self) -> str:
+        if self.random_init:
+            return RANDOM_INIT
         return BELOW if self.below else AT_OR_ABOVE
 
     def line(self) -> str:
@@ -55,4 +61,4 @@ class DepthNote:
 
     def as_dict(self) -> dict[str, Any]:
         return {"depth": self.depth, "d_model": self.d_model, "L_th": round(self.l_th, 3),
-                "L_over_L_th": round(self.ratio, 3), "side": "below" if self.below else "at_or_above"}
+                "L_over_L_th": round(self.ratio, 3), "side": None if self.random_init else "below" if self.below else "at_or_above"}

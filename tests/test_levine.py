@@ -38,3 +38,14 @@ def test_every_run_summary_carries_the_line(tiny_bert):
     want = levine.DepthNote(tiny_bert.info.n_layers, tiny_bert.info.d_model)
     assert res.notes[-1] == want.line()
     assert res.headline["depth_efficiency"] == want.as_dict()
+
+
+def test_random_init_models_get_the_number_without_a_side():
+    from probes import spa
+
+    note = levine.DepthNote(8, 256, random_init=True)
+    assert note.line().startswith("depth L=8, d_model=256, Levine et al. L_th = log3(256) = 5.05, L/L_th = 1.58: "
+                                  "random-init weights, so no regime label")
+    assert note.as_dict()["side"] is None
+    res = run(spa.build("spa:variant=vanilla,depth=2,width=16,heads=2,n_ctx=8"), "kernels", n_random=2)
+    assert "no regime label" in res.notes[-1] and res.headline["depth_efficiency"]["side"] is None
