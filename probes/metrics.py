@@ -128,17 +128,21 @@ def js_distance_mean(a: torch.Tensor, s: float = CLARK_JS_SMOOTHING, chunk: int 
 
     a: [head, n, n], one sentence's attention of every head (all layers flattened), real tokens
     only. Rows are smoothed as (1 - s) * a + s / n first (Clark et al.'s head_distances.py, which
-    sums over tokens where this takes the mean). Returns [head, head], symmetric, zero diagonal.
-    Computed as H(m) - (H(p) + H(q)) / 2 with m = (p + q) / 2, in float64, ``chunk`` elements at
-    a time so memory stays bounded."""
-    p = (1 - s) * a.to(torch.float64) + s / a.shape[-1]
+    sums over tokens where this takes the mean). Returns [head, head] float64, symmetric, zero
+    diagonal. Computed as H(m) - (H(p) + H(q)) / 2 with m = (p + q) / 2 in the pattern's dtype
+    (float32 for model attention: about 1e-6 nats of rounding; float64 in, float64 throughout),
+    over the upper triangle only, ``chunk`` elements at a time so memory stays bounded."""
+    dtype = a.dtype if a.dtype in (torch.float32, torch.float64) else torch.float32
+    p = (1 - s) * a.to(dtype) + s / a.shape[-1]  # > 0 everywhere: m log m needs no special case
     h_count = p.shape[0]
-    h_rows = torch.special.entr(p).sum(-1).mean(-1)  # [head] mean entropy of the smoothed rows
-    out = torch.empty(h_count, h_count, dtype=torch.float64, device=p.device)
-    step = max(1, chunk // max(1, p.numel()))
+    h_rows = (p * p.log()).sum(-1).mean(-1).to(torch.float64)  # [head] mean of sum p log p
+    h_mix = torch.zeros(h_count, h_count, dtype=torch.float64, device=p.device)
+    step = max(1, min(chunk // max(1, p.numel()), -(-h_count // 8)))  # small row blocks: ~triangle
     for i in range(0, h_count, step):
-        m = (p[i:i + step, None] + p[None]) / 2  # [c, head, n, n]
-        out[i:i + step] = torch.special.entr(m).sum(-1).mean(-1)
-    out = out - (h_rows[:, None] + h_rows[None, :]) / 2
+        m = (p[i:i + step, None] + p[None, i:]) * 0.5  # [c, head - i, n, n]
+        h_mix[i:i + step, i:] = (m * m.log()).sum(-1).mean(-1).to(torch.float64)
+    h_mix = torch.triu(h_mix)
+    h_mix = h_mix + h_mix.T - torch.diag(h_mix.diagonal())
+    out = (h_rows[:, None] + h_rows[None, :]) / 2 - h_mix
     out.fill_diagonal_(0.0)
     return out
