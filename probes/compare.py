@@ -361,7 +361,9 @@ def peaks(table: pd.DataFrame) -> pd.DataFrame:
         if "margin" in g.columns and pd.notna(g.at[i, "margin"]):
             row["margin_at_peak"] = float(g.at[i, "margin"])
         out.append(row)
-    return pd.DataFrame(out)
+    if not out:
+        return pd.DataFrame(out)
+    return pd.DataFrame(out).sort_values(["metric", "n_layers", "d_model", "label"], kind="stable").reset_index(drop=True)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -452,7 +454,8 @@ def render(table: pd.DataFrame, peak: pd.DataFrame | None = None) -> str:
                  "(largest value; smallest for entropy, loss and perplexity; ties to the lowest layer); "
                  "sharpness = |peak - mean over layers|.</p>")
     cols = ["metric", "label", "peak_layer", "peak_relative_depth", "peak_head", "peak_value", "layer_mean",
-            "sharpness", "first_value", "last_value"] + (["margin_at_peak"] if "margin_at_peak" in peak.columns else [])
+            "sharpness", "first_value", "last_value", "margin_at_peak"]
+    cols = [c for c in cols if c in peak.columns and peak[c].notna().any()]
     parts.append(html_table(peak.to_dict("records"), cols) if len(peak) else "<p class='meta'>(no values)</p>")
     drawn = metrics[:MAX_PLOTS]
     parts.append("<h2>Per-layer curves</h2>")
