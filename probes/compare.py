@@ -18,13 +18,15 @@ tidy table with one row per (model, layer, metric); ``save(table, out)`` writes 
   ``(i + 1) / n_layers`` (so the embeddings are at 0 and the last block's output at 1); a run
   without hook names whose layers run 0..n_layers is read the same way (layer l after l blocks).
 - **Best**: the best head of a layer has the largest value, except for metrics whose name contains
-  ``entropy``, ``loss`` or ``perplexity``, where it has the smallest (``direction`` says which).
-  Ties go to the lowest head; a layer's peak ties go to the lowest layer. Rows without heads
+  ``entropy``, ``loss`` or ``perplexity``, where it has the smallest.
+  Ties go to the lowest head; a layer's peak ties go to the lowest layer. The ``better`` column says
+  which (``higher`` or ``lower``). Rows without heads
   (per-layer metrics) have one value per layer: best and mean are that value.
 - **Baselines**: syntax, per relation, the best fixed offset (the run's ``baselines.csv``; ties to
   the offset nearest 0, then the leftward one, as the task does); coref, per mention type or GAP
   gender, the strongest of the run's baselines (its summary, in percent, divided by 100).
   ``margin`` = best head minus baseline (baseline minus best for lower-is-better metrics).
+- A selector column whose name is one of the table's own columns is kept as ``scores_<name>``.
 """
 from __future__ import annotations
 
@@ -51,7 +53,7 @@ LOWER_IS_BETTER = ("entropy", "loss", "perplexity")
 DEFAULT_ROOT = Path("artifacts") / "compare"
 MAX_PLOTS = 24  # metrics drawn in report.html at most; the rest are named in a note
 COLUMNS = ["task", "model", "label", "n_layers", "d_model", "n_heads", "layer", "relative_depth", "metric",
-           "direction", "best_value", "best_head", "head_mean", "heads", "baseline", "baseline_name", "margin",
+           "better", "best_value", "best_head", "head_mean", "heads", "baseline", "baseline_name", "margin",
            "run"]
 _HOOK = re.compile(r"^blocks\.(\d+)\.hook_resid_(pre|mid|post)$")
 _HOOK_OFFSET = {"pre": 0.0, "mid": 0.5, "post": 1.0}
@@ -166,9 +168,14 @@ def _one_task(runs: list[Run], task: str | None) -> list[Run]:
 # the table
 # ----------------------------------------------------------------------------------------------
 
-def direction(metric: str) -> str:
-    """'min' for metrics where smaller is better (entropy, loss, perplexity), else 'max'."""
-    return "min" if any(w in metric.lower() for w in LOWER_IS_BETTER) else "max"
+def better(metric: str) -> str:
+    """'lower' for metrics where smaller is better (entropy, loss, perplexity), else 'higher'."""
+    return "lower" if any(w in metric.lower() for w in LOWER_IS_BETTER) else "higher"
+
+
+def _column(selector: str) -> str:
+    """A selector's column in the table; renamed when it would clash with one of ours."""
+    return f"scores_{selector}" if selector in COLUMNS else selector
 
 
 _SHOWN_BY_LABEL = {"layers", "depth", "d_model", "width"}  # spec keys the label's (L=, d=) already says
@@ -277,12 +284,12 @@ def _run_table(run: Run, label: str, selectors: list[str]) -> pd.DataFrame:
     rows = []
     for (metric, layer), g in s.groupby(["_metric", "layer"], sort=False):
         base = str(g["metric"].iloc[0])
-        lower = direction(base) == "min"
+        lower = better(base) == "lower"
         best, head, mean, heads = _best(g, lower)
         rows.append({"task": run.task, "model": run.model, "label": label, "n_layers": run.n_layers,
                      "d_model": run.d_model, "n_heads": run.n_heads, "layer": layer,
                      "relative_depth": float(g["_rel"].iloc[0]), "metric": metric,
-                     **{c: g[c].iloc[0] for c in sel}, "direction": "min" if lower else "max",
+                     **{_column(c): g[c].iloc[0] for c in sel}, "better": "lower" if lower else "higher",
                      "best_value": best, "best_head": head, "head_mean": mean, "heads": heads,
                      "run": str(run.path)})
     table = pd.DataFrame(rows)
@@ -291,7 +298,7 @@ def _run_table(run: Run, label: str, selectors: list[str]) -> pd.DataFrame:
     keys = [c for c in (base.columns if base is not None else []) if c not in ("baseline", "baseline_name")]
     if base is not None and keys and set(keys) <= set(table.columns):
         table = table.merge(base.astype({k: "string" for k in keys}), on=keys, how="left")
-        sign = np.where(table["direction"] == "min", -1.0, 1.0)
+        sign = np.where(table["better"] == "lower", -1.0, 1.0)
         table["margin"] = sign * (table["best_value"] - table["baseline"])
     return table
 
@@ -331,8 +338,8 @@ def compare(runs: str | Path | Iterable[str | Path], metrics: Sequence[str] | No
     for col in ("baseline", "baseline_name", "margin"):
         if col not in table.columns:
             table[col] = np.nan
-    sel = [c for c in selectors if c in table.columns]
-    cols = COLUMNS[:COLUMNS.index("direction")] + sel + COLUMNS[COLUMNS.index("direction"):]
+    sel = [_column(c) for c in selectors if _column(c) in table.columns]
+    cols = COLUMNS[:COLUMNS.index("better")] + sel + COLUMNS[COLUMNS.index("better"):]
     table = table[cols].astype({"best_head": "Int64", "n_heads": "Int64"})
     return table.sort_values(["n_layers", "d_model", "label", "metric", "layer"], kind="stable").reset_index(drop=True)
 
@@ -349,11 +356,11 @@ def peaks(table: pd.DataFrame) -> pd.DataFrame:
         v = g["best_value"].astype(float)
         if v.isna().all():
             continue
-        lower = g["direction"].iloc[0] == "min"
+        lower = g["better"].iloc[0] == "lower"
         i = v.idxmin() if lower else v.idxmax()
         peak, mean = float(v[i]), float(v.mean())
         row = {"task": g["task"].iloc[0], "label": label, "n_layers": int(g["n_layers"].iloc[0]),
-               "d_model": int(g["d_model"].iloc[0]), "metric": metric, "direction": g["direction"].iloc[0],
+               "d_model": int(g["d_model"].iloc[0]), "metric": metric, "better": g["better"].iloc[0],
                "peak_layer": int(g.at[i, "layer"]), "peak_relative_depth": float(g.at[i, "relative_depth"]),
                "peak_head": g.at[i, "best_head"], "peak_value": peak, "layer_mean": mean,
                "sharpness": (mean - peak) if lower else (peak - mean),
@@ -416,7 +423,7 @@ def plot_svg(table: pd.DataFrame, metric: str) -> str:
                 ax.plot(g["relative_depth"], g["head_mean"], ls="--", lw=0.9, alpha=0.6, color=color)
         ax.set_xlim(0, 1)
         ax.set_xlabel("relative depth")
-        best = "smallest" if rows["direction"].iloc[0] == "min" else "largest"
+        best = "smallest" if rows["better"].iloc[0] == "lower" else "largest"
         has_heads = (rows["heads"] > 1).any()
         ax.set_ylabel(_mpl_text(metric) + (f"\n(best head: {best}; dashed: head mean)" if has_heads else ""))
         ax.grid(alpha=0.3)

@@ -63,7 +63,7 @@ def test_relative_depth_best_head_and_mean(two_depths):
     assert t.baseline.isna().all() and t.margin.isna().all()  # attention-stats has no baseline
 
 
-def test_peaks_and_direction(two_depths):
+def test_peaks_and_which_way_is_better(two_depths):
     p = peaks(compare(two_depths)).set_index(["label", "metric"])
     a = p.loc[("model-a (L=2, d=8)", "to_sep")]
     assert (a.peak_layer, a.peak_relative_depth, a.peak_value) == (1, 0.75, 0.7)
@@ -73,7 +73,7 @@ def test_peaks_and_direction(two_depths):
     assert b.layer_mean == pytest.approx(0.4) and b.sharpness == pytest.approx(0.5)
     # entropy: smaller is better, both for the best head and for the peak layer
     e = p.loc[("model-a (L=2, d=8)", "entropy")]
-    assert e.direction == "min" and (e.peak_layer, e.peak_value, e.peak_head) == (1, 0.5, 0)
+    assert e.better == "lower" and (e.peak_layer, e.peak_value, e.peak_head) == (1, 0.5, 0)
     assert e.layer_mean == pytest.approx(0.75) and e.sharpness == pytest.approx(0.25)
     eb = p.loc[("model-b (L=4, d=16)", "entropy")]
     assert (eb.peak_layer, eb.peak_relative_depth, eb.peak_value) == (0, 0.125, 1.0)
@@ -116,7 +116,8 @@ def test_syntax_selectors_baseline_and_margin(tmp_path):
             "accuracy/nsubj/head->dependent"} == set(t.index)
     det = t.loc["accuracy/det/dependent->head"]
     # offsets -1 and +1 tie at 0.5: nearest 0, then the leftward one
-    assert (det.relation, det.best_value, det.baseline, det.baseline_name) == ("det", 0.8, 0.5, "offset -1")
+    assert (det.relation, det.direction, det.better) == ("det", "dependent->head", "higher")
+    assert (det.best_value, det.baseline, det.baseline_name) == (0.8, 0.5, "offset -1")
     assert det.margin == pytest.approx(0.3)
     nsubj = t.loc["accuracy/nsubj/head->dependent"]
     assert (nsubj.baseline, nsubj.baseline_name) == (0.25, "offset +2") and nsubj.margin == pytest.approx(-0.05)
@@ -221,6 +222,31 @@ def test_real_runs_of_two_depths(tmp_path):
             assert peak.layer_mean == pytest.approx(sum(per_layer.values()) / n)
 
 
+def test_real_syntax_and_coref_runs_agree_with_their_summaries(tiny_bert, tmp_path):
+    """Best head over layers and directions, and the baseline, match the task's own summary."""
+    from probes import run
+
+    syn = run(tiny_bert, "syntax", limit=12, device="cpu").save(tmp_path / "syntax")
+    t = compare(syn)
+    summary = pd.read_csv(syn / "summary.csv")
+    assert len(summary) > 5
+    for r in summary.itertuples():
+        g = t[t.relation == r.relation]
+        assert set(g.direction) == {"dependent->head", "head->dependent"} and set(g.better) == {"higher"}
+        assert 100 * g.best_value.max() == pytest.approx(r.accuracy, abs=0.006)
+        assert 100 * g.baseline.iloc[0] == pytest.approx(r.baseline, abs=0.006)
+        assert g.baseline_name.iloc[0] == f"offset {r.offset:+d}"
+    ref = run(tiny_bert, "coref", device="cpu").save(tmp_path / "coref")
+    t = compare(ref).set_index(["metric", "layer"])
+    rows = pd.read_csv(ref / "summary.csv").set_index("method")
+    strongest = rows.loc[["nearest", "head match", "rule-based"], "all"].max()
+    assert t.loc[("accuracy/all", 0), "baseline"] == pytest.approx(strongest / 100)
+    best = rows.loc["best head"]
+    layer, head = map(int, best["head"].split("-"))
+    assert t.loc[("accuracy/all", layer), "best_value"] == pytest.approx(best["all"] / 100, abs=1e-4)
+    assert 100 * t.xs("accuracy/all").best_value.max() == pytest.approx(best["all"], abs=0.006)
+
+
 # ---------------------------------------------------------------- the CLI
 
 def assert_user_error(result, *fragments):
@@ -253,3 +279,10 @@ def test_cli_one_line_errors(two_depths, tmp_path):
     assert_user_error(runner.invoke(app, ["compare", str(tmp_path / "empty")]), "holds no run folders")
     assert_user_error(runner.invoke(app, ["compare", str(a), "--metric", "to_sp"]), "did you mean 'to_sep'")
     assert not out.exists()
+
+
+def test_selector_named_like_a_table_column_is_kept_apart(tmp_path):
+    rows = [{**r, "label": lab} for lab, g in (("x", [[0.1, 0.2]]), ("y", [[0.4, 0.3]])) for r in head_rows("acc", g)]
+    t = compare([write_run(tmp_path / "r", "custom", "m", 1, 8, rows)]).set_index("metric")
+    assert t.loc["acc/y", "scores_label"] == "y" and t.loc["acc/y", "label"] == "m (L=1, d=8)"
+    assert t.loc["acc/y", "best_value"] == 0.4 and t.loc["acc/x", "best_head"] == 1
