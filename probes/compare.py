@@ -149,6 +149,10 @@ def read_run(path: Path) -> Run:
                scores=scores, summary=summary if isinstance(summary, dict) else {})
 
 
+def _runs(n: int) -> str:
+    return f"{n} run" + ("" if n == 1 else "s")
+
+
 def _one_task(runs: list[Run], task: str | None) -> list[Run]:
     tasks = list(dict.fromkeys(r.task for r in runs))
     if task is not None:
@@ -158,7 +162,7 @@ def _one_task(runs: list[Run], task: str | None) -> list[Run]:
                              f"they are of: {', '.join(tasks)}")
         return kept
     if len(tasks) > 1:
-        counts = ", ".join(f"{t} ({sum(r.task == t for r in runs)} runs)" for t in tasks)
+        counts = ", ".join(f"{t} ({_runs(sum(r.task == t for r in runs))})" for t in tasks)
         raise ProbeError(f"runs of different tasks: {counts}; compare runs of one task "
                          f"(--task {tasks[0]} keeps only those)")
     return runs
@@ -449,7 +453,7 @@ def render(table: pd.DataFrame, peak: pd.DataFrame | None = None) -> str:
     peak = peaks(table) if peak is None else peak
     task = str(table["task"].iloc[0]) if len(table) else "?"
     models = table.drop_duplicates("label")
-    title = f"depthprobe compare: {task}, {len(models)} models"
+    title = f"depthprobe compare: {task}, {len(models)} model" + ("" if len(models) == 1 else "s")
     parts = [f"<h1>{esc(title)}</h1>",
              ("<p class='meta'>Each line is one model, labelled with its depth L and width d; x is relative depth "
              "(blocks at (layer + 0.5) / L, residual-stream positions between blocks at positions / L). "
@@ -463,7 +467,8 @@ def render(table: pd.DataFrame, peak: pd.DataFrame | None = None) -> str:
     cols = ["metric", "label", "peak_layer", "peak_relative_depth", "peak_head", "peak_value", "layer_mean",
             "sharpness", "first_value", "last_value", "margin_at_peak"]
     cols = [c for c in cols if c in peak.columns and peak[c].notna().any()]
-    parts.append(html_table(peak.to_dict("records"), cols) if len(peak) else "<p class='meta'>(no values)</p>")
+    records = peak.astype(object).where(peak.notna(), None).to_dict("records")  # NA cells print empty
+    parts.append(html_table(records, cols) if len(peak) else "<p class='meta'>(no values)</p>")
     drawn = metrics[:MAX_PLOTS]
     parts.append("<h2>Per-layer curves</h2>")
     if len(metrics) > MAX_PLOTS:

@@ -157,7 +157,7 @@ def test_study_folder_means_its_members(two_depths, tmp_path):
     assert set(t.model) == {"model-a", "model-b"}
     write_run(study / "members" / "L4" / "runs" / "kernels", "kernels", "model-b", 4, 16,
               [{"layer": 0, "metric": "mean_cosine", "value": 0.0}])
-    with pytest.raises(ProbeError, match=r"runs of different tasks: attention-stats \(2 runs\), kernels \(1 runs\)"):
+    with pytest.raises(ProbeError, match=r"runs of different tasks: attention-stats \(2 runs\), kernels \(1 run\)"):
         compare(study)
     assert set(compare(study, task="kernels").model) == {"model-b"}
 
@@ -244,6 +244,7 @@ def test_real_syntax_and_coref_runs_agree_with_their_summaries(tiny_bert, tmp_pa
     best = rows.loc["best head"]
     layer, head = map(int, best["head"].split("-"))
     assert t.loc[("accuracy/all", layer), "best_value"] == pytest.approx(best["all"] / 100, abs=1e-4)
+    assert t.loc[("accuracy/all", layer), "best_head"] == head
     assert 100 * t.xs("accuracy/all").best_value.max() == pytest.approx(best["all"], abs=0.006)
 
 
