@@ -32,5 +32,5 @@ def compare(
     cols = ["metric", "label", "peak_layer", "peak_relative_depth", "peak_value", "layer_mean", "sharpness"]
     with pd.option_context("display.max_rows", 200, "display.width", 200, "display.max_colwidth", 60,
                            "display.float_format", "{:.4g}".format):
-        typer.echo(peak[cols].to_string(index=False))
+        typer.echo(peak[cols].to_string(index=False) if len(peak) else "(no values to compare)")
     typer.echo(f"wrote {path}")

@@ -267,7 +267,8 @@ def _best(g: pd.DataFrame, lower: bool) -> tuple[float, Any, float, int]:
     v = g["value"].astype(float)
     if "head" not in g.columns or g["head"].isna().all():
         return float(v.mean()), None, float(v.mean()), 0
-    per_head = v.groupby(g["head"].astype(int)).mean().sort_index().dropna()
+    has = g["head"].notna()
+    per_head = v[has].groupby(g.loc[has, "head"].astype(int)).mean().sort_index().dropna()
     if per_head.empty:
         return float("nan"), None, float("nan"), 0
     head = per_head.idxmin() if lower else per_head.idxmax()
