@@ -2,3 +2,4 @@
 from cli import sweep  # noqa: F401
 from cli import viz  # noqa: F401
 from cli import train  # noqa: F401
+from cli import compare  # noqa: F401

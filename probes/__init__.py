@@ -1,6 +1,7 @@
 """depthprobe core: loading, scoped capture, word alignment, metrics, tasks and artifacts."""
 from probes.align import encode_words, word_attention
 from probes.api import Result, run
+from probes.compare import compare  # noqa: F401  (probe compare)
 from probes.capture import capture, forward, resolve_names
 from probes.errors import ProbeError
 from probes.models import ALIASES, DEFAULT_MODEL, Model, NativeConfig, load, load_checkpoint, save_checkpoint
