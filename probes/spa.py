@@ -54,7 +54,7 @@ from transformer_lens.HookedRootModule import HookedRootModule
 
 from probes import kernels as K
 from probes.errors import ProbeError, suggest
-from probes.options import coerce, field_types, parse_pairs
+from probes.options import check_seed, coerce, field_types, parse_pairs
 
 ATTENTIONS = ("softmax", "uniform", "value-skipinit", "e-spa", "u-spa")
 NORMS = ("none", "pre", "post")
@@ -103,6 +103,27 @@ class SPAConfig:
             raise ProbeError(f"spa model: rho_last must be in [0, 1), got {self.rho_last}")
         if self.branch_scale is not None and not self.branch_scale > 0:
             raise ProbeError(f"spa model: branch_scale must be positive, got {self.branch_scale}")
+        check_seed(self.seed, "spa model: seed")
+
+    def n_params(self) -> int:
+        """Parameter count of :class:`SPATransformer` for this config."""
+        d, d_mlp = self.width, self.d_mlp or 4 * self.width
+        ln = 2 * d if self.norm != "none" else 0
+        block = 4 * d * d + ln + (2 * self.heads if self.attention == "value-skipinit" else 0)
+        if self.mlp:
+            block += 2 * d * d_mlp + ln
+        return 2 * self.d_vocab * d + self.depth * block
+
+    def n_bytes(self, training: bool = False) -> int:
+        """float32 weights (x4 when training: gradients and Adam's moments) + per-layer masks; SPA
+        variants add their float64 target kernels and float32 bias per layer."""
+        per_layer = self.n_ctx ** 2 * (1 + (8 * 3 + 4 if self.attention in SPA else 0))
+        return (16 if training else 4) * self.n_params() + self.depth * per_layer
+
+    def check_size(self, training: bool = False, device: Any = None) -> None:
+        from probes.models import check_size
+
+        check_size(self.n_params(), self.n_bytes(training), f"spa model (depth {self.depth}, width {self.width})", device)
 
     @property
     def head_dim(self) -> int:
@@ -378,6 +399,7 @@ def build(cfg: SPAConfig | str, device: str | torch.device | None = None, name: 
         name = name or cfg
         cfg = SPAConfig.parse(cfg)
     dev = device if isinstance(device, torch.device) else resolve_device(device)
+    cfg.check_size(device=dev)
     net = SPATransformer(cfg).to(dev).eval()
     info = ModelInfo(name=name or cfg.spec(), source="spa", resolved=cfg.spec(), causal=cfg.causal,
                      n_layers=cfg.depth, n_heads=cfg.heads, d_model=cfg.width, max_len=cfg.n_ctx,

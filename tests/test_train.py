@@ -9,6 +9,7 @@ from typer.testing import CliRunner
 
 from cli.main import app
 from probes import NativeConfig, ProbeError, load
+from probes.models import checkpoint_files
 from probes import synthetic
 from probes.synthetic import BOS, DataConfig
 from probes.train import (LOSS_LOG, OPTIMIZER_STATE, OPTIMIZER_WEIGHTS, TrainConfig, build_configs,
@@ -111,8 +112,10 @@ def test_checkpoint_loads_anywhere_a_model_name_is_accepted(tmp_path):
     assert again.info.source == "checkpoint" and again.info.n_layers == 1 and again.info.max_len == 24
     meta = json.loads((tmp_path / "m" / "depthprobe.json").read_text())
     assert meta["training"]["step"] == 10 and meta["native"]["d_model"] == 32
-    for name in (OPTIMIZER_WEIGHTS, OPTIMIZER_STATE, LOSS_LOG):
-        assert (tmp_path / "m" / name).exists()
+    current = checkpoint_files(tmp_path / "m")
+    assert current.parent == tmp_path / "m" and current.name == meta["checkpoint"]
+    for name in (OPTIMIZER_WEIGHTS, OPTIMIZER_STATE, LOSS_LOG, "model.safetensors", "depthprobe.json"):
+        assert (current / name).exists()
     with pytest.raises(ProbeError, match="pass --resume"):
         train(native, data, cfg, out=tmp_path / "m")
 
@@ -125,11 +128,12 @@ def test_resume_is_bit_identical_to_an_uninterrupted_run(tmp_path):
     resumed = train(*resume_configs(tmp_path / "b", steps=30), out=tmp_path / "b", resume=True)
     assert same(weights(resumed.model), weights(straight.model))
     assert [r["loss"] for r in resumed.losses] == pytest.approx([r["loss"] for r in straight.losses], abs=1e-5)
-    opt_a = json.loads((tmp_path / "a" / OPTIMIZER_STATE).read_text())
-    opt_b = json.loads((tmp_path / "b" / OPTIMIZER_STATE).read_text())
+    a, b = checkpoint_files(tmp_path / "a"), checkpoint_files(tmp_path / "b")
+    opt_a = json.loads((a / OPTIMIZER_STATE).read_text())
+    opt_b = json.loads((b / OPTIMIZER_STATE).read_text())
     assert opt_a["step"] == opt_b["step"] == 30
     from safetensors.torch import load_file
-    sa, sb = load_file(str(tmp_path / "a" / OPTIMIZER_WEIGHTS)), load_file(str(tmp_path / "b" / OPTIMIZER_WEIGHTS))
+    sa, sb = load_file(str(a / OPTIMIZER_WEIGHTS)), load_file(str(b / OPTIMIZER_WEIGHTS))
     assert sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
 
 
@@ -186,7 +190,7 @@ def test_cli_train_then_run_induction_on_the_checkpoint(tmp_path):
             "--steps", "10", "--batch-size", "4", "--save-every", "5", "--out", str(out)]
     res = runner.invoke(app, args)
     assert res.exit_code == 0, res.output
-    assert "step 10" in res.output and (out / "model.safetensors").exists()
+    assert "step 10" in res.output and (checkpoint_files(out) / "model.safetensors").exists()
     assert len((out / LOSS_LOG).read_text().splitlines()) == 2  # header + one row (log_every 50 > steps)
     res = runner.invoke(app, ["train", "--out", str(out), "--resume", "--steps", "15"])
     assert res.exit_code == 0, res.output
