@@ -106,15 +106,19 @@ def run(
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar on long runs."),
     parser: Optional[str] = typer.Option(None, "--parser", help="spaCy pipeline (name or directory) that parses "
                                          "raw-text --data (syntax); same as --option parser=NAME."),
+    max_params: Optional[int] = typer.Option(None, "--max-params", help="Refuse models with more parameters than this."),
 ) -> None:
     """Run a task on a model, print its summary and write a run directory."""
     from probes.api import run as api_run
     from probes.task import get_task
 
+    from probes.models import size_limit
+
     get_task(task)  # unknown task fails before anything is loaded
-    result = api_run(model, task, data, limit=limit, batch_size=batch_size, device=device, seed=seed,
-                     max_len=max_len, progress=progress and sys.stderr.isatty(),
-                     **parse_options(option) | ({"parser": parser} if parser else {}))
+    with size_limit(max_params):
+        result = api_run(model, task, data, limit=limit, batch_size=batch_size, device=device, seed=seed,
+                         max_len=max_len, progress=progress and sys.stderr.isatty(),
+                         **parse_options(option) | ({"parser": parser} if parser else {}))
     path = result.save(out)
     print_result(result)
     typer.echo(f"wrote {path}")

@@ -27,6 +27,7 @@ def sweep(
     attn_only: Optional[bool] = typer.Option(None, "--attn-only/--mlp", help="Attention-only blocks, or with MLPs."),
     dtype: Optional[str] = typer.Option(None, "--dtype", help="kernels: float32 or float64 (models built and run in it)."),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Show progress."),
+    max_params: Optional[int] = typer.Option(None, "--max-params", help="Refuse models with more parameters than this."),
 ) -> None:
     """Train or build one model per depth with identical settings; write one table and plots."""
     from probes.sweep import get_sweep, parse_depths, sweep as api_sweep
@@ -40,8 +41,11 @@ def sweep(
                 "steps": steps, "attn_only": attn_only, "dtype": dtype}
     options = {k: v for k, v in explicit.items() if v is not None}
     options.update(parse_options(option))
-    result = api_sweep(task, parse_depths(depths), seed=seed, device=device,
-                       progress=progress and sys.stderr.isatty(), **options)
+    from probes.models import size_limit
+
+    with size_limit(max_params):
+        result = api_sweep(task, parse_depths(depths), seed=seed, device=device,
+                           progress=progress and sys.stderr.isatty(), **options)
     path = result.save(out)
     print_result(result)
     typer.echo(f"wrote {path}")

@@ -1,7 +1,10 @@
 """`probe train`: build a native model of any depth and train it on synthetic data."""
 from __future__ import annotations
 
+import signal
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Optional
 
@@ -35,11 +38,11 @@ def train(
     threads: Optional[int] = typer.Option(None, "--threads", help="CPU threads while training (default 1: fastest for toy models)."),
     device: Optional[str] = typer.Option(None, "--device", help="cpu, cuda, cuda:N (default: CUDA when present)."),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar (loss, steps/s)."),
+    max_params: Optional[int] = typer.Option(None, "--max-params", help="Refuse models with more parameters than this."),
 ) -> None:
     """Train a native TransformerLens model with AdamW; checkpoints load anywhere a model name is accepted."""
     from probes.errors import ProbeError
-    from probes.models import resolve_device
-    from probes.train import build_configs, resume_configs, train as api_train
+    from probes.models import resolve_device, size_limit
 
     given = {k: v for k, v in {
         "layers": layers, "d_model": d_model, "heads": heads, "attn_only": attn_only, "norm": norm,
@@ -47,6 +50,14 @@ def train(
         "batch_size": batch_size, "lr": lr, "weight_decay": weight_decay, "warmup": warmup, "seed": seed,
         "save_every": save_every, "log_every": log_every, "threads": threads}.items() if v is not None}
     resolve_device(device)
+    with size_limit(max_params):
+        _train(given, out, resume, device, progress)
+
+
+def _train(given: dict, out: Optional[Path], resume: bool, device: Optional[str], progress: bool) -> None:
+    from probes.errors import ProbeError
+    from probes.train import build_configs, resume_configs, train as api_train
+
     if resume:
         if out is None:
             raise ProbeError("--resume needs --out pointing at the checkpoint directory to continue")
@@ -58,19 +69,37 @@ def train(
     if out.exists() and not out.is_dir():
         raise ProbeError(f"--out {out} is a file; give a directory")
     try:
-        done = api_train(native, data_cfg, cfg, out=out, resume=resume, device=device,
-                         progress=progress and sys.stderr.isatty())
-    except KeyboardInterrupt:
-        _interrupted(out)
+        with sigterm_interrupts():
+            done = api_train(native, data_cfg, cfg, out=out, resume=resume, device=device,
+                             progress=progress and sys.stderr.isatty())
+    except KeyboardInterrupt as exc:
+        _interrupted(out, 128 + (exc.args[0] if exc.args and isinstance(exc.args[0], int) else signal.SIGINT))
     last = done.losses[-1] if done.losses else {}
     typer.echo(f"trained {native.layers}-layer model to step {done.step}: loss {last.get('loss', float('nan')):.4f}, "
                f"{last.get('steps_per_s', 0):.1f} steps/s, {done.seconds:.0f} s")
-    typer.echo(f"wrote {out} (model.safetensors, depthprobe.json, optimizer state, loss.csv)")
+    typer.echo(f"wrote {out} (depthprobe.json naming the checkpoint folder: weights, optimizer state, loss.csv)")
     typer.echo(f"next: probe run --model {out} --task induction")
 
 
-def _interrupted(out: Path) -> None:
-    """Ctrl-C: say what was saved and how to continue, exit 130."""
+@contextmanager
+def sigterm_interrupts() -> Iterator[None]:
+    """Within the block, SIGTERM interrupts like Ctrl-C (KeyboardInterrupt carrying the signal number)."""
+    def handler(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt(signum)
+
+    try:
+        previous = signal.signal(signal.SIGTERM, handler)
+    except ValueError:  # not the main thread: leave SIGTERM alone
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _interrupted(out: Path, code: int = 130) -> None:
+    """Ctrl-C or SIGTERM: say which checkpoint is intact and how to continue; exit 128 + signal."""
     import json
 
     try:
@@ -79,4 +108,4 @@ def _interrupted(out: Path) -> None:
                    f"probe train --out {out} --resume", err=True)
     except (OSError, ValueError, KeyError):
         typer.echo("error: interrupted before the first checkpoint; nothing was written", err=True)
-    raise typer.Exit(130)
+    raise typer.Exit(code)

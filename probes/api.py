@@ -78,6 +78,9 @@ class Result:
 
 
 def seed_everything(seed: int) -> None:
+    from probes.options import check_seed
+
+    check_seed(seed)
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)

@@ -7,9 +7,15 @@ import dataclasses
 import hashlib
 import json
 import logging
+import math
 import os
+import secrets
+import shutil
 import socket
 import warnings
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -17,7 +23,7 @@ from typing import Any
 import torch
 
 from probes.errors import ProbeError, suggest
-from probes.options import coerce, field_types, parse_pairs
+from probes.options import check_seed, coerce, field_types, parse_pairs
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +77,17 @@ class NativeConfig:
             raise ProbeError(
                 f"native model: positional must be 'learned' or 'rotary', got {self.positional!r}"
             )
+        check_seed(self.seed, "native model: seed")
+
+    def n_params(self) -> int:
+        """Parameter count of the model ``boot_native`` builds (embeddings, blocks, final LN, unembed)."""
+        d, hd, h, L = self.d_model, self.head_dim, self.heads, self.layers
+        d_mlp = self.d_mlp if self.d_mlp is not None else 4 * d
+        ln = 2 * d if self.norm == "ln" else 0
+        attn = 3 * (d * h * hd + h * hd) + h * hd * d + d
+        mlp = 0 if self.attn_only else d * d_mlp + d_mlp + d_mlp * d + d + ln
+        pos = self.n_ctx * d if self.positional == "learned" else 0
+        return self.d_vocab * d + pos + L * (ln + attn + mlp) + ln + d * self.d_vocab
 
     @property
     def head_dim(self) -> int:
@@ -177,9 +194,27 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
         raise ProbeError(f"--device {device} asked for CUDA, but no GPU is visible; use --device cpu")
     if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
         raise ProbeError(f"--device {device}: only {torch.cuda.device_count()} GPU(s) visible")
+    if dev.type == "mps" and not _mps_available():
+        raise ProbeError(f"--device {device}: this PyTorch build has no MPS (Apple GPU) support; "
+                         f"available devices: {', '.join(available_devices())}")
     if dev.type not in ("cpu", "cuda", "mps"):
-        raise ProbeError(f"bad --device {device!r}; use cpu, cuda, cuda:N or auto")
+        raise ProbeError(f"bad --device {device!r}; available devices: {', '.join(available_devices())}")
     return dev
+
+
+def _mps_available() -> bool:
+    mps = getattr(torch.backends, "mps", None)
+    return bool(mps is not None and mps.is_available())
+
+
+def available_devices() -> list[str]:
+    """What --device accepts on this machine (auto always)."""
+    found = ["cpu"]
+    if torch.cuda.is_available():
+        found += ["cuda"] + [f"cuda:{i}" for i in range(torch.cuda.device_count())]
+    if _mps_available():
+        found.append("mps")
+    return found + ["auto"]
 
 
 def minilm_path() -> Path:
@@ -263,25 +298,30 @@ def _boot_hf(path_or_id: str, device: torch.device, dtype: torch.dtype | None) -
 
 def load(name: str | NativeConfig = DEFAULT_MODEL, device: str | None = None,
          dtype: torch.dtype | None = None) -> Model:
-    """Load a model by alias, Hugging Face id, local directory, native spec or checkpoint."""
+    """Load a model by alias, Hugging Face id, local directory, native spec or checkpoint.
+
+    An existing folder always wins over a spec; ``native:`` and ``spa:`` start specs."""
     dev = resolve_device(device)
     if isinstance(name, NativeConfig):
+        check_size(name.n_params(), native_bytes(name), f"native model {_spec(name)}", dev)
         return _load_native(name, "native", dev, dtype)
-    if name.startswith("native"):
-        return _load_native(NativeConfig.parse(name), name, dev, dtype)
+    if not name.strip():
+        raise ProbeError("--model is empty: give an alias, a Hugging Face id, a folder or native:...")
+    path = Path(name).expanduser()
+    if path.is_dir():
+        return _load_folder(name, path, dev, dtype)
+    if path.is_file():
+        raise ProbeError(f"--model {name} is a file; give the model's folder (config.json or {CHECKPOINT_CONFIG})")
+    if name.startswith("native:"):
+        cfg = NativeConfig.parse(name)
+        check_size(cfg.n_params(), native_bytes(cfg), f"native model {name}", dev)
+        return _load_native(cfg, name, dev, dtype)
+    if name.lower().startswith("native"):
+        raise ProbeError(f"--model {name!r} is neither an existing folder nor a native spec "
+                         f"(did you mean {_native_guess(name)} or ./{name}?)")
     if name.startswith("spa:"):  # probes.spa depth-study family (skipless, E-SPA, ...)
         from probes.spa import build
         return build(name, dev)
-    path = Path(name).expanduser()
-    if path.is_dir():
-        if (path / CHECKPOINT_CONFIG).exists():
-            return load_checkpoint(path, dev, dtype, name=name)
-        if not (path / "config.json").exists():
-            raise ProbeError(
-                f"{name} is a directory but holds neither config.json (Hugging Face format) nor "
-                f"{CHECKPOINT_CONFIG} (a depthprobe checkpoint); point --model at the model folder"
-            )
-        return _wrap_hf(name, "local", path, _boot_hf(str(path), dev, dtype), dev)
     if name == DEFAULT_MODEL:
         p = minilm_path()
         return _wrap_hf(name, "alias", p, _boot_hf(str(p), dev, dtype), dev)
@@ -294,6 +334,7 @@ def load(name: str | NativeConfig = DEFAULT_MODEL, device: str | None = None,
             raise ProbeError(f"unknown model {name!r}{hint}; `probe list models` shows the aliases")
     snap = cached_snapshot(repo_id)
     if snap is not None:
+        check_hf_folder(snap, name, dev)
         return _wrap_hf(name, "hub", snap, _boot_hf(str(snap), dev, dtype), dev, resolved=repo_id)
     if not _hub_reachable():
         raise _offline_error(name, repo_id)
@@ -303,6 +344,141 @@ def load(name: str | NativeConfig = DEFAULT_MODEL, device: str | None = None,
         raise ProbeError(f"could not load {repo_id!r} from the hub: {str(exc).splitlines()[0]}") from exc
     snap = cached_snapshot(repo_id)
     return _wrap_hf(name, "hub", snap or Path(repo_id), bridge, dev, resolved=repo_id)
+
+
+
+def _native_guess(name: str) -> str:
+    """'native;layers=6' -> 'native:layers=6'; 'native-run1' -> the default spec."""
+    rest = name[len("native"):].lstrip(";:,.=_- ")
+    return "native:" + rest if "=" in rest else "native:layers=2,d_model=64,heads=4"
+
+
+def _load_folder(name: str, path: Path, dev: torch.device, dtype: torch.dtype | None) -> Model:
+    if (path / CHECKPOINT_CONFIG).exists():
+        return load_checkpoint(path, dev, dtype, name=name)
+    if not (path / "config.json").exists():
+        raise ProbeError(
+            f"{name} is a directory but holds neither config.json (Hugging Face format) nor "
+            f"{CHECKPOINT_CONFIG} (a depthprobe checkpoint); point --model at the model folder"
+        )
+    check_hf_folder(path, name, dev)
+    return _wrap_hf(name, "local", path, _boot_hf(str(path), dev, dtype), dev)
+
+
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
+
+
+def _convert_hint(path: Path) -> str:
+    return (f"convert it once on a trusted machine: python -c \"from transformers import AutoModel; "
+            f"AutoModel.from_pretrained('{path}').save_pretrained('{path}', safe_serialization=True)\"")
+
+
+def check_hf_folder(path: Path, name: str, dev: torch.device | None = None) -> None:
+    """Refuse custom code (auto_map) and pickle-only weights; check the size from the safetensors headers."""
+    try:
+        config = json.loads((path / "config.json").read_text())
+    except (OSError, ValueError) as exc:
+        raise ProbeError(f"{path / 'config.json'} is not readable JSON ({exc}); restore the model folder") from None
+    if isinstance(config, dict) and config.get("auto_map"):
+        raise ProbeError(f"{path / 'config.json'} asks for custom model code (auto_map); depthprobe loads only "
+                         "safetensors and never runs custom code: use a model whose architecture is built into "
+                         "transformers")
+    tensors = sorted(path.glob("*.safetensors"))
+    if not tensors:
+        pickles = sorted(p.name for p in path.iterdir() if p.suffix in PICKLE_SUFFIXES)
+        if pickles:
+            raise ProbeError(f"{path} holds pickle weights ({', '.join(pickles)}) and no .safetensors; depthprobe "
+                             f"loads only safetensors and never runs custom code; {_convert_hint(path)}")
+        return
+    n = sum(_safetensors_numel(p) for p in tensors)
+    check_size(n, 4 * n, f"model {name}", dev)
+
+
+def _safetensors_numel(path: Path) -> int:
+    """Element count from a safetensors header (8-byte length + JSON), without reading the tensors."""
+    try:
+        with path.open("rb") as fh:
+            size = int.from_bytes(fh.read(8), "little")
+            if not 2 <= size <= 100_000_000:
+                raise ValueError(f"header length {size}")
+            header = json.loads(fh.read(size))
+        total = 0
+        for key, info in header.items():
+            if key != "__metadata__":
+                total += math.prod(int(x) for x in info["shape"])
+        return total
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise ProbeError(f"{path} is not a valid safetensors file ({exc}); re-download or re-save it") from None
+
+
+# ----------------------------------------------------------------------------- size check
+
+_MAX_PARAMS: ContextVar[int | None] = ContextVar("max_params", default=None)
+
+
+@contextmanager
+def size_limit(max_params: int | None) -> Iterator[None]:
+    """Refuse, within the block, models with more than ``max_params`` parameters (None: no limit)."""
+    if max_params is not None and max_params < 1:
+        raise ProbeError(f"--max-params must be at least 1, got {max_params}")
+    token = _MAX_PARAMS.set(max_params)
+    try:
+        yield
+    finally:
+        _MAX_PARAMS.reset(token)
+
+
+# TransformerBridge's Python wrappers and hook points per block (measured: about 150 KB a layer)
+BRIDGE_BYTES_PER_LAYER = 200_000
+
+
+def native_bytes(cfg: NativeConfig, training: bool = False) -> int:
+    """float32 weights (x4 when training: gradients and AdamW's two moments), causal masks and
+    the bridge's per-block objects."""
+    return (16 if training else 4) * cfg.n_params() + cfg.layers * (cfg.n_ctx ** 2 + BRIDGE_BYTES_PER_LAYER)
+
+
+def available_memory(dev: torch.device | None = None) -> int | None:
+    """Bytes free for a new model: free GPU memory on CUDA; MemAvailable (psutil or /proc/meminfo) on CPU."""
+    if dev is not None and dev.type == "cuda":
+        try:
+            return int(torch.cuda.mem_get_info(dev)[0])
+        except Exception:  # no query available: do not guess
+            return None
+    try:
+        import psutil
+
+        return int(psutil.virtual_memory().available)
+    except ImportError:
+        pass
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None  # unknown platform: only --max-params applies
+
+
+def _human(n: float, unit: str = "") -> str:
+    for suffix in ("", "K", "M", "G", "T", "P"):
+        if abs(n) < 1000 or suffix == "P":
+            return f"{n:.3g}{suffix}{unit}" if suffix else f"{n:.0f}{unit}"
+        n /= 1000
+    return str(n)
+
+
+def check_size(n_params: int, n_bytes: int, what: str, dev: torch.device | None = None) -> None:
+    """Refuse a model above ``--max-params`` or above the memory available, before building it."""
+    limit = _MAX_PARAMS.get()
+    if limit is not None and n_params > limit:
+        raise ProbeError(f"{what} has {n_params:,} parameters, above --max-params {limit:,}; "
+                         "make it smaller or raise --max-params")
+    free = available_memory(dev)
+    if free is not None and n_bytes > free:
+        where = "GPU" if dev is not None and dev.type == "cuda" else "machine"
+        raise ProbeError(f"{what} needs about {_human(n_bytes, 'B')} ({n_params:,} parameters) but the {where} "
+                         f"has {_human(free, 'B')} available; make the model smaller (fewer layers or a smaller width) or use a bigger machine")
 
 
 def _wrap_hf(name: str, source: str, path: Path, bridge: Any, dev: torch.device,
@@ -343,44 +519,158 @@ def _spec(cfg: NativeConfig) -> str:
     )
 
 
-def save_checkpoint(model: Model, directory: str | Path, extra: dict[str, Any] | None = None) -> Path:
-    """Write a native model as safetensors + depthprobe.json (never pickled)."""
+def save_checkpoint(model: Model, directory: str | Path, extra: dict[str, Any] | None = None,
+                    write_more: Callable[[Path], Any] | None = None) -> Path:
+    """Write a native model as safetensors + depthprobe.json (never pickled), atomically as a whole.
+
+    Every file goes into a fresh folder ``ckpt-...`` inside ``directory``; then ``directory/depthprobe.json``,
+    which names that folder under the key ``checkpoint``, is replaced in one ``os.replace``: that rename
+    is the single switch from the previous checkpoint to the new one. An interrupt at any moment leaves
+    one complete checkpoint behind. Older ``ckpt-*`` folders are removed after the switch.
+    ``write_more(folder)`` writes further files (optimizer state, loss log) into the new folder.
+    """
     from safetensors.torch import save_file
 
     if model.info.native is None:
         raise ProbeError("only native models can be saved as depthprobe checkpoints")
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
-    state = {k: v.detach().cpu().contiguous() for k, v in model.bridge.state_dict().items()}
-    tmp = out / (CHECKPOINT_WEIGHTS + ".tmp")
-    save_file(state, str(tmp))
-    os.replace(tmp, out / CHECKPOINT_WEIGHTS)
     meta = {"format": "depthprobe-native/1", "native": model.info.native, **(extra or {})}
-    tmpj = out / (CHECKPOINT_CONFIG + ".tmp")
-    tmpj.write_text(json.dumps(meta, indent=2))
-    os.replace(tmpj, out / CHECKPOINT_CONFIG)
+    step = (extra or {}).get("training", {}).get("step") if isinstance((extra or {}).get("training"), dict) else None
+    name = "ckpt-" + (f"{int(step):08d}-" if step is not None else "") + secrets.token_hex(4)
+    tmp = out / f".{name}.tmp"
+    tmp.mkdir()  # mode 0o777 & ~umask
+    state = {k: v.detach().cpu().contiguous() for k, v in model.bridge.state_dict().items()}
+    save_safetensors(save_file, state, tmp / CHECKPOINT_WEIGHTS)
+    if write_more is not None:
+        write_more(tmp)
+    (tmp / CHECKPOINT_CONFIG).write_text(json.dumps(meta, indent=2))
+    os.rename(tmp, out / name)  # a complete folder, not yet current
+    atomic_write_text(out / CHECKPOINT_CONFIG, json.dumps({**meta, "checkpoint": name}, indent=2))  # the switch
+    _prune(out, keep=name)
     return out
+
+
+def save_safetensors(save_file: Callable[..., Any], tensors: dict[str, torch.Tensor], path: Path) -> None:
+    """safetensors writes files with mode 600; give them the umask's mode like every other file."""
+    save_file(tensors, str(path))
+    os.chmod(path, 0o666 & ~current_umask())
+
+
+def current_umask() -> int:
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)  # no /proc: read it by setting it, then restore at once
+    os.umask(mask)
+    return mask
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+LEGACY_FILES = ("model.safetensors", "optimizer.safetensors", "optimizer.json")
+
+
+def _prune(out: Path, keep: str) -> None:
+    """Remove what the current checkpoint does not use: older ckpt-* folders, unfinished
+    .ckpt-*.tmp folders and temporary files of interrupted saves, files of the flat layout."""
+    for p in out.iterdir():
+        if p.name == keep:
+            continue
+        if p.is_dir() and (p.name.startswith("ckpt-") or (p.name.startswith(".ckpt-") and p.name.endswith(".tmp"))):
+            shutil.rmtree(p, ignore_errors=True)
+        elif p.is_file() and (p.name in LEGACY_FILES or (p.name.startswith(".") and p.name.endswith(".tmp"))
+                              or p.name.endswith((".safetensors.tmp", ".json.tmp", ".csv.tmp"))):
+            p.unlink(missing_ok=True)
+
+
+def checkpoint_meta(directory: str | Path) -> dict[str, Any]:
+    path = Path(directory) / CHECKPOINT_CONFIG
+    try:
+        meta = json.loads(path.read_text())
+        if not isinstance(meta, dict):
+            raise ValueError("not a JSON object")
+        return meta
+    except (OSError, ValueError) as exc:
+        raise ProbeError(f"{path} is not a valid depthprobe checkpoint config ({exc}); "
+                         "re-save it with probe train") from None
+
+
+def checkpoint_files(directory: str | Path, meta: dict[str, Any] | None = None) -> Path:
+    """The folder holding the current checkpoint's files: ``ckpt-...`` named by depthprobe.json,
+    or the directory itself (a flat checkpoint)."""
+    d = Path(directory)
+    meta = checkpoint_meta(d) if meta is None else meta
+    sub = meta.get("checkpoint")
+    if sub is None:
+        return d
+    if not isinstance(sub, str) or Path(sub).name != sub or sub in ("", ".", ".."):
+        raise ProbeError(f"{d / CHECKPOINT_CONFIG}: 'checkpoint' must name a folder inside {d}, got {sub!r}")
+    if not (d / sub).is_dir():
+        raise ProbeError(f"{d / CHECKPOINT_CONFIG} names the folder {sub}, which is missing from {d}; "
+                         "restore it or train afresh")
+    return d / sub
 
 
 def load_checkpoint(directory: str | Path, device: str | torch.device | None = None,
                     dtype: torch.dtype | None = None, name: str | None = None) -> Model:
-    from safetensors.torch import load_file
+    from safetensors import SafetensorError, safe_open
 
     d = Path(directory)
     dev = device if isinstance(device, torch.device) else resolve_device(device)
+    config = d / CHECKPOINT_CONFIG
+    meta = checkpoint_meta(d)
     try:
-        meta = json.loads((d / CHECKPOINT_CONFIG).read_text())
         cfg = NativeConfig(**meta["native"])
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise ProbeError(f"{d / CHECKPOINT_CONFIG} is not a valid depthprobe checkpoint config: {exc}") from None
-    weights = d / CHECKPOINT_WEIGHTS
+    except (KeyError, TypeError) as exc:
+        raise ProbeError(f"{config} is not a valid depthprobe checkpoint config: {exc}") from None
+    weights = checkpoint_files(d, meta) / CHECKPOINT_WEIGHTS
     if not weights.exists():
         raise ProbeError(f"checkpoint {d} has no {CHECKPOINT_WEIGHTS}; re-save it with probe train")
+    check_size(cfg.n_params(), native_bytes(cfg), f"checkpoint {d}", dev)
+    try:
+        with safe_open(str(weights), framework="pt", device="cpu") as fh:
+            found = {k: tuple(fh.get_slice(k).get_shape()) for k in fh.keys()}
+    except (SafetensorError, OSError, ValueError) as exc:
+        raise ProbeError(f"{weights} is not a readable safetensors file ({str(exc).splitlines()[0]}); "
+                         "the file is truncated or corrupt: restore it or re-save with probe train") from None
     model = _load_native(cfg, name or str(d), dev, dtype, weights=_hash_file(weights))
-    state = load_file(str(weights), device=str(dev))
+    expected = {k: tuple(v.shape) for k, v in model.bridge.state_dict().items()}
+    _check_shapes(expected, found, config, weights)
+    try:
+        with safe_open(str(weights), framework="pt", device=str(dev)) as fh:
+            state = {k: fh.get_tensor(k) for k in fh.keys()}
+    except (SafetensorError, OSError, ValueError) as exc:
+        raise ProbeError(f"{weights} is not a readable safetensors file ({str(exc).splitlines()[0]}); "
+                         "the file is truncated or corrupt: restore it or re-save with probe train") from None
     model.bridge.load_state_dict(state)
     model.info = dataclasses.replace(model.info, source="checkpoint", resolved=str(d))
     return model
+
+
+def _check_shapes(expected: dict[str, tuple[int, ...]], found: dict[str, tuple[int, ...]], config: Path,
+                  weights: Path) -> None:
+    for key, shape in expected.items():
+        if key not in found:
+            raise ProbeError(f"{config} does not match {weights}: tensor {key} (shape {list(shape)}) is missing "
+                             "from the weights; the config and the weights come from different models")
+        if found[key] != shape:
+            raise ProbeError(f"{config} does not match {weights}: {key} should be {list(shape)} by the config "
+                             f"but is {list(found[key])} in the weights; restore the matching depthprobe.json")
+    extra = sorted(set(found) - set(expected))
+    if extra:
+        raise ProbeError(f"{config} does not match {weights}: the weights hold {extra[0]}, which the config's "
+                         "model lacks; restore the matching depthprobe.json")
 
 
 def offline_models() -> list[dict[str, str]]:

@@ -56,3 +56,12 @@ def parse_pairs(spec: str, kind: str, keys: list[str], example: str) -> dict[str
 
 def field_types(cls: type) -> dict[str, str]:
     return {f.name: str(f.type) for f in dataclasses.fields(cls)}
+
+
+SEED_MAX = 2**32 - 1  # numpy's RandomState accepts 0..2**32-1; torch accepts more, so this is the bound
+
+
+def check_seed(seed: Any, where: str = "--seed") -> None:
+    """Seeds are integers in 0..2**32-1 (what numpy, torch and Python's random all accept)."""
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= SEED_MAX:
+        raise ProbeError(f"{where} must be an integer from 0 to {SEED_MAX} (2**32-1), got {seed}")

@@ -63,7 +63,7 @@ from transformer_lens.HookedRootModule import HookedRootModule
 
 from probes import kernels as K
 from probes.errors import ProbeError, suggest
-from probes.options import coerce, field_types, parse_pairs
+from probes.options import check_seed, coerce, field_types, parse_pairs
 
 ATTENTIONS = ("softmax", "uniform", "value-skipinit", "e-spa", "u-spa")
 NORMS = ("none", "pre", "post")
@@ -117,6 +117,7 @@ class SPAConfig:
             raise ProbeError(f"spa model: branch_scale must be positive, got {self.branch_scale}")
         if self.dtype not in DTYPES:
             raise ProbeError(f"spa model: dtype must be float32 or float64, got {self.dtype!r}")
+        check_seed(self.seed, "spa model: seed")
         if self.mlp and self.attention in KERNEL_CONTROLLED:
             raise ProbeError(f"spa model: {self.attention} with MLP blocks is refused: its attention holds a target "
                              "kernel, but plain ReLU MLPs push cosines toward 1 and nothing here builds the TAT-style "
@@ -126,6 +127,27 @@ class SPAConfig:
     @property
     def torch_dtype(self) -> torch.dtype:
         return DTYPES[self.dtype]
+
+    def n_params(self) -> int:
+        """Parameter count of :class:`SPATransformer` for this config."""
+        d, d_mlp = self.width, self.d_mlp or 4 * self.width
+        ln = 2 * d if self.norm != "none" else 0
+        block = 4 * d * d + ln + (2 * self.heads if self.attention == "value-skipinit" else 0)
+        if self.mlp:
+            block += 2 * d * d_mlp + ln
+        return 2 * self.d_vocab * d + self.depth * block
+
+    def n_bytes(self, training: bool = False) -> int:
+        """float32 weights (x4 when training: gradients and Adam's moments) + per-layer masks; SPA
+        variants add their float64 target kernels and float32 bias per layer."""
+        per_layer = self.n_ctx ** 2 * (1 + (8 * 3 + 4 if self.attention in SPA else 0))
+        scale = 2 if self.dtype == "float64" else 1
+        return scale * (16 if training else 4) * self.n_params() + self.depth * per_layer
+
+    def check_size(self, training: bool = False, device: Any = None) -> None:
+        from probes.models import check_size
+
+        check_size(self.n_params(), self.n_bytes(training), f"spa model (depth {self.depth}, width {self.width})", device)
 
     @property
     def head_dim(self) -> int:
@@ -409,6 +431,7 @@ def build(cfg: SPAConfig | str, device: str | torch.device | None = None, name: 
         name = name or cfg
         cfg = SPAConfig.parse(cfg)
     dev = device if isinstance(device, torch.device) else resolve_device(device)
+    cfg.check_size(device=dev)
     net = SPATransformer(cfg).to(dev).eval()
     info = ModelInfo(name=name or cfg.spec(), source="spa", resolved=cfg.spec(), causal=cfg.causal,
                      n_layers=cfg.depth, n_heads=cfg.heads, d_model=cfg.width, max_len=cfg.n_ctx,

@@ -11,10 +11,13 @@ function directly from the innermost ``nn.Module``s (the very same parameter ten
 fused LayerNorm and ``scaled_dot_product_attention``. Nothing is copied: after training,
 the bridge (hooks and all) computes this function, which ``tests/test_train.py`` checks.
 
-Checkpoints (never pickled): ``model.safetensors`` + ``depthprobe.json`` (via
-:func:`probes.models.save_checkpoint`, the training state under the key ``training``),
-``optimizer.safetensors`` (AdamW tensors) + ``optimizer.json`` (scalar state), ``loss.csv``.
-A resumed run continues from the saved step with bit-identical weights.
+Checkpoints (never pickled), written by :func:`probes.models.save_checkpoint` as a whole: a
+folder ``ckpt-<step>-<id>/`` with ``model.safetensors``, ``depthprobe.json`` (the training state
+under the key ``training``), ``optimizer.safetensors`` (AdamW tensors), ``optimizer.json`` (scalar
+state) and ``loss.csv``; then ``OUT/depthprobe.json``, naming that folder, is replaced in one
+atomic rename. An interrupt at any moment leaves the previous checkpoint whole and resumable.
+``OUT/loss.csv`` is a copy of the log for reading. A resumed run continues from the saved step
+with bit-identical weights.
 """
 from __future__ import annotations
 
@@ -40,10 +43,17 @@ from probes.models import (
     CHECKPOINT_CONFIG,
     Model,
     NativeConfig,
+    atomic_write_text,
+    check_size,
+    checkpoint_files,
     load,
     load_checkpoint,
+    native_bytes,
+    resolve_device,
     save_checkpoint,
+    save_safetensors,
 )
+from probes.options import check_seed
 from probes.runtime import torch_threads
 from probes.synthetic import DataConfig
 
@@ -81,6 +91,7 @@ class TrainConfig:
             raise ProbeError(f"--threads must be at least 1, got {self.threads}")
         if self.grad_clip is not None and self.grad_clip <= 0:
             raise ProbeError(f"--grad-clip must be positive (or omitted), got {self.grad_clip}")
+        check_seed(self.seed)
 
     def lr_at(self, step: int) -> float:
         """Learning rate for the update that takes the model from ``step`` to ``step + 1``."""
@@ -168,20 +179,21 @@ def save_optimizer(opt: torch.optim.Optimizer, directory: Path, step: int) -> No
                 tensors[f"state.{idx}.{key}"] = value.detach().cpu().contiguous()
             else:
                 scalars.setdefault(str(idx), {})[key] = value
-    _atomic(directory / OPTIMIZER_WEIGHTS, lambda p: save_file(tensors, str(p)))
+    _atomic(directory / OPTIMIZER_WEIGHTS, lambda p: save_safetensors(save_file, tensors, p))
     meta = {"format": "depthprobe-adamw/1", "step": step, "param_groups": sd["param_groups"],
             "scalars": scalars}
     _atomic(directory / OPTIMIZER_STATE, lambda p: p.write_text(json.dumps(meta, indent=2)))
 
 
 def load_optimizer(opt: torch.optim.Optimizer, directory: Path) -> int:
-    """Restore what :func:`save_optimizer` wrote; returns the step it was saved at."""
+    """Restore what :func:`save_optimizer` wrote (in the checkpoint's folder); returns its step."""
     from safetensors.torch import load_file
 
+    directory = checkpoint_files(directory)
     try:
         meta = json.loads((directory / OPTIMIZER_STATE).read_text())
         tensors = load_file(str(directory / OPTIMIZER_WEIGHTS))
-    except (OSError, ValueError) as exc:
+    except Exception as exc:  # SafetensorError is not an OSError
         raise ProbeError(f"cannot resume from {directory}: optimizer state unreadable ({exc}); "
                          "train afresh with a new --out") from None
     state: dict[int, dict[str, Any]] = {}
@@ -197,15 +209,18 @@ def load_optimizer(opt: torch.optim.Optimizer, directory: Path) -> int:
 
 def _atomic(path: Path, write: Callable[[Path], Any]) -> None:
     tmp = path.with_name(path.name + ".tmp")
-    write(tmp)
-    os.replace(tmp, path)
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 # ----------------------------------------------------------------------------- loss log
 
 
 def read_loss_log(directory: Path, upto: int | None = None) -> list[dict[str, float]]:
-    path = directory / LOSS_LOG
+    path = (checkpoint_files(directory) if (directory / CHECKPOINT_CONFIG).exists() else directory) / LOSS_LOG
     if not path.exists():
         return []
     with path.open(newline="") as fh:
@@ -249,12 +264,15 @@ def training_meta(native: NativeConfig, data: DataConfig, cfg: TrainConfig, step
 
 def save(model: Model, opt: torch.optim.Optimizer, directory: Path, native: NativeConfig,
          data: DataConfig, cfg: TrainConfig, step: int, losses: list[dict[str, float]]) -> None:
-    """Optimizer first, then weights, then depthprobe.json: the config names a complete step."""
-    directory.mkdir(parents=True, exist_ok=True)
-    save_optimizer(opt, directory, step)
-    write_loss_log(directory, losses)
+    """Weights, optimizer state, loss log and config into one new folder, then one atomic switch
+    (see :func:`probes.models.save_checkpoint`); then the readable copy ``OUT/loss.csv``."""
+    def write_more(folder: Path) -> None:
+        save_optimizer(opt, folder, step)
+        write_loss_log(folder, losses)
+
     last = losses[-1]["loss"] if losses else None
-    save_checkpoint(model, directory, training_meta(native, data, cfg, step, last))
+    save_checkpoint(model, directory, training_meta(native, data, cfg, step, last), write_more)
+    write_loss_log(directory, losses)
 
 
 def read_training(directory: Path) -> dict[str, Any]:
@@ -290,6 +308,9 @@ def train(native: NativeConfig, data: DataConfig, cfg: TrainConfig, *, out: str 
     the model in eval mode; it must not change the weights.
     """
     check_shapes(native, data)
+    dev = resolve_device(device)
+    check_size(native.n_params(), native_bytes(native, training=True), f"native model ({native.layers} layers, "
+               f"d_model {native.d_model})", dev)
     path = None if out is None else Path(out)
     start, losses = 0, []
     if resume:
@@ -414,6 +435,7 @@ def build_configs(**settings: Any) -> tuple[NativeConfig, DataConfig, TrainConfi
     if unknown_keys:
         raise ProbeError(f"unknown training setting(s) {sorted(unknown_keys)}; known: {', '.join(DEFAULTS)}")
     s = {**DEFAULTS, **settings}
+    check_seed(s["seed"])
     native = NativeConfig(layers=s["layers"], d_model=s["d_model"], heads=s["heads"], d_vocab=s["vocab"],
                           n_ctx=s["seq_len"], attn_only=s["attn_only"], norm=s["norm"],
                           positional=s["positional"], seed=s["seed"])
@@ -421,6 +443,8 @@ def build_configs(**settings: Any) -> tuple[NativeConfig, DataConfig, TrainConfi
     cfg = TrainConfig(steps=s["steps"], batch_size=s["batch_size"], lr=s["lr"], weight_decay=s["weight_decay"],
                       warmup=s["warmup"], grad_clip=s["grad_clip"], seed=s["seed"], save_every=s["save_every"],
                       log_every=s["log_every"], threads=s["threads"])
+    check_size(native.n_params(), native_bytes(native, training=True),
+               f"native model ({native.layers} layers, d_model {native.d_model})")
     return native, data, cfg
 
 

@@ -407,8 +407,11 @@ def sweep_configs(depths: tuple[int, ...], o: SweepOptions, seed: int) -> dict[t
         raise ProbeError(f"heatmap_depths {bad} must be layers of the deepest model, 0..{max(depths)}")
     common = dict(width=o.width, heads=o.heads, n_ctx=o.seq_len, d_vocab=max(4096, o.seq_len), causal=o.causal,
                   mlp=not o.attn_only, gamma_last=o.gamma_last, rho_last=o.rho_last, seed=seed, dtype=o.dtype)
-    return {(v, d): spa.SPAConfig(**{**common, **spa.variant_config(v, d, o.attention)})
+    cfgs = {(v, d): spa.SPAConfig(**{**common, **spa.variant_config(v, d, o.attention)})
             for v in o.variants for d in depths}
+    for cfg in cfgs.values():  # one model at a time is in memory: each must fit
+        cfg.check_size(training=o.steps > 0)
+    return cfgs
 
 
 def heatmap_layers(depths: tuple[int, ...], o: SweepOptions) -> list[int]:

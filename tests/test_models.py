@@ -98,3 +98,162 @@ def test_checkpoint_without_weights_is_explained(tmp_path):
     (tmp_path / "depthprobe.json").write_text(json.dumps({"native": {"layers": 1}}))
     with pytest.raises(ProbeError, match="has no model.safetensors"):
         load_checkpoint(tmp_path)
+
+
+# ----------------------------------------------------------------------------- bad models and checkpoints
+
+from typer.testing import CliRunner  # noqa: E402
+
+from cli.main import app  # noqa: E402
+
+runner = CliRunner()
+INDUCTION = ["--task", "induction", "-O", "repeat_len=6", "-O", "n_seqs=2"]
+
+
+def user_error(args, *fragments):
+    """Exit 2 with exactly one line, 'error: ...', holding every fragment; returns that line."""
+    res = runner.invoke(app, args)
+    assert res.exit_code == 2, res.output
+    lines = [ln for ln in res.output.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in res.output, res.output
+    for f in fragments:
+        assert f in lines[0], lines[0]
+    return lines[0]
+
+
+def small_checkpoint(directory, d_model=16):
+    model = load(f"native:layers=1,d_model={d_model},heads=2,d_vocab=20,n_ctx=24,seed=5", device="cpu")
+    save_checkpoint(model, directory)
+    return model
+
+
+def test_existing_folder_named_native_wins_over_the_spec(tmp_path, monkeypatch):
+    small_checkpoint(tmp_path / "native-run1")
+    monkeypatch.chdir(tmp_path)
+    model = load("native-run1", device="cpu")
+    assert model.info.source == "checkpoint" and model.info.d_model == 16 and model.info.n_layers == 1
+    res = runner.invoke(app, ["run", "-m", "native-run1", *INDUCTION, "--out", str(tmp_path / "run")])
+    assert res.exit_code == 0, res.output
+    manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
+    assert manifest["model"]["source"] == "checkpoint" and manifest["model"]["d_model"] == 16
+
+
+@pytest.mark.parametrize("name, hint", [
+    ("native;layers=6", "did you mean native:layers=6 or ./native;layers=6?"),
+    ("nativelayers=2", "did you mean native:layers=2 or ./nativelayers=2?"),
+    ("native-run2", "did you mean native:layers=2,d_model=64,heads=4 or ./native-run2?"),
+    ("native", "neither an existing folder nor a native spec"),
+])
+def test_names_starting_with_native_are_a_folder_or_a_spec(tmp_path, monkeypatch, name, hint):
+    monkeypatch.chdir(tmp_path)
+    user_error(["run", "-m", name, *INDUCTION], hint)
+
+
+def test_empty_model_name_has_its_own_message():
+    line = user_error(["run", "-m", "", *INDUCTION])
+    assert line == "error: --model is empty: give an alias, a Hugging Face id, a folder or native:..."
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["run", "-m", "native:layers=100000,d_model=64,heads=4", *INDUCTION], "1,676,824,704 parameters"),
+    (["run", "-m", "native:layers=1,d_model=100000,heads=1", *INDUCTION], "40,039,200,000 parameters"),
+    (["sweep", "--task", "kernels", "--depths", "100000"], "spa model (depth 100000, width 256)"),
+    (["sweep", "--task", "induction", "--depths", "1,100000"], "native model (100000 layers"),
+    (["train", "--layers", "100000"], "native model (100000 layers"),
+])
+def test_models_too_big_for_the_machine_are_refused_before_building(monkeypatch, tmp_path, args, fragment):
+    import probes.models
+
+    monkeypatch.setattr(probes.models, "available_memory", lambda dev=None: 8 * 10**9)  # an 8 GB machine
+    user_error([*args, "--out", str(tmp_path / "o")], fragment, "8GB available")
+    assert not (tmp_path / "o").exists()
+
+
+def test_parameter_counts_are_exact_and_max_params_refuses(tmp_path):
+    from probes.spa import SPAConfig, SPATransformer
+
+    for spec in ("native:layers=3,d_model=48,heads=4,attn_only=false",
+                 "native:layers=2,d_model=32,heads=4,positional=rotary,norm=none,attn_only=false,d_mlp=50"):
+        model = load(spec, device="cpu")
+        assert NativeConfig.parse(spec).n_params() == sum(p.numel() for p in model.bridge.original_model.parameters())
+    cfg = SPAConfig(attention="value-skipinit", mlp=True, norm="pre", depth=3, width=32, d_vocab=100, n_ctx=16)
+    assert cfg.n_params() == sum(p.numel() for p in SPATransformer(cfg).parameters()) == 43672
+    user_error(["run", "-m", "native:layers=2", "--max-params", "1000", *INDUCTION],
+               "58,240 parameters, above --max-params 1,000")
+    user_error(["sweep", "--task", "kernels", "--depths", "3", "--max-params", "1000", "--out", str(tmp_path / "s")],
+               "above --max-params 1,000")
+    user_error(["train", "--max-params", "1000", "--out", str(tmp_path / "t")], "above --max-params 1,000")
+    assert not (tmp_path / "s").exists() and not (tmp_path / "t").exists()
+
+
+def _hf_copy(src, dst):
+    import shutil
+
+    shutil.copytree(src, dst)
+    return dst
+
+
+def test_pickle_weights_and_custom_code_are_refused(tiny_bert_dir, tmp_path):
+    pick = _hf_copy(tiny_bert_dir, tmp_path / "pickled")
+    for p in pick.glob("*.safetensors"):
+        p.unlink()
+    (pick / "pytorch_model.bin").write_bytes(b"\x80\x04not really a pickle")
+    user_error(["run", "-m", str(pick), "--out", str(tmp_path / "r")],
+               "pytorch_model.bin", "loads only safetensors", "never runs custom code",
+               "save_pretrained(", "safe_serialization=True")
+    custom = _hf_copy(tiny_bert_dir, tmp_path / "custom")
+    cfg = json.loads((custom / "config.json").read_text())
+    cfg["auto_map"] = {"AutoModel": "modeling_evil.EvilModel"}
+    (custom / "config.json").write_text(json.dumps(cfg))
+    user_error(["run", "-m", str(custom), "--out", str(tmp_path / "r")], "auto_map", "never runs custom code")
+    assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize("damage", ["truncate", "random"])
+def test_corrupt_checkpoint_weights_name_the_file(tmp_path, damage):
+    from probes.models import checkpoint_files
+
+    small_checkpoint(tmp_path / "ck")
+    weights = checkpoint_files(tmp_path / "ck") / "model.safetensors"
+    data = weights.read_bytes()
+    weights.write_bytes(data[: len(data) // 2] if damage == "truncate" else bytes(range(256)) * 40)
+    user_error(["run", "-m", str(tmp_path / "ck"), *INDUCTION], str(weights), "not a readable safetensors file")
+
+
+def test_checkpoint_config_that_disagrees_with_the_weights_names_the_mismatch(tmp_path):
+    small_checkpoint(tmp_path / "ck", d_model=16)
+    meta = json.loads((tmp_path / "ck" / "depthprobe.json").read_text())
+    meta["native"]["d_model"] = 32
+    (tmp_path / "ck" / "depthprobe.json").write_text(json.dumps(meta))
+    line = user_error(["run", "-m", str(tmp_path / "ck"), *INDUCTION], str(tmp_path / "ck" / "depthprobe.json"),
+                      "does not match")
+    assert "should be [20, 32] by the config but is [20, 16] in the weights" in line
+
+
+def test_device_without_support_and_seed_out_of_range():
+    if not torch.backends.mps.is_available():
+        user_error(["run", "-m", "native:layers=1", "--device", "mps", *INDUCTION],
+                   "no MPS", "available devices: cpu")
+    for cmd in (["run", "-m", "native:layers=1", *INDUCTION], ["train"], ["sweep", "--task", "kernels", "--depths", "1"]):
+        user_error([*cmd, "--seed", "99999999999999999999999"], "--seed must be an integer from 0 to 4294967295")
+    user_error(["run", "-m", "native:layers=1", "--seed", "-1", *INDUCTION], "from 0 to 4294967295")
+
+
+@pytest.mark.parametrize("umask, file_mode, dir_mode", [(0o022, 0o644, 0o755), (0o027, 0o640, 0o750)])
+def test_checkpoint_files_follow_the_umask(tmp_path, umask, file_mode, dir_mode):
+    import os
+    import stat
+
+    from probes.train import build_configs, train
+
+    old = os.umask(umask)
+    try:
+        train(*build_configs(layers=1, d_model=16, heads=2, vocab=16, seq_len=12, steps=2, batch_size=2,
+                             save_every=1), out=tmp_path / "m")
+    finally:
+        os.umask(old)
+    found = list((tmp_path / "m").rglob("*"))
+    assert any(p.suffix == ".safetensors" for p in found) and len(found) >= 7
+    for p in found:
+        want = dir_mode if p.is_dir() else file_mode
+        assert stat.S_IMODE(p.stat().st_mode) == want, (p, oct(p.stat().st_mode))

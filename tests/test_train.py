@@ -9,6 +9,7 @@ from typer.testing import CliRunner
 
 from cli.main import app
 from probes import NativeConfig, ProbeError, load
+from probes.models import checkpoint_files
 from probes import synthetic
 from probes.synthetic import BOS, DataConfig
 from probes.train import (LOSS_LOG, OPTIMIZER_STATE, OPTIMIZER_WEIGHTS, TrainConfig, build_configs,
@@ -111,8 +112,10 @@ def test_checkpoint_loads_anywhere_a_model_name_is_accepted(tmp_path):
     assert again.info.source == "checkpoint" and again.info.n_layers == 1 and again.info.max_len == 24
     meta = json.loads((tmp_path / "m" / "depthprobe.json").read_text())
     assert meta["training"]["step"] == 10 and meta["native"]["d_model"] == 32
-    for name in (OPTIMIZER_WEIGHTS, OPTIMIZER_STATE, LOSS_LOG):
-        assert (tmp_path / "m" / name).exists()
+    current = checkpoint_files(tmp_path / "m")
+    assert current.parent == tmp_path / "m" and current.name == meta["checkpoint"]
+    for name in (OPTIMIZER_WEIGHTS, OPTIMIZER_STATE, LOSS_LOG, "model.safetensors", "depthprobe.json"):
+        assert (current / name).exists()
     with pytest.raises(ProbeError, match="pass --resume"):
         train(native, data, cfg, out=tmp_path / "m")
 
@@ -125,11 +128,12 @@ def test_resume_is_bit_identical_to_an_uninterrupted_run(tmp_path):
     resumed = train(*resume_configs(tmp_path / "b", steps=30), out=tmp_path / "b", resume=True)
     assert same(weights(resumed.model), weights(straight.model))
     assert [r["loss"] for r in resumed.losses] == pytest.approx([r["loss"] for r in straight.losses], abs=1e-5)
-    opt_a = json.loads((tmp_path / "a" / OPTIMIZER_STATE).read_text())
-    opt_b = json.loads((tmp_path / "b" / OPTIMIZER_STATE).read_text())
+    a, b = checkpoint_files(tmp_path / "a"), checkpoint_files(tmp_path / "b")
+    opt_a = json.loads((a / OPTIMIZER_STATE).read_text())
+    opt_b = json.loads((b / OPTIMIZER_STATE).read_text())
     assert opt_a["step"] == opt_b["step"] == 30
     from safetensors.torch import load_file
-    sa, sb = load_file(str(tmp_path / "a" / OPTIMIZER_WEIGHTS)), load_file(str(tmp_path / "b" / OPTIMIZER_WEIGHTS))
+    sa, sb = load_file(str(a / OPTIMIZER_WEIGHTS)), load_file(str(b / OPTIMIZER_WEIGHTS))
     assert sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
 
 
@@ -186,7 +190,7 @@ def test_cli_train_then_run_induction_on_the_checkpoint(tmp_path):
             "--steps", "10", "--batch-size", "4", "--save-every", "5", "--out", str(out)]
     res = runner.invoke(app, args)
     assert res.exit_code == 0, res.output
-    assert "step 10" in res.output and (out / "model.safetensors").exists()
+    assert "step 10" in res.output and (checkpoint_files(out) / "model.safetensors").exists()
     assert len((out / LOSS_LOG).read_text().splitlines()) == 2  # header + one row (log_every 50 > steps)
     res = runner.invoke(app, ["train", "--out", str(out), "--resume", "--steps", "15"])
     assert res.exit_code == 0, res.output
@@ -208,3 +212,92 @@ def test_cli_train_bad_inputs(tmp_path):
     assert_user_error(runner.invoke(app, ["train", "--positional", "alibi", "--out", str(tmp_path / "a")]),
                       "positional")
     assert not (tmp_path / "a").exists()
+
+
+# ----------------------------------------------------------------------------- interrupted saves
+
+
+@pytest.mark.parametrize("crash_in, after", [("probes.train.save_optimizer", False),
+                                             ("probes.train.save_optimizer", True),
+                                             ("probes.models.atomic_write_text", False)])
+def test_a_crash_inside_a_save_leaves_the_previous_checkpoint_resumable(tmp_path, monkeypatch, crash_in, after):
+    """Kill the save between the new weights and the optimizer state, between the optimizer state
+    and the loss log, or with the new folder complete just before the switch: the step-10
+    checkpoint must stay whole and resume bit-identically."""
+    import importlib
+
+    settings = {**TINY, "save_every": 10}
+    straight = train(*build_configs(**settings, steps=30), out=tmp_path / "a")
+    train(*build_configs(**settings, steps=10), out=tmp_path / "b")
+    module_name, func = crash_in.rsplit(".", 1)
+    module = importlib.import_module(module_name)
+    real = getattr(module, func)
+
+    def crash(*args, **kwargs):
+        if after:
+            real(*args, **kwargs)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(module, func, crash)
+    with pytest.raises(KeyboardInterrupt):
+        train(*resume_configs(tmp_path / "b", steps=30), out=tmp_path / "b", resume=True)
+    monkeypatch.setattr(module, func, real)
+    meta = json.loads((tmp_path / "b" / "depthprobe.json").read_text())
+    assert meta["training"]["step"] == 10
+    assert json.loads((checkpoint_files(tmp_path / "b") / OPTIMIZER_STATE).read_text())["step"] == 10
+    resumed = train(*resume_configs(tmp_path / "b", steps=30), out=tmp_path / "b", resume=True)
+    assert same(weights(resumed.model), weights(straight.model))
+    leftovers = [p.name for p in (tmp_path / "b").iterdir() if p.name.startswith((".", "ckpt-"))]
+    assert leftovers == [checkpoint_files(tmp_path / "b").name]  # stale folders of the crash are gone
+
+
+def _train_cmd(out, steps):
+    import sys
+    from pathlib import Path
+
+    probe = Path(sys.executable).with_name("probe")
+    return [str(probe), "train", "--layers", "1", "--d-model", "32", "--heads", "2", "--vocab", "16",
+            "--seq-len", "24", "--batch-size", "4", "--warmup", "5", "--log-every", "1", "--save-every", "1",
+            "--steps", str(steps), "--no-progress", "--out", str(out)]
+
+
+@pytest.mark.slow
+def test_sigint_and_sigterm_during_saving_leave_a_resumable_checkpoint(tmp_path):
+    """A real `probe train --save-every 1` interrupted again and again, mostly mid-save."""
+    import os
+    import random
+    import signal
+    import subprocess
+    import time
+
+    out, rng = tmp_path / "m", random.Random(11)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    resume: list[str] = []
+    for i, sig in enumerate([signal.SIGINT, signal.SIGTERM] * 3):
+        proc = subprocess.Popen(_train_cmd(out, 100000) + resume, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True, env=env)
+        deadline = time.monotonic() + 300
+        while not (out / "depthprobe.json").exists() and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.02)
+        first = json.loads((out / "depthprobe.json").read_text())["training"]["step"]
+        while time.monotonic() < deadline and proc.poll() is None:  # wait for a later save to begin
+            saving = any(p.name.startswith(".ckpt-") for p in out.iterdir())
+            if saving and json.loads((out / "depthprobe.json").read_text())["training"]["step"] > first:
+                break
+            time.sleep(0.001)
+        time.sleep(rng.uniform(0, 0.004) if i % 2 else 0)  # at once, or a random moment later
+        proc.send_signal(sig)
+        _, err = proc.communicate(timeout=120)
+        assert proc.returncode == 128 + sig, err
+        lines = err.strip().splitlines()
+        assert len(lines) == 1 and "continue with probe train --out" in lines[0] and "--resume" in lines[0], err
+        step = json.loads((out / "depthprobe.json").read_text())["training"]["step"]
+        assert f"checkpoint of step {step}:" in lines[0]
+        resume = ["--resume"]
+    final = step + 3
+    done = subprocess.run(_train_cmd(out, final) + ["--resume"], capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert json.loads((out / "depthprobe.json").read_text())["training"]["step"] == final
+    straight = train(*build_configs(layers=1, d_model=32, heads=2, vocab=16, seq_len=24, batch_size=4, warmup=5,
+                                    log_every=1, save_every=final, steps=final))
+    assert same(weights(load(str(out), device="cpu")), weights(straight.model))
