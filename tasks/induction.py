@@ -464,7 +464,9 @@ def summarise(scores: pd.DataFrame, top: int, model_level: dict[str, float]) -> 
     for metric, value in model_level.items():
         out.append({"metric": metric, "mean": round(value, 4), "chance": None, "heads_over_0.5": None,
                     "top_heads": ""})
-    return pd.DataFrame(out)
+    df = pd.DataFrame(out)
+    df["heads_over_0.5"] = df["heads_over_0.5"].astype("Int64")  # counts stay integers beside the blanks
+    return df
 
 
 def _composition_csv(comp: torch.Tensor) -> str:
@@ -581,6 +583,8 @@ class InductionSweep(Sweep):
         return Output(
             scores=table, summary=summary_df, notes=_sweep_notes(summary_df, lengths, o),
             headline={"phase_change_step": {str(r["depth"]): r["phase_change_step"] for r in summary},
+                      "induction_chance": round(sum(float(chance_levels(s)["induction"]) for s in lengths)
+                                                / len(lengths), 4),
                       "final_best_induction": {str(r["depth"]): r["best_induction"] for r in summary},
                       "threshold": o.threshold, "held_out_lengths": list(lengths)},
             plots={"induction_vs_step": line_plot(table, "best_induction", "best induction score (held-out lengths)",
@@ -601,8 +605,9 @@ def _depth_summary(depth: int, curve: list[dict], done, threshold: float) -> dic
 
 
 def _sweep_notes(summary: pd.DataFrame, lengths: Sequence[int], o: SweepOptions) -> list[str]:
+    chance = sum(float(chance_levels(s)["induction"]) for s in lengths) / len(lengths)
     notes = [f"induction scored on held-out repeat lengths {list(lengths)} (never seen in training), "
-             f"{o.n_seqs} sequences each, every {o.eval_every} steps"]
+             f"{o.n_seqs} sequences each, every {o.eval_every} steps; chance level of that average {chance:.4f}"]
     for r in summary.itertuples():
         when = (f"first reached {o.threshold} at step {int(r.phase_change_step)} (phase change)"
                 if pd.notna(r.phase_change_step) else f"never reached {o.threshold}")

@@ -342,7 +342,10 @@ def test_sweep_table_and_plot(tmp_path):
     t = res.scores
     assert list(t.columns[:4]) == ["depth", "step", "best_induction", "best_head"]
     assert t.groupby("depth").step.apply(list).tolist() == [[0, 3, 6], [0, 3, 6]]
-    assert "loss_repeated" in t and res.summary.depth.tolist() == [1, 2]
+    assert "loss_repeated" in t and "repeat_copying_score" in t and "icl_score" not in t
+    assert res.summary.depth.tolist() == [1, 2]
+    chance = (sum(Fraction(1, k) for k in range(7, 12)) / 5 + sum(Fraction(1, k) for k in range(12, 22)) / 10) / 2
+    assert res.headline["induction_chance"] == round(float(chance), 4)  # held-out lengths 5 and 10
     assert res.plots["induction_vs_step"].lstrip().startswith("<?xml") and "<svg" in res.plots["induction_vs_step"]
     path = res.save(tmp_path / "sweep")
     assert (path / "plots" / "induction_vs_step.svg").exists() and (path / "train_loss.csv").exists()
