@@ -583,8 +583,7 @@ class InductionSweep(Sweep):
         return Output(
             scores=table, summary=summary_df, notes=_sweep_notes(summary_df, lengths, o),
             headline={"phase_change_step": {str(r["depth"]): r["phase_change_step"] for r in summary},
-                      "induction_chance": round(sum(float(chance_levels(s)["induction"]) for s in lengths)
-                                                / len(lengths), 4),
+                      "induction_chance": round(mean_chance(lengths), 4),
                       "final_best_induction": {str(r["depth"]): r["best_induction"] for r in summary},
                       "threshold": o.threshold, "held_out_lengths": list(lengths)},
             plots={"induction_vs_step": line_plot(table, "best_induction", "best induction score (held-out lengths)",
@@ -592,6 +591,11 @@ class InductionSweep(Sweep):
                    "loss_repeated_vs_step": line_plot(table, "loss_repeated", "loss on the repeated half (nats)")},
             files={"train_loss.csv": pd.DataFrame(losses).to_csv(index=False).encode()},
         )
+
+
+def mean_chance(lengths: Sequence[int]) -> float:
+    """Chance level of the sweep's induction score: the mean over the lengths of each one's (causal)."""
+    return float(sum(chance_levels(s)["induction"] for s in lengths) / len(lengths))
 
 
 def _depth_summary(depth: int, curve: list[dict], done, threshold: float) -> dict:
@@ -605,9 +609,9 @@ def _depth_summary(depth: int, curve: list[dict], done, threshold: float) -> dic
 
 
 def _sweep_notes(summary: pd.DataFrame, lengths: Sequence[int], o: SweepOptions) -> list[str]:
-    chance = sum(float(chance_levels(s)["induction"]) for s in lengths) / len(lengths)
     notes = [f"induction scored on held-out repeat lengths {list(lengths)} (never seen in training), "
-             f"{o.n_seqs} sequences each, every {o.eval_every} steps; chance level of that average {chance:.4f}"]
+             f"{o.n_seqs} sequences each, every {o.eval_every} steps; chance level of that average "
+             f"{mean_chance(lengths):.4f}"]
     for r in summary.itertuples():
         when = (f"first reached {o.threshold} at step {int(r.phase_change_step)} (phase change)"
                 if pd.notna(r.phase_change_step) else f"never reached {o.threshold}")
