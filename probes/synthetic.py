@@ -7,8 +7,13 @@ Every sequence starts with BOS.
   a random repeat length drawn from the training lengths. Varying both keeps a positional
   shortcut from passing for induction (DESIGN §3.5).
 - :func:`random_tokens`: plain uniform random tokens (nothing to copy).
-- :func:`repeated`: ``prefix r r suffix`` with ``r`` drawn from a given id list: the probe
-  input of the induction task (``[BOS] r r`` / ``[CLS] r r [SEP]``).
+- :func:`repeated`: ``prefix r r suffix`` with ``r`` drawn without replacement from a given id
+  list: the probe input of the induction task (``[BOS] r r`` / ``[CLS] r r [SEP]``).
+
+Training data (:func:`induction`) draws its tokens, the repeated segment included, with
+replacement: it is unchanged so that a resumed run sees the very batches it would have seen,
+and tokens recurring inside a segment are part of what a model meets in text. Only the probe
+input, whose scores assume one correct target per query, is drawn without replacement.
 
 Batches are a pure function of ``(seed, step)`` (:func:`batch_at`), so a resumed run sees
 exactly the data an uninterrupted one would.
@@ -111,11 +116,19 @@ def induction(batch: int, seq_len: int, vocab: int, lengths: Sequence[int],
 
 def repeated(n: int, length: int, token_ids: Sequence[int] | torch.Tensor, gen: torch.Generator,
              prefix: Sequence[int] = (BOS,), suffix: Sequence[int] = ()) -> torch.Tensor:
-    """[n, len(prefix) + 2*length + len(suffix)]: ``prefix r r suffix``, r uniform over token_ids."""
+    """[n, len(prefix) + 2*length + len(suffix)]: ``prefix r r suffix``.
+
+    Each row's r is drawn uniformly WITHOUT replacement from token_ids (no token twice in r), so
+    every induction query has exactly one correct target. Deterministic for a generator state.
+    """
     ids = torch.as_tensor(list(token_ids) if not torch.is_tensor(token_ids) else token_ids, dtype=torch.long)
     if ids.numel() < 2:
         raise ProbeError("repeated tokens need at least 2 ordinary token ids to draw from")
-    r = ids[torch.randint(0, ids.numel(), (n, length), generator=gen)]  # [n, S]
+    if length > ids.numel():
+        raise ProbeError(f"a repeated segment of {length} distinct tokens needs at least {length} ordinary "
+                         f"token ids, there are {ids.numel()}; use a repeat length of {ids.numel()} or less")
+    keys = torch.rand(n, ids.numel(), generator=gen)  # a uniform random permutation per row
+    r = ids[keys.argsort(dim=1)[:, :length]]  # [n, S], distinct within each row
     pre = torch.tensor(list(prefix), dtype=torch.long).expand(n, len(prefix))
     suf = torch.tensor(list(suffix), dtype=torch.long).expand(n, len(suffix))
     return torch.cat([pre, r, r, suf], dim=1)

@@ -2,9 +2,10 @@
 random tokens.
 
 Input: ``n_seqs`` sequences ``[BOS] r r`` (encoders: ``[CLS] r r [SEP]``), ``r`` of length
-``S = repeat_len`` drawn uniformly from the model's ordinary vocabulary (special tokens
-excluded; native models: token 0 is BOS, tokens 1..d_vocab-1 are ordinary). With ``p`` prefix
-tokens, the first copy sits at positions p..p+S-1 and the second at p+S..p+2S-1.
+``S = repeat_len`` drawn uniformly WITHOUT replacement (no token twice in r) from the model's
+ordinary vocabulary (special tokens excluded; native models: token 0 is BOS, tokens
+1..d_vocab-1 are ordinary). With ``p`` prefix tokens, the first copy sits at positions
+p..p+S-1 and the second at p+S..p+2S-1.
 
 Per head, averaged over sequences (all sequences have the same length, so this is also the
 mean over every scored position):
@@ -18,17 +19,26 @@ mean over every scored position):
   values (LayerNorm ignored, as in Elhage et al.);
 - k_composition_max (native models, layers >= 1): the largest K-composition score of the
   head with any head of an earlier layer (TransformerLens ``all_composition_scores('K')``);
-  the full pairwise table is written to ``k_composition.csv``.
+  the full pairwise table is written to ``k_composition.csv``; ``k_composition_max_init`` is
+  the same for the model's own initialisation (same config and seed, untrained).
 
-Causal models also get the in-context-learning score: mean next-token loss over the second
-copy (predicting r_1..r_{S-1}) minus the same over the first copy; ``loss_repeated`` is the
-former (the loss on the repeated half).
+Each attention score has a chance level (:func:`chance_levels`): the mean over its scored query
+positions of 1 / (number of positions the query can attend to): i + 1 for a causal model at
+position i, every real position for an encoder.
+
+Causal models also get the repeat copying score (``repeat_copying_score``): mean next-token loss
+over the second copy (predicting r_1..r_{S-1}) minus the same over the first copy. Causal
+models with a tokenizer get Olsson et al.'s in-context-learning score on natural text
+(``icl_score``, :func:`icl_positions`): loss at token 500 minus loss at token 50 of 512-token
+windows (shorter contexts scale both positions).
 """
 from __future__ import annotations
 
 import io
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from fractions import Fraction
 from pathlib import Path
 
 import pandas as pd
@@ -44,6 +54,9 @@ from probes.sweep import Sweep, SweepConfig, register_sweep
 from probes.task import Context, Examples, Output, Task, register, tidy
 
 HEAD_METRICS = ("induction", "previous_token", "duplicate_token")
+ICL_TEXT = Path(__file__).parent / "data" / "tinyshakespeare.txt"  # built-in natural text
+ICL_CONTEXT = 512  # Olsson et al.'s documents: at least 512 tokens
+ICL_EARLY, ICL_LATE = 50, 500  # token positions compared at a 512-token context
 
 
 @dataclass(frozen=True)
@@ -51,6 +64,8 @@ class Options:
     repeat_len: int = 25  # S, the length of r
     n_seqs: int = 64  # repeated sequences scored
     top: int = 5  # heads listed per metric in the summary
+    icl_text: str | None = None  # UTF-8 text for the ICL score (default: the built-in Tiny Shakespeare)
+    icl_windows: int = 64  # at most this many text windows, evenly spread; 0 skips the ICL score
 
 
 # ----------------------------------------------------------------------------- pure metrics
@@ -72,6 +87,48 @@ def head_score_sums(a: torch.Tensor, repeat_len: int, prefix: int = 1) -> dict[s
         "previous_token": diagonal(a, -1)[..., copies],  # [b, l, h, 2S-1]
     }
     return {k: v.mean(-1).sum(0) for k, v in per_query.items()}
+
+
+def chance_levels(repeat_len: int, prefix: int = 1, suffix: int = 0, causal: bool = True) -> dict[str, Fraction]:
+    """Exact chance level of each attention score: the mean over its scored query positions of
+    1 / (number of attendable positions).
+
+    A causal query at position i (0-indexed) attends to positions 0..i, i + 1 of them; an
+    encoder query attends to every real position, p + 2S + suffix of them. The query positions
+    are those :func:`head_score_sums` averages over.
+    """
+    s, p = repeat_len, prefix
+    queries = {"induction": range(p + s, p + 2 * s), "duplicate_token": range(p + s, p + 2 * s),
+               "previous_token": range(p + 1, p + 2 * s)}
+    total = p + 2 * s + suffix
+    return {k: sum((Fraction(1, i + 1 if causal else total) for i in q), Fraction(0)) / len(q)
+            for k, q in queries.items()}
+
+
+def icl_positions(context: int) -> tuple[int, int]:
+    """(early, late) window positions of the ICL score for a context of ``context`` tokens.
+
+    At 512 tokens or more: (50, 500), Olsson et al.'s tokens. Shorter contexts n scale both:
+    (floor(50n/512 + 1/2), floor(500n/512 + 1/2)), early at least 1 and late at most n - 1.
+    """
+    n = min(context, ICL_CONTEXT)
+    early = max(1, math.floor(Fraction(ICL_EARLY * n, ICL_CONTEXT) + Fraction(1, 2)))
+    late = min(n - 1, math.floor(Fraction(ICL_LATE * n, ICL_CONTEXT) + Fraction(1, 2)))
+    return early, late
+
+
+def icl_from_losses(losses: torch.Tensor, early: int, late: int) -> tuple[float, float, float, float]:
+    """Olsson et al.'s ICL score from per-position losses [window, pos-1] (entry j: the loss
+    predicting position j + 1, as :func:`token_losses` returns them).
+
+    Returns (score, standard error over windows, mean loss at ``early``, mean loss at ``late``),
+    score = mean over windows of loss(late) - loss(early).
+    """
+    loss = losses.double()
+    a, b = loss[:, early - 1], loss[:, late - 1]
+    diff = b - a
+    se = float(diff.std(unbiased=True) / math.sqrt(len(diff))) if len(diff) > 1 else float("nan")
+    return float(diff.mean()), se, float(a.mean()), float(b.mean())
 
 
 def token_losses(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
@@ -139,6 +196,69 @@ def sequences(model: Model, repeat_len: int, n: int, seed: int) -> torch.Tensor:
                               prefix, suffix)
 
 
+def text_windows(ids: Sequence[int], context: int, bos: int | None, limit: int) -> torch.Tensor:
+    """[K, n] windows of a tokenized text, n = min(context, 512): BOS (when given) then n - 1
+    consecutive text tokens (n without BOS), cut back to back from the start (the short tail is
+    dropped). Of the W windows, K = min(limit, W) are kept, evenly spread: indices
+    floor(j * W / K) for j = 0..K-1 (all of them when limit >= W)."""
+    n = min(context, ICL_CONTEXT)
+    body = n - (bos is not None)
+    count = len(ids) // body
+    t = torch.as_tensor(list(ids[:count * body]), dtype=torch.long).view(count, body)
+    k = min(limit, count)
+    t = t[[j * count // k for j in range(k)]] if k else t[:0]
+    if bos is not None:
+        t = torch.cat([torch.full((len(t), 1), bos, dtype=torch.long), t], dim=1)
+    return t
+
+
+def read_icl_text(path: str | None) -> str:
+    """The ICL text: ``path`` (a UTF-8 file) or the built-in Tiny Shakespeare."""
+    f = ICL_TEXT if path is None else Path(path)
+    if not f.is_file():
+        raise ProbeError(f"induction: icl_text {path} is not a file; give a UTF-8 text file "
+                         "(or drop -O icl_text for the built-in Tiny Shakespeare)")
+    try:
+        text = f.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise ProbeError(f"induction: icl_text {path} is not UTF-8 (byte {e.start}); "
+                         "convert it to UTF-8 or give another file") from None
+    if not text.strip():
+        raise ProbeError(f"induction: icl_text {path} is empty; give a file with text")
+    return text
+
+
+def icl_windows(model: Model, o: Options) -> torch.Tensor | None:
+    """Tokenized text windows for the ICL score, or None where it does not apply."""
+    if not icl_applies(model) or o.icl_windows == 0:
+        return None
+    text = read_icl_text(o.icl_text)
+    ids = model.tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"]
+    windows = text_windows(ids, model.info.max_len, model.cls_id, o.icl_windows)
+    if len(windows) == 0:
+        n = min(model.info.max_len, ICL_CONTEXT)
+        raise ProbeError(f"induction: icl_text has {len(ids)} tokens, fewer than one {n}-token window; "
+                         "give a longer text or -O icl_windows=0")
+    return windows
+
+
+def icl_applies(model: Model) -> bool:
+    """Causal models with a tokenizer (natural text) and room for two distinct positions."""
+    early, late = icl_positions(model.info.max_len)
+    return model.info.causal and model.tokenizer is not None and early < late
+
+
+def icl_losses(model: Model, windows: torch.Tensor, batch_size: int) -> torch.Tensor:
+    """Per-position next-token losses [K, n-1] of the windows, batched (at most ~512 MB of logits)."""
+    n, vocab = windows.shape[1], int(model.bridge.cfg.d_vocab)
+    size = max(1, min(batch_size, 2**27 // (n * vocab)))
+    out = []
+    for chunk in windows.split(size):
+        logits = forward(model, chunk, None, [], logits=True)["logits"]
+        out.append(token_losses(logits, chunk.to(logits.device)).cpu())
+    return torch.cat(out)
+
+
 def token_strings(model: Model, ids: Sequence[int]) -> list[str]:
     if model.tokenizer is None:
         return ["BOS" if i == synthetic.BOS else str(i) for i in ids]
@@ -158,13 +278,15 @@ class State:
     loss_first: float = 0.0
     loss_second: float = 0.0
     example: tuple[list[int], torch.Tensor] | None = None  # ids, pattern [layer, head, q, k]
+    icl: torch.Tensor | None = None  # [K, n] natural-text windows for the ICL score
 
 
 @register
 class Induction(Task):
     name = "induction"
     description = ("Per-head induction, previous-token and duplicate-token scores on repeated random "
-                   "tokens; ICL score (causal); copying and K-composition (native)")
+                   "tokens with chance levels; repeat copying and ICL scores (causal); copying and "
+                   "K-composition, trained and at init (native)")
     Options = Options
     needs_text = False
     needs_logits = True
@@ -187,8 +309,16 @@ class Induction(Task):
             fit = (limit - len(prefix) - len(suffix)) // 2
             raise ProbeError(f"induction: repeat_len={o.repeat_len} makes {total} tokens, over the limit "
                              f"{limit} (--max-len / model context); use --option repeat_len={fit} or less")
-        if len(ordinary_ids(model)) < 2:
+        usable = len(ordinary_ids(model))
+        if usable < 2:
             raise ProbeError(f"model {model.name!r} has fewer than 2 ordinary tokens to repeat")
+        if o.repeat_len > usable:
+            raise ProbeError(f"induction: repeat_len={o.repeat_len} needs that many distinct tokens, but model "
+                             f"{model.name!r} has {usable} ordinary tokens; use --option repeat_len={usable} or less")
+        if o.icl_windows < 0:
+            raise ProbeError(f"induction: icl_windows must be 0 (no ICL score) or more, got {o.icl_windows}")
+        if o.icl_text is not None:
+            read_icl_text(o.icl_text)  # a bad path fails here, before any forward pass
         seqs = sequences(model, o.repeat_len, o.n_seqs, ctx.config.seed)
         return Examples([tuple(row) for row in seqs.tolist()])
 
@@ -196,7 +326,8 @@ class Induction(Task):
         return pattern_names(model.info.n_layers)
 
     def start(self, model, ctx, examples):
-        return State(model=model, repeat_len=ctx.options.repeat_len, prefix=len(frame(model)[0]))
+        return State(model=model, repeat_len=ctx.options.repeat_len, prefix=len(frame(model)[0]),
+                     icl=icl_windows(model, ctx.options))
 
     def accumulate(self, state: State, batch, acts) -> None:
         names = pattern_names(state.model.info.n_layers)
@@ -214,30 +345,51 @@ class Induction(Task):
     def finalize(self, state: State, ctx: Context) -> Output:
         model = state.model
         means = {k: v / state.n for k, v in state.sums.items()}
+        prefix, suffix = frame(model)
+        chance = {k: float(v) for k, v in
+                  chance_levels(state.repeat_len, len(prefix), len(suffix), model.info.causal).items()}
         files: dict[str, bytes] = {}
         if model.info.native is not None:
             means["copying"] = copying_scores(model).cpu()
             if model.info.n_layers > 1:
                 comp = k_composition(model)
                 means["k_composition_max"] = comp.amax(dim=(0, 1))  # [l2, h2] best earlier partner
+                means["k_composition_max_init"] = k_composition(at_init(model)).amax(dim=(0, 1))
                 files["k_composition.csv"] = _composition_csv(comp).encode()
-        rows = [{"layer": l, "head": h, "metric": metric, "value": float(m[l, h])}
+        rows = [{"layer": l, "head": h, "metric": metric, "value": float(m[l, h]), "chance": chance.get(metric)}
                 for metric, m in means.items() for l in range(m.shape[0]) for h in range(m.shape[1])]
         scores = tidy(rows, ctx.config.model, self.name)
-        model_level = {}
+        model_level: dict[str, float] = {}
         if model.info.causal:
             early, late = state.loss_first / state.n, state.loss_second / state.n
-            model_level = {"icl_score": late - early, "loss_first_copy": early, "loss_repeated": late}
+            model_level = {"repeat_copying_score": late - early, "loss_first_copy": early, "loss_repeated": late}
+        icl: dict[str, float | int] = {}
+        if state.icl is not None:
+            pos = icl_positions(model.info.max_len)
+            score, se, at_early, at_late = icl_from_losses(icl_losses(model, state.icl, ctx.config.batch_size), *pos)
+            model_level.update({"icl_score": score, "icl_loss_early": at_early, "icl_loss_late": at_late})
+            icl = {"icl_score_se": round(se, 4), "icl_windows": len(state.icl), "icl_context": state.icl.shape[1],
+                   "icl_positions": list(pos)}
         summary = summarise(scores, ctx.options.top, model_level)
         best = scores[scores.metric == "induction"].nlargest(1, "value").iloc[0]
         headline = {"best_induction_head": f"{int(best['layer'])}.{int(best['head'])}",
-                    "best_induction_score": round(float(best["value"]), 4), "n_sequences": state.n,
-                    "repeat_len": state.repeat_len, **{k: round(v, 4) for k, v in model_level.items()}}
+                    "best_induction_score": round(float(best["value"]), 4),
+                    "induction_chance": round(chance["induction"], 4), "n_sequences": state.n,
+                    "repeat_len": state.repeat_len, **{k: round(v, 4) for k, v in model_level.items()}, **icl}
         notes = [f"{state.n} sequences of {'[BOS] r r' if model.info.causal else '[CLS] r r [SEP]'} with "
-                 f"|r| = {state.repeat_len} random ordinary tokens; heads are layer.head, 0-indexed"]
-        if model_level:
-            notes.append(f"in-context-learning score (loss on the second copy minus the first): "
-                         f"{model_level['icl_score']:.3f} nats")
+                 f"|r| = {state.repeat_len} distinct random ordinary tokens; heads are layer.head, 0-indexed",
+                 "chance (1 / attendable positions, averaged over the scored queries): "
+                 + ", ".join(f"{k} {v:.4f}" for k, v in chance.items())]
+        if "k_composition_max_init" in means:
+            trained, init = means["k_composition_max"][1:], means["k_composition_max_init"][1:]
+            notes.append(f"K-composition with the best earlier head, layers 1+: trained {float(trained.min()):.3f}-"
+                         f"{float(trained.max()):.3f} (mean {float(trained.mean()):.3f}); the same architecture at "
+                         f"initialisation (seed {model.info.native['seed']}) {float(init.min()):.3f}-"
+                         f"{float(init.max()):.3f} (mean {float(init.mean()):.3f})")
+        if model.info.causal:
+            notes.append(f"repeat copying score (loss on the second copy minus the first): "
+                         f"{model_level['repeat_copying_score']:.3f} nats")
+        notes.append(_icl_note(model, ctx.options, model_level, icl))
         return Output(scores=scores, summary=summary, notes=notes, headline=headline,
                       heatmaps=[{"title": TITLES[m], "metric": m, "where": {}} for m in means],
                       views=[self._view(state, scores)], files=files)
@@ -269,20 +421,52 @@ TITLES = {
     "duplicate_token": "duplicate-token score A[i, i-S]",
     "copying": "copying score (eigenvalues of W_E W_V W_O W_U)",
     "k_composition_max": "K-composition with the best earlier head",
+    "k_composition_max_init": "K-composition with the best earlier head, at initialisation",
 }
 
 
+def at_init(model: Model) -> Model:
+    """The same native architecture, freshly initialised with the model's own seed (on the CPU,
+    without touching the global random state). For a ``probe train`` model these are exactly
+    its step-0 weights."""
+    from probes.models import NativeConfig, load
+
+    with torch.random.fork_rng(devices=[]):
+        return load(NativeConfig(**model.info.native), device="cpu")
+
+
+def _icl_note(model: Model, o: Options, level: dict[str, float], icl: dict) -> str:
+    if "icl_score" in level:
+        early, late = icl["icl_positions"]
+        source = "Tiny Shakespeare (built in)" if o.icl_text is None else o.icl_text
+        return (f"ICL score (Olsson et al.): loss at token {late} minus loss at token {early} = "
+                f"{level['icl_score']:.3f} +- {icl['icl_score_se']:.3f} nats, {icl['icl_windows']} windows of "
+                f"{icl['icl_context']} tokens of {source}")
+    if not model.info.causal:
+        return "no ICL score: an encoder sees both sides of every token, so it has no next-token loss to compare"
+    if model.tokenizer is None:
+        return "no ICL score: the model has no tokenizer, so there is no natural text to score it on"
+    if o.icl_windows == 0:
+        return "no ICL score: icl_windows=0"
+    return f"no ICL score: a context of {model.info.max_len} tokens is too short for two positions"
+
+
 def summarise(scores: pd.DataFrame, top: int, model_level: dict[str, float]) -> pd.DataFrame:
-    """Per metric: mean, heads over 0.5 and the top heads (layer.head, 0-indexed)."""
+    """Per metric: mean, chance level, heads over 0.5 and the top heads (layer.head, 0-indexed)."""
     out = []
     for metric, g in scores.groupby("metric", sort=False):
         best = g.nlargest(top, "value")
+        chance = g["chance"].iloc[0]
         out.append({"metric": metric, "mean": round(float(g["value"].mean()), 4),
+                    "chance": None if pd.isna(chance) else round(float(chance), 4),
                     "heads_over_0.5": int((g["value"] > 0.5).sum()),
                     "top_heads": ", ".join(f"{r.layer}.{r.head} ({r.value:.2f})" for r in best.itertuples())})
     for metric, value in model_level.items():
-        out.append({"metric": metric, "mean": round(value, 4), "heads_over_0.5": None, "top_heads": ""})
-    return pd.DataFrame(out)
+        out.append({"metric": metric, "mean": round(value, 4), "chance": None, "heads_over_0.5": None,
+                    "top_heads": ""})
+    df = pd.DataFrame(out)
+    df["heads_over_0.5"] = df["heads_over_0.5"].astype("Int64")  # counts stay integers beside the blanks
+    return df
 
 
 def _composition_csv(comp: torch.Tensor) -> str:
@@ -373,6 +557,10 @@ class InductionSweep(Sweep):
         lengths = next(iter(plans.values()))[1].eval_lengths
         if not lengths:
             raise ProbeError(f"induction sweep: no held-out repeat length fits in seq_len={o.seq_len}; raise --seq-len")
+        if max(lengths) > o.vocab - 1:
+            raise ProbeError(f"induction sweep: held-out repeat length {max(lengths)} needs that many distinct "
+                             f"tokens but vocab={o.vocab} has {o.vocab - 1}; use --option vocab={max(lengths) + 1} "
+                             "or more, or a shorter --seq-len")
         rows, summary, losses = [], [], []
         for depth, (native, data, cfg) in plans.items():
             curve: list[dict] = []
@@ -382,7 +570,7 @@ class InductionSweep(Sweep):
                 score, layer, head = ev.best
                 curve.append({"depth": depth, "step": step, "best_induction": round(score, 5),
                               "best_head": f"{layer}.{head}", "loss_repeated": round(ev.loss_repeated, 5),
-                              "icl_score": round(ev.loss_repeated - ev.loss_first, 5)})
+                              "repeat_copying_score": round(ev.loss_repeated - ev.loss_first, 5)})
 
             out = None if o.save_models is None else Path(o.save_models) / f"depth-{depth}"
             done = train(native, data, cfg, out=out, device=config.device, progress=progress,
@@ -395,6 +583,7 @@ class InductionSweep(Sweep):
         return Output(
             scores=table, summary=summary_df, notes=_sweep_notes(summary_df, lengths, o),
             headline={"phase_change_step": {str(r["depth"]): r["phase_change_step"] for r in summary},
+                      "induction_chance": round(mean_chance(lengths), 4),
                       "final_best_induction": {str(r["depth"]): r["best_induction"] for r in summary},
                       "threshold": o.threshold, "held_out_lengths": list(lengths)},
             plots={"induction_vs_step": line_plot(table, "best_induction", "best induction score (held-out lengths)",
@@ -402,6 +591,11 @@ class InductionSweep(Sweep):
                    "loss_repeated_vs_step": line_plot(table, "loss_repeated", "loss on the repeated half (nats)")},
             files={"train_loss.csv": pd.DataFrame(losses).to_csv(index=False).encode()},
         )
+
+
+def mean_chance(lengths: Sequence[int]) -> float:
+    """Chance level of the sweep's induction score: the mean over the lengths of each one's (causal)."""
+    return float(sum(chance_levels(s)["induction"] for s in lengths) / len(lengths))
 
 
 def _depth_summary(depth: int, curve: list[dict], done, threshold: float) -> dict:
@@ -416,7 +610,8 @@ def _depth_summary(depth: int, curve: list[dict], done, threshold: float) -> dic
 
 def _sweep_notes(summary: pd.DataFrame, lengths: Sequence[int], o: SweepOptions) -> list[str]:
     notes = [f"induction scored on held-out repeat lengths {list(lengths)} (never seen in training), "
-             f"{o.n_seqs} sequences each, every {o.eval_every} steps"]
+             f"{o.n_seqs} sequences each, every {o.eval_every} steps; chance level of that average "
+             f"{mean_chance(lengths):.4f}"]
     for r in summary.itertuples():
         when = (f"first reached {o.threshold} at step {int(r.phase_change_step)} (phase change)"
                 if pd.notna(r.phase_change_step) else f"never reached {o.threshold}")

@@ -55,10 +55,10 @@ def test_generators_are_deterministic_per_seed_and_step():
 
 
 def test_repeated_frames_r_r():
-    seqs = synthetic.repeated(5, 4, [7, 8, 9], synthetic.generator(0, 4), prefix=(101,), suffix=(102,))
+    seqs = synthetic.repeated(5, 4, [7, 8, 9, 10, 11], synthetic.generator(0, 4), prefix=(101,), suffix=(102,))
     assert seqs.shape == (5, 10)
     assert (seqs[:, 0] == 101).all() and (seqs[:, -1] == 102).all()
-    assert torch.equal(seqs[:, 1:5], seqs[:, 5:9]) and set(seqs[:, 1:9].unique().tolist()) <= {7, 8, 9}
+    assert torch.equal(seqs[:, 1:5], seqs[:, 5:9]) and set(seqs[:, 1:9].unique().tolist()) <= {7, 8, 9, 10, 11}
 
 
 def test_held_out_and_eval_lengths():
