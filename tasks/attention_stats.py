@@ -18,6 +18,7 @@ import torch
 from probes.capture import pattern_names
 from probes.errors import ProbeError
 from probes.metrics import attention_stat_sums
+from probes.options import ranged
 from probes.task import Context, Examples, Output, Task, register, tidy
 
 SAMPLE = Path(__file__).parent / "data" / "sample.txt"
@@ -25,7 +26,7 @@ SAMPLE = Path(__file__).parent / "data" / "sample.txt"
 
 @dataclass(frozen=True)
 class Options:
-    top: int = 5  # heads listed per metric in the summary
+    top: int = ranged(5, min=1)  # heads listed per metric in the summary
 
 
 def read_lines(path: Path) -> list[str]:

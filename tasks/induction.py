@@ -40,6 +40,7 @@ from probes.capture import forward, pattern_names
 from probes.errors import ProbeError
 from probes.metrics import diagonal
 from probes.models import Model
+from probes.options import ranged
 from probes.sweep import Sweep, SweepConfig, register_sweep
 from probes.task import Context, Examples, Output, Task, register, tidy
 
@@ -48,9 +49,9 @@ HEAD_METRICS = ("induction", "previous_token", "duplicate_token")
 
 @dataclass(frozen=True)
 class Options:
-    repeat_len: int = 25  # S, the length of r
-    n_seqs: int = 64  # repeated sequences scored
-    top: int = 5  # heads listed per metric in the summary
+    repeat_len: int = ranged(25, min=2)  # S, the length of r
+    n_seqs: int = ranged(64, min=1)  # repeated sequences scored
+    top: int = ranged(5, min=1)  # heads listed per metric in the summary
 
 
 # ----------------------------------------------------------------------------- pure metrics
@@ -334,22 +335,22 @@ def evaluate(model: Model, lengths: Sequence[int], n_seqs: int = 32, seed: int =
 
 @dataclass(frozen=True)
 class SweepOptions:
-    width: int = 64  # d_model
-    heads: int = 4
+    width: int = ranged(64, min=1)  # d_model
+    heads: int = ranged(4, min=1)
     attn_only: bool = True
     norm: str = "ln"  # ln | none
     positional: str = "learned"  # learned | rotary
-    vocab: int = 64
-    seq_len: int = 64  # training sequence length, BOS included
-    steps: int = 3000
-    batch_size: int = 32
-    lr: float = 1e-3
-    weight_decay: float = 0.01
-    eval_every: int = 250  # steps between induction evaluations
-    n_seqs: int = 32  # evaluation sequences per held-out repeat length
-    threshold: float = 0.5  # phase change = first evaluated step with best induction >= threshold
+    vocab: int = ranged(64, min=2)
+    seq_len: int = ranged(64, min=2)  # training sequence length, BOS included
+    steps: int = ranged(3000, min=0)
+    batch_size: int = ranged(32, min=1)
+    lr: float = ranged(1e-3, above=0)
+    weight_decay: float = ranged(0.01, min=0)
+    eval_every: int = ranged(250, min=1)  # steps between induction evaluations
+    n_seqs: int = ranged(32, min=1)  # evaluation sequences per held-out repeat length
+    threshold: float = ranged(0.5, min=0, max=1)  # phase change = first evaluated step with best induction >= threshold
     save_models: str | None = None  # folder to keep each depth's trained model in (depth-L/)
-    threads: int = 1  # CPU threads while training (see probes.train.threads_for)
+    threads: int = ranged(1, min=1)  # CPU threads while training (see probes.train.threads_for)
 
 
 @register_sweep

@@ -28,6 +28,7 @@ from probes import kernels as K
 from probes import spa
 from probes.capture import capture
 from probes.errors import ProbeError, suggest
+from probes.options import ranged
 from probes.runtime import torch_threads
 from probes.sweep import Sweep, SweepConfig, register_sweep
 from probes.task import Context, Examples, Output, Task, register, tidy
@@ -190,10 +191,10 @@ def npz_bytes(arrays: dict[str, np.ndarray]) -> bytes:
 @dataclass(frozen=True)
 class Options:
     exclude_special: bool | None = None  # None: on for encoders, off for decoders
-    layers: tuple[int, ...] = ()  # layers whose kernels are saved and drawn; (): four spread over 0..L
-    kernel_len: int = 64  # leading positions kept in the averaged kernel matrices
-    n_random: int = 16  # random sequences for models without a tokenizer
-    seq_len: int | None = None  # their length (None: --max-len, capped at the model's context)
+    layers: tuple[int, ...] = ranged((), min=0)  # layers whose kernels are saved and drawn; (): four spread over 0..L
+    kernel_len: int = ranged(64, min=2)  # leading positions kept in the averaged kernel matrices
+    n_random: int = ranged(16, min=1)  # random sequences for models without a tokenizer
+    seq_len: int | None = ranged(None, min=2)  # their length (None: --max-len, capped at the model's context)
 
 
 @dataclass
@@ -336,20 +337,20 @@ DEFAULT_VARIANTS = ("vanilla", "skip", "skip-scaled", "value-skipinit", "u-spa",
 @dataclass(frozen=True)
 class SweepOptions:
     variants: tuple[str, ...] = DEFAULT_VARIANTS
-    width: int = 256
-    heads: int = 4
-    seq_len: int = 128
-    samples: int = 8  # random sequences per model (one batch)
-    steps: int = 0  # training steps on the synthetic copy task before measuring
+    width: int = ranged(256, min=1)
+    heads: int = ranged(4, min=1)
+    seq_len: int = ranged(128, min=2)
+    samples: int = ranged(8, min=1)  # random sequences per model (one batch)
+    steps: int = ranged(0, min=0)  # training steps on the synthetic copy task before measuring
     attn_only: bool = True
     attention: str = "uniform"  # attention of vanilla/skip/skip-scaled: uniform (W_Q = 0) or softmax
     causal: bool = True
-    gamma_last: float = 0.005
-    rho_last: float = 0.8
-    lr: float = 1e-3
-    train_batch: int = 16
-    heatmap_depths: tuple[int, ...] = ()  # layers of the deepest model drawn; (): smallest, middle, largest depth
-    threads: int = 1  # torch CPU threads during the sweep (2 pays off only on an idle machine; docs/kernels.md)
+    gamma_last: float = ranged(0.005, above=0, below=50)
+    rho_last: float = ranged(0.8, min=0, below=1)
+    lr: float = ranged(1e-3, above=0)
+    train_batch: int = ranged(16, min=1)
+    heatmap_depths: tuple[int, ...] = ranged((), min=0)  # layers of the deepest model drawn; (): smallest, middle, largest depth
+    threads: int = ranged(1, min=1)  # torch CPU threads during the sweep (2 pays off only on an idle machine; docs/kernels.md)
 
 
 def sweep_configs(depths: tuple[int, ...], o: SweepOptions, seed: int) -> dict[tuple[str, int], spa.SPAConfig]:
