@@ -17,7 +17,7 @@ def _read_text(text: Optional[str], file: Optional[Path]) -> tuple[str, str]:
     if file is None:
         return text, "--text"
     try:
-        return file.read_text(encoding="utf-8"), str(file)
+        return file.read_text(encoding="utf-8-sig"), str(file)
     except FileNotFoundError:
         raise ProbeError(f"--file {file} does not exist; check the path") from None
     except UnicodeDecodeError:

@@ -143,16 +143,30 @@ def remove_stale_partials(final: Path, any_name: bool = False) -> list[Path]:
     return removed
 
 
-def write_error(exc: OSError, final: Path) -> ProbeError:
+class WriteError(ProbeError):
+    """An OSError met while writing an output, as one line naming the fix."""
+
+    def __init__(self, message: str, cause: OSError) -> None:
+        super().__init__(message)
+        self.cause = cause
+
+
+def write_error(exc: OSError | WriteError, final: Path) -> WriteError:
     """An OSError met while writing ``final`` as one line naming the fix."""
+    if isinstance(exc, WriteError):
+        exc = exc.cause
+    return WriteError(_write_message(exc, final), exc)
+
+
+def _write_message(exc: OSError, final: Path) -> str:
     if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-        return ProbeError(f"no space left on the device while writing {final}; nothing was written: "
-                          "free some space or choose another --out")
+        return (f"no space left on the device while writing {final}; nothing was written: "
+                "free some space or choose another --out")
     if exc.errno == errno.EROFS:
-        return ProbeError(f"cannot write {final}: read-only file system; choose another --out")
+        return f"cannot write {final}: read-only file system; choose another --out"
     if exc.errno in (errno.EACCES, errno.EPERM):
-        return ProbeError(f"cannot write {final}: permission denied; choose another --out")
-    return ProbeError(f"cannot write {final}: {exc.strerror or exc}; nothing was written, choose another --out")
+        return f"cannot write {final}: permission denied; choose another --out"
+    return f"cannot write {final}: {exc.strerror or exc}; nothing was written, choose another --out"
 
 
 @contextmanager
@@ -177,7 +191,7 @@ def atomic_dir(final: Path) -> Iterator[Path]:
     try:
         try:
             yield tmp
-        except OSError as exc:
+        except (OSError, WriteError) as exc:
             raise write_error(exc, final) from None
         try:
             os.replace(tmp, final)

@@ -74,6 +74,12 @@ def esc(text: Any) -> str:
     return html.escape(clean(text), quote=True)
 
 
+def plot_text(text: Any) -> str:
+    """Text drawn by matplotlib, shown as written: ``$`` escaped so that no mathtext is parsed
+    (model names and labels may hold ``$``, ``\\``, ``{``; mathtext would reject or mangle them)."""
+    return str(text).replace("$", r"\$")
+
+
 def script_json(obj: Any) -> str:
     """JSON safe to place inside a ``<script>`` element.
 
@@ -638,4 +644,4 @@ def write_atomic(path: Path, text: str) -> Path:
 
 __all__ = ["MAX_TOKENS", "View", "bundle_js", "clean", "decode_pattern", "display_token", "encode_pattern",
            "esc", "model_views", "page", "parse_indices", "script_json", "split_words", "viz_page",
-           "views_html", "write_atomic", "index_ranges"]
+           "views_html", "write_atomic", "index_ranges", "plot_text"]

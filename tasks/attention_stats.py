@@ -34,7 +34,7 @@ def read_lines(path: Path) -> list[str]:
     if path.is_dir():
         raise ProbeError(f"{path} is a directory; attention-stats reads one text file (one example per line)")
     try:
-        text = path.read_text(encoding="utf-8")
+        text = path.read_text(encoding="utf-8-sig")
     except UnicodeDecodeError as exc:
         raise ProbeError(f"{path}: not UTF-8 text (byte {exc.start}); re-save the file as UTF-8") from None
     except OSError as exc:

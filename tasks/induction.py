@@ -43,6 +43,7 @@ from probes.models import Model
 from probes.options import ranged
 from probes.sweep import Sweep, SweepConfig, register_sweep
 from probes.task import Context, Examples, Output, Task, register, tidy
+from probes.viz import plot_text
 
 HEAD_METRICS = ("induction", "previous_token", "duplicate_token")
 
@@ -436,11 +437,12 @@ def line_plot(table: pd.DataFrame, column: str, ylabel: str, hline: float | None
     with matplotlib.rc_context({"svg.hashsalt": "depthprobe", "svg.fonttype": "none"}):
         fig, ax = plt.subplots(figsize=(6.4, 4.0))
         for depth, g in table.groupby("depth"):
-            ax.plot(g["step"], g[column], marker="o", markersize=3, label=f"{depth} layer{'s' if depth > 1 else ''}")
+            ax.plot(g["step"], g[column], marker="o", markersize=3,
+                    label=plot_text(f"{depth} layer{'s' if depth > 1 else ''}"))
         if hline is not None:
             ax.axhline(hline, color="grey", linestyle=":", linewidth=1)
         ax.set_xlabel("training step")
-        ax.set_ylabel(ylabel)
+        ax.set_ylabel(plot_text(ylabel))
         ax.legend()
         ax.grid(alpha=0.3)
         fig.tight_layout()

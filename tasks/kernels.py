@@ -32,6 +32,7 @@ from probes.options import ranged
 from probes.runtime import torch_threads
 from probes.sweep import Sweep, SweepConfig, register_sweep
 from probes.task import Context, Examples, Output, Task, register, tidy
+from probes.viz import plot_text
 
 METRICS = ("mean_cosine", "resid_ratio_fro", "resid_ratio_l1inf", "effective_rank")
 THEORY_METRICS = ("mean_cosine", "resid_ratio_fro", "effective_rank")  # what a kernel alone fixes
@@ -150,7 +151,7 @@ def plot_layers(means: dict[str, np.ndarray], theory: dict[str, np.ndarray], tit
         ax.plot(layers, means[name], style, ms=3, label=name)
     if "mean_cosine" in theory:
         ax.plot(layers, theory["mean_cosine"], "k--", lw=1, label="mean_cosine (theory)")
-    ax.set(xlabel="layer (0 = embeddings)", ylabel="value", title=title)
+    ax.set(xlabel="layer (0 = embeddings)", ylabel="value", title=plot_text(title))
     ax.legend(fontsize=7)
     bx.plot(layers, means["effective_rank"], "o-", ms=3, label="measured")
     if "effective_rank" in theory:
@@ -169,14 +170,14 @@ def plot_heatmaps(panels: list[tuple[str, np.ndarray]], ncols: int, title: str) 
     im = None
     for ax, (label, c) in zip(axes.flat, panels):
         im = ax.imshow(c, vmin=lo, vmax=1.0, cmap="viridis", interpolation="nearest")
-        ax.set_title(label, fontsize=8)
+        ax.set_title(plot_text(label), fontsize=8)
         ax.set_xticks([])
         ax.set_yticks([])
     for ax in list(axes.flat)[len(panels):]:
         ax.axis("off")
     if im is not None:
         fig.colorbar(im, ax=axes.ravel().tolist(), shrink=0.8, label="cosine")
-    fig.suptitle(title, fontsize=9)
+    fig.suptitle(plot_text(title), fontsize=9)
     return _svg(fig)
 
 
@@ -521,7 +522,7 @@ class KernelSweep(Sweep):
         fig, ax = plt.subplots(figsize=(6, 3.6))
         for i, (v, g) in enumerate(table.groupby("variant", sort=False)):
             color = f"C{i}"
-            ax.plot(g["depth"], g["final_cosine"], "o-", color=color, ms=4, label=v)
+            ax.plot(g["depth"], g["final_cosine"], "o-", color=color, ms=4, label=plot_text(v))
             if g["theory_cosine"].notna().any():
                 ax.plot(g["depth"], g["theory_cosine"], "--", color=color, lw=1)
         ax.set_xscale("log", base=2)
