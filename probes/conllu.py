@@ -48,7 +48,7 @@ def _fail(path: Path, line: int, what: str) -> ProbeError:
 
 
 MAX_STREAM = 1 << 30  # bytes kept from a pipe (-d <(...)); regular files are read whole
-_STREAMS: dict[str, bytes] = {}
+_STREAMS: dict[tuple[str, int, int], bytes] = {}
 
 
 def read_input(path: Path) -> bytes:
@@ -57,17 +57,19 @@ def read_input(path: Path) -> bytes:
     import stat
 
     try:
-        mode = path.stat().st_mode
-        if stat.S_ISREG(mode):
+        st = path.stat()
+        if stat.S_ISREG(st.st_mode):
             return path.read_bytes()
-        if not stat.S_ISFIFO(mode):
+        if not stat.S_ISFIFO(st.st_mode):
             raise ProbeError(f"{path} is not a regular file (a device or socket); give a file")
-        key = str(path)
+        key = (str(path), st.st_dev, st.st_ino)  # this pipe, not a later one under the same /dev/fd name
         if key not in _STREAMS:
             with path.open("rb") as fh:
                 data = fh.read(MAX_STREAM + 1)
             if len(data) > MAX_STREAM:
                 raise ProbeError(f"{path} is a stream longer than {MAX_STREAM >> 30} GiB; save it to a file first")
+            while len(_STREAMS) >= 4:  # keep only the pipes of the current run
+                _STREAMS.pop(next(iter(_STREAMS)))
             _STREAMS[key] = data
         return _STREAMS[key]
     except OSError as exc:
