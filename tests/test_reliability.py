@@ -182,6 +182,19 @@ def test_stale_partial_folders_of_dead_runs_are_removed(tiny_bert_dir, tmp_path)
     assert not stale.exists() and live.exists() and (tmp_path / "run" / "report.html").exists()
 
 
+def test_stale_partial_folders_in_the_default_run_root_are_removed(tiny_bert_dir, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    root = tmp_path / "artifacts" / "runs"
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    stale = root / f".20260101-000000-attention-stats-tiny-bert-0001.{dead.pid}-x1.partial"
+    stale.mkdir(parents=True)
+    res = invoke("run", "--model", tiny_bert_dir, "--limit", "2")
+    assert res.exit_code == 0, res.output
+    assert f"note: removed {Path('artifacts/runs') / stale.name}" in res.output
+    assert leftovers(root) == [] and len(list(root.iterdir())) == 1
+
+
 # ---------------------------------------------------------------- usage errors
 
 @pytest.mark.parametrize("args, expected", [
