@@ -13,8 +13,67 @@ from pathlib import Path
 from typing import Any, Optional
 
 import typer
+from typer._click import exceptions as click  # typer's own copy of click's exceptions
+from typer.core import TyperGroup
+
+
+class OneLineErrors(TyperGroup):
+    """The top-level group: usage errors (bad option values, unknown commands or options) print
+    one line plus the --help hint, exit 2, like every other error."""
+
+    def main(self, args: Any = None, prog_name: Optional[str] = None, complete_var: Optional[str] = None,
+             standalone_mode: bool = True, **extra: Any) -> Any:
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        try:
+            rv = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        except click.NoArgsIsHelpError as exc:
+            from typer import rich_utils
+
+            rich_utils.rich_format_error(exc)
+            sys.exit(exc.exit_code)
+        except click.UsageError as exc:
+            err(usage_line(exc, prog_name or "probe"))
+            sys.exit(2)
+        except click.ClickException as exc:
+            err(exc.format_message())
+            sys.exit(exc.exit_code)
+        except typer.Abort:
+            err("aborted")
+            sys.exit(1)
+        sys.exit(rv if isinstance(rv, int) else 0)
+
+
+_TYPE_WORDS = {"int_parsing": "an integer", "float_parsing": "a number", "bool_parsing": "true or false",
+               "int_from_float": "a whole number"}
+
+
+def usage_line(exc: Any, prog: str = "probe") -> str:
+    """click's usage error as one line: the message (with close matches) and the --help hint."""
+    from probes.errors import suggest
+
+    message = " ".join(exc.format_message().split())
+    ctx = exc.ctx
+    cause = getattr(exc, "__cause__", None)
+    errors = cause.errors() if hasattr(cause, "errors") else []
+    if isinstance(exc, click.BadParameter) and errors and exc.param is not None:
+        first = errors[0]
+        names = "/".join(getattr(exc.param, "opts", []) or [exc.param.name or "value"])
+        what = _TYPE_WORDS.get(first.get("type", ""), "valid: " + str(first.get("msg", "")))
+        message = f"Invalid value for '{names}': {first.get('input')!r} is not {what}"
+    if message.startswith("No such command") and ctx and "did you mean" not in message.lower():
+        group = ctx.command
+        if hasattr(group, "list_commands"):
+            name = message.split("'")[1] if message.count("'") >= 2 else ""
+            message = message.rstrip(".") + suggest(name, group.list_commands(ctx))
+    message = message[:1].lower() + message[1:]
+    if not message.endswith((".", "?")):
+        message += "."
+    return message + f" Try '{ctx.command_path if ctx is not None else prog} --help'."
+
 
 app = typer.Typer(
+    cls=OneLineErrors,
     name="probe",
     help="depthprobe: per-layer, per-head probing of transformers (attention statistics, syntax, "
          "coreference, induction, signal-propagation kernels).",
@@ -45,8 +104,11 @@ def guarded(fn: Callable[..., Any]) -> Callable[..., Any]:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         from probes.errors import ProbeError
 
+        from probes.runtime import Terminated, sigterm_as_keyboardinterrupt
+
         try:
-            return fn(*args, **kwargs)
+            with sigterm_as_keyboardinterrupt():
+                return fn(*args, **kwargs)
         except typer.Exit:
             raise
         except ProbeError as exc:
@@ -54,6 +116,9 @@ def guarded(fn: Callable[..., Any]) -> Callable[..., Any]:
                 raise
             err(str(exc))
             raise typer.Exit(exc.exit_code) from None
+        except Terminated as exc:
+            err(f"terminated by signal {exc.signum}; nothing was written")
+            raise typer.Exit(128 + exc.signum) from None
         except KeyboardInterrupt:
             err("interrupted; nothing was written")
             raise typer.Exit(130) from None
@@ -65,6 +130,19 @@ def guarded(fn: Callable[..., Any]) -> Callable[..., Any]:
             raise typer.Exit(1) from None
 
     return wrapper
+
+
+def prepare_out(out: Optional[Path], flag: str = "--out", *, may_exist: bool = False,
+                kind: str = "folder") -> None:
+    """Check an output location before any work (exists, a parent is a file, not writable) and
+    remove hidden partial folders that killed runs left there, saying so on stderr."""
+    from probes import artifacts
+
+    target = out if out is not None else artifacts.DEFAULT_ROOT / "run"
+    artifacts.check_out(target, flag, may_exist=may_exist or out is None, kind=kind)
+    if kind == "folder":
+        for stale in artifacts.remove_stale_partials(target, any_name=out is None):
+            typer.echo(f"note: removed {stale}, a partial folder left by an interrupted run", err=True)
 
 
 def parse_options(pairs: list[str]) -> dict[str, str]:
@@ -114,6 +192,7 @@ def run(
 
     from probes.models import size_limit
 
+    prepare_out(out)
     get_task(task)  # unknown task fails before anything is loaded
     with size_limit(max_params):
         result = api_run(model, task, data, limit=limit, batch_size=batch_size, device=device, seed=seed,

@@ -7,7 +7,7 @@ from typing import Optional
 
 import typer
 
-from cli.main import app, guarded, parse_options, print_result
+from cli.main import app, guarded, parse_options, prepare_out, print_result
 
 
 @app.command()
@@ -32,6 +32,7 @@ def sweep(
     """Train or build one model per depth with identical settings; write one table and plots."""
     from probes.sweep import get_sweep, parse_depths, sweep as api_sweep
 
+    prepare_out(out)
     get_sweep(task)
     if depths is None:
         from probes.errors import ProbeError

@@ -10,7 +10,7 @@ from typing import Optional
 
 import typer
 
-from cli.main import app, guarded
+from cli.main import app, guarded, prepare_out
 
 
 @app.command()
@@ -44,6 +44,8 @@ def train(
     from probes.errors import ProbeError
     from probes.models import resolve_device, size_limit
 
+    if out is not None:
+        prepare_out(out, may_exist=True)
     given = {k: v for k, v in {
         "layers": layers, "d_model": d_model, "heads": heads, "attn_only": attn_only, "norm": norm,
         "positional": positional, "data": data, "vocab": vocab, "seq_len": seq_len, "steps": steps,
@@ -66,6 +68,7 @@ def _train(given: dict, out: Optional[Path], resume: bool, device: Optional[str]
         native, data_cfg, cfg = build_configs(**given)
     if out is None:
         out = Path("artifacts/models") / f"native-L{native.layers}-d{native.d_model}-h{native.heads}-s{cfg.seed}"
+        prepare_out(out, may_exist=True)
     if out.exists() and not out.is_dir():
         raise ProbeError(f"--out {out} is a file; give a directory")
     try:

@@ -6,7 +6,7 @@ from typing import Optional
 
 import typer
 
-from cli.main import app, guarded
+from cli.main import app, guarded, prepare_out
 
 
 def _read_text(text: Optional[str], file: Optional[Path]) -> tuple[str, str]:
@@ -17,7 +17,7 @@ def _read_text(text: Optional[str], file: Optional[Path]) -> tuple[str, str]:
     if file is None:
         return text, "--text"
     try:
-        return file.read_text(encoding="utf-8"), str(file)
+        return file.read_text(encoding="utf-8-sig"), str(file)
     except FileNotFoundError:
         raise ProbeError(f"--file {file} does not exist; check the path") from None
     except UnicodeDecodeError:
@@ -42,15 +42,16 @@ def viz(
     """Write one self-contained HTML page of attention views (one per layer, all chosen heads)."""
     from probes.errors import ProbeError
     from probes.models import load
-    from probes.viz import parse_indices, viz_page, write_atomic
+    from probes.viz import index_ranges, parse_indices, viz_page, write_atomic
 
+    prepare_out(out, may_exist=True, kind="file")
     body, source = _read_text(text, file)
     if not body.strip():
         raise ProbeError(f"the text from {source} is empty; pass some words")
     if max_tokens < 3:
         raise ProbeError(f"--max-tokens must be at least 3, got {max_tokens}")
     for spec, what in ((layers, "layers"), (heads, "heads")):  # syntax checked before loading
-        parse_indices(spec, 10**9, what)
+        index_ranges(spec, what)
     mdl = load(model, device=device)
     mdl.require_tokenizer("viz")
     page = viz_page(mdl, body, source=source, words=words, max_tokens=max_tokens,
@@ -66,5 +67,7 @@ def report(run_dir: Path = typer.Argument(..., help="A run directory written by 
     """Re-render RUN_DIR/report.html from the run's saved files."""
     from probes.report import write_report
 
+    if run_dir.is_dir():
+        prepare_out(run_dir / "report.html", "RUN_DIR", may_exist=True, kind="file")
     path = write_report(run_dir)
     typer.echo(f"wrote {path}")

@@ -109,6 +109,8 @@ def run(model: str | Model = DEFAULT_MODEL, task: str = "attention-stats", data:
     name = model.info.name if isinstance(model, Model) else model
     if data is not None and not Path(data).exists():
         raise ProbeError(f"data path {data} does not exist; check the path (or omit --data for the built-in sample)")
+    if data is not None and (Path(data).is_char_device() or Path(data).is_block_device()):
+        raise ProbeError(f"data path {data} is a device, not a file; give a text file or folder")
     config = RunConfig(model=name, task=task, data=None if data is None else str(data), limit=limit,
                        batch_size=batch_size, device=device, seed=seed, max_len=max_len,
                        options=_options_tuple(options))

@@ -1,6 +1,7 @@
 """Run directories, written whole or not at all, and their manifest."""
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
@@ -75,24 +76,130 @@ def write_json(path: Path, obj: Any) -> None:
     path.write_text(json.dumps(jsonable(obj), indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
+def umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def check_out(path: str | Path, flag: str = "--out", *, may_exist: bool = False, kind: str = "folder") -> Path:
+    """Refuse an output location that cannot be written, before any work is done.
+
+    Fails (one line naming the fix) when ``path`` exists (unless ``may_exist``), when one of
+    its parents is a file, or when the nearest existing parent is not writable."""
+    path = Path(path)
+    if path.exists() and not may_exist:
+        what = "folder" if path.is_dir() else "file"
+        raise ProbeError(f"{flag} {path} already exists (a {what}); pass a new {flag}, or remove it first "
+                         f"(rm -r {path})")
+    parent = path.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if parent.exists() and not parent.is_dir():
+        raise ProbeError(f"{flag} {path}: {parent} is a file, not a folder; choose another {flag}")
+    if parent.is_dir() and not os.access(parent, os.W_OK | os.X_OK):
+        raise ProbeError(f"{flag} {path}: {parent} is not writable; choose another {flag}")
+    if kind == "folder" and path.exists() and not path.is_dir():
+        raise ProbeError(f"{flag} {path} is a file; give a folder")
+    if kind == "file" and path.is_dir():
+        raise ProbeError(f"{flag} {path} is a folder; give a file name, e.g. {flag} {path / 'attention.html'}")
+    return path
+
+
+PARTIAL = ".partial"
+
+
+def _partial_prefix(final: Path) -> str:
+    return f".{final.name}."
+
+
+def _owner_alive(tmp: Path) -> bool:
+    """Whether the process named in ``.NAME.<pid>-XXXX.partial`` still runs on this machine."""
+    pid = tmp.name[:-len(PARTIAL)].rsplit(".", 1)[-1].split("-", 1)[0]
+    if not pid.isdigit():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # exists but belongs to someone else
+        return True
+    return True
+
+
+def remove_stale_partials(final: Path, any_name: bool = False) -> list[Path]:
+    """Remove the hidden ``.NAME.<pid>-XXXX.partial`` folders of ``final`` (with ``any_name``:
+    every such folder beside it) whose writing process is gone, i.e. left by a killed run.
+    Folders of a run still in progress are left alone. Returns the removed paths."""
+    final = Path(final)
+    if not final.parent.is_dir():
+        return []
+    removed = []
+    pattern = f".*{PARTIAL}" if any_name else f"{_partial_prefix(final)}*{PARTIAL}"
+    for tmp in final.parent.glob(pattern):
+        if tmp.is_dir() and not _owner_alive(tmp):
+            shutil.rmtree(tmp, ignore_errors=True)
+            removed.append(tmp)
+    return removed
+
+
+class WriteError(ProbeError):
+    """An OSError met while writing an output, as one line naming the fix."""
+
+    def __init__(self, message: str, cause: OSError) -> None:
+        super().__init__(message)
+        self.cause = cause
+
+
+def write_error(exc: OSError | WriteError, final: Path) -> WriteError:
+    """An OSError met while writing ``final`` as one line naming the fix."""
+    if isinstance(exc, WriteError):
+        exc = exc.cause
+    return WriteError(_write_message(exc, final), exc)
+
+
+def _write_message(exc: OSError, final: Path) -> str:
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return (f"no space left on the device while writing {final}; nothing was written: "
+                "free some space or choose another --out")
+    if exc.errno == errno.EROFS:
+        return f"cannot write {final}: read-only file system; choose another --out"
+    if exc.errno in (errno.EACCES, errno.EPERM):
+        return f"cannot write {final}: permission denied; choose another --out"
+    return f"cannot write {final}: {exc.strerror or exc}; nothing was written, choose another --out"
+
+
 @contextmanager
 def atomic_dir(final: Path) -> Iterator[Path]:
     """Yield a temporary sibling directory; rename it to ``final`` only if the block succeeds.
 
     Any exception (KeyboardInterrupt included) removes the temporary directory, so the run
-    directory either appears complete or not at all.
+    directory either appears complete or not at all. The folder gets the permissions of the
+    umask (like ``mkdir``). Hidden partial folders of ``final`` left by killed runs are removed
+    first; OSErrors while writing (a full disk) become one-line errors.
     """
     final = Path(final)
-    if final.exists():
-        raise ProbeError(f"output directory {final} already exists; pass a new --out or remove it")
+    check_out(final)
+    remove_stale_partials(final)
     try:
         final.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", suffix=".partial", dir=final.parent))
+        tmp = Path(tempfile.mkdtemp(prefix=f"{_partial_prefix(final)}{os.getpid()}-", suffix=PARTIAL,
+                                    dir=final.parent))
+        os.chmod(tmp, 0o777 & ~umask())
     except OSError as exc:
         raise ProbeError(f"cannot write to {final.parent}: {exc.strerror}; choose another --out") from None
     try:
-        yield tmp
-        os.replace(tmp, final)
+        try:
+            yield tmp
+        except (OSError, WriteError) as exc:
+            raise write_error(exc, final) from None
+        try:
+            os.replace(tmp, final)
+        except OSError as exc:
+            if exc.errno in (errno.ENOTEMPTY, errno.EEXIST, errno.EISDIR, errno.ENOTDIR):
+                raise ProbeError(f"another run wrote {final} first; pass a new --out (this run's "
+                                 "results were not saved)") from None
+            raise write_error(exc, final) from None
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -30,8 +30,11 @@ def pattern_names(n_layers: int) -> list[str]:
     return [f"blocks.{i}.attn.hook_pattern" for i in range(n_layers)]
 
 
-def resolve_names(model: Model, names: Sequence[str]) -> list[str]:
-    """Expand globs and check every name exists, before any forward pass."""
+def resolve_names(model: Model, names: str | Sequence[str]) -> list[str]:
+    """Expand globs and check every name exists, before any forward pass. A single name (a
+    string) is one name, not a sequence of characters."""
+    if isinstance(names, str):
+        names = [names]
     available = list(model.bridge.hook_dict)
     out: list[str] = []
     for name in names:
@@ -63,9 +66,9 @@ class _StopForward(Exception):
 
 
 @contextmanager
-def capture(model: Model, names: Sequence[str], fn: HookFn | None = None, *,
+def capture(model: Model, names: str | Sequence[str], fn: HookFn | None = None, *,
             store: bool = True, stop_early: bool = False) -> Iterator[Captured]:
-    """Attach hooks to ``names`` (globs allowed) for the duration of the block.
+    """Attach hooks to ``names`` (one name or a list; globs allowed) for the duration of the block.
 
     ``fn(tensor, hook)`` follows the TransformerLens convention: return a tensor to replace
     the activation, or None to leave it. With ``store`` the (possibly edited) activations are
@@ -92,7 +95,7 @@ def capture(model: Model, names: Sequence[str], fn: HookFn | None = None, *,
 
 
 def forward(model: Model, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
-            names: Sequence[str], fn: HookFn | None = None, *, logits: bool = False) -> Captured:
+            names: str | Sequence[str], fn: HookFn | None = None, *, logits: bool = False) -> Captured:
     """One batched forward pass returning only the named activations.
 
     Unless ``logits`` is asked for (then stored under ``"logits"``), the pass stops as soon as

@@ -47,13 +47,39 @@ def _fail(path: Path, line: int, what: str) -> ProbeError:
     return ProbeError(f"{path}:{line}: {what}")
 
 
-def _lines(path: Path) -> list[str]:
+MAX_STREAM = 1 << 30  # bytes kept from a pipe (-d <(...)); regular files are read whole
+_STREAMS: dict[tuple[str, int, int], bytes] = {}
+
+
+def read_input(path: Path) -> bytes:
+    """The bytes of an input file. A pipe (``-d <(cat file)``) is read once and kept, so that
+    format detection and the reader see the same bytes; devices are refused."""
+    import stat
+
     try:
-        raw = path.read_bytes()
+        st = path.stat()
+        if stat.S_ISREG(st.st_mode):
+            return path.read_bytes()
+        if not stat.S_ISFIFO(st.st_mode):
+            raise ProbeError(f"{path} is not a regular file (a device or socket); give a file")
+        key = (str(path), st.st_dev, st.st_ino)  # this pipe, not a later one under the same /dev/fd name
+        if key not in _STREAMS:
+            with path.open("rb") as fh:
+                data = fh.read(MAX_STREAM + 1)
+            if len(data) > MAX_STREAM:
+                raise ProbeError(f"{path} is a stream longer than {MAX_STREAM >> 30} GiB; save it to a file first")
+            while len(_STREAMS) >= 4:  # keep only the pipes of the current run
+                _STREAMS.pop(next(iter(_STREAMS)))
+            _STREAMS[key] = data
+        return _STREAMS[key]
     except OSError as exc:
         raise ProbeError(f"cannot read {path}: {exc.strerror}") from None
+
+
+def _lines(path: Path) -> list[str]:
+    raw = read_input(path)
     try:
-        return raw.decode("utf-8").split("\n")
+        return raw.decode("utf-8-sig").split("\n")
     except UnicodeDecodeError as exc:
         line = raw[: exc.start].count(b"\n") + 1
         raise _fail(path, line, "not valid UTF-8; re-save the file as UTF-8") from None
@@ -84,6 +110,8 @@ def _token(path: Path, lineno: int, cols: list[str], expected_id: int) -> Token:
         raise _fail(path, lineno, f"ID {cols[0]!r} is not an integer, range or decimal") from None
     if tid != expected_id:
         raise _fail(path, lineno, f"word ID {tid} out of order (expected {expected_id})")
+    if not cols[1]:
+        raise _fail(path, lineno, "FORM (column 2) is empty; write the word there (or _ for an unknown word)")
     try:
         head = int(cols[6])
     except ValueError:

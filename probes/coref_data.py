@@ -327,7 +327,7 @@ def chain_files(path: str | Path) -> list[Path]:
     p = Path(path)
     if not p.exists():
         raise ProbeError(f"data path {p} does not exist; check the path")
-    if p.is_file():
+    if not p.is_dir():  # a file or a pipe
         return [p]
     files = sorted(f for f in p.iterdir() if f.is_file() and (f.suffix == ".conllu" or is_conll2012(f)))
     if not files:
@@ -343,11 +343,17 @@ def sniff(path: Path) -> str:
         return "conllu"
     if is_conll2012(path):
         return "conll2012"
-    try:
-        with path.open(encoding="utf-8", errors="replace") as fh:
-            first = next((ln for ln in fh if ln.strip()), "")
-    except OSError as exc:
-        raise ProbeError(f"cannot read {path}: {exc.strerror}") from None
+    from probes.conllu import read_input
+
+    if path.is_file():
+        try:
+            with path.open(encoding="utf-8-sig", errors="replace") as fh:
+                first = next((ln for ln in fh if ln.strip()), "")
+        except OSError as exc:
+            raise ProbeError(f"cannot read {path}: {exc.strerror}") from None
+    else:  # a pipe: read once, kept for the reader
+        text = read_input(path).decode("utf-8-sig", errors="replace")
+        first = next((ln for ln in text.split("\n") if ln.strip()), "")
     if first.startswith("#begin document"):
         return "conll2012"
     if first.split("\t")[:3] == ["ID", "Text", "Pronoun"]:

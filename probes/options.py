@@ -65,3 +65,43 @@ def check_seed(seed: Any, where: str = "--seed") -> None:
     """Seeds are integers in 0..2**32-1 (what numpy, torch and Python's random all accept)."""
     if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= SEED_MAX:
         raise ProbeError(f"{where} must be an integer from 0 to {SEED_MAX} (2**32-1), got {seed}")
+
+
+def ranged(default: Any, *, min: float | None = None, max: float | None = None,
+           above: float | None = None, below: float | None = None) -> Any:
+    """A dataclass field whose value (or each element of a tuple value) must lie in a range:
+    ``min``/``max`` inclusive, ``above``/``below`` exclusive. :func:`check_ranges` enforces it."""
+    bounds = {k: v for k, v in {"min": min, "max": max, "above": above, "below": below}.items() if v is not None}
+    return dataclasses.field(default=default, metadata={"range": bounds})
+
+
+def range_text(bounds: dict[str, float]) -> str:
+    """{'min': 1} -> 'at least 1'; {'above': 0, 'max': 1} -> 'in (0, 1]'."""
+    lo = ("[", bounds["min"]) if "min" in bounds else ("(", bounds["above"]) if "above" in bounds else None
+    hi = ("]", bounds["max"]) if "max" in bounds else (")", bounds["below"]) if "below" in bounds else None
+    if lo and hi:
+        return f"in {lo[0]}{lo[1]}, {hi[1]}{hi[0]}"
+    if lo:
+        return f"at least {lo[1]}" if lo[0] == "[" else f"greater than {lo[1]}"
+    return f"at most {hi[1]}" if hi[0] == "]" else f"less than {hi[1]}"
+
+
+def _inside(value: float, bounds: dict[str, float]) -> bool:
+    return (value >= bounds.get("min", value) and value <= bounds.get("max", value)
+            and ("above" not in bounds or value > bounds["above"])
+            and ("below" not in bounds or value < bounds["below"]))
+
+
+def check_ranges(obj: Any, where: str) -> Any:
+    """Fail with one line naming the range when a :func:`ranged` field of ``obj`` is outside it."""
+    for f in dataclasses.fields(obj):
+        bounds = f.metadata.get("range")
+        value = getattr(obj, f.name)
+        if not bounds or value is None:
+            continue
+        for v in value if isinstance(value, tuple) else (value,):
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and not _inside(v, bounds):
+                each = "each value of " if isinstance(value, tuple) else ""
+                raise ProbeError(f"{where} {f.name}={v} is out of range: {each}{f.name} must be "
+                                 f"{range_text(bounds)} (default {f.default})")
+    return obj

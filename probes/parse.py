@@ -23,7 +23,7 @@ def text_lines(path: str | Path) -> list[str]:
     except OSError as exc:
         raise ProbeError(f"cannot read {p}: {exc.strerror}") from None
     try:
-        text = raw.decode("utf-8")
+        text = raw.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
         line = raw[: exc.start].count(b"\n") + 1
         raise ProbeError(f"{p}:{line}: not valid UTF-8; re-save the file as UTF-8") from None

@@ -26,7 +26,7 @@ import numpy as np
 import pandas as pd
 
 from probes.errors import ProbeError
-from probes.viz import MAX_TOKENS, View, esc, page, views_html, write_atomic
+from probes.viz import MAX_TOKENS, View, esc, page, plot_text, views_html, write_atomic
 
 MAX_DEFAULT_PANELS = 12  # heatmaps drawn when the task lists none (one per metric)
 MAX_PANELS = 48  # panels drawn at most; the rest are named in a note
@@ -192,8 +192,8 @@ def heatmap_svg(grid: pd.DataFrame) -> str:
                        vmin=lo, vmax=hi, aspect="auto", interpolation="nearest")
         fig.colorbar(im, ax=ax, fraction=0.05, pad=0.02)
         step_x, step_y = max(1, n_heads // 24), max(1, n_layers // 24)
-        ax.set_xticks(range(0, n_heads, step_x), [str(h) for h in grid.columns[::step_x]])
-        ax.set_yticks(range(0, n_layers, step_y), [str(layer) for layer in grid.index[::step_y]])
+        ax.set_xticks(range(0, n_heads, step_x), [plot_text(h) for h in grid.columns[::step_x]])
+        ax.set_yticks(range(0, n_layers, step_y), [plot_text(layer) for layer in grid.index[::step_y]])
         ax.set_xlabel("head")
         ax.set_ylabel("layer")
         if values.size <= ANNOTATE_CELLS:

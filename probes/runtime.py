@@ -23,3 +23,36 @@ def torch_threads(n: int | None) -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(before)
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (or SIGHUP) received: unwinds like Ctrl-C, so every ``except KeyboardInterrupt``
+    and ``finally`` cleanup runs; ``signum`` gives the exit code 128 + signum."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(f"terminated by signal {signum}")
+        self.signum = signum
+
+
+@contextmanager
+def sigterm_as_keyboardinterrupt() -> Iterator[None]:
+    """Inside the block, SIGTERM and SIGHUP raise :class:`Terminated` (a KeyboardInterrupt) in
+    the main thread, so a killed process cleans up its partial outputs as Ctrl-C does. The
+    previous handlers are restored on exit. Outside the main thread this does nothing."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: object) -> None:
+        raise Terminated(signum)
+
+    wanted = [s for s in (signal.SIGTERM, getattr(signal, "SIGHUP", None)) if s is not None]
+    before = {s: signal.signal(s, handler) for s in wanted}
+    try:
+        yield
+    finally:
+        for s, h in before.items():
+            signal.signal(s, h)

@@ -27,7 +27,7 @@ import pandas as pd
 import torch
 
 from probes.errors import ProbeError, suggest
-from probes.options import coerce
+from probes.options import check_ranges, coerce
 from probes.registry import Registry
 
 SCORE_COLUMNS = ["model", "task", "layer", "head", "metric", "value"]
@@ -157,7 +157,7 @@ class Task:
                 known = ", ".join(fields) or "none"
                 raise ProbeError(f"task {self.name!r} has no option {key!r}{hint}; its options: {known}")
         kwargs = {k: coerce(v, str(fields[k].type), f"task {self.name!r} option {k}") for k, v in options.items()}
-        return self.Options(**kwargs)
+        return check_ranges(self.Options(**kwargs), f"{self.name}: option")
 
 
 TASKS: Registry[Task] = Registry("task")

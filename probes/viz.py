@@ -34,6 +34,7 @@ from typing import Any
 
 import numpy as np
 
+from probes.artifacts import umask, write_error
 from probes.errors import ProbeError
 
 MAX_TOKENS = 512  # default token limit of a view; longer inputs are cut and the page says so
@@ -71,6 +72,12 @@ def clean(text: Any) -> str:
 def esc(text: Any) -> str:
     """Text for HTML element content or a quoted attribute value."""
     return html.escape(clean(text), quote=True)
+
+
+def plot_text(text: Any) -> str:
+    """Text drawn by matplotlib, shown as written: ``$`` escaped so that no mathtext is parsed
+    (model names and labels may hold ``$``, ``\\``, ``{``; mathtext would reject or mangle them)."""
+    return str(text).replace("$", r"\$")
 
 
 def script_json(obj: Any) -> str:
@@ -442,29 +449,39 @@ def page(title: str, body: str, payloads: Sequence[dict[str, Any]] = ()) -> str:
 # attention views of a model on a text (probe viz)
 # ----------------------------------------------------------------------------------------------
 
-def parse_indices(spec: str | None, n: int, what: str) -> list[int] | None:
-    """'0,3' / '0-2,5' -> sorted unique indices in 0..n-1 (None: all). Raises ProbeError."""
-    if spec is None or not str(spec).strip():
-        return None
-    out: set[int] = set()
-    for part in (p.strip() for p in str(spec).split(",")):
+def index_ranges(spec: str | None, what: str) -> list[tuple[int, int]]:
+    """'0,3' / '0-2,5' -> [(0, 0), (3, 3)] / [(0, 2), (5, 5)], syntax checked, nothing expanded."""
+    out: list[tuple[int, int]] = []
+    for part in (p.strip() for p in str(spec or "").split(",")):
         if not part:
             continue
         try:
             if "-" in part[1:]:
                 lo, hi = (int(x) for x in part.split("-", 1))
-                out.update(range(lo, hi + 1))
             else:
-                out.add(int(part))
+                lo = hi = int(part)
         except ValueError:
             raise ProbeError(f"--{what} expects 0-indexed numbers like 0,3 or 0-2, got {spec!r}") from None
-    bad = sorted(i for i in out if not 0 <= i < n)
+        out.append((lo, hi))
+    return out
+
+
+def parse_indices(spec: str | None, n: int, what: str) -> list[int] | None:
+    """'0,3' / '0-2,5' -> sorted unique indices in 0..n-1 (None: all). Raises ProbeError.
+
+    Every number is checked against ``n`` before a range is expanded."""
+    if spec is None or not str(spec).strip():
+        return None
+    ranges = index_ranges(spec, what)
+    bad = [f"{lo}" if lo == hi else f"{lo}-{hi}" for lo, hi in ranges
+           if lo <= hi and not (0 <= lo and hi < n)]
     if bad:
-        raise ProbeError(f"--{what} {', '.join(map(str, bad))} out of range: the model has {n} {what} "
+        raise ProbeError(f"--{what} {', '.join(bad)} out of range: the model has {n} {what} "
                          f"(0-indexed: 0..{n - 1})")
+    out = sorted({i for lo, hi in ranges for i in range(lo, hi + 1)})
     if not out:
         raise ProbeError(f"--{what} {spec!r} names no {what}; e.g. --{what} 0,3")
-    return sorted(out)
+    return out
 
 
 _WORD = re.compile(r"\w+(?:['’]\w+)*|[^\w\s]", re.UNICODE)
@@ -612,12 +629,13 @@ def write_atomic(path: Path, text: str) -> Path:
     except OSError as exc:
         raise ProbeError(f"cannot write {path}: {exc.strerror}; choose another --out") from None
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; a page is as readable as any file
-        os.replace(tmp, path)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                fh.write(text)
+            os.chmod(tmp, 0o666 & ~umask())  # mkstemp makes 0600; a page is as readable as any file
+            os.replace(tmp, path)
+        except OSError as exc:
+            raise write_error(exc, path) from None
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
@@ -626,4 +644,4 @@ def write_atomic(path: Path, text: str) -> Path:
 
 __all__ = ["MAX_TOKENS", "View", "bundle_js", "clean", "decode_pattern", "display_token", "encode_pattern",
            "esc", "model_views", "page", "parse_indices", "script_json", "split_words", "viz_page",
-           "views_html", "write_atomic"]
+           "views_html", "write_atomic", "index_ranges", "plot_text"]

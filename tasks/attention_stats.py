@@ -27,6 +27,7 @@ from probes.capture import pattern_names
 from probes.errors import ProbeError, suggest
 from probes.metrics import (attention_stat_sums, clark_stat_sums, js_distance_mean,
                             uniform_entropy_sum)
+from probes.options import ranged
 from probes.task import Context, Examples, Output, Task, register, tidy
 
 SAMPLE = Path(__file__).parent / "data" / "sample.txt"
@@ -41,7 +42,7 @@ CLARK_PUNCT = frozenset({".", ","})  # General_Analysis: token == "." or token =
 
 @dataclass(frozen=True)
 class Options:
-    top: int = 5  # heads listed per metric in the summary
+    top: int = ranged(5, min=1)  # heads listed per metric in the summary
     protocol: str = "pooled"  # pooled | clark (see the module docstring)
 
     def __post_init__(self) -> None:
@@ -55,7 +56,7 @@ def read_lines(path: Path) -> list[str]:
     if path.is_dir():
         raise ProbeError(f"{path} is a directory; attention-stats reads one text file (one example per line)")
     try:
-        text = path.read_text(encoding="utf-8")
+        text = path.read_text(encoding="utf-8-sig")
     except UnicodeDecodeError as exc:
         raise ProbeError(f"{path}: not UTF-8 text (byte {exc.start}); re-save the file as UTF-8") from None
     except OSError as exc:

@@ -32,6 +32,7 @@ from probes.align import (
 from probes.batching import by_length, pad
 from probes.capture import pattern_names
 from probes.errors import ProbeError
+from probes.options import ranged
 from probes.runtime import torch_threads
 from probes.task import Batch, Context, Examples, Output, Task, register, tidy
 
@@ -48,8 +49,8 @@ PATTERN_BUDGET = 1 << 30  # bytes of float32 attention patterns held for one bat
 @dataclass(frozen=True)
 class Options:
     format: str = "auto"  # auto | conllu | conll2012 | gap
-    views: int = 4  # evaluated mentions (or GAP examples) shown with the best head's attention
-    gap_max_len: int = 512  # GAP texts longer than this many pieces (incl. specials) are skipped
+    views: int = ranged(4, min=0)  # evaluated mentions (or GAP examples) shown with the best head's attention
+    gap_max_len: int = ranged(512, min=3)  # GAP texts longer than this many pieces (incl. specials) are skipped
 
 
 class CorefExamples(Examples):

@@ -50,8 +50,10 @@ from probes.capture import forward, pattern_names
 from probes.errors import ProbeError
 from probes.metrics import diagonal
 from probes.models import Model
+from probes.options import ranged
 from probes.sweep import Sweep, SweepConfig, register_sweep
 from probes.task import Context, Examples, Output, Task, register, tidy
+from probes.viz import plot_text
 
 HEAD_METRICS = ("induction", "previous_token", "duplicate_token")
 ICL_TEXT = Path(__file__).parent / "data" / "tinyshakespeare.txt"  # built-in natural text
@@ -61,11 +63,11 @@ ICL_EARLY, ICL_LATE = 50, 500  # token positions compared at a 512-token context
 
 @dataclass(frozen=True)
 class Options:
-    repeat_len: int = 25  # S, the length of r
-    n_seqs: int = 64  # repeated sequences scored
-    top: int = 5  # heads listed per metric in the summary
+    repeat_len: int = ranged(25, min=2)  # S, the length of r
+    n_seqs: int = ranged(64, min=1)  # repeated sequences scored
+    top: int = ranged(5, min=1)  # heads listed per metric in the summary
     icl_text: str | None = None  # UTF-8 text for the ICL score (default: the built-in Tiny Shakespeare)
-    icl_windows: int = 64  # at most this many text windows, evenly spread; 0 skips the ICL score
+    icl_windows: int = ranged(64, min=0)  # at most this many text windows, evenly spread; 0 skips the ICL score
 
 
 # ----------------------------------------------------------------------------- pure metrics
@@ -518,22 +520,22 @@ def evaluate(model: Model, lengths: Sequence[int], n_seqs: int = 32, seed: int =
 
 @dataclass(frozen=True)
 class SweepOptions:
-    width: int = 64  # d_model
-    heads: int = 4
+    width: int = ranged(64, min=1)  # d_model
+    heads: int = ranged(4, min=1)
     attn_only: bool = True
     norm: str = "ln"  # ln | none
     positional: str = "learned"  # learned | rotary
-    vocab: int = 64
-    seq_len: int = 64  # training sequence length, BOS included
-    steps: int = 3000
-    batch_size: int = 32
-    lr: float = 1e-3
-    weight_decay: float = 0.01
-    eval_every: int = 250  # steps between induction evaluations
-    n_seqs: int = 32  # evaluation sequences per held-out repeat length
-    threshold: float = 0.5  # phase change = first evaluated step with best induction >= threshold
+    vocab: int = ranged(64, min=2)
+    seq_len: int = ranged(64, min=2)  # training sequence length, BOS included
+    steps: int = ranged(3000, min=0)
+    batch_size: int = ranged(32, min=1)
+    lr: float = ranged(1e-3, above=0)
+    weight_decay: float = ranged(0.01, min=0)
+    eval_every: int = ranged(250, min=1)  # steps between induction evaluations
+    n_seqs: int = ranged(32, min=1)  # evaluation sequences per held-out repeat length
+    threshold: float = ranged(0.5, min=0, max=1)  # phase change = first evaluated step with best induction >= threshold
     save_models: str | None = None  # folder to keep each depth's trained model in (depth-L/)
-    threads: int = 1  # CPU threads while training (see probes.train.threads_for)
+    threads: int = ranged(1, min=1)  # CPU threads while training (see probes.train.threads_for)
 
 
 @register_sweep
@@ -630,11 +632,12 @@ def line_plot(table: pd.DataFrame, column: str, ylabel: str, hline: float | None
     with matplotlib.rc_context({"svg.hashsalt": "depthprobe", "svg.fonttype": "none"}):
         fig, ax = plt.subplots(figsize=(6.4, 4.0))
         for depth, g in table.groupby("depth"):
-            ax.plot(g["step"], g[column], marker="o", markersize=3, label=f"{depth} layer{'s' if depth > 1 else ''}")
+            ax.plot(g["step"], g[column], marker="o", markersize=3,
+                    label=plot_text(f"{depth} layer{'s' if depth > 1 else ''}"))
         if hline is not None:
             ax.axhline(hline, color="grey", linestyle=":", linewidth=1)
         ax.set_xlabel("training step")
-        ax.set_ylabel(ylabel)
+        ax.set_ylabel(plot_text(ylabel))
         ax.legend()
         ax.grid(alpha=0.3)
         fig.tight_layout()

@@ -31,9 +31,11 @@ from probes import spa
 from probes.levine import threshold
 from probes.capture import capture
 from probes.errors import ProbeError, suggest
+from probes.options import ranged
 from probes.runtime import torch_threads
 from probes.sweep import Sweep, SweepConfig, register_sweep
 from probes.task import Context, Examples, Output, Task, register, tidy
+from probes.viz import plot_text
 
 ACCUMULATED = ("mean_cosine", "resid_ratio_fro", "resid_ratio_l1inf", "effective_rank_centred",
                "effective_rank_uncentred")  # per sequence, averaged over sequences
@@ -156,7 +158,7 @@ def plot_layers(means: dict[str, np.ndarray], theory: dict[str, np.ndarray], tit
         ax.plot(layers, means[name], style, ms=3, label=name)
     if "mean_cosine" in theory:
         ax.plot(layers, theory["mean_cosine"], "k--", lw=1, label="mean_cosine (theory)")
-    ax.set(xlabel="layer (0 = embeddings)", ylabel="value", title=title)
+    ax.set(xlabel="layer (0 = embeddings)", ylabel="value", title=plot_text(title))
     ax.legend(fontsize=7)
     for name, style, label in (("effective_rank_centred", "o-", "centred X (spread)"),
                                ("effective_rank_uncentred", "s-", "uncentred X (1 = collapsed)")):
@@ -177,14 +179,14 @@ def plot_heatmaps(panels: list[tuple[str, np.ndarray]], ncols: int, title: str) 
     im = None
     for ax, (label, c) in zip(axes.flat, panels):
         im = ax.imshow(c, vmin=lo, vmax=1.0, cmap="viridis", interpolation="nearest")
-        ax.set_title(label, fontsize=8)
+        ax.set_title(plot_text(label), fontsize=8)
         ax.set_xticks([])
         ax.set_yticks([])
     for ax in list(axes.flat)[len(panels):]:
         ax.axis("off")
     if im is not None:
         fig.colorbar(im, ax=axes.ravel().tolist(), shrink=0.8, label="cosine")
-    fig.suptitle(title, fontsize=9)
+    fig.suptitle(plot_text(title), fontsize=9)
     return _svg(fig)
 
 
@@ -200,10 +202,10 @@ def npz_bytes(arrays: dict[str, np.ndarray]) -> bytes:
 class Options:
     exclude_special: bool | None = None  # encoders: drop [CLS]/[SEP] (None: yes)
     include_bos: bool | None = None  # decoders: keep BOS in the kernel (None: no)
-    layers: tuple[int, ...] = ()  # layers whose kernels are saved and drawn; (): four spread over 0..L
-    kernel_len: int = 64  # leading positions kept in the averaged kernel matrices
-    n_random: int = 16  # random sequences for models without a tokenizer
-    seq_len: int | None = None  # their length (None: --max-len, capped at the model's context)
+    layers: tuple[int, ...] = ranged((), min=0)  # layers whose kernels are saved and drawn; (): four spread over 0..L
+    kernel_len: int = ranged(64, min=2)  # leading positions kept in the averaged kernel matrices
+    n_random: int = ranged(16, min=1)  # random sequences for models without a tokenizer
+    seq_len: int | None = ranged(None, min=2)  # their length (None: --max-len, capped at the model's context)
 
 
 @dataclass
@@ -370,20 +372,20 @@ DEFAULT_VARIANTS = ("vanilla", "skip", "skip-scaled", "value-skipinit", "u-spa",
 @dataclass(frozen=True)
 class SweepOptions:
     variants: tuple[str, ...] = DEFAULT_VARIANTS
-    width: int = 256
-    heads: int = 4
-    seq_len: int = 128
-    samples: int = 8  # random sequences per model (one batch)
-    steps: int = 0  # training steps on the synthetic copy task before measuring
+    width: int = ranged(256, min=1)
+    heads: int = ranged(4, min=1)
+    seq_len: int = ranged(128, min=2)
+    samples: int = ranged(8, min=1)  # random sequences per model (one batch)
+    steps: int = ranged(0, min=0)  # training steps on the synthetic copy task before measuring
     attn_only: bool = True
     attention: str = "uniform"  # attention of vanilla/skip/skip-scaled: uniform (W_Q = 0) or softmax
     causal: bool = True
-    gamma_last: float = 0.005
-    rho_last: float = 0.8
-    lr: float = 1e-3
-    train_batch: int = 16
-    heatmap_depths: tuple[int, ...] = ()  # layers of the deepest model drawn; (): smallest, middle, largest depth
-    threads: int = 1  # torch CPU threads during the sweep (2 pays off only on an idle machine; docs/kernels.md)
+    gamma_last: float = ranged(0.005, above=0, below=50)
+    rho_last: float = ranged(0.8, min=0, below=1)
+    lr: float = ranged(1e-3, above=0)
+    train_batch: int = ranged(16, min=1)
+    heatmap_depths: tuple[int, ...] = ranged((), min=0)  # layers of the deepest model drawn; (): smallest, middle, largest depth
+    threads: int = ranged(1, min=1)  # torch CPU threads during the sweep (2 pays off only on an idle machine; docs/kernels.md)
     dtype: str = "float32"  # float32 or float64: the models are built and run in it
 
 
@@ -566,7 +568,7 @@ class KernelSweep(Sweep):
         fig, ax = plt.subplots(figsize=(6, 3.6))
         for i, (v, g) in enumerate(table.groupby("variant", sort=False)):
             color = f"C{i}"
-            ax.plot(g["depth"], g["final_cosine"], "o-", color=color, ms=4, label=v)
+            ax.plot(g["depth"], g["final_cosine"], "o-", color=color, ms=4, label=plot_text(v))
             if g["theory_cosine"].notna().any():
                 ax.plot(g["depth"], g["theory_cosine"], "--", color=color, lw=1)
         ax.set_xscale("log", base=2)
