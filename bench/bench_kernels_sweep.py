@@ -16,8 +16,8 @@ import time
 
 import torch
 
-from probes.sweep import sweep
-from tasks.kernels import DEFAULT_VARIANTS
+from depthprobe.probes.sweep import sweep
+from depthprobe.tasks.kernels import DEFAULT_VARIANTS
 
 DEPTHS = (1, 2, 4, 8, 16, 32, 64)
 

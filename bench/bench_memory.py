@@ -15,7 +15,7 @@ EWT = ROOT.parent / "shared" / "data" / "ud-ewt-dev"
 
 CHILD = """
 import json, resource, sys
-import probes
+from depthprobe import probes
 r = probes.run("minilm", sys.argv[1], sys.argv[2], limit=int(sys.argv[3]))
 print(json.dumps({"examples": r.counts["examples"],
                   "peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))

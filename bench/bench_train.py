@@ -29,9 +29,9 @@ import torch  # noqa: E402
 import torch.nn as nn  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from probes import synthetic  # noqa: E402
-from probes.models import load  # noqa: E402
-from probes.train import build_configs, fast_logits, lm_loss, parameters, train  # noqa: E402
+from depthprobe.probes import synthetic  # noqa: E402
+from depthprobe.probes.models import load  # noqa: E402
+from depthprobe.probes.train import build_configs, fast_logits, lm_loss, parameters, train  # noqa: E402
 
 
 class PlainBlock(nn.Module):
@@ -110,7 +110,7 @@ class Emerged(Exception):
 
 
 def emergence(every: int, threshold: float) -> None:
-    from tasks.induction import evaluate
+    from depthprobe.tasks.induction import evaluate
 
     native, data, cfg = build_configs()
     seen: list[tuple[int, float]] = []

@@ -6,7 +6,7 @@ from typing import Optional
 
 import typer
 
-from cli.main import app, guarded
+from depthprobe.cli.main import app, guarded
 
 
 @app.command()
@@ -23,8 +23,8 @@ def compare(
     """Compare runs across depth and width: compare.csv, peaks.csv and report.html."""
     import pandas as pd
 
-    from probes.compare import compare as api_compare
-    from probes.compare import peaks, save
+    from depthprobe.probes.compare import compare as api_compare
+    from depthprobe.probes.compare import peaks, save
 
     table = api_compare(runs or [], metrics=metric or None, task=task)
     path = save(table, out)

@@ -50,7 +50,7 @@ _TYPE_WORDS = {"int_parsing": "an integer", "float_parsing": "a number", "bool_p
 
 def usage_line(exc: Any, prog: str = "probe") -> str:
     """click's usage error as one line: the message (with close matches) and the --help hint."""
-    from probes.errors import suggest
+    from depthprobe.probes.errors import suggest
 
     message = " ".join(exc.format_message().split())
     ctx = exc.ctx
@@ -102,9 +102,9 @@ def guarded(fn: Callable[..., Any]) -> Callable[..., Any]:
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        from probes.errors import ProbeError
+        from depthprobe.probes.errors import ProbeError
 
-        from probes.runtime import Terminated, sigterm_as_keyboardinterrupt
+        from depthprobe.probes.runtime import Terminated, sigterm_as_keyboardinterrupt
 
         try:
             with sigterm_as_keyboardinterrupt():
@@ -136,7 +136,7 @@ def prepare_out(out: Optional[Path], flag: str = "--out", *, may_exist: bool = F
                 kind: str = "folder") -> None:
     """Check an output location before any work (exists, a parent is a file, not writable) and
     remove hidden partial folders that killed runs left there, saying so on stderr."""
-    from probes import artifacts
+    from depthprobe.probes import artifacts
 
     target = out if out is not None else artifacts.DEFAULT_ROOT / "run"
     artifacts.check_out(target, flag, may_exist=may_exist or out is None, kind=kind)
@@ -146,7 +146,7 @@ def prepare_out(out: Optional[Path], flag: str = "--out", *, may_exist: bool = F
 
 
 def parse_options(pairs: list[str]) -> dict[str, str]:
-    from probes.errors import ProbeError
+    from depthprobe.probes.errors import ProbeError
 
     out: dict[str, str] = {}
     for pair in pairs:
@@ -187,10 +187,10 @@ def run(
     max_params: Optional[int] = typer.Option(None, "--max-params", help="Refuse models with more parameters than this."),
 ) -> None:
     """Run a task on a model, print its summary and write a run directory."""
-    from probes.api import run as api_run
-    from probes.task import get_task
+    from depthprobe.probes.api import run as api_run
+    from depthprobe.probes.task import get_task
 
-    from probes.models import size_limit
+    from depthprobe.probes.models import size_limit
 
     prepare_out(out)
     get_task(task)  # unknown task fails before anything is loaded
@@ -209,7 +209,7 @@ def list_tasks() -> None:
     """Registered tasks with their options."""
     import dataclasses
 
-    from probes.task import TASKS, task_names
+    from depthprobe.probes.task import TASKS, task_names
 
     for name in task_names():
         t = TASKS.get(name)
@@ -223,7 +223,7 @@ def list_tasks() -> None:
 @guarded
 def list_models() -> None:
     """Model aliases and whether each is available offline right now."""
-    from probes.models import offline_models
+    from depthprobe.probes.models import offline_models
 
     typer.echo(f"{'alias':18s} {'offline':8s} {'hugging face id':42s} what")
     for row in offline_models():
@@ -234,4 +234,4 @@ def list_models() -> None:
 
 
 # Commands defined in their own modules register themselves on `app` when imported.
-from cli import commands  # noqa: E402,F401
+from depthprobe.cli import commands  # noqa: E402,F401

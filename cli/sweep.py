@@ -7,7 +7,7 @@ from typing import Optional
 
 import typer
 
-from cli.main import app, guarded, parse_options, prepare_out, print_result
+from depthprobe.cli.main import app, guarded, parse_options, prepare_out, print_result
 
 
 @app.command()
@@ -30,19 +30,19 @@ def sweep(
     max_params: Optional[int] = typer.Option(None, "--max-params", help="Refuse models with more parameters than this."),
 ) -> None:
     """Train or build one model per depth with identical settings; write one table and plots."""
-    from probes.sweep import get_sweep, parse_depths, sweep as api_sweep
+    from depthprobe.probes.sweep import get_sweep, parse_depths, sweep as api_sweep
 
     prepare_out(out)
     get_sweep(task)
     if depths is None:
-        from probes.errors import ProbeError
+        from depthprobe.probes.errors import ProbeError
 
         raise ProbeError("probe sweep needs --depths (or --layers), e.g. --depths 1,2,4")
     explicit = {"variants": variants, "width": width, "heads": heads, "seq_len": seq_len,
                 "steps": steps, "attn_only": attn_only, "dtype": dtype}
     options = {k: v for k, v in explicit.items() if v is not None}
     options.update(parse_options(option))
-    from probes.models import size_limit
+    from depthprobe.probes.models import size_limit
 
     with size_limit(max_params):
         result = api_sweep(task, parse_depths(depths), seed=seed, device=device,

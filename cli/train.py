@@ -10,7 +10,7 @@ from typing import Optional
 
 import typer
 
-from cli.main import app, guarded, prepare_out
+from depthprobe.cli.main import app, guarded, prepare_out
 
 
 @app.command()
@@ -41,8 +41,8 @@ def train(
     max_params: Optional[int] = typer.Option(None, "--max-params", help="Refuse models with more parameters than this."),
 ) -> None:
     """Train a native TransformerLens model with AdamW; checkpoints load anywhere a model name is accepted."""
-    from probes.errors import ProbeError
-    from probes.models import resolve_device, size_limit
+    from depthprobe.probes.errors import ProbeError
+    from depthprobe.probes.models import resolve_device, size_limit
 
     if out is not None:
         prepare_out(out, may_exist=True)
@@ -57,8 +57,8 @@ def train(
 
 
 def _train(given: dict, out: Optional[Path], resume: bool, device: Optional[str], progress: bool) -> None:
-    from probes.errors import ProbeError
-    from probes.train import build_configs, resume_configs, train as api_train
+    from depthprobe.probes.errors import ProbeError
+    from depthprobe.probes.train import build_configs, resume_configs, train as api_train
 
     if resume:
         if out is None:

@@ -6,11 +6,11 @@ from typing import Optional
 
 import typer
 
-from cli.main import app, guarded, prepare_out
+from depthprobe.cli.main import app, guarded, prepare_out
 
 
 def _read_text(text: Optional[str], file: Optional[Path]) -> tuple[str, str]:
-    from probes.errors import ProbeError
+    from depthprobe.probes.errors import ProbeError
 
     if (text is None) == (file is None):
         raise ProbeError("probe viz needs exactly one of --text \"...\" or --file PATH")
@@ -40,9 +40,9 @@ def viz(
     out: Path = typer.Option(Path("attention.html"), "--out", "-o", help="The HTML page to write."),
 ) -> None:
     """Write one self-contained HTML page of attention views (one per layer, all chosen heads)."""
-    from probes.errors import ProbeError
-    from probes.models import load
-    from probes.viz import index_ranges, parse_indices, viz_page, write_atomic
+    from depthprobe.probes.errors import ProbeError
+    from depthprobe.probes.models import load
+    from depthprobe.probes.viz import index_ranges, parse_indices, viz_page, write_atomic
 
     prepare_out(out, may_exist=True, kind="file")
     body, source = _read_text(text, file)
@@ -65,7 +65,7 @@ def viz(
 @guarded
 def report(run_dir: Path = typer.Argument(..., help="A run directory written by probe run or probe sweep.")) -> None:
     """Re-render RUN_DIR/report.html from the run's saved files."""
-    from probes.report import write_report
+    from depthprobe.probes.report import write_report
 
     if run_dir.is_dir():
         prepare_out(run_dir / "report.html", "RUN_DIR", may_exist=True, kind="file")

@@ -1,11 +1,11 @@
 """depthprobe core: loading, scoped capture, word alignment, metrics, tasks and artifacts."""
-from probes.align import encode_words, word_attention
-from probes.api import Result, run
-from probes.compare import compare  # noqa: F401  (probe compare)
-from probes.capture import capture, forward, resolve_names
-from probes.errors import ProbeError
-from probes.models import ALIASES, DEFAULT_MODEL, Model, NativeConfig, load, load_checkpoint, save_checkpoint
-from probes.task import TASKS, Batch, Context, Examples, Output, Task, get_task, register, task_names
+from depthprobe.probes.align import encode_words, word_attention
+from depthprobe.probes.api import Result, run
+from depthprobe.probes.compare import compare  # noqa: F401  (probe compare)
+from depthprobe.probes.capture import capture, forward, resolve_names
+from depthprobe.probes.errors import ProbeError
+from depthprobe.probes.models import ALIASES, DEFAULT_MODEL, Model, NativeConfig, load, load_checkpoint, save_checkpoint
+from depthprobe.probes.task import TASKS, Batch, Context, Examples, Output, Task, get_task, register, task_names
 
 __all__ = [
     "ALIASES", "DEFAULT_MODEL", "TASKS", "Batch", "Context", "Examples", "Model", "NativeConfig",

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from probes.models import Model
+from depthprobe.probes.models import Model
 
 
 @dataclass(frozen=True)

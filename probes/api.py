@@ -10,12 +10,12 @@ import numpy as np
 import pandas as pd
 import torch
 
-from probes import artifacts
-from probes.capture import forward
-from probes.errors import ProbeError
-from probes.levine import DepthNote
-from probes.models import DEFAULT_MODEL, Model, load
-from probes.task import Context, Output, RunConfig, get_task
+from depthprobe.probes import artifacts
+from depthprobe.probes.capture import forward
+from depthprobe.probes.errors import ProbeError
+from depthprobe.probes.levine import DepthNote
+from depthprobe.probes.models import DEFAULT_MODEL, Model, load
+from depthprobe.probes.task import Context, Output, RunConfig, get_task
 
 
 @dataclass
@@ -65,20 +65,20 @@ class Result:
             for name, data in self.files.items():
                 (tmp / name).parent.mkdir(parents=True, exist_ok=True)
                 (tmp / name).write_bytes(data)
-            from probes import report
+            from depthprobe.probes import report
 
             report.write_report(tmp)
         self.path = final
         return final
 
     def _repr_html_(self) -> str:
-        from probes import report
+        from depthprobe.probes import report
 
         return report.result_html(self)
 
 
 def seed_everything(seed: int) -> None:
-    from probes.options import check_seed
+    from depthprobe.probes.options import check_seed
 
     check_seed(seed)
     random.seed(seed)

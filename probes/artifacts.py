@@ -18,7 +18,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from probes.errors import ProbeError
+from depthprobe.probes.errors import ProbeError
 
 DEFAULT_ROOT = Path("artifacts") / "runs"
 PACKAGES = ["depthprobe", "torch", "transformer-lens", "transformers", "circuitsvis", "spacy",

@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from probes.task import Batch
+from depthprobe.probes.task import Batch
 
 
 def by_length(lengths: Sequence[int], batch_size: int) -> list[list[int]]:

@@ -20,8 +20,8 @@ from typing import Any
 
 import torch
 
-from probes.errors import ProbeError, suggest
-from probes.models import Model
+from depthprobe.probes.errors import ProbeError, suggest
+from depthprobe.probes.models import Model
 
 HookFn = Callable[[torch.Tensor, Any], torch.Tensor | None]
 

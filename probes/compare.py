@@ -44,8 +44,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from probes import artifacts
-from probes.errors import ProbeError, suggest
+from depthprobe.probes import artifacts
+from depthprobe.probes.errors import ProbeError, suggest
 
 SCORE_COLUMNS = ["model", "task", "layer", "head", "metric", "value"]
 RUN_FILES = ("manifest.json", "scores.csv")
@@ -440,7 +440,7 @@ def plot_svg(table: pd.DataFrame, metric: str) -> str:
 
 
 def _img(svg: str, alt: str) -> str:
-    from probes.viz import esc
+    from depthprobe.probes.viz import esc
 
     data = base64.b64encode(svg.encode("utf-8")).decode("ascii")
     return f"<img alt=\"{esc(alt)}\" src=\"data:image/svg+xml;base64,{data}\">"
@@ -448,8 +448,8 @@ def _img(svg: str, alt: str) -> str:
 
 def render(table: pd.DataFrame, peak: pd.DataFrame | None = None) -> str:
     """The offline comparison page: models, peaks table, one plot per metric."""
-    from probes.report import table as html_table
-    from probes.viz import esc, page
+    from depthprobe.probes.report import table as html_table
+    from depthprobe.probes.viz import esc, page
 
     peak = peaks(table) if peak is None else peak
     task = str(table["task"].iloc[0]) if len(table) else "?"

@@ -10,7 +10,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from probes.errors import ProbeError
+from depthprobe.probes.errors import ProbeError
 
 
 @dataclass(frozen=True)

@@ -28,8 +28,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from probes.conllu import Sentence, by_document, read_conllu, to_doc
-from probes.errors import ProbeError
+from depthprobe.probes.conllu import Sentence, by_document, read_conllu, to_doc
+from depthprobe.probes.errors import ProbeError
 
 SPAN_PREFIX = "coref_"
 
@@ -246,7 +246,7 @@ class _Conll12Doc:
 
 
 def _conll12_docs(path: Path) -> Iterator[_Conll12Doc]:
-    from probes.conllu import _lines
+    from depthprobe.probes.conllu import _lines
 
     cur: _Conll12Doc | None = None
     new_sentence = True
@@ -343,7 +343,7 @@ def sniff(path: Path) -> str:
         return "conllu"
     if is_conll2012(path):
         return "conll2012"
-    from probes.conllu import read_input
+    from depthprobe.probes.conllu import read_input
 
     if path.is_file():
         try:
@@ -458,7 +458,7 @@ def _offset(path: Path, line: int, text: str, col: str, name: str, value: str) -
 
 def read_gap(path: str | Path) -> list[GapExample]:
     """Every row of a GAP TSV file, validated (file:line errors)."""
-    from probes.conllu import _lines
+    from depthprobe.probes.conllu import _lines
 
     path = Path(path)
     lines = _lines(path)

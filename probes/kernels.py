@@ -33,8 +33,8 @@ import math
 import numpy as np
 import torch
 
-from probes.errors import ProbeError
-from probes.runtime import torch_threads
+from depthprobe.probes.errors import ProbeError
+from depthprobe.probes.runtime import torch_threads
 
 F64 = torch.float64
 

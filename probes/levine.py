@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from probes.errors import ProbeError
+from depthprobe.probes.errors import ProbeError
 
 BELOW = ("below the threshold, where their theory (for linearised attention) gives a double-exponential "
          "advantage of depth over width")

@@ -22,8 +22,8 @@ from typing import Any
 
 import torch
 
-from probes.errors import ProbeError, suggest
-from probes.options import check_seed, coerce, field_types, parse_pairs
+from depthprobe.probes.errors import ProbeError, suggest
+from depthprobe.probes.options import check_seed, coerce, field_types, parse_pairs
 
 log = logging.getLogger(__name__)
 
@@ -320,7 +320,7 @@ def load(name: str | NativeConfig = DEFAULT_MODEL, device: str | None = None,
         raise ProbeError(f"--model {name!r} is neither an existing folder nor a native spec "
                          f"(did you mean {_native_guess(name)} or ./{name}?)")
     if name.startswith("spa:"):  # probes.spa depth-study family (skipless, E-SPA, ...)
-        from probes.spa import build
+        from depthprobe.probes.spa import build
         return build(name, dev)
     if name == DEFAULT_MODEL:
         p = minilm_path()

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
-from probes.errors import ProbeError
+from depthprobe.probes.errors import ProbeError
 
 
 def text_lines(path: str | Path) -> list[str]:

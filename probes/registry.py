@@ -4,7 +4,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Generic, TypeVar
 
-from probes.errors import unknown
+from depthprobe.probes.errors import unknown
 
 T = TypeVar("T")
 

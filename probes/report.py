@@ -25,8 +25,8 @@ from urllib.parse import quote
 import numpy as np
 import pandas as pd
 
-from probes.errors import ProbeError
-from probes.viz import MAX_TOKENS, View, esc, page, plot_text, views_html, write_atomic
+from depthprobe.probes.errors import ProbeError
+from depthprobe.probes.viz import MAX_TOKENS, View, esc, page, plot_text, views_html, write_atomic
 
 MAX_DEFAULT_PANELS = 12  # heatmaps drawn when the task lists none (one per metric)
 MAX_PANELS = 48  # panels drawn at most; the rest are named in a note

@@ -61,9 +61,9 @@ from torch import nn
 from transformer_lens.hook_points import HookPoint
 from transformer_lens.HookedRootModule import HookedRootModule
 
-from probes import kernels as K
-from probes.errors import ProbeError, suggest
-from probes.options import check_seed, coerce, field_types, parse_pairs
+from depthprobe.probes import kernels as K
+from depthprobe.probes.errors import ProbeError, suggest
+from depthprobe.probes.options import check_seed, coerce, field_types, parse_pairs
 
 ATTENTIONS = ("softmax", "uniform", "value-skipinit", "e-spa", "u-spa")
 NORMS = ("none", "pre", "post")
@@ -145,7 +145,7 @@ class SPAConfig:
         return scale * (16 if training else 4) * self.n_params() + self.depth * per_layer
 
     def check_size(self, training: bool = False, device: Any = None) -> None:
-        from probes.models import check_size
+        from depthprobe.probes.models import check_size
 
         check_size(self.n_params(), self.n_bytes(training), f"spa model (depth {self.depth}, width {self.width})", device)
 
@@ -425,7 +425,7 @@ def _theory_sub(cfg: SPAConfig, s: torch.Tensor, f: Callable[[torch.Tensor], tor
 
 def build(cfg: SPAConfig | str, device: str | torch.device | None = None, name: str | None = None):
     """An SPA model wrapped as a :class:`probes.models.Model` (tokenizer None)."""
-    from probes.models import Model, ModelInfo, resolve_device
+    from depthprobe.probes.models import Model, ModelInfo, resolve_device
 
     if isinstance(cfg, str):
         name = name or cfg

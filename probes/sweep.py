@@ -10,11 +10,11 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from probes import artifacts
-from probes.api import Result, seed_everything
-from probes.errors import ProbeError
-from probes.registry import Registry
-from probes.task import NoOptions, Output, Task
+from depthprobe.probes import artifacts
+from depthprobe.probes.api import Result, seed_everything
+from depthprobe.probes.errors import ProbeError
+from depthprobe.probes.registry import Registry
+from depthprobe.probes.task import NoOptions, Output, Task
 
 
 @dataclass(frozen=True)
@@ -53,7 +53,7 @@ register_sweep = SWEEPS.register_class  # @register_sweep on a Sweep subclass
 
 
 def get_sweep(name: str) -> Sweep:
-    import tasks  # noqa: F401  (tasks register their sweeps)
+    from depthprobe import tasks  # noqa: F401  (tasks register their sweeps)
 
     return SWEEPS.get(name)
 

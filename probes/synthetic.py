@@ -27,7 +27,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from probes.errors import ProbeError, unknown
+from depthprobe.probes.errors import ProbeError, unknown
 
 BOS = 0  # the first token of every native-model sequence
 

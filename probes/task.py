@@ -26,9 +26,9 @@ from typing import Any, ClassVar
 import pandas as pd
 import torch
 
-from probes.errors import ProbeError, suggest
-from probes.options import check_ranges, coerce
-from probes.registry import Registry
+from depthprobe.probes.errors import ProbeError, suggest
+from depthprobe.probes.options import check_ranges, coerce
+from depthprobe.probes.registry import Registry
 
 SCORE_COLUMNS = ["model", "task", "layer", "head", "metric", "value"]
 
@@ -133,7 +133,7 @@ class Task:
 
     def batches(self, model: Any, examples: list[Any], ctx: Context) -> Iterator[Batch]:
         """Default: the examples are token-id sequences, padded and batched by length."""
-        from probes.batching import length_batches
+        from depthprobe.probes.batching import length_batches
 
         return length_batches(examples, examples, ctx.config.batch_size, model.pad_id)
 
@@ -165,13 +165,13 @@ register = TASKS.register_class  # @register on a Task subclass adds it to the l
 
 
 def get_task(name: str) -> Task:
-    import tasks  # noqa: F401  (registers the task library)
+    from depthprobe import tasks  # noqa: F401  (registers the task library)
 
     return TASKS.get(name)
 
 
 def task_names() -> list[str]:
-    import tasks  # noqa: F401
+    from depthprobe import tasks  # noqa: F401
 
     return TASKS.names()
 

@@ -37,9 +37,9 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from probes import synthetic
-from probes.errors import ProbeError
-from probes.models import (
+from depthprobe.probes import synthetic
+from depthprobe.probes.errors import ProbeError
+from depthprobe.probes.models import (
     CHECKPOINT_CONFIG,
     Model,
     NativeConfig,
@@ -53,9 +53,9 @@ from probes.models import (
     save_checkpoint,
     save_safetensors,
 )
-from probes.options import check_seed
-from probes.runtime import torch_threads
-from probes.synthetic import DataConfig
+from depthprobe.probes.options import check_seed
+from depthprobe.probes.runtime import torch_threads
+from depthprobe.probes.synthetic import DataConfig
 
 OPTIMIZER_WEIGHTS = "optimizer.safetensors"
 OPTIMIZER_STATE = "optimizer.json"

@@ -34,8 +34,8 @@ from typing import Any
 
 import numpy as np
 
-from probes.artifacts import umask, write_error
-from probes.errors import ProbeError
+from depthprobe.probes.artifacts import umask, write_error
+from depthprobe.probes.errors import ProbeError
 
 MAX_TOKENS = 512  # default token limit of a view; longer inputs are cut and the page says so
 SCALE = 10_000  # pattern values are stored as round(value * SCALE): 4 decimals
@@ -535,7 +535,7 @@ def piece_input(model: Any, text: str, limit: int) -> Input:
 
 
 def word_input(model: Any, text: str, limit: int) -> Input:
-    from probes.align import encode_words, word_pieces
+    from depthprobe.probes.align import encode_words, word_pieces
 
     words = split_words(text)
     head, tail = _specials(model)
@@ -561,8 +561,8 @@ def model_views(model: Any, text: str, *, layers: Sequence[int] | None = None,
     """One :class:`View` per layer (the chosen heads) of ``model`` on ``text``, plus page notes."""
     import torch
 
-    from probes.align import unit_matrix, word_attention
-    from probes.capture import forward
+    from depthprobe.probes.align import unit_matrix, word_attention
+    from depthprobe.probes.capture import forward
 
     model.require_tokenizer("viz")
     info = model.info

@@ -23,12 +23,12 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from probes.capture import pattern_names
-from probes.errors import ProbeError, suggest
-from probes.metrics import (attention_stat_sums, clark_stat_sums, js_distance_mean,
+from depthprobe.probes.capture import pattern_names
+from depthprobe.probes.errors import ProbeError, suggest
+from depthprobe.probes.metrics import (attention_stat_sums, clark_stat_sums, js_distance_mean,
                             uniform_entropy_sum)
-from probes.options import ranged
-from probes.task import Context, Examples, Output, Task, register, tidy
+from depthprobe.probes.options import ranged
+from depthprobe.probes.task import Context, Examples, Output, Task, register, tidy
 
 SAMPLE = Path(__file__).parent / "data" / "sample.txt"
 

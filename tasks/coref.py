@@ -21,20 +21,20 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from probes import coref_data as cd
-from probes.align import (
+from depthprobe.probes import coref_data as cd
+from depthprobe.probes.align import (
     Encoded,
     encode_pieces,
     unit_matrix,
     word_attention,
     word_pieces,
 )
-from probes.batching import by_length, pad
-from probes.capture import pattern_names
-from probes.errors import ProbeError
-from probes.options import ranged
-from probes.runtime import torch_threads
-from probes.task import Batch, Context, Examples, Output, Task, register, tidy
+from depthprobe.probes.batching import by_length, pad
+from depthprobe.probes.capture import pattern_names
+from depthprobe.probes.errors import ProbeError
+from depthprobe.probes.options import ranged
+from depthprobe.probes.runtime import torch_threads
+from depthprobe.probes.task import Batch, Context, Examples, Output, Task, register, tidy
 
 SAMPLE = Path(__file__).parent / "data" / "sample_coref.conllu"
 TYPES = ("pronoun", "proper", "nominal")

@@ -45,15 +45,15 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 
-from probes import synthetic
-from probes.capture import forward, pattern_names
-from probes.errors import ProbeError
-from probes.metrics import diagonal
-from probes.models import Model
-from probes.options import ranged
-from probes.sweep import Sweep, SweepConfig, register_sweep
-from probes.task import Context, Examples, Output, Task, register, tidy
-from probes.viz import plot_text
+from depthprobe.probes import synthetic
+from depthprobe.probes.capture import forward, pattern_names
+from depthprobe.probes.errors import ProbeError
+from depthprobe.probes.metrics import diagonal
+from depthprobe.probes.models import Model
+from depthprobe.probes.options import ranged
+from depthprobe.probes.sweep import Sweep, SweepConfig, register_sweep
+from depthprobe.probes.task import Context, Examples, Output, Task, register, tidy
+from depthprobe.probes.viz import plot_text
 
 HEAD_METRICS = ("induction", "previous_token", "duplicate_token")
 ICL_TEXT = Path(__file__).parent / "data" / "tinyshakespeare.txt"  # built-in natural text
@@ -431,7 +431,7 @@ def at_init(model: Model) -> Model:
     """The same native architecture, freshly initialised with the model's own seed (on the CPU,
     without touching the global random state). For a ``probe train`` model these are exactly
     its step-0 weights."""
-    from probes.models import NativeConfig, load
+    from depthprobe.probes.models import NativeConfig, load
 
     with torch.random.fork_rng(devices=[]):
         return load(NativeConfig(**model.info.native), device="cpu")
@@ -546,7 +546,7 @@ class InductionSweep(Sweep):
     Options = SweepOptions
 
     def run(self, config: SweepConfig, options: SweepOptions, progress: bool) -> Output:
-        from probes.train import build_configs, train
+        from depthprobe.probes.train import build_configs, train
 
         o = options
         if o.eval_every < 1 or o.n_seqs < 1:

@@ -26,16 +26,16 @@ import numpy as np
 import pandas as pd
 import torch
 
-from probes import kernels as K
-from probes import spa
-from probes.levine import threshold
-from probes.capture import capture
-from probes.errors import ProbeError, suggest
-from probes.options import ranged
-from probes.runtime import torch_threads
-from probes.sweep import Sweep, SweepConfig, register_sweep
-from probes.task import Context, Examples, Output, Task, register, tidy
-from probes.viz import plot_text
+from depthprobe.probes import kernels as K
+from depthprobe.probes import spa
+from depthprobe.probes.levine import threshold
+from depthprobe.probes.capture import capture
+from depthprobe.probes.errors import ProbeError, suggest
+from depthprobe.probes.options import ranged
+from depthprobe.probes.runtime import torch_threads
+from depthprobe.probes.sweep import Sweep, SweepConfig, register_sweep
+from depthprobe.probes.task import Context, Examples, Output, Task, register, tidy
+from depthprobe.probes.viz import plot_text
 
 ACCUMULATED = ("mean_cosine", "resid_ratio_fro", "resid_ratio_l1inf", "effective_rank_centred",
                "effective_rank_uncentred")  # per sequence, averaged over sequences
@@ -246,7 +246,7 @@ class Kernels(Task):
                              "use -O exclude_special=false")
         if model.tokenizer is None:
             return self._random(model, ctx)
-        from tasks.attention_stats import SAMPLE, read_lines
+        from depthprobe.tasks.attention_stats import SAMPLE, read_lines
 
         if opts.seq_len is not None:
             raise ProbeError("kernels: seq_len applies to models without a tokenizer; use --max-len for text")
@@ -423,7 +423,7 @@ def heatmap_layers(depths: tuple[int, ...], o: SweepOptions) -> list[int]:
 
 def measure(net: spa.SPATransformer, ids: torch.Tensor) -> Accumulator:
     """One pass over ids [B, T]; metrics folded in per layer as each residual is produced."""
-    from probes.models import Model, ModelInfo
+    from depthprobe.probes.models import Model, ModelInfo
 
     cfg = net.cfg
     info = ModelInfo(name="spa", source="spa", resolved=cfg.spec(), causal=cfg.causal, n_layers=cfg.depth,
@@ -450,7 +450,7 @@ class KernelSweep(Sweep):
     Options = SweepOptions
 
     def run(self, config: SweepConfig, options: SweepOptions, progress: bool) -> Output:
-        from probes.models import resolve_device
+        from depthprobe.probes.models import resolve_device
 
         depths = tuple(sorted(set(config.depths)))
         cfgs = sweep_configs(depths, options, config.seed)

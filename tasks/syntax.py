@@ -27,11 +27,11 @@ import numpy as np
 import pandas as pd
 import torch
 
-from probes.align import Encoded, encode_words, unit_matrix, word_attention
-from probes.batching import length_batches
-from probes.capture import pattern_names
-from probes.errors import ProbeError
-from probes.task import Context, Examples, Output, Task, register, tidy
+from depthprobe.probes.align import Encoded, encode_words, unit_matrix, word_attention
+from depthprobe.probes.batching import length_batches
+from depthprobe.probes.capture import pattern_names
+from depthprobe.probes.errors import ProbeError
+from depthprobe.probes.task import Context, Examples, Output, Task, register, tidy
 
 SAMPLE = Path(__file__).parent / "data" / "sample_syntax.conllu"
 ALL = "ALL"
@@ -95,7 +95,7 @@ def read_conllu_trees(path: Path) -> list[Tree]:
     """A CoNLL-U file or folder, validated (file:line errors), through spaCy Docs."""
     from spacy.vocab import Vocab
 
-    from probes.conllu import by_document, read_treebank, to_doc
+    from depthprobe.probes.conllu import by_document, read_treebank, to_doc
 
     vocab, out = Vocab(), []
     for group in by_document(read_treebank(path)):
@@ -115,7 +115,7 @@ def read_trees(data: Path | None, parser: str | None) -> list[Tree]:
         if data.suffix in (".conllu", ".conll") or data.is_dir():
             raise ProbeError(f"{data} is a treebank, which has its own trees; drop --parser "
                              "(it is for raw text files)")
-        from probes.parse import parse_text
+        from depthprobe.probes.parse import parse_text
 
         trees = []
         for k, doc in enumerate(parse_text(data, parser)):

@@ -82,21 +82,21 @@ def tiny_gpt2_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_bert(tiny_bert_dir):
-    from probes import load
+    from depthprobe.probes import load
 
     return load(str(tiny_bert_dir), device="cpu")
 
 
 @pytest.fixture(scope="session")
 def tiny_gpt2(tiny_gpt2_dir):
-    from probes import load
+    from depthprobe.probes import load
 
     return load(str(tiny_gpt2_dir), device="cpu")
 
 
 @pytest.fixture(scope="session")
 def minilm():
-    from probes import load
+    from depthprobe.probes import load
 
     return load("minilm", device="cpu")
 

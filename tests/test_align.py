@@ -1,7 +1,7 @@
 """Word-level attention: sum over pieces TO a word, mean over pieces FROM a word."""
 import torch
 
-from probes.align import Encoded, encode_words, unit_matrix, word_attention
+from depthprobe.probes.align import Encoded, encode_words, unit_matrix, word_attention
 
 
 def test_split_word_sums_columns_and_averages_rows():

@@ -7,10 +7,10 @@ import pandas as pd
 import pytest
 import torch
 
-from probes import ProbeError, run
-from probes.metrics import attention_stat_sums, clark_stat_sums, js_distance_mean, uniform_entropy_sum
+from depthprobe.probes import ProbeError, run
+from depthprobe.probes.metrics import attention_stat_sums, clark_stat_sums, js_distance_mean, uniform_entropy_sum
 from reference_clark import clark_reference, pooled_reference
-from tasks.attention_stats import is_punct
+from depthprobe.tasks.attention_stats import is_punct
 
 CLARK_METRICS = ["to_cls", "to_sep", "to_punct", "to_prev", "to_next", "to_self", "entropy", "entropy_cls",
                  "sep_to_sep", "other_to_sep"]
@@ -184,7 +184,7 @@ def test_clark_extras_and_decoder_analogues(tiny_bert, tiny_gpt2):
 
 
 def _task_examples(model, limit):
-    from probes.task import Context, RunConfig, get_task
+    from depthprobe.probes.task import Context, RunConfig, get_task
 
     task = get_task("attention-stats")
     ctx = Context(RunConfig(model="m", task=task.name), task.parse_options({}))
@@ -252,7 +252,7 @@ def test_save_writes_a_complete_run_directory(tiny_bert, tmp_path):
 
 
 def test_interrupted_save_leaves_nothing_behind(tiny_bert, tmp_path, monkeypatch):
-    from probes import report
+    from depthprobe.probes import report
 
     def interrupted(run_dir):
         raise KeyboardInterrupt
@@ -279,8 +279,8 @@ def test_minilm_golden_values(minilm):
 @pytest.mark.slow
 def test_minilm_clark_protocol_matches_the_reference(minilm):
     """Both protocols on the built-in sample against a plain HF forward and the numpy references."""
-    from probes.models import minilm_path
-    from tasks.attention_stats import SAMPLE
+    from depthprobe.probes.models import minilm_path
+    from depthprobe.tasks.attention_stats import SAMPLE
 
     lines = SAMPLE.read_text().splitlines()[:8]
     docs = _hf_docs(minilm_path(), lines)

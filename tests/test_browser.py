@@ -24,8 +24,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from probes.report import RunData, render
-from probes.viz import MAX_TOKEN_CHARS, View, page, views_html
+from depthprobe.probes.report import RunData, render
+from depthprobe.probes.viz import MAX_TOKEN_CHARS, View, page, views_html
 
 REPO = Path(__file__).resolve().parent.parent
 CHROMIUM = Path(os.environ.get("DEPTHPROBE_CHROMIUM", "/usr/bin/chromium"))
@@ -383,7 +383,7 @@ def test_real_report_in_browser_and_screenshot(browser, tmp_path, minilm):
     """
     from PIL import Image
 
-    from probes import run
+    from depthprobe.probes import run
 
     result = run(minilm, "attention-stats", limit=8)
     run_dir = result.save(tmp_path / "run")

@@ -2,8 +2,8 @@
 import pytest
 import torch
 
-from probes import ProbeError, capture
-from probes.capture import forward, resolve_names
+from depthprobe.probes import ProbeError, capture
+from depthprobe.probes.capture import forward, resolve_names
 
 
 def _n_hooks(model):

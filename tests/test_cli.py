@@ -4,7 +4,7 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from cli.main import app
+from depthprobe.cli.main import app
 
 runner = CliRunner()
 
@@ -112,7 +112,7 @@ def test_console_script_runs_on_the_default_model(tmp_path):
 
 def test_debug_flag_shows_the_traceback_instead_of_one_line():
     res = invoke("--debug", "run", "--task", "nope")
-    from probes import ProbeError
+    from depthprobe.probes import ProbeError
 
     assert isinstance(res.exception, ProbeError) and "unknown task 'nope'" in str(res.exception)
     assert not res.output.startswith("error: ")

@@ -7,10 +7,10 @@ import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
-from cli.main import app
-from probes import ProbeError, compare
-from probes.compare import peaks, save
-from probes.viz import esc
+from depthprobe.cli.main import app
+from depthprobe.probes import ProbeError, compare
+from depthprobe.probes.compare import peaks, save
+from depthprobe.probes.viz import esc
 
 runner = CliRunner()
 
@@ -201,7 +201,7 @@ def test_bad_manifest_fails_clearly(tmp_path):
 
 def test_real_runs_of_two_depths(tmp_path):
     """Induction on native models of depth 1 and 3: relative depths and peaks from their scores.csv."""
-    from probes import run
+    from depthprobe.probes import run
 
     dirs = [run(f"native:layers={n},d_model=16,heads=2", "induction", limit=4, device="cpu").save(tmp_path / f"L{n}")
             for n in (1, 3)]
@@ -224,7 +224,7 @@ def test_real_runs_of_two_depths(tmp_path):
 
 def test_real_syntax_and_coref_runs_agree_with_their_summaries(tiny_bert, tmp_path):
     """Best head over layers and directions, and the baseline, match the task's own summary."""
-    from probes import run
+    from depthprobe.probes import run
 
     syn = run(tiny_bert, "syntax", limit=12, device="cpu").save(tmp_path / "syntax")
     t = compare(syn)

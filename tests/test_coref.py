@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from probes import ProbeError, run
-from probes import coref_data as cd
-from probes.capture import forward, pattern_names
-from tasks import coref as cr
+from depthprobe.probes import ProbeError, run
+from depthprobe.probes import coref_data as cd
+from depthprobe.probes.capture import forward, pattern_names
+from depthprobe.tasks import coref as cr
 
 # ---------------------------------------------------------------- helpers
 
@@ -514,7 +514,7 @@ def test_padding_does_not_change_any_number(tiny_bert):
     key = ["type", "layer", "head"]
     pd.testing.assert_series_equal(a.scores.set_index(key)["value"], b.scores.set_index(key)["value"], rtol=0, atol=0)
     # the same window alone vs padded behind a longer one: identical per-head predictions
-    from probes.task import Context, RunConfig
+    from depthprobe.probes.task import Context, RunConfig
 
     task = cr.Coref()
     ctx = Context(RunConfig(model="t", task="coref", max_len=64), cr.Options())
@@ -666,7 +666,7 @@ def test_cli_run_and_bad_data(tiny_bert_dir, tmp_path):
 
     from typer.testing import CliRunner
 
-    from cli.main import app
+    from depthprobe.cli.main import app
 
     runner = CliRunner()
     out = tmp_path / "run"

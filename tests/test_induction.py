@@ -9,10 +9,10 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from cli.main import app
-from probes import NativeConfig, ProbeError, load, run, synthetic
-from probes.sweep import sweep
-from tasks.induction import (chance_levels, copy_losses, copying_scores, frame, head_score_sums, icl_from_losses,
+from depthprobe.cli.main import app
+from depthprobe.probes import NativeConfig, ProbeError, load, run, synthetic
+from depthprobe.probes.sweep import sweep
+from depthprobe.tasks.induction import (chance_levels, copy_losses, copying_scores, frame, head_score_sums, icl_from_losses,
                              icl_positions, k_composition, ordinary_ids, sequences, text_windows, token_losses)
 
 S = 5  # repeat length of the hand-built patterns
@@ -87,7 +87,7 @@ def test_copying_score_matches_the_full_vocabulary_eigenvalues(native2):
 
 def test_copying_score_of_an_identity_ov_circuit_is_one():
     model = load(NativeConfig(layers=1, d_model=8, heads=1, d_vocab=8, n_ctx=8), device="cpu")
-    from probes.train import inner
+    from depthprobe.probes.train import inner
 
     native = model.bridge.original_model
     attn = inner(inner(native.layers[0]).attn)
@@ -234,7 +234,7 @@ def test_chance_in_the_table_and_summary(native2):
 
 
 def test_k_composition_at_init_is_the_models_own_initialisation(tmp_path):
-    from probes.train import build_configs, train
+    from depthprobe.probes.train import build_configs, train
 
     native, data, cfg = build_configs(layers=2, d_model=16, heads=2, vocab=16, seq_len=24, steps=30,
                                       batch_size=8, lr=1e-2, seed=3, log_every=10, save_every=30)

@@ -9,13 +9,13 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from cli.main import app
-from probes import kernels as K
-from probes import spa
-from probes.api import run
-from probes.capture import forward
-from probes.errors import ProbeError
-from probes.sweep import sweep
+from depthprobe.cli.main import app
+from depthprobe.probes import kernels as K
+from depthprobe.probes import spa
+from depthprobe.probes.api import run
+from depthprobe.probes.capture import forward
+from depthprobe.probes.errors import ProbeError
+from depthprobe.probes.sweep import sweep
 
 runner = CliRunner()
 
@@ -350,7 +350,7 @@ def test_task_excludes_specials_by_default_for_encoders(tiny_bert):
 
 def _reference_stats(model, lines, drop_first):
     """Per-layer metrics averaged over lines, computed here from one forward pass per line."""
-    from tasks.kernels import resid_names
+    from depthprobe.tasks.kernels import resid_names
 
     names = resid_names(model.info.n_layers)
     out = {}
@@ -366,7 +366,7 @@ def _reference_stats(model, lines, drop_first):
 
 
 def test_decoder_bos_is_left_out_of_the_kernel_unless_asked(tiny_gpt2):
-    from tasks.attention_stats import SAMPLE, read_lines
+    from depthprobe.tasks.attention_stats import SAMPLE, read_lines
 
     lines = read_lines(SAMPLE)[:6]
     dec = run(tiny_gpt2, "kernels", limit=6)

@@ -3,9 +3,9 @@ import math
 
 import pytest
 
-from probes import levine
-from probes.api import run
-from probes.errors import ProbeError
+from depthprobe.probes import levine
+from depthprobe.probes.api import run
+from depthprobe.probes.errors import ProbeError
 
 
 def test_threshold_is_log3_of_width():
@@ -41,7 +41,7 @@ def test_every_run_summary_carries_the_line(tiny_bert):
 
 
 def test_random_init_models_get_the_number_without_a_side():
-    from probes import spa
+    from depthprobe.probes import spa
 
     note = levine.DepthNote(8, 256, random_init=True)
     assert note.line().startswith("depth L=8, d_model=256, Levine et al. L_th = log3(256) = 5.05, L/L_th = 1.58: "

@@ -3,7 +3,7 @@ import math
 
 import torch
 
-from probes.metrics import attention_stat_sums, diagonal, row_entropy
+from depthprobe.probes.metrics import attention_stat_sums, diagonal, row_entropy
 
 
 def _one_hot_rows(targets, n):

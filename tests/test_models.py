@@ -4,8 +4,8 @@ import json
 import pytest
 import torch
 
-from probes import NativeConfig, ProbeError, load, load_checkpoint, save_checkpoint
-from probes.models import resolve_device
+from depthprobe.probes import NativeConfig, ProbeError, load, load_checkpoint, save_checkpoint
+from depthprobe.probes.models import resolve_device
 
 
 def test_local_hf_directories_load_with_real_facts(tiny_bert, tiny_gpt2):
@@ -19,7 +19,7 @@ def test_local_hf_directories_load_with_real_facts(tiny_bert, tiny_gpt2):
 def test_bridge_attention_equals_hf_eager_attention_with_padding(tiny_bert_dir, tiny_bert):
     from transformers import AutoModel
 
-    from probes.capture import forward, pattern_names
+    from depthprobe.probes.capture import forward, pattern_names
 
     hf = AutoModel.from_pretrained(tiny_bert_dir, attn_implementation="eager").eval()
     enc = tiny_bert.tokenizer(["the dog ran", "the old man gave the red book to mary"], padding=True,
@@ -104,7 +104,7 @@ def test_checkpoint_without_weights_is_explained(tmp_path):
 
 from typer.testing import CliRunner  # noqa: E402
 
-from cli.main import app  # noqa: E402
+from depthprobe.cli.main import app  # noqa: E402
 
 runner = CliRunner()
 INDUCTION = ["--task", "induction", "-O", "repeat_len=6", "-O", "n_seqs=2"]
@@ -162,15 +162,14 @@ def test_empty_model_name_has_its_own_message():
     (["train", "--layers", "100000"], "native model (100000 layers"),
 ])
 def test_models_too_big_for_the_machine_are_refused_before_building(monkeypatch, tmp_path, args, fragment):
-    import probes.models
-
-    monkeypatch.setattr(probes.models, "available_memory", lambda dev=None: 8 * 10**9)  # an 8 GB machine
+    import depthprobe.probes.models as probe_models
+    monkeypatch.setattr(probe_models, "available_memory", lambda dev=None: 8 * 10**9)  # an 8 GB machine
     user_error([*args, "--out", str(tmp_path / "o")], fragment, "8GB available")
     assert not (tmp_path / "o").exists()
 
 
 def test_parameter_counts_are_exact_and_max_params_refuses(tmp_path):
-    from probes.spa import SPAConfig, SPATransformer
+    from depthprobe.probes.spa import SPAConfig, SPATransformer
 
     for spec in ("native:layers=3,d_model=48,heads=4,attn_only=false",
                  "native:layers=2,d_model=32,heads=4,positional=rotary,norm=none,attn_only=false,d_mlp=50"):
@@ -212,7 +211,7 @@ def test_pickle_weights_and_custom_code_are_refused(tiny_bert_dir, tmp_path):
 
 @pytest.mark.parametrize("damage", ["truncate", "random"])
 def test_corrupt_checkpoint_weights_name_the_file(tmp_path, damage):
-    from probes.models import checkpoint_files
+    from depthprobe.probes.models import checkpoint_files
 
     small_checkpoint(tmp_path / "ck")
     weights = checkpoint_files(tmp_path / "ck") / "model.safetensors"
@@ -245,7 +244,7 @@ def test_checkpoint_files_follow_the_umask(tmp_path, umask, file_mode, dir_mode)
     import os
     import stat
 
-    from probes.train import build_configs, train
+    from depthprobe.probes.train import build_configs, train
 
     old = os.umask(umask)
     try:

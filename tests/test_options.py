@@ -1,8 +1,8 @@
 """key=value strings read as typed fields, with one-line errors."""
 import pytest
 
-from probes import ProbeError
-from probes.options import coerce, parse_pairs
+from depthprobe.probes import ProbeError
+from depthprobe.probes.options import coerce, parse_pairs
 
 
 @pytest.mark.parametrize("value,typ,expected", [

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import typer
 
-from cli.main import app
+from depthprobe.cli.main import app
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"

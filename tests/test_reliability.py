@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from cli.main import app
+from depthprobe.cli.main import app
 
 REPO = Path(__file__).resolve().parent.parent
 SAMPLE_CONLLU = REPO / "tasks" / "data" / "sample_syntax.conllu"
@@ -124,7 +124,7 @@ def test_full_disk_is_one_line_and_leaves_nothing(tiny_bert_dir, tiny_fs):
 
 
 def test_a_concurrent_run_that_saved_first_wins(tiny_bert_dir, tmp_path, monkeypatch):
-    from probes import api, report
+    from depthprobe.probes import api, report
 
     out = tmp_path / "run"
     real = report.write_report
@@ -144,14 +144,14 @@ def test_a_concurrent_run_that_saved_first_wins(tiny_bert_dir, tmp_path, monkeyp
 
 SIGTERM_DURING_SAVE = """
 import os, signal, sys
-from probes import artifacts
+from depthprobe.probes import artifacts
 real = artifacts.write_json
 def write_json(path, obj):
     real(path, obj)
     if path.name == "summary.json":  # half of the run folder is written
         os.kill(os.getpid(), signal.SIGTERM)
 artifacts.write_json = write_json
-from cli.main import app
+from depthprobe.cli.main import app
 sys.argv = ["probe"] + sys.argv[1:]
 app()
 """
@@ -234,7 +234,7 @@ def test_conllu_with_a_byte_order_mark_is_read(tiny_bert_dir, tmp_path):
     res = invoke("run", "--model", tiny_bert_dir, "--task", "syntax", "-d", bom, "--limit", "3",
                  "--out", tmp_path / "run")
     assert res.exit_code == 0, res.output
-    from probes.conllu import read_conllu
+    from depthprobe.probes.conllu import read_conllu
 
     assert read_conllu(bom)[0].words == read_conllu(SAMPLE_CONLLU)[0].words
 
@@ -291,13 +291,13 @@ def test_model_name_with_mathtext_characters_is_drawn_as_written(tiny_gpt2_dir, 
     assert res.exit_code == 0, res.output
     assert (out / "plots" / "kernels_vs_layer.svg").exists()
     assert "run$\\bad{$" in (out / "report.html").read_text()
-    from probes.viz import plot_text
+    from depthprobe.probes.viz import plot_text
 
     assert plot_text("run$\\bad{$") == "run\\$\\bad{\\$"
 
 
 def test_capture_accepts_a_single_hook_name(tiny_bert):
-    import probes
+    from depthprobe import probes
 
     ids = tiny_bert.tokenizer(["the dog ran"], return_tensors="pt")["input_ids"]
     with probes.capture(tiny_bert, "blocks.0.hook_resid_post") as acts:

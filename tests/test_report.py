@@ -13,9 +13,9 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from probes.errors import ProbeError
-from probes.report import RunData, default_panels, panel_matrix, render, write_report
-from probes.viz import (MAX_TOKEN_CHARS, SCALE, View, bundle_js, clean, decode_pattern, display_token,
+from depthprobe.probes.errors import ProbeError
+from depthprobe.probes.report import RunData, default_panels, panel_matrix, render, write_report
+from depthprobe.probes.viz import (MAX_TOKEN_CHARS, SCALE, View, bundle_js, clean, decode_pattern, display_token,
                         encode_pattern, esc, model_views, page, parse_indices, script_json, split_words,
                         views_html)
 
@@ -215,8 +215,8 @@ def test_report_has_panels_views_plots_and_escapes(tmp_path):
 # ------------------------------------------------------------------ run directories and the API
 
 def test_result_save_writes_report_and_probe_report_rerenders(tiny_bert, tmp_path):
-    from cli.main import app
-    from probes import run
+    from depthprobe.cli.main import app
+    from depthprobe.probes import run
 
     result = run(tiny_bert, "attention-stats", limit=4)
     run_dir = result.save(tmp_path / "run")
@@ -243,7 +243,7 @@ def test_write_report_survives_damaged_views(tmp_path):
 
 
 def test_write_report_keeps_the_run_when_drawing_fails(tmp_path, monkeypatch):
-    from probes import report
+    from depthprobe.probes import report
 
     (tmp_path / "summary.json").write_text(json.dumps({"task": "t", "model": "m", "notes": ["kept"], "summary": []}))
     pd.DataFrame([{"layer": 0, "head": 0, "metric": "x", "value": 1.0}]).to_csv(tmp_path / "scores.csv", index=False)
@@ -314,7 +314,7 @@ def test_max_tokens_cuts_and_says_so(tiny_bert, tiny_gpt2):
 
 
 def test_viz_bad_input_fails_before_loading(tmp_path):
-    from cli.main import app
+    from depthprobe.cli.main import app
 
     runner = CliRunner()
     res = runner.invoke(app, ["viz", "--model", "no/such-model", "--text", "x", "--layers", "a"])
@@ -326,7 +326,7 @@ def test_viz_bad_input_fails_before_loading(tmp_path):
 
 
 def test_viz_cli_writes_page(tiny_bert_dir, tmp_path):
-    from cli.main import app
+    from depthprobe.cli.main import app
 
     (tmp_path / "in.txt").write_text(f"the dog {EVIL} saw a cat", encoding="utf-8")
     out = tmp_path / "a.html"

@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from probes.runtime import torch_threads
+from depthprobe.probes.runtime import torch_threads
 
 
 def test_threads_set_inside_and_restored_after_an_error():

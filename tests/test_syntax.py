@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 import torch
 
-from probes import ProbeError, run
-from probes.align import Encoded
-from probes.capture import Captured, forward, pattern_names
-from probes.task import Batch, Context, RunConfig, get_task
-from tasks.syntax import (ALL, DIRECTIONS, OFFSETS, SAMPLE, Example, Options, Tree, baseline_correct,
+from depthprobe.probes import ProbeError, run
+from depthprobe.probes.align import Encoded
+from depthprobe.probes.capture import Captured, forward, pattern_names
+from depthprobe.probes.task import Batch, Context, RunConfig, get_task
+from depthprobe.tasks.syntax import (ALL, DIRECTIONS, OFFSETS, SAMPLE, Example, Options, Tree, baseline_correct,
                           best_head, best_offset, predict_governors)
 
 # ---------------------------------------------------------------- pure functions
@@ -375,7 +375,7 @@ def test_matches_reference_on_minilm_ewt_slice(minilm, shared_data, tmp_path):
 
 
 def test_sample_treebank_covers_the_main_relations():
-    from probes.conllu import read_treebank
+    from depthprobe.probes.conllu import read_treebank
 
     sents = read_treebank(SAMPLE)
     rels = Counter(t.deprel for s in sents for t in s.tokens)
@@ -437,7 +437,7 @@ def test_raw_text_needs_a_parser_and_a_missing_pipeline_says_how_to_install(tiny
 def test_cli_parser_flag_missing_pipeline_is_one_line(tmp_path):
     from typer.testing import CliRunner
 
-    from cli.main import app
+    from depthprobe.cli.main import app
 
     text = _bad(tmp_path, "t.txt", "The dog barked.\n")
     res = CliRunner().invoke(app, ["run", "--task", "syntax", "--data", str(text), "--parser", "en_core_web_sm",
@@ -453,7 +453,7 @@ def spacy_pipeline(tmp_path_factory) -> Path:
     import spacy
     from spacy.training import Example as SpacyExample
 
-    from probes.conllu import read_treebank, to_doc
+    from depthprobe.probes.conllu import read_treebank, to_doc
 
     nlp = spacy.blank("en")
     nlp.add_pipe("parser")
@@ -501,8 +501,8 @@ def test_memory_is_flat_running_counts_only(tiny_bert):
 
 def test_trees_read_through_spacy_keep_the_conllu_columns(shared_data):
     """The Doc route loses nothing: words, heads and full labels equal the CoNLL-U columns."""
-    from probes.conllu import read_treebank
-    from tasks.syntax import read_trees
+    from depthprobe.probes.conllu import read_treebank
+    from depthprobe.tasks.syntax import read_trees
 
     for path in (SAMPLE, shared_data / "ud-ewt-dev"):
         trees, sents = read_trees(path, None), read_treebank(path)
@@ -515,7 +515,7 @@ def test_trees_read_through_spacy_keep_the_conllu_columns(shared_data):
 def test_cli_parser_flag_runs_raw_text(tiny_bert_dir, spacy_pipeline, tmp_path):
     from typer.testing import CliRunner
 
-    from cli.main import app
+    from depthprobe.cli.main import app
 
     text = _bad(tmp_path, "t.txt", "The dog barked at the mail carrier.\n")
     out = tmp_path / "run"

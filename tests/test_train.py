@@ -7,12 +7,12 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from cli.main import app
-from probes import NativeConfig, ProbeError, load
-from probes.models import checkpoint_files
-from probes import synthetic
-from probes.synthetic import BOS, DataConfig
-from probes.train import (LOSS_LOG, OPTIMIZER_STATE, OPTIMIZER_WEIGHTS, TrainConfig, build_configs,
+from depthprobe.cli.main import app
+from depthprobe.probes import NativeConfig, ProbeError, load
+from depthprobe.probes.models import checkpoint_files
+from depthprobe.probes import synthetic
+from depthprobe.probes.synthetic import BOS, DataConfig
+from depthprobe.probes.train import (LOSS_LOG, OPTIMIZER_STATE, OPTIMIZER_WEIGHTS, TrainConfig, build_configs,
                           fast_logits, parameters, resume_configs, train)
 
 TINY = dict(layers=1, d_model=32, heads=2, vocab=16, seq_len=24, batch_size=8, warmup=5, log_every=5)
@@ -217,9 +217,9 @@ def test_cli_train_bad_inputs(tmp_path):
 # ----------------------------------------------------------------------------- interrupted saves
 
 
-@pytest.mark.parametrize("crash_in, after", [("probes.train.save_optimizer", False),
-                                             ("probes.train.save_optimizer", True),
-                                             ("probes.models.atomic_write_text", False)])
+@pytest.mark.parametrize("crash_in, after", [("depthprobe.probes.train.save_optimizer", False),
+                                             ("depthprobe.probes.train.save_optimizer", True),
+                                             ("depthprobe.probes.models.atomic_write_text", False)])
 def test_a_crash_inside_a_save_leaves_the_previous_checkpoint_resumable(tmp_path, monkeypatch, crash_in, after):
     """Kill the save between the new weights and the optimizer state, between the optimizer state
     and the loss log, or with the new folder complete just before the switch: the step-10
