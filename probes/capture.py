@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from depthprobe.probes import seam
 from depthprobe.probes.errors import ProbeError, suggest
 from depthprobe.probes.models import Model
 
@@ -76,6 +77,9 @@ def capture(model: Model, names: str | Sequence[str], fn: HookFn | None = None, 
     soon as every name has fired (use :func:`forward`, which catches that).
     """
     resolved = resolve_names(model, names)
+    seam.install(model.bridge)  # pattern and score hooks fire where the tensors are used
+    if fn is not None:
+        seam.check_editable(model.bridge, resolved)
     acts = Captured()
     wanted = set(resolved)
 
