@@ -13,8 +13,9 @@ Hooks are always removed on exit, even when the body raises.
 """
 from __future__ import annotations
 
+import contextlib
 import fnmatch
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -63,56 +64,91 @@ class Captured(dict):
 
 
 class _StopForward(Exception):
-    """Raised from a hook once everything asked for is captured; saves the rest of the pass."""
+    """Raised from a hook once everything asked for is captured; saves the rest of the pass.
+    Never leaves :func:`capture`: the block it stops ends there, without an error."""
+
+
+Names = str | Sequence[str] | Mapping[str, HookFn]
+
+
+def _open_captures(model: Model) -> int:
+    return getattr(model.bridge, "_depthprobe_open", 0)
 
 
 @contextmanager
-def capture(model: Model, names: str | Sequence[str], fn: HookFn | None = None, *,
-            store: bool = True, stop_early: bool = False) -> Iterator[Captured]:
-    """Attach hooks to ``names`` (one name or a list; globs allowed) for the duration of the block.
+def capture(model: Model, names: Names, fn: HookFn | None = None, *, store: bool = True,
+            stop_early: bool = False, grad: bool = False) -> Iterator[Captured]:
+    """Attach hooks to ``names`` for the duration of the block: one name, a list (globs allowed),
+    or a dict of name -> function (a different edit per hook).
 
     ``fn(tensor, hook)`` follows the TransformerLens convention: return a tensor to replace
     the activation, or None to leave it. With ``store`` the (possibly edited) activations are
-    kept, detached, in the yielded dict; with ``stop_early`` the forward pass is abandoned as
-    soon as every name has fired (use :func:`forward`, which catches that).
+    kept in the yielded dict, detached; with ``grad`` they are kept as the very tensors the pass
+    goes on with, gradients attached (run the model outside inference mode for attribution).
+    With ``stop_early`` the forward pass is abandoned as soon as every name has fired, unless
+    another capture is open on the model (its hooks must see the whole pass); the block ends
+    there, quietly. Edits of pattern or score hooks that could not take effect are refused
+    before any forward pass, naming ``hook_z``.
     """
-    resolved = resolve_names(model, names)
+    if isinstance(names, Mapping):
+        if fn is not None:
+            raise ProbeError("give either a dict of name -> function or one fn for all names, not both")
+        if not names:
+            raise ProbeError("capture needs at least one hook name")
+        fns: dict[str, HookFn | None] = {}
+        for pattern, f in names.items():
+            if not callable(f):
+                raise ProbeError(f"the value for {pattern!r} must be a function fn(tensor, hook), got {type(f).__name__}")
+            for n in resolve_names(model, pattern):
+                fns[n] = f
+        resolved = list(fns)
+    else:
+        resolved = resolve_names(model, names)
+        fns = dict.fromkeys(resolved, fn)
     seam.install(model.bridge)  # pattern and score hooks fire where the tensors are used
-    if fn is not None:
-        seam.check_editable(model.bridge, resolved)
+    seam.check_editable(model.bridge, [n for n, f in fns.items() if f is not None])
     acts = Captured()
-    wanted = set(resolved)
+    wanted, fired = set(resolved), set()
+    stop = stop_early and _open_captures(model) == 0
 
-    def make_hook(name: str) -> HookFn:
+    def make_hook(name: str, edit: HookFn | None) -> HookFn:
         def hook(tensor: torch.Tensor, hook: Any) -> torch.Tensor | None:
-            out = fn(tensor, hook) if fn is not None else None
+            out = edit(tensor, hook) if edit is not None else None
             if store:  # keyed by the name asked for (the hook point may carry an alias)
-                acts[name] = (out if out is not None else tensor).detach()
-            if stop_early and wanted.issubset(acts):
+                kept = out if out is not None else tensor
+                acts[name] = kept if grad else kept.detach()
+            fired.add(name)
+            if stop and wanted.issubset(fired):
                 raise _StopForward
             return out
 
         return hook
 
-    with model.bridge.hooks(fwd_hooks=[(n, make_hook(n)) for n in resolved]):
-        yield acts
+    bridge = model.bridge
+    bridge._depthprobe_open = _open_captures(model) + 1
+    try:
+        with bridge.hooks(fwd_hooks=[(n, make_hook(n, f)) for n, f in fns.items()]):
+            yield acts
+    except _StopForward:
+        pass
+    finally:
+        bridge._depthprobe_open -= 1
 
 
 def forward(model: Model, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
-            names: str | Sequence[str], fn: HookFn | None = None, *, logits: bool = False) -> Captured:
+            names: Names, fn: HookFn | None = None, *, logits: bool = False, grad: bool = False) -> Captured:
     """One batched forward pass returning only the named activations.
 
     Unless ``logits`` is asked for (then stored under ``"logits"``), the pass stops as soon as
     the last named activation is produced, so nothing after it (later blocks, the MLM/LM head
-    over the whole vocabulary) is computed.
+    over the whole vocabulary) is computed. Inside another capture the pass runs to the end.
+    ``grad`` runs outside inference mode and keeps gradients.
     """
     mask = None if attention_mask is None else attention_mask.to(model.device)
-    with torch.inference_mode(), capture(model, names, fn, stop_early=not logits) as acts:
-        try:
-            out = model.bridge(input_ids.to(model.device), attention_mask=mask,
-                               return_type="logits" if logits else None)
-            if logits:
-                acts["logits"] = out
-        except _StopForward:
-            pass
+    mode = contextlib.nullcontext() if grad else torch.inference_mode()
+    with mode, capture(model, names, fn, stop_early=not logits, grad=grad) as acts:
+        out = model.bridge(input_ids.to(model.device), attention_mask=mask,
+                           return_type="logits" if logits else None)
+        if logits:
+            acts["logits"] = out
     return acts

@@ -60,3 +60,64 @@ def test_forward_can_return_logits(tiny_gpt2):
     ids = torch.tensor([[0, 5, 6]])
     acts = forward(tiny_gpt2, ids, None, ["blocks.0.hook_resid_pre"], logits=True)
     assert acts["logits"].shape[:2] == (1, 3)
+
+
+def test_a_dict_gives_each_hook_its_own_function(tiny_gpt2):
+    ids = torch.tensor([[0, 5, 6, 7, 8]])
+
+    def zero_head_1(t, hook):
+        t = t.clone()
+        t[:, :, 1] = 0
+        return t
+
+    with torch.no_grad(), capture(tiny_gpt2, {"blocks.0.attn.hook_z": zero_head_1,
+                                              "blocks.*.hook_resid_post": lambda t, h: t * 0}) as acts:
+        tiny_gpt2.bridge(ids)
+    z = acts["blocks.0.attn.hook_z"]  # [batch, pos, head, d_head]
+    assert torch.count_nonzero(z[:, :, 1]) == 0 and torch.count_nonzero(z[:, :, 0]) > 0
+    assert torch.count_nonzero(acts["blocks.0.hook_resid_post"]) == 0
+    assert torch.count_nonzero(acts["blocks.1.hook_resid_post"]) == 0
+    with pytest.raises(ProbeError, match="not both"):
+        with capture(tiny_gpt2, {"blocks.0.attn.hook_z": zero_head_1}, zero_head_1):
+            pass
+    with pytest.raises(ProbeError, match="must be a function"):
+        with capture(tiny_gpt2, {"blocks.0.attn.hook_z": 0}):
+            pass
+
+
+def test_grad_keeps_the_graph_for_attribution(tiny_gpt2):
+    """The gradient through a kept activation equals the gradient through an added zero tensor."""
+    ids = torch.tensor([[0, 5, 6, 7, 8]])
+    name = "blocks.0.hook_resid_post"
+    acts = forward(tiny_gpt2, ids, None, name, logits=True, grad=True)
+    assert acts[name].requires_grad
+    (g_act,) = torch.autograd.grad(acts["logits"][0, -1].logsumexp(-1), acts[name])
+    delta = torch.zeros(1, 5, tiny_gpt2.info.d_model, requires_grad=True)
+    with capture(tiny_gpt2, name, lambda t, h: t + delta):
+        out = tiny_gpt2.bridge(ids)
+    (g_delta,) = torch.autograd.grad(out[0, -1].logsumexp(-1), delta)
+    assert g_act.abs().max() > 0
+    assert torch.allclose(g_act, g_delta, atol=1e-7)
+    assert not forward(tiny_gpt2, ids, None, name)[name].requires_grad
+
+
+def test_a_nested_forward_does_not_blind_the_outer_capture(tiny_gpt2):
+    ids = torch.tensor([[0, 5, 6, 7, 8]])
+    last = "blocks.1.hook_resid_post"
+    with torch.no_grad(), capture(tiny_gpt2, last) as outer:
+        inner = forward(tiny_gpt2, ids, None, "blocks.0.attn.hook_pattern")
+    assert "blocks.0.attn.hook_pattern" in inner
+    with torch.no_grad(), capture(tiny_gpt2, last) as plain:
+        tiny_gpt2.bridge(ids)
+    assert torch.equal(outer[last], plain[last])
+    assert not getattr(tiny_gpt2.bridge, "_depthprobe_open", 0)
+
+
+def test_the_early_stop_never_escapes(tiny_gpt2):
+    ids = torch.tensor([[0, 5, 6, 7, 8]])
+    after = []
+    with torch.no_grad(), capture(tiny_gpt2, "blocks.0.hook_resid_pre", stop_early=True) as acts:
+        tiny_gpt2.bridge(ids)
+        after.append("not reached: the pass stopped at the hook and the block ended there")
+    assert acts["blocks.0.hook_resid_pre"].shape == (1, 5, tiny_gpt2.info.d_model)
+    assert after == []
