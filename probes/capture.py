@@ -77,14 +77,15 @@ def _open_captures(model: Model) -> int:
 
 @contextmanager
 def capture(model: Model, names: Names, fn: HookFn | None = None, *, store: bool = True,
-            stop_early: bool = False, grad: bool = False) -> Iterator[Captured]:
+            stop_early: bool = False, grad: bool = False, clone: bool = False) -> Iterator[Captured]:
     """Attach hooks to ``names`` for the duration of the block: one name, a list (globs allowed),
     or a dict of name -> function (a different edit per hook).
 
     ``fn(tensor, hook)`` follows the TransformerLens convention: return a tensor to replace
     the activation, or None to leave it. With ``store`` the (possibly edited) activations are
     kept in the yielded dict, detached; with ``grad`` they are kept as the very tensors the pass
-    goes on with, gradients attached (run the model outside inference mode for attribution).
+    goes on with, gradients attached (run the model outside inference mode for attribution);
+    with ``clone``, as copies that later in-place edits in the same pass cannot change.
     With ``stop_early`` the forward pass is abandoned as soon as every name has fired, unless
     another capture is open on the model (its hooks must see the whole pass); the block ends
     there, quietly. Edits of pattern or score hooks that could not take effect are refused
@@ -116,7 +117,7 @@ def capture(model: Model, names: Names, fn: HookFn | None = None, *, store: bool
             out = edit(tensor, hook) if edit is not None else None
             if store:  # keyed by the name asked for (the hook point may carry an alias)
                 kept = out if out is not None else tensor
-                acts[name] = kept if grad else kept.detach()
+                acts[name] = kept if grad else kept.detach().clone() if clone else kept.detach()
             fired.add(name)
             if stop and wanted.issubset(fired):
                 raise _StopForward

@@ -182,6 +182,65 @@ class Model:
             )
         return self.tokenizer
 
+    # --- the Python API: encoding, token strings, whether the checkpoint has an LM head ---
+
+    def encode(self, texts: str | list[str], max_len: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Tokenize ``texts`` (one string or a list) as the model's tokenizer does (special tokens
+        included), right-padded with the pad id into one batch: ``(ids, mask)``, both [batch, pos],
+        on the model's device. Longer inputs than ``max_len`` (default: the model's limit) are refused."""
+        tok = self.require_tokenizer("encode")
+        texts = [texts] if isinstance(texts, str) else list(texts)
+        if not texts or not all(isinstance(t, str) for t in texts):
+            raise ProbeError("encode needs a string or a non-empty list of strings")
+        rows = [tok(t)["input_ids"] for t in texts]
+        limit = max_len or self.info.max_len
+        for i, r in enumerate(rows):
+            if len(r) > limit:
+                raise ProbeError(f"text {i} is {len(r)} tokens, above the limit of {limit}; shorten it or split it")
+        width = max(len(r) for r in rows)
+        ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(rows), width), dtype=torch.long)
+        for i, r in enumerate(rows):
+            ids[i, : len(r)] = torch.tensor(r, dtype=torch.long)
+            mask[i, : len(r)] = 1
+        return ids.to(self.device), mask.to(self.device)
+
+    def to_str_tokens(self, text_or_ids: Any) -> list[str] | list[list[str]]:
+        """The tokens as strings: of a text (tokenized as :meth:`encode` does), of a list or 1-D tensor
+        of ids, or of a 2-D batch (one list per row)."""
+        tok = self.require_tokenizer("to_str_tokens")
+        if isinstance(text_or_ids, str):
+            ids: Any = tok(text_or_ids)["input_ids"]
+        elif isinstance(text_or_ids, torch.Tensor):
+            if text_or_ids.dim() == 2:
+                return [self.to_str_tokens(row) for row in text_or_ids]
+            ids = text_or_ids.tolist()
+        else:
+            ids = list(text_or_ids)
+        return [tok.decode([int(i)]) for i in ids]
+
+    @property
+    def has_lm_head(self) -> bool:
+        """False when the checkpoint holds no trained head over the vocabulary (a sentence encoder
+        such as minilm: transformers gives it a randomly initialised head, whose logits mean nothing)."""
+        if self.info.native is not None or self.tokenizer is None:
+            return True
+        hf = getattr(self.bridge, "original_model", None)
+        folder = Path(str(getattr(getattr(hf, "config", None), "name_or_path", "") or ""))
+        files = sorted(folder.glob("*.safetensors")) if folder.is_dir() else []
+        if hf is None or not files:
+            return True
+        stored: set[str] = set()
+        for f in files:
+            with f.open("rb") as fh:
+                stored |= set(json.loads(fh.read(int.from_bytes(fh.read(8), "little"))))
+        prefix = getattr(hf, "base_model_prefix", "") + "."
+        names: dict[int, set[str]] = {}  # storage -> every name of it (tied weights share one)
+        for n, p in hf.named_parameters(remove_duplicate=False):
+            names.setdefault(p.data_ptr(), set()).add(n.replace("._original_component", ""))  # bridge wrappers
+        head = [a for a in names.values() if not any(n.startswith(prefix) for n in a)]  # not the body, not tied to it
+        return all(a & stored for a in head)
+
 
 def resolve_device(device: str | torch.device | None) -> torch.device:
     if device is None or device == "auto":

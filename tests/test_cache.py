@@ -1,0 +1,90 @@
+"""run_with_cache, Model.encode and Model.to_str_tokens, checked against plain transformers."""
+import pytest
+import torch
+import transformers
+
+from depthprobe.probes import Cache, ProbeError, load, run_with_cache
+
+TEXTS = ["the dog saw the cat and ran", "a man read a book"]
+
+
+def test_logits_and_cache_match_plain_transformers(tiny_gpt2, tiny_gpt2_dir):
+    logits, cache = run_with_cache(tiny_gpt2, TEXTS)
+    ids, mask = tiny_gpt2.encode(TEXTS)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(tiny_gpt2_dir, attn_implementation="eager").eval()
+    with torch.no_grad():
+        ref = hf(input_ids=ids, attention_mask=mask, output_hidden_states=True, output_attentions=True)
+    keep = mask.bool()
+    assert (logits - ref.logits)[keep].abs().max() < 1e-5
+    assert (cache["blocks.0.hook_resid_post"] - ref.hidden_states[1])[keep].abs().max() < 1e-5
+    assert (cache["blocks.0.hook_resid_pre"] - ref.hidden_states[0])[keep].abs().max() < 1e-5
+    patterns = cache.stack("blocks.*.attn.hook_pattern")  # [layer, batch, head, q, k]
+    assert patterns.shape == (2, 2, 4, ids.shape[1], ids.shape[1])
+    qk = keep[:, None, :, None] & keep[:, None, None, :]
+    assert (patterns[1] - ref.attentions[1])[qk.expand_as(patterns[1])].abs().max() < 1e-6
+    acc = cache.accumulated_resid()
+    assert acc.shape == (3, *cache["blocks.0.hook_resid_pre"].shape)
+    assert torch.equal(acc[0], cache["blocks.0.hook_resid_pre"]) and torch.equal(acc[2], cache["blocks.1.hook_resid_post"])
+    moved = cache.to("cpu")
+    assert isinstance(moved, Cache) and torch.equal(moved["blocks.1.hook_resid_post"], cache["blocks.1.hook_resid_post"])
+
+
+def test_the_cache_holds_clones(tiny_gpt2):
+    """A later in-place edit in the same pass (here: zeroing the next block's input, which is the
+    same tensor as this block's output) does not reach the cached activation."""
+    ids, _ = tiny_gpt2.encode(TEXTS[0])
+    clean_logits, clean = run_with_cache(tiny_gpt2, ids, names="blocks.0.hook_resid_post")
+
+    def zero_in_place(t, hook):
+        t.mul_(0)
+
+    logits, cache = run_with_cache(tiny_gpt2, ids, names={"blocks.0.hook_resid_post": lambda t, h: None,
+                                                          "blocks.1.hook_resid_pre": zero_in_place})
+    assert (logits - clean_logits).abs().max() > 1e-4  # the edit took effect
+    assert torch.equal(cache["blocks.0.hook_resid_post"], clean["blocks.0.hook_resid_post"])
+    assert torch.count_nonzero(cache["blocks.1.hook_resid_pre"]) == 0
+
+
+def test_an_encoder_without_lm_head_returns_its_final_hidden_states(tiny_bert_dir, tmp_path):
+    body = tmp_path / "body"
+    transformers.BertModel.from_pretrained(tiny_bert_dir).save_pretrained(body, safe_serialization=True)
+    transformers.AutoTokenizer.from_pretrained(tiny_bert_dir).save_pretrained(body)
+    model = load(str(body), device="cpu")
+    assert not model.has_lm_head and load(str(tiny_bert_dir), device="cpu").has_lm_head
+    hidden, cache = run_with_cache(model, TEXTS, names="blocks.0.attn.hook_pattern")
+    ids, mask = model.encode(TEXTS)
+    ref = transformers.BertModel.from_pretrained(body, attn_implementation="eager").eval()
+    with torch.no_grad():
+        want = ref(input_ids=ids, attention_mask=mask).last_hidden_state
+    assert hidden.shape == want.shape == (2, ids.shape[1], 32)
+    assert (hidden - want)[mask.bool()].abs().max() < 1e-5
+    assert list(cache) == ["blocks.0.attn.hook_pattern"]
+
+
+def test_encode_pads_and_masks_and_to_str_tokens_reads_back(tiny_bert):
+    ids, mask = tiny_bert.encode(["the dog", "the old red car"])
+    tok = tiny_bert.tokenizer
+    assert ids[0].tolist() == tok("the dog")["input_ids"] + [tok.pad_token_id] * 2
+    assert mask.tolist() == [[1, 1, 1, 1, 0, 0], [1, 1, 1, 1, 1, 1]]
+    assert tiny_bert.to_str_tokens("the dog") == ["[CLS]", "the", "dog", "[SEP]"]
+    assert tiny_bert.to_str_tokens(ids)[1] == ["[CLS]", "the", "old", "red", "car", "[SEP]"]
+    assert tiny_bert.to_str_tokens(ids[0, :3].tolist()) == ["[CLS]", "the", "dog"]
+    with pytest.raises(ProbeError, match="above the limit of 3"):
+        tiny_bert.encode("the old red car", max_len=3)
+    with pytest.raises(ProbeError, match="string"):
+        tiny_bert.encode([])
+
+
+def test_errors_name_the_fix(tiny_gpt2):
+    _, cache = run_with_cache(tiny_gpt2, "the dog", names="blocks.*.attn.hook_pattern")
+    with pytest.raises(ProbeError, match="cache blocks"):
+        cache.accumulated_resid()
+    with pytest.raises(ProbeError, match="names="):
+        cache.stack("blocks.*.hook_resid_post")
+    with pytest.raises(ProbeError, match="token ids"):
+        run_with_cache(tiny_gpt2, [[[1]]])
+    native = load("native:layers=1,d_model=16,heads=2,d_vocab=20,n_ctx=16")
+    with pytest.raises(ProbeError, match="no tokenizer"):
+        native.encode("hello")
+    logits, cache = run_with_cache(native, torch.tensor([1, 2, 3]))
+    assert logits.shape == (1, 3, 20) and "blocks.0.attn.hook_pattern" in cache
