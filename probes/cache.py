@@ -77,6 +77,16 @@ def _every_hook(model: Model) -> list[str]:
             if gated is None or gated(getattr(hp, "name", None) or n) is None]
 
 
+def outputs(model: Model, ids: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+    """The logits of one pass (final hidden states for encoders without an LM head), no cache."""
+    if model.has_lm_head:
+        return model.bridge(ids, attention_mask=mask)
+    last = f"blocks.{model.info.n_layers - 1}.hook_resid_post"
+    with capture(model, last) as acts:
+        model.bridge(ids, attention_mask=mask, return_type=None)
+    return acts[last]
+
+
 def run_with_cache(model: Model, texts_or_ids: Any, names: Names | None = None, *,
                    attention_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, Cache]:
     """``(logits, cache)`` for texts (encoded with ``model.encode``: padded, masked) or token ids.

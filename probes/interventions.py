@@ -15,7 +15,7 @@ from typing import Any
 import pandas as pd
 import torch
 
-from depthprobe.probes.cache import _inputs
+from depthprobe.probes.cache import _inputs, outputs
 from depthprobe.probes.capture import capture, forward
 from depthprobe.probes.errors import ProbeError
 from depthprobe.probes.models import Model
@@ -109,7 +109,8 @@ def patch(model: Model, clean: Any, corrupt: Any, hooks: str = "blocks.*.hook_re
     """Activation patching: the corrupted input, with one clean activation written in.
 
     ``hooks`` is ``blocks.*.hook_resid_pre`` (or another residual hook: one row per layer x position)
-    or ``blocks.*.attn.hook_z`` (one row per head, all positions). ``metric(logits) -> float``.
+    or ``blocks.*.attn.hook_z`` (one row per head, all positions). ``metric(logits) -> float`` (logits as
+    :func:`run_with_cache` gives them: final hidden states for encoders without an LM head).
     Returns a tidy table: model, task, layer, head, position, metric, value (head or position is
     empty where it does not apply); the clean and corrupted values are in ``df.attrs``."""
     if metric is None:
@@ -124,7 +125,7 @@ def patch(model: Model, clean: Any, corrupt: Any, hooks: str = "blocks.*.hook_re
 
     logits, cache = run_with_cache(model, c_ids, names=hooks, attention_mask=c_mask)
     with torch.no_grad():
-        corrupt_logits = model.bridge(x_ids, attention_mask=x_mask)
+        corrupt_logits = outputs(model, x_ids, x_mask)
     name_metric = getattr(metric, "__name__", "metric")
     rows = []
     for name in sorted(cache, key=lambda n: int(n.split(".")[1])):
@@ -140,7 +141,7 @@ def patch(model: Model, clean: Any, corrupt: Any, hooks: str = "blocks.*.hook_re
                     t[:, slot] = clean_act[:, slot]
                 return t
             with torch.no_grad(), capture(model, {name: write}, store=False):
-                out = model.bridge(x_ids, attention_mask=x_mask)
+                out = outputs(model, x_ids, x_mask)
             rows.append({"model": model.name, "task": task, "layer": layer,
                          "head": slot if per_head else pd.NA, "position": pd.NA if per_head else slot,
                          "metric": name_metric, "value": _metric_value(metric, out)})
