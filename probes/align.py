@@ -118,6 +118,9 @@ def encode_words(model: Model, words: Sequence[str]) -> Encoded:
 
 def encode_pieces(model: Model, pieces: Sequence[Sequence[int]]) -> Encoded:
     """Per-word piece ids -> model input with the special tokens and each position's unit."""
+    if model.cls_id is None:
+        raise ProbeError(f"model {model.name!r} has no [CLS], BOS or EOS token to start the input with, which "
+                         "word-level tasks (syntax, coref) need; use attention-stats or induction on it")
     ids: list[int] = [model.cls_id]
     units: list[int] = [0]
     for k, p in enumerate(pieces):
