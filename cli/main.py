@@ -233,5 +233,20 @@ def list_models() -> None:
                "directory written by probe train.")
 
 
+@list_app.command("architectures")
+@guarded
+def list_architectures() -> None:
+    """Model architectures that load, how, and which tasks and hooks work on them."""
+    from depthprobe.probes.models import architecture_rows
+
+    rows = architecture_rows()
+    typer.echo(f"{'architecture':18s} {'model_type':12s} {'causal':10s} loaded by")
+    for r in rows:
+        typer.echo(f"{r['architecture']:18s} {r['model_type']:12s} {r['causal']:10s} {r['loaded_by']}")
+    typer.echo(f"Tasks on every row: {rows[0]['tasks']}. Hooks: TransformerLens bridge: {rows[0]['hooks']}; "
+               f"HF attentions: {rows[-1]['hooks']}. Other architectures TransformerLens supports load "
+               "through the bridge untested; the rest are refused with one line.")
+
+
 # Commands defined in their own modules register themselves on `app` when imported.
 from depthprobe.cli import commands  # noqa: E402,F401

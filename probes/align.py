@@ -5,18 +5,27 @@ leading special token, then one unit per word, then (encoders) the trailing [SEP
 unit ``k + 1`` is word ``k``. Attention TO a unit is the SUM over its pieces' columns;
 attention FROM a unit is the MEAN over its pieces' rows. Sums and means are in float64.
 
-Words are tokenised one at a time (batched through the fast tokenizer); byte-level BPE
-tokenizers (GPT-2) get a leading space on every word but the first, as in running text.
+Words are aligned from the tokenizer's own offsets: the words are joined with single spaces into
+running text, as the sentence would be written, the text is tokenised once with
+``return_offsets_mapping``, and every piece goes to the word whose characters it covers. A piece
+that covers only the space between two words (a lone ``\u2581`` or ``\u0120``) goes to the word after it.
+This holds for every fast tokenizer (WordPiece, byte-level BPE with or without a prefix space,
+SentencePiece-style ``\u2581`` pieces), so no tokenizer family is guessed from its class name.
+A piece that spans two words (a merge across the space) is refused with one line, and so are slow
+(Python) tokenizers, which report no offsets (the message says how to save a fast one).
 A word that yields no pieces (e.g. a lone control character) is given the tokenizer's unknown
 token (or, without one, the piece of a single space) so that every word has a position.
 """
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
+from depthprobe.probes.errors import ProbeError
 from depthprobe.probes.models import Model
 
 
@@ -36,24 +45,69 @@ class Encoded:
         return len(self.ids)
 
 
-def _needs_prefix_space(tokenizer) -> bool:
-    name = type(tokenizer).__name__.lower()
-    return any(k in name for k in ("gpt2", "roberta", "bart", "codegen", "gptneox", "bloom")) or bool(
-        getattr(tokenizer, "add_prefix_space", False)
-    )
+def running_text(words: Sequence[str]) -> tuple[str, list[tuple[int, int]]]:
+    """The words joined with single spaces, and each word's ``(start, end)`` character span."""
+    spans, pos = [], 0
+    for w in words:
+        spans.append((pos, pos + len(w)))
+        pos += len(w) + 1
+    return " ".join(words), spans
+
+
+def _fast(tok: Any, model: Model) -> Any:
+    if not getattr(tok, "is_fast", False):
+        raise ProbeError(
+            f"model {model.name!r} has a slow tokenizer ({type(tok).__name__}), which gives no character "
+            "offsets for word alignment; save a fast one beside the model (tokenizer.json: "
+            "AutoTokenizer.from_pretrained(PATH).save_pretrained(PATH) with the tokenizers package installed)"
+        )
+    return tok
+
+
+def pieces_of_words(offsets: Sequence[tuple[int, int]], spans: Sequence[tuple[int, int]],
+                    text: str = "") -> list[list[int]]:
+    """Piece indices per word from piece ``offsets`` and word ``spans`` (character ranges, in order).
+
+    A piece belongs to the word whose characters it overlaps; a piece overlapping no word (only the
+    space between words) belongs to the next word, or to the last word at the end of the text. A
+    piece overlapping two words is refused: the words would share it.
+    """
+    starts = [s for s, _ in spans]
+    out: list[list[int]] = [[] for _ in spans]
+    pending: list[int] = []  # space-only pieces waiting for the next word
+    for i, (a, b) in enumerate(offsets):
+        k = max(bisect_right(starts, a) - 1, 0)
+        hits = [j for j in range(k, len(spans)) if spans[j][0] < b and a < spans[j][1]]
+        if len(hits) > 1:
+            first, second = (text[spans[j][0]:spans[j][1]] for j in hits[:2])
+            raise ProbeError(f"word alignment: the tokenizer merges {text[a:b]!r} into one piece across a space, "
+                             f"so the words {first!r} and {second!r} would share it; this tokenizer cannot be "
+                             "used for word-level tasks (syntax, coref)")
+        if not hits:
+            pending.append(i)
+            continue
+        out[hits[0]].extend(pending + [i])
+        pending = []
+    if pending and out:
+        out[-1].extend(pending)
+    return out
 
 
 def word_pieces(model: Model, words: Sequence[str]) -> list[list[int]]:
-    tok = model.require_tokenizer("word alignment")
-    prefix = _needs_prefix_space(tok)
-    texts = [(" " + w if prefix and i else w) for i, w in enumerate(words)]
-    pieces = tok(texts, add_special_tokens=False)["input_ids"] if texts else []
+    """Piece ids per word, from tokenising the running text once (see the module's docstring)."""
+    tok = _fast(model.require_tokenizer("word alignment"), model)
+    if not words:
+        return []
+    text, spans = running_text(words)
+    enc = tok(text, add_special_tokens=False, return_offsets_mapping=True, verbose=False)
+    ids, offsets = enc["input_ids"], [tuple(o) for o in enc["offset_mapping"]]
     fallback = tok.unk_token_id
     out = []
-    for p in pieces:
+    for idx in pieces_of_words(offsets, spans, text):
+        p = [ids[i] for i in idx]
         if not p:
             p = [fallback] if fallback is not None else tok(" ", add_special_tokens=False)["input_ids"][:1]
-        out.append(list(p))
+        out.append(p)
     return out
 
 
@@ -64,6 +118,9 @@ def encode_words(model: Model, words: Sequence[str]) -> Encoded:
 
 def encode_pieces(model: Model, pieces: Sequence[Sequence[int]]) -> Encoded:
     """Per-word piece ids -> model input with the special tokens and each position's unit."""
+    if model.cls_id is None:
+        raise ProbeError(f"model {model.name!r} has no [CLS], BOS or EOS token to start the input with, which "
+                         "word-level tasks (syntax, coref) need; use attention-stats or induction on it")
     ids: list[int] = [model.cls_id]
     units: list[int] = [0]
     for k, p in enumerate(pieces):

@@ -355,6 +355,153 @@ def _boot_hf(path_or_id: str, device: torch.device, dtype: torch.dtype | None) -
         )
 
 
+
+# ----------------------------------------------------------------------------- architectures
+
+
+@dataclass(frozen=True)
+class Architecture:
+    """How one Hugging Face architecture (``config.model_type``) is loaded and what works on it."""
+
+    name: str
+    model_types: tuple[str, ...]
+    route: str  # "bridge": TransformerBridge; "read-only": HF attentions; "stack": one stack, read-only
+    causal: str  # "yes" | "no" | "per stack"
+    tested: bool = True  # a tiny random model of it goes through every task in the tests
+
+
+BRIDGE_HOOKS = "all TransformerLens hooks (hook_pattern, hook_z, hook_resid_*, ...)"
+READ_ONLY_HOOKS = "blocks.{i}.attn.hook_pattern, blocks.{i}.hook_resid_pre/post (read-only)"
+READ_TASKS = "attention-stats, syntax, coref, induction, kernels"
+
+ARCHITECTURES: tuple[Architecture, ...] = (
+    Architecture("GPT-2", ("gpt2",), "bridge", "yes"),
+    Architecture("GPT-NeoX / Pythia", ("gpt_neox",), "bridge", "yes"),
+    Architecture("Llama", ("llama",), "bridge", "yes"),
+    Architecture("Mistral", ("mistral",), "bridge", "yes"),
+    Architecture("Qwen2", ("qwen2",), "bridge", "yes"),
+    Architecture("Gemma", ("gemma",), "bridge", "yes"),
+    Architecture("Phi", ("phi",), "bridge", "yes"),
+    Architecture("OPT", ("opt",), "bridge", "yes"),
+    Architecture("GPT-J", ("gptj",), "bridge", "yes"),
+    Architecture("BERT", ("bert",), "bridge", "no"),
+    Architecture("RoBERTa", ("roberta",), "bridge", "no"),
+    Architecture("DistilBERT", ("distilbert",), "read-only", "no"),
+    Architecture("ALBERT", ("albert",), "read-only", "no"),
+    Architecture("ELECTRA", ("electra",), "read-only", "no"),
+    Architecture("DeBERTa-v2/v3", ("deberta-v2",), "read-only", "no"),
+    Architecture("T5", ("t5",), "stack", "per stack"),
+    Architecture("BART", ("bart",), "stack", "per stack"),
+)
+STACKS = ("encoder", "decoder")
+
+
+def architecture_of(model_type: str) -> Architecture | None:
+    return next((a for a in ARCHITECTURES if model_type in a.model_types), None)
+
+
+def architecture_rows() -> list[dict[str, str]]:
+    """``probe list architectures``: one row per architecture, from ARCHITECTURES."""
+    how = {"bridge": "TransformerLens bridge", "read-only": "HF attentions (read-only)",
+           "stack": "NAME@encoder | NAME@decoder, HF attentions (read-only)"}
+    return [{"architecture": a.name, "model_type": ",".join(a.model_types), "loaded_by": how[a.route],
+             "causal": a.causal, "tasks": READ_TASKS, "hooks": BRIDGE_HOOKS if a.route == "bridge" else READ_ONLY_HOOKS}
+            for a in ARCHITECTURES]
+
+
+def _split_stack(name: str) -> tuple[str, str | None]:
+    """``t5-small@encoder`` -> (``t5-small``, ``encoder``); names without ``@`` have no stack."""
+    base, sep, stack = name.rpartition("@")
+    if not sep or not base:
+        return name, None
+    if stack not in STACKS:
+        raise ProbeError(f"--model {name}: the part after @ chooses the stack of an encoder-decoder model and must be "
+                         f"encoder or decoder, got {stack!r}{suggest(stack, STACKS)}")
+    return base, stack
+
+
+def _model_type(config: Any) -> str:
+    return str(getattr(config, "model_type", None) or (config.get("model_type") if isinstance(config, dict) else "")
+               or "unknown")
+
+
+def _route(model_type: str, name: str, stack: str | None) -> str:
+    arch = architecture_of(model_type)
+    if arch is not None and arch.route == "stack":
+        if stack is None:
+            raise ProbeError(f"{name} is a {arch.name} encoder-decoder; choose the stack to probe: "
+                             f"--model {name}@encoder or --model {name}@decoder")
+        return "stack"
+    if stack is not None:
+        raise ProbeError(f"--model {name}@{stack}: {arch.name if arch else model_type} is not an encoder-decoder "
+                         f"model; drop @{stack}")
+    return arch.route if arch is not None else "bridge"
+
+
+def _cfg_int(config: Any, *keys: str) -> int:
+    for k in keys:
+        v = getattr(config, k, None)
+        if isinstance(v, int) and v > 0:
+            return v
+    raise ProbeError(f"config.json of {_model_type(config)} has none of {', '.join(keys)}; restore the model folder")
+
+
+def _load_read_only(name: str, source: str, path_or_id: str, dev: torch.device, dtype: torch.dtype | None,
+                    stack: str | None, resolved: str | None = None) -> Model:
+    """DistilBERT, ALBERT, ELECTRA, DeBERTa-v2 and one stack of T5/BART: HF attentions behind hook points."""
+    import transformers
+    from transformers import AutoConfig, AutoModel, AutoTokenizer
+
+    from depthprobe.probes.hf_attentions import HFAttentions
+
+    config = AutoConfig.from_pretrained(path_or_id)
+    arch = architecture_of(_model_type(config))
+    classes = [getattr(transformers, c, None) for c in (getattr(config, "architectures", None) or [])]
+    cls = next((c for c in classes if c is not None), AutoModel)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        hf = cls.from_pretrained(path_or_id, attn_implementation="eager", dtype=dtype or torch.float32)
+    hf.to(dev).eval()
+    tok = AutoTokenizer.from_pretrained(path_or_id)
+    side = "decoder_" if stack == "decoder" else "encoder_" if stack == "encoder" else ""
+    if stack == "decoder":
+        n_layers = _cfg_int(config, "num_decoder_layers", "decoder_layers", "num_layers")
+    else:
+        n_layers = _cfg_int(config, f"{side}layers", "num_layers", "num_hidden_layers", "n_layers")
+    n_heads = _cfg_int(config, f"{side}attention_heads", "num_heads", "num_attention_heads", "n_heads")
+    d_model = _cfg_int(config, "d_model", "hidden_size", "dim")
+    max_len = int(getattr(config, "max_position_embeddings", 0) or getattr(config, "n_positions", 0) or 512)
+    label = f"{name} ({arch.name if arch else _model_type(config)}{', ' + stack + ' stack' if stack else ''})"
+    causal = stack == "decoder"
+    bridge = HFAttentions(hf, stack or "model", causal, n_layers, n_heads, d_model, int(config.vocab_size),
+                          max_len, label)
+    path = Path(path_or_id)
+    info = ModelInfo(name=name + (f"@{stack}" if stack else ""), source=source, resolved=resolved or path_or_id,
+                     causal=causal, n_layers=n_layers, n_heads=n_heads, d_model=d_model, max_len=max_len,
+                     weights=_weights_id(path) if path.is_dir() else "unknown")
+    return Model(bridge=bridge, tokenizer=tok, info=info, device=dev, special_ids=frozenset(tok.all_special_ids))
+
+
+def _load_hf(name: str, source: str, path_or_id: str, dev: torch.device, dtype: torch.dtype | None,
+             stack: str | None, resolved: str | None = None, folder: Path | None = None) -> Model:
+    """Load a Hugging Face model through the route its architecture needs (see ARCHITECTURES)."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(path_or_id)
+    route = _route(_model_type(config), name, stack)
+    if route != "bridge":
+        return _load_read_only(name, source, path_or_id, dev, dtype, stack, resolved)
+    try:
+        bridge = _boot_hf(path_or_id, dev, dtype)
+    except ValueError as exc:
+        if "supported architecture" not in str(exc):
+            raise
+        raise ProbeError(f"{name}: architecture {_model_type(config)!r} ({', '.join(config.architectures or [])}) is "
+                         "not supported by TransformerLens or by depthprobe's read-only route; "
+                         "`probe list architectures` shows what works") from None
+    return _wrap_hf(name, source, folder or Path(path_or_id), bridge, dev, resolved=resolved)
+
+
 def load(name: str | NativeConfig = DEFAULT_MODEL, device: str | None = None,
          dtype: torch.dtype | None = None) -> Model:
     """Load a model by alias, Hugging Face id, local directory, native spec or checkpoint.
@@ -369,6 +516,10 @@ def load(name: str | NativeConfig = DEFAULT_MODEL, device: str | None = None,
     path = Path(name).expanduser()
     if path.is_dir():
         return _load_folder(name, path, dev, dtype)
+    if "@" in name and not name.startswith(("native:", "spa:")):
+        base, stack = _split_stack(name)
+        if stack is not None:
+            return _load_stack(base, stack, dev, dtype)
     if path.is_file():
         raise ProbeError(f"--model {name} is a file; give the model's folder (config.json or {CHECKPOINT_CONFIG})")
     if name.startswith("native:"):
@@ -381,9 +532,21 @@ def load(name: str | NativeConfig = DEFAULT_MODEL, device: str | None = None,
     if name.startswith("spa:"):  # probes.spa depth-study family (skipless, E-SPA, ...)
         from depthprobe.probes.spa import build
         return build(name, dev)
+    return _load_named(name, dev, dtype)
+
+
+def _load_stack(name: str, stack: str, dev: torch.device, dtype: torch.dtype | None) -> Model:
+    path = Path(name).expanduser()
+    if path.is_dir():
+        return _load_folder(name, path, dev, dtype, stack)
+    return _load_named(name, dev, dtype, stack)
+
+
+def _load_named(name: str, dev: torch.device, dtype: torch.dtype | None, stack: str | None = None) -> Model:
+    """An alias or a Hugging Face id (from the local cache, else the hub)."""
     if name == DEFAULT_MODEL:
         p = minilm_path()
-        return _wrap_hf(name, "alias", p, _boot_hf(str(p), dev, dtype), dev)
+        return _load_hf(name, "alias", str(p), dev, dtype, stack, folder=p)
     if (os.sep in name and name.count("/") != 1) or name.startswith((".", "~")):
         raise ProbeError(f"model directory {name} does not exist; check the path or use --model minilm")
     repo_id = ALIASES[name][0] if name in ALIASES else name
@@ -394,15 +557,14 @@ def load(name: str | NativeConfig = DEFAULT_MODEL, device: str | None = None,
     snap = cached_snapshot(repo_id)
     if snap is not None:
         check_hf_folder(snap, name, dev)
-        return _wrap_hf(name, "hub", snap, _boot_hf(str(snap), dev, dtype), dev, resolved=repo_id)
+        return _load_hf(name, "hub", str(snap), dev, dtype, stack, resolved=repo_id, folder=snap)
     if not _hub_reachable():
         raise _offline_error(name, repo_id)
     try:
-        bridge = _boot_hf(repo_id, dev, dtype)
+        return _load_hf(name, "hub", repo_id, dev, dtype, stack, resolved=repo_id,
+                        folder=cached_snapshot(repo_id))
     except OSError as exc:
         raise ProbeError(f"could not load {repo_id!r} from the hub: {str(exc).splitlines()[0]}") from exc
-    snap = cached_snapshot(repo_id)
-    return _wrap_hf(name, "hub", snap or Path(repo_id), bridge, dev, resolved=repo_id)
 
 
 
@@ -412,8 +574,11 @@ def _native_guess(name: str) -> str:
     return "native:" + rest if "=" in rest else "native:layers=2,d_model=64,heads=4"
 
 
-def _load_folder(name: str, path: Path, dev: torch.device, dtype: torch.dtype | None) -> Model:
+def _load_folder(name: str, path: Path, dev: torch.device, dtype: torch.dtype | None,
+                 stack: str | None = None) -> Model:
     if (path / CHECKPOINT_CONFIG).exists():
+        if stack is not None:
+            raise ProbeError(f"--model {name}@{stack}: a depthprobe checkpoint has one stack; drop @{stack}")
         return load_checkpoint(path, dev, dtype, name=name)
     if not (path / "config.json").exists():
         raise ProbeError(
@@ -421,7 +586,7 @@ def _load_folder(name: str, path: Path, dev: torch.device, dtype: torch.dtype | 
             f"{CHECKPOINT_CONFIG} (a depthprobe checkpoint); point --model at the model folder"
         )
     check_hf_folder(path, name, dev)
-    return _wrap_hf(name, "local", path, _boot_hf(str(path), dev, dtype), dev)
+    return _load_hf(name, "local", str(path), dev, dtype, stack, folder=path)
 
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
