@@ -231,7 +231,3 @@ def list_models() -> None:
     typer.echo("Also accepted: any Hugging Face id in the local cache, a local HF-format directory, "
                "a native spec (native:layers=2,d_model=64,heads=4,attn_only=true) or a checkpoint "
                "directory written by probe train.")
-
-
-# Commands defined in their own modules register themselves on `app` when imported.
-from depthprobe.cli import commands  # noqa: E402,F401

@@ -15,7 +15,13 @@ from depthprobe.probes.capture import forward
 from depthprobe.probes.errors import ProbeError
 from depthprobe.probes.levine import DepthNote
 from depthprobe.probes.models import DEFAULT_MODEL, Model, load
-from depthprobe.probes.task import Context, Output, RunConfig, get_task
+from depthprobe.probes.task import SWEEPS, TASKS, Context, Output, RunConfig, get_task
+from depthprobe.tasks import SWEEPS as SWEEP_LIBRARY
+from depthprobe.tasks import TASKS as TASK_LIBRARY
+
+# The task library, registered lazily: the core imports a task's module only when it is used.
+TASKS.register_lazy(TASK_LIBRARY)
+SWEEPS.register_lazy(SWEEP_LIBRARY)
 
 
 @dataclass

@@ -2,11 +2,19 @@
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from depthprobe.probes.task import Batch
+
+@dataclass
+class Batch:
+    """Padded model input for one forward pass plus whatever the task needs to score it."""
+
+    input_ids: torch.Tensor  # [batch, pos]
+    attention_mask: torch.Tensor  # [batch, pos], 1 for real tokens
+    items: Sequence[Any]  # the task's examples in this batch, in row order
 
 
 def by_length(lengths: Sequence[int], batch_size: int) -> list[list[int]]:

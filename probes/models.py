@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import importlib
 import json
 import logging
 import math
@@ -296,6 +297,11 @@ def _boot_hf(path_or_id: str, device: torch.device, dtype: torch.dtype | None) -
         )
 
 
+# Model families built on this module, by spec prefix -> "module:builder" (called with the spec and
+# the device). Resolved on use, so that this module never imports them.
+FAMILIES = {"spa": "depthprobe.probes.spa:build"}  # depth-study family: skipless, E-SPA, ...
+
+
 def load(name: str | NativeConfig = DEFAULT_MODEL, device: str | None = None,
          dtype: torch.dtype | None = None) -> Model:
     """Load a model by alias, Hugging Face id, local directory, native spec or checkpoint.
@@ -319,9 +325,10 @@ def load(name: str | NativeConfig = DEFAULT_MODEL, device: str | None = None,
     if name.lower().startswith("native"):
         raise ProbeError(f"--model {name!r} is neither an existing folder nor a native spec "
                          f"(did you mean {_native_guess(name)} or ./{name}?)")
-    if name.startswith("spa:"):  # probes.spa depth-study family (skipless, E-SPA, ...)
-        from depthprobe.probes.spa import build
-        return build(name, dev)
+    family = name.partition(":")[0]
+    if ":" in name and family in FAMILIES:
+        module, _, attr = FAMILIES[family].partition(":")
+        return getattr(importlib.import_module(module), attr)(name, dev)
     if name == DEFAULT_MODEL:
         p = minilm_path()
         return _wrap_hf(name, "alias", p, _boot_hf(str(p), dev, dtype), dev)

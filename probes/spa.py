@@ -63,6 +63,7 @@ from transformer_lens.HookedRootModule import HookedRootModule
 
 from depthprobe.probes import kernels as K
 from depthprobe.probes.errors import ProbeError, suggest
+from depthprobe.probes.models import Model, ModelInfo, check_size, resolve_device
 from depthprobe.probes.options import check_seed, coerce, field_types, parse_pairs
 
 ATTENTIONS = ("softmax", "uniform", "value-skipinit", "e-spa", "u-spa")
@@ -145,8 +146,6 @@ class SPAConfig:
         return scale * (16 if training else 4) * self.n_params() + self.depth * per_layer
 
     def check_size(self, training: bool = False, device: Any = None) -> None:
-        from depthprobe.probes.models import check_size
-
         check_size(self.n_params(), self.n_bytes(training), f"spa model (depth {self.depth}, width {self.width})", device)
 
     @property
@@ -425,8 +424,6 @@ def _theory_sub(cfg: SPAConfig, s: torch.Tensor, f: Callable[[torch.Tensor], tor
 
 def build(cfg: SPAConfig | str, device: str | torch.device | None = None, name: str | None = None):
     """An SPA model wrapped as a :class:`probes.models.Model` (tokenizer None)."""
-    from depthprobe.probes.models import Model, ModelInfo, resolve_device
-
     if isinstance(cfg, str):
         name = name or cfg
         cfg = SPAConfig.parse(cfg)

@@ -18,7 +18,7 @@ Attention maps of a whole data set are never held at once: ``acts`` lives for on
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -26,6 +26,7 @@ from typing import Any, ClassVar
 import pandas as pd
 import torch
 
+from depthprobe.probes.batching import Batch, length_batches
 from depthprobe.probes.errors import ProbeError, suggest
 from depthprobe.probes.options import check_ranges, coerce
 from depthprobe.probes.registry import Registry
@@ -91,15 +92,6 @@ class Examples(list):
 
 
 @dataclass
-class Batch:
-    """Padded model input for one forward pass plus whatever the task needs to score it."""
-
-    input_ids: torch.Tensor  # [batch, pos]
-    attention_mask: torch.Tensor  # [batch, pos], 1 for real tokens
-    items: Sequence[Any]  # the task's examples in this batch, in row order
-
-
-@dataclass
 class Output:
     """What finalize returns: tidy scores, a short summary table and notes for the reader."""
 
@@ -133,8 +125,6 @@ class Task:
 
     def batches(self, model: Any, examples: list[Any], ctx: Context) -> Iterator[Batch]:
         """Default: the examples are token-id sequences, padded and batched by length."""
-        from depthprobe.probes.batching import length_batches
-
         return length_batches(examples, examples, ctx.config.batch_size, model.pad_id)
 
     def hook_names(self, model: Any, ctx: Context) -> list[str]:
@@ -165,15 +155,61 @@ register = TASKS.register_class  # @register on a Task subclass adds it to the l
 
 
 def get_task(name: str) -> Task:
-    from depthprobe import tasks  # noqa: F401  (registers the task library)
-
     return TASKS.get(name)
 
 
 def task_names() -> list[str]:
-    from depthprobe import tasks  # noqa: F401
-
     return TASKS.names()
+
+
+@dataclass(frozen=True)
+class SweepConfig:
+    task: str
+    depths: tuple[int, ...]
+    seed: int = 0
+    device: str | None = None
+    options: tuple[tuple[str, Any], ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.depths:
+            raise ProbeError("--depths needs at least one depth, e.g. --depths 1,2,4")
+        if any(d < 1 for d in self.depths):
+            raise ProbeError(f"--depths must be positive integers, got {list(self.depths)}")
+
+    def as_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["options"] = dict(self.options)
+        return d
+
+
+class Sweep:
+    """A depth sweep (``probe sweep --task NAME``): one model per depth, identical settings and
+    seeds; ``run`` gets the depths and its parsed options and returns an :class:`Output`."""
+
+    name: ClassVar[str]
+    description: ClassVar[str]
+    Options: ClassVar[type] = NoOptions
+
+    parse_options = Task.parse_options
+
+    def run(self, config: SweepConfig, options: Any, progress: bool) -> Output:
+        raise NotImplementedError
+
+
+SWEEPS: Registry[Sweep] = Registry("sweep task")
+register_sweep = SWEEPS.register_class  # @register_sweep on a Sweep subclass
+
+
+def get_sweep(name: str) -> Sweep:
+    return SWEEPS.get(name)
+
+
+def parse_depths(text: str) -> tuple[int, ...]:
+    try:
+        depths = tuple(int(p) for p in text.split(",") if p.strip())
+    except ValueError:
+        raise ProbeError(f"--depths expects comma-separated integers like 1,2,4, got {text!r}") from None
+    return depths
 
 
 def tidy(rows: Iterable[dict[str, Any]], model: str, task: str) -> pd.DataFrame:

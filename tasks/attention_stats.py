@@ -28,7 +28,8 @@ from depthprobe.probes.errors import ProbeError, suggest
 from depthprobe.probes.metrics import (attention_stat_sums, clark_stat_sums, js_distance_mean,
                             uniform_entropy_sum)
 from depthprobe.probes.options import ranged
-from depthprobe.probes.task import Context, Examples, Output, Task, register, tidy
+from depthprobe.probes.task import Context, Examples, Output, Task, tidy
+from depthprobe.probes.text import read_lines
 
 SAMPLE = Path(__file__).parent / "data" / "sample.txt"
 
@@ -49,22 +50,6 @@ class Options:
         if self.protocol not in PROTOCOLS:
             raise ProbeError(f"attention-stats: unknown protocol {self.protocol!r}{suggest(self.protocol, PROTOCOLS)}; "
                              f"use -O protocol=pooled or -O protocol=clark")
-
-
-def read_lines(path: Path) -> list[str]:
-    """Non-empty lines of a UTF-8 text file; bad files fail with a one-line reason."""
-    if path.is_dir():
-        raise ProbeError(f"{path} is a directory; attention-stats reads one text file (one example per line)")
-    try:
-        text = path.read_text(encoding="utf-8-sig")
-    except UnicodeDecodeError as exc:
-        raise ProbeError(f"{path}: not UTF-8 text (byte {exc.start}); re-save the file as UTF-8") from None
-    except OSError as exc:
-        raise ProbeError(f"cannot read {path}: {exc.strerror}") from None
-    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
-    if not lines:
-        raise ProbeError(f"{path} is empty; give a text file with one example per line")
-    return lines
 
 
 def is_punct(token: str, protocol: str = "pooled") -> bool:
@@ -100,7 +85,6 @@ class State:
     js: torch.Tensor | None = None  # clark: sum over lines of [head, head] JS distances
 
 
-@register
 class AttentionStats(Task):
     name = "attention-stats"
     description = "Per-head attention to [CLS]/BOS, [SEP], punctuation, previous/next token, self; entropy"

@@ -34,7 +34,7 @@ from depthprobe.probes.capture import pattern_names
 from depthprobe.probes.errors import ProbeError
 from depthprobe.probes.options import ranged
 from depthprobe.probes.runtime import torch_threads
-from depthprobe.probes.task import Batch, Context, Examples, Output, Task, register, tidy
+from depthprobe.probes.task import Batch, Context, Examples, Output, Task, tidy
 
 SAMPLE = Path(__file__).parent / "data" / "sample_coref.conllu"
 TYPES = ("pronoun", "proper", "nominal")
@@ -502,7 +502,6 @@ def heatmap_rows(correct: torch.Tensor, n: Sequence[int], labels: Sequence[str],
 
 # ---------------------------------------------------------------- the task
 
-@register
 class Coref(Task):
     name = "coref"
     description = ("Antecedent selection by attention (Clark Table 2): CoNLL-U Entity chains, "

@@ -51,8 +51,7 @@ from depthprobe.probes.errors import ProbeError
 from depthprobe.probes.metrics import diagonal
 from depthprobe.probes.models import Model
 from depthprobe.probes.options import ranged
-from depthprobe.probes.sweep import Sweep, SweepConfig, register_sweep
-from depthprobe.probes.task import Context, Examples, Output, Task, register, tidy
+from depthprobe.probes.task import Context, Examples, Output, Sweep, SweepConfig, Task, tidy
 from depthprobe.probes.viz import plot_text
 
 HEAD_METRICS = ("induction", "previous_token", "duplicate_token")
@@ -283,7 +282,6 @@ class State:
     icl: torch.Tensor | None = None  # [K, n] natural-text windows for the ICL score
 
 
-@register
 class Induction(Task):
     name = "induction"
     description = ("Per-head induction, previous-token and duplicate-token scores on repeated random "
@@ -538,7 +536,6 @@ class SweepOptions:
     threads: int = ranged(1, min=1)  # CPU threads while training (see probes.train.threads_for)
 
 
-@register_sweep
 class InductionSweep(Sweep):
     name = "induction"
     description = ("Train one attention-only model per depth on repeated random tokens; best induction "

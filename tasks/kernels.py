@@ -20,6 +20,7 @@ import io
 import math
 import sys
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -33,8 +34,8 @@ from depthprobe.probes.capture import capture
 from depthprobe.probes.errors import ProbeError, suggest
 from depthprobe.probes.options import ranged
 from depthprobe.probes.runtime import torch_threads
-from depthprobe.probes.sweep import Sweep, SweepConfig, register_sweep
-from depthprobe.probes.task import Context, Examples, Output, Task, register, tidy
+from depthprobe.probes.task import Context, Examples, Output, Sweep, SweepConfig, Task, tidy
+from depthprobe.probes.text import read_lines
 from depthprobe.probes.viz import plot_text
 
 ACCUMULATED = ("mean_cosine", "resid_ratio_fro", "resid_ratio_l1inf", "effective_rank_centred",
@@ -43,6 +44,7 @@ CONTRACTION = "contraction_exponent"  # log(r_l) / log(r_{l-1}) of the mean resi
 METRICS = (*ACCUMULATED, CONTRACTION)
 THEORY_METRICS = ("mean_cosine", "resid_ratio_fro", "effective_rank_centred", "effective_rank_uncentred",
                   CONTRACTION)  # what a kernel alone fixes
+SAMPLE = Path(__file__).parent / "data" / "sample.txt"  # the same sample text as attention-stats
 COLLAPSED = 0.99  # mean cosine at which we call the representation rank-collapsed
 
 
@@ -223,7 +225,6 @@ def default_layers(n_layers: int) -> list[int]:
     return sorted({round(x) for x in np.linspace(0, n_layers, 4)})
 
 
-@register
 class Kernels(Task):
     name = "kernels"
     description = "Signal propagation per layer: mean cosine, residual ratios, contraction exponent, effective ranks, kernel maps"
@@ -246,8 +247,6 @@ class Kernels(Task):
                              "use -O exclude_special=false")
         if model.tokenizer is None:
             return self._random(model, ctx)
-        from depthprobe.tasks.attention_stats import SAMPLE, read_lines
-
         if opts.seq_len is not None:
             raise ProbeError("kernels: seq_len applies to models without a tokenizer; use --max-len for text")
         lines = read_lines(ctx.data) if ctx.data else read_lines(SAMPLE)
@@ -443,7 +442,6 @@ def measure(net: spa.SPATransformer, ids: torch.Tensor) -> Accumulator:
     return acc
 
 
-@register_sweep
 class KernelSweep(Sweep):
     name = "kernels"
     description = "Rank collapse vs depth: vanilla, skips, Value-SkipInit, U-SPA, E-SPA at init (or trained)"

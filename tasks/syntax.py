@@ -31,7 +31,7 @@ from depthprobe.probes.align import Encoded, encode_words, unit_matrix, word_att
 from depthprobe.probes.batching import length_batches
 from depthprobe.probes.capture import pattern_names
 from depthprobe.probes.errors import ProbeError
-from depthprobe.probes.task import Context, Examples, Output, Task, register, tidy
+from depthprobe.probes.task import Context, Examples, Output, Task, tidy
 
 SAMPLE = Path(__file__).parent / "data" / "sample_syntax.conllu"
 ALL = "ALL"
@@ -188,7 +188,6 @@ class State:
     view: dict | None = None  # word-level attention of one example sentence, for the report
 
 
-@register
 class Syntax(Task):
     name = "syntax"
     description = ("Clark et al. Table 1: per dependency relation, the head whose attention best finds "
