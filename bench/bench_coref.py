@@ -8,6 +8,7 @@ HF forward passes. Prints each ratio (target: at most 1.25x) and the headline ac
 
     .venv/bin/python bench/bench_coref.py [--repeats N] [--threads N] [--only ontogum|gap]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -48,8 +49,10 @@ def bench(model, hf, name: str, data: Path, repeats: int) -> None:
     hf_s = min(t_hf)
     ours_s, result = min(runs, key=lambda r: r[0])
     n_tok = sum(int(m.sum()) for _, m in batches)
-    print(f"\n== {name}: {len(examples)} inputs, {len(batches)} batches, {n_tok} real tokens, "
-          f"device {model.device}, {torch.get_num_threads()} threads, best of {repeats}")
+    print(
+        f"\n== {name}: {len(examples)} inputs, {len(batches)} batches, {n_tok} real tokens, "
+        f"device {model.device}, {torch.get_num_threads()} threads, best of {repeats}"
+    )
     print(f"bare HF forward (output_attentions=True): {hf_s:8.2f} s")
     print(f"depthprobe coref (whole run):             {ours_s:8.2f} s  ratio {ours_s / hf_s:.2f}x (target <= 1.25x)")
     print(f"  our phases: { {k: round(v, 2) for k, v in result.timings.items()} }")

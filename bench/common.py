@@ -1,4 +1,5 @@
 """Helpers shared by the bench scripts: timing and the bare Hugging Face baseline."""
+
 from __future__ import annotations
 
 import os

@@ -1,4 +1,5 @@
 """Import every module that adds commands to the `probe` app (one line each)."""
+
 from depthprobe.cli import sweep  # noqa: F401
 from depthprobe.cli import viz  # noqa: F401
 from depthprobe.cli import train  # noqa: F401

@@ -1,4 +1,5 @@
 """`probe sweep`: vary depth with everything else fixed."""
+
 from __future__ import annotations
 
 import sys
@@ -25,9 +26,13 @@ def sweep(
     seq_len: Optional[int] = typer.Option(None, "--seq-len", help="Tokens per sequence."),
     steps: Optional[int] = typer.Option(None, "--steps", "--train-steps", help="Training steps per depth."),
     attn_only: Optional[bool] = typer.Option(None, "--attn-only/--mlp", help="Attention-only blocks, or with MLPs."),
-    dtype: Optional[str] = typer.Option(None, "--dtype", help="kernels: float32 or float64 (models built and run in it)."),
+    dtype: Optional[str] = typer.Option(
+        None, "--dtype", help="kernels: float32 or float64 (models built and run in it)."
+    ),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Show progress."),
-    max_params: Optional[int] = typer.Option(None, "--max-params", help="Refuse models with more parameters than this."),
+    max_params: Optional[int] = typer.Option(
+        None, "--max-params", help="Refuse models with more parameters than this."
+    ),
 ) -> None:
     """Train or build one model per depth with identical settings; write one table and plots."""
     from depthprobe.probes.sweep import get_sweep, parse_depths, sweep as api_sweep
@@ -38,16 +43,23 @@ def sweep(
         from depthprobe.probes.errors import ProbeError
 
         raise ProbeError("probe sweep needs --depths (or --layers), e.g. --depths 1,2,4")
-    explicit = {"variants": variants, "width": width, "heads": heads, "seq_len": seq_len,
-                "steps": steps, "attn_only": attn_only, "dtype": dtype}
+    explicit = {
+        "variants": variants,
+        "width": width,
+        "heads": heads,
+        "seq_len": seq_len,
+        "steps": steps,
+        "attn_only": attn_only,
+        "dtype": dtype,
+    }
     options = {k: v for k, v in explicit.items() if v is not None}
     options.update(parse_options(option))
     from depthprobe.probes.models import size_limit
 
     with size_limit(max_params):
-        result = api_sweep(task, parse_depths(depths), seed=seed, device=device,
-                           progress=progress and sys.stderr.isatty(), **options)
+        result = api_sweep(
+            task, parse_depths(depths), seed=seed, device=device, progress=progress and sys.stderr.isatty(), **options
+        )
     path = result.save(out)
     print_result(result)
     typer.echo(f"wrote {path}")
-

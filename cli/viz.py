@@ -1,4 +1,5 @@
 """`probe viz` (attention views of a model on a text) and `probe report` (re-render a run's report)."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -13,7 +14,7 @@ def _read_text(text: Optional[str], file: Optional[Path]) -> tuple[str, str]:
     from depthprobe.probes.errors import ProbeError
 
     if (text is None) == (file is None):
-        raise ProbeError("probe viz needs exactly one of --text \"...\" or --file PATH")
+        raise ProbeError('probe viz needs exactly one of --text "..." or --file PATH')
     if file is None:
         return text, "--text"
     try:
@@ -35,7 +36,9 @@ def viz(
     layers: Optional[str] = typer.Option(None, "--layers", help="0-indexed layers, e.g. 0,3 or 0-2 (default: all)."),
     heads: Optional[str] = typer.Option(None, "--heads", help="0-indexed heads, e.g. 0,5 (default: all)."),
     words: bool = typer.Option(False, "--words/--pieces", help="Word-level attention (Clark et al.) or wordpieces."),
-    max_tokens: int = typer.Option(512, "--max-tokens", help="Show at most this many tokens; the page says what was cut."),
+    max_tokens: int = typer.Option(
+        512, "--max-tokens", help="Show at most this many tokens; the page says what was cut."
+    ),
     device: Optional[str] = typer.Option(None, "--device", help="cpu, cuda, cuda:N (default: CUDA when present)."),
     out: Path = typer.Option(Path("attention.html"), "--out", "-o", help="The HTML page to write."),
 ) -> None:
@@ -54,9 +57,15 @@ def viz(
         index_ranges(spec, what)
     mdl = load(model, device=device)
     mdl.require_tokenizer("viz")
-    page = viz_page(mdl, body, source=source, words=words, max_tokens=max_tokens,
-                    layers=parse_indices(layers, mdl.info.n_layers, "layers"),
-                    heads=parse_indices(heads, mdl.info.n_heads, "heads"))
+    page = viz_page(
+        mdl,
+        body,
+        source=source,
+        words=words,
+        max_tokens=max_tokens,
+        layers=parse_indices(layers, mdl.info.n_layers, "layers"),
+        heads=parse_indices(heads, mdl.info.n_heads, "heads"),
+    )
     path = write_atomic(out, page)
     typer.echo(f"wrote {path} ({path.stat().st_size / 1e6:.2f} MB)")
 

@@ -1,4 +1,5 @@
 """depthprobe core: loading, scoped capture, word alignment, metrics, tasks and artifacts."""
+
 from depthprobe.probes.align import encode_words, word_attention
 from depthprobe.probes.api import Result, run
 from depthprobe.probes.compare import compare  # noqa: F401  (probe compare)
@@ -8,7 +9,28 @@ from depthprobe.probes.models import ALIASES, DEFAULT_MODEL, Model, NativeConfig
 from depthprobe.probes.task import TASKS, Batch, Context, Examples, Output, Task, get_task, register, task_names
 
 __all__ = [
-    "ALIASES", "DEFAULT_MODEL", "TASKS", "Batch", "Context", "Examples", "Model", "NativeConfig",
-    "Output", "ProbeError", "Result", "Task", "capture", "encode_words", "forward", "get_task", "load",
-    "load_checkpoint", "register", "resolve_names", "run", "save_checkpoint", "task_names", "word_attention",
+    "ALIASES",
+    "DEFAULT_MODEL",
+    "TASKS",
+    "Batch",
+    "Context",
+    "Examples",
+    "Model",
+    "NativeConfig",
+    "Output",
+    "ProbeError",
+    "Result",
+    "Task",
+    "capture",
+    "encode_words",
+    "forward",
+    "get_task",
+    "load",
+    "load_checkpoint",
+    "register",
+    "resolve_names",
+    "run",
+    "save_checkpoint",
+    "task_names",
+    "word_attention",
 ]

@@ -10,6 +10,7 @@ tokenizers (GPT-2) get a leading space on every word but the first, as in runnin
 A word that yields no pieces (e.g. a lone control character) is given the tokenizer's unknown
 token (or, without one, the piece of a single space) so that every word has a position.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence

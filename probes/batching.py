@@ -1,4 +1,5 @@
 """Length-sorted, padded batches: one forward pass per batch, little padding."""
+
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
@@ -20,7 +21,7 @@ class Batch:
 def by_length(lengths: Sequence[int], batch_size: int) -> list[list[int]]:
     """Indices grouped into batches of similar length (longest first, stable)."""
     order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
-    return [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
+    return [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
 
 
 def pad(seqs: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -34,8 +35,9 @@ def pad(seqs: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch
     return ids, mask
 
 
-def length_batches(items: Sequence[Any], seqs: Sequence[Sequence[int]], batch_size: int,
-                   pad_id: int) -> Iterator[Batch]:
+def length_batches(
+    items: Sequence[Any], seqs: Sequence[Sequence[int]], batch_size: int, pad_id: int
+) -> Iterator[Batch]:
     """Batches of (items, padded seqs), grouped by length."""
     for idx in by_length([len(s) for s in seqs], batch_size):
         ids, mask = pad([seqs[i] for i in idx], pad_id)

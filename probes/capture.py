@@ -11,6 +11,7 @@ Hook names (TransformerLens conventions, 0-indexed layers):
 Patterns with ``*`` (``blocks.*.attn.hook_pattern``) expand to every matching name.
 Hooks are always removed on exit, even when the body raises.
 """
+
 from __future__ import annotations
 
 import fnmatch
@@ -66,8 +67,9 @@ class _StopForward(Exception):
 
 
 @contextmanager
-def capture(model: Model, names: str | Sequence[str], fn: HookFn | None = None, *,
-            store: bool = True, stop_early: bool = False) -> Iterator[Captured]:
+def capture(
+    model: Model, names: str | Sequence[str], fn: HookFn | None = None, *, store: bool = True, stop_early: bool = False
+) -> Iterator[Captured]:
     """Attach hooks to ``names`` (one name or a list; globs allowed) for the duration of the block.
 
     ``fn(tensor, hook)`` follows the TransformerLens convention: return a tensor to replace
@@ -94,8 +96,15 @@ def capture(model: Model, names: str | Sequence[str], fn: HookFn | None = None, 
         yield acts
 
 
-def forward(model: Model, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
-            names: str | Sequence[str], fn: HookFn | None = None, *, logits: bool = False) -> Captured:
+def forward(
+    model: Model,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    names: str | Sequence[str],
+    fn: HookFn | None = None,
+    *,
+    logits: bool = False,
+) -> Captured:
     """One batched forward pass returning only the named activations.
 
     Unless ``logits`` is asked for (then stored under ``"logits"``), the pass stops as soon as
@@ -105,8 +114,9 @@ def forward(model: Model, input_ids: torch.Tensor, attention_mask: torch.Tensor 
     mask = None if attention_mask is None else attention_mask.to(model.device)
     with torch.inference_mode(), capture(model, names, fn, stop_early=not logits) as acts:
         try:
-            out = model.bridge(input_ids.to(model.device), attention_mask=mask,
-                               return_type="logits" if logits else None)
+            out = model.bridge(
+                input_ids.to(model.device), attention_mask=mask, return_type="logits" if logits else None
+            )
             if logits:
                 acts["logits"] = out
         except _StopForward:

@@ -25,6 +25,7 @@ E-SPA and U-SPA pick target kernels Sigma_l and realise A_l = chol(Sigma_l) chol
 so A_l Sigma_{l-1} A_l^T = Sigma_l exactly; ``softmax_realisation`` turns A_l into the bias B and
 rescaling D of D * softmax(QK^T / sqrt(d_head) + B) with W_Q = 0.
 """
+
 from __future__ import annotations
 
 import functools
@@ -40,6 +41,7 @@ F64 = torch.float64
 
 
 # ----------------------------------------------------------------------------- measurements
+
 
 def _batched(x: torch.Tensor, mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, bool]:
     """[T, d] or [B, T, d] (+ mask) -> float64 [B, T, d] with masked rows zeroed, bool [B, T]."""
@@ -167,8 +169,7 @@ def effective_rank(x: torch.Tensor, mask: torch.Tensor | None = None, rtol: floa
     return _out(_erank_of_gram(centred_gram(g, m), xb.flatten(1).norm(dim=-1), rtol), single)
 
 
-def effective_rank_uncentred(x: torch.Tensor, mask: torch.Tensor | None = None,
-                             rtol: float = 1e-6) -> torch.Tensor:
+def effective_rank_uncentred(x: torch.Tensor, mask: torch.Tensor | None = None, rtol: float = 1e-6) -> torch.Tensor:
     """exp(entropy of p = s / sum(s)), s the singular values of X itself (same floor as
     ``effective_rank``): T for T orthogonal tokens of equal norm, 1 for a rank-one X (collapse).
     [T, d] -> scalar, [B, T, d] -> [B]."""
@@ -194,8 +195,7 @@ def contraction_exponents(r: np.ndarray) -> np.ndarray:
     return out
 
 
-def sequence_stats(x: torch.Tensor, mask: torch.Tensor | None = None
-                   ) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+def sequence_stats(x: torch.Tensor, mask: torch.Tensor | None = None) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
     """Every per-sequence metric at once, plus the normalised kernels C [B, T, T] (masked rows 0).
     One T x T x d product serves the kernel and the effective rank. [B, T, d] -> ({metric: [B]}, C)."""
     xb, m, _ = _batched(x, mask)
@@ -235,6 +235,7 @@ def kernel_stats(sigma: torch.Tensor, rtol: float = 1e-6) -> dict[str, float]:
 
 # ----------------------------------------------------------------------------- theory
 
+
 def uniform_attention(t: int, causal: bool = True, dtype: torch.dtype = F64) -> torch.Tensor:
     """The attention matrix of W_Q = 0: each query averages its visible keys. [T, T]."""
     if causal:
@@ -246,7 +247,7 @@ def uniform_attention(t: int, causal: bool = True, dtype: torch.dtype = F64) -> 
 def attention_step(sigma: torch.Tensor, a: torch.Tensor, skip: bool = False, alpha: float = 1.0) -> torch.Tensor:
     """One attention layer in the infinite-width limit: A S A^T, or S + alpha^2 A S A^T with a skip."""
     branch = a @ sigma @ a.transpose(-1, -2)
-    return sigma + alpha ** 2 * branch if skip else branch
+    return sigma + alpha**2 * branch if skip else branch
 
 
 def relu_step(sigma: torch.Tensor) -> torch.Tensor:
@@ -258,8 +259,9 @@ def relu_step(sigma: torch.Tensor) -> torch.Tensor:
     return d[..., :, None] * d[..., None, :] * (torch.sin(t) + (math.pi - t) * c) / math.pi
 
 
-def uniform_recursion(t: int, depth: int, causal: bool = True, skip: bool = False, alpha: float = 1.0,
-                      sigma0: torch.Tensor | None = None) -> torch.Tensor:
+def uniform_recursion(
+    t: int, depth: int, causal: bool = True, skip: bool = False, alpha: float = 1.0, sigma0: torch.Tensor | None = None
+) -> torch.Tensor:
     """Kernels Sigma_0..Sigma_depth of uniform attention (Sigma_0 = I unless given). [depth+1, T, T]."""
     a = uniform_attention(t, causal)
     s = torch.eye(t, dtype=F64) if sigma0 is None else sigma0.to(F64)
@@ -289,7 +291,7 @@ def espa_kernel(t: int, gamma: float) -> torch.Tensor:
 def uspa_rho(layer: int, depth: int, rho_last: float = 0.8) -> float:
     """U-SPA schedule, E-SPA's form with rho in place of exp(-gamma):
     1 - rho_l^2 = (1 - rho_L^2)^(l/L); rho_0 = 0."""
-    return math.sqrt(1.0 - (1.0 - rho_last ** 2) ** (layer / depth))
+    return math.sqrt(1.0 - (1.0 - rho_last**2) ** (layer / depth))
 
 
 def uspa_kernel(t: int, rho: float) -> torch.Tensor:
@@ -297,8 +299,7 @@ def uspa_kernel(t: int, rho: float) -> torch.Tensor:
     return (1.0 - rho) * torch.eye(t, dtype=F64) + rho * torch.ones(t, t, dtype=F64)
 
 
-def target_kernels(kind: str, t: int, depth: int, gamma_last: float = 0.005,
-                   rho_last: float = 0.8) -> torch.Tensor:
+def target_kernels(kind: str, t: int, depth: int, gamma_last: float = 0.005, rho_last: float = 0.8) -> torch.Tensor:
     """E-SPA ("e-spa") or U-SPA ("u-spa") targets Sigma_0..Sigma_L. [L+1, T, T] float64."""
     if kind == "e-spa":
         return torch.stack([espa_kernel(t, espa_gamma(l, depth, gamma_last)) for l in range(depth + 1)])
@@ -316,8 +317,7 @@ def cholesky_attention(sigma_prev: torch.Tensor, sigma_next: torch.Tensor) -> to
 
 
 @functools.lru_cache(maxsize=16)
-def spa_attentions(kind: str, t: int, depth: int, gamma_last: float = 0.005,
-                   rho_last: float = 0.8) -> torch.Tensor:
+def spa_attentions(kind: str, t: int, depth: int, gamma_last: float = 0.005, rho_last: float = 0.8) -> torch.Tensor:
     """A_1..A_L of E-SPA/U-SPA; index l-1 holds the matrix of block l-1 (0-indexed). [L, T, T].
     Cached: treat the result as read-only."""
     targets = target_kernels(kind, t, depth, gamma_last, rho_last)
@@ -336,8 +336,10 @@ def softmax_realisation(a: torch.Tensor, log_floor: float = -80.0) -> tuple[torc
     a = a.to(F64)
     worst = float(a.min())
     if worst < -1e-8 * float(a.abs().max()):
-        raise ProbeError(f"attention matrix has a negative entry ({worst:.3g}); it cannot be realised by "
-                         "a softmax (check the kernel schedule: targets must grow monotonically)")
+        raise ProbeError(
+            f"attention matrix has a negative entry ({worst:.3g}); it cannot be realised by "
+            "a softmax (check the kernel schedule: targets must grow monotonically)"
+        )
     a = a.clamp_min(0)
     rowsum = a.sum(-1)  # [T]
     p = a / rowsum[:, None]

@@ -5,6 +5,7 @@ Entries are either objects (``register``) or lazy references ``"package.module:O
 match imports nothing. A lazy reference to a class is instantiated once, like
 :meth:`Registry.register_class`.
 """
+
 from __future__ import annotations
 
 import importlib

@@ -5,6 +5,7 @@ A sweep is registered by name like a task (``probe sweep --task NAME``; the prot
 :class:`~depthprobe.probes.api.Result`, saved like any run (scores.csv, summary, manifest,
 report.html).
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -16,19 +17,38 @@ from depthprobe.probes.task import SWEEPS, Sweep, SweepConfig, get_sweep, parse_
 __all__ = ["SWEEPS", "Sweep", "SweepConfig", "get_sweep", "parse_depths", "register_sweep", "sweep"]
 
 
-def sweep(task: str, depths: tuple[int, ...] | list[int], *, seed: int = 0, device: str | None = None,
-          progress: bool = False, **options: Any) -> Result:
+def sweep(
+    task: str,
+    depths: tuple[int, ...] | list[int],
+    *,
+    seed: int = 0,
+    device: str | None = None,
+    progress: bool = False,
+    **options: Any,
+) -> Result:
     """Run the sweep registered as ``task`` over ``depths``; returns a Result (``.save()`` it)."""
     sw = get_sweep(task)
-    config = SweepConfig(task=task, depths=tuple(depths), seed=seed, device=device,
-                         options=tuple(sorted(options.items())))
+    config = SweepConfig(
+        task=task, depths=tuple(depths), seed=seed, device=device, options=tuple(sorted(options.items()))
+    )
     parsed = sw.parse_options(options)
     seed_everything(seed)
     timer = artifacts.Timer()
     with timer("sweep"):
         out = sw.run(config, parsed, progress)
     info = {"name": f"sweep-{task}", "source": "sweep", "depths": list(config.depths)}
-    return Result(scores=out.scores, summary=out.summary, notes=out.notes, headline=out.headline,
-                  config={**config.as_dict(), "kind": "sweep"}, model_info=info,
-                  device=str(device or "auto"), timings=timer.times, counts={"depths": len(config.depths)},
-                  heatmaps=out.heatmaps, views=out.views, plots=out.plots, files=out.files)
+    return Result(
+        scores=out.scores,
+        summary=out.summary,
+        notes=out.notes,
+        headline=out.headline,
+        config={**config.as_dict(), "kind": "sweep"},
+        model_info=info,
+        device=str(device or "auto"),
+        timings=timer.times,
+        counts={"depths": len(config.depths)},
+        heatmaps=out.heatmaps,
+        views=out.views,
+        plots=out.plots,
+        files=out.files,
+    )

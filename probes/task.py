@@ -15,6 +15,7 @@ A task is a small declarative object:
 
 Attention maps of a whole data set are never held at once: ``acts`` lives for one batch.
 """
+
 from __future__ import annotations
 
 import dataclasses

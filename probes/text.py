@@ -1,4 +1,5 @@
 """Plain-text inputs: one example per line."""
+
 from __future__ import annotations
 
 from pathlib import Path

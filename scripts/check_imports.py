@@ -10,6 +10,7 @@ Layers (every import inside the package, at any depth of a module, is an edge):
 
 Run from anywhere: ``python scripts/check_imports.py``; prints each violation and exits 1.
 """
+
 from __future__ import annotations
 
 import ast

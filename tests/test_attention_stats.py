@@ -1,5 +1,6 @@
 """attention-stats end to end on tiny models and (slow) on the real offline model; both
 protocols against the plain-numpy references in tests/reference_clark.py."""
+
 import io
 
 import numpy as np
@@ -12,8 +13,18 @@ from depthprobe.probes.metrics import attention_stat_sums, clark_stat_sums, js_d
 from reference_clark import clark_reference, pooled_reference
 from depthprobe.tasks.attention_stats import is_punct
 
-CLARK_METRICS = ["to_cls", "to_sep", "to_punct", "to_prev", "to_next", "to_self", "entropy", "entropy_cls",
-                 "sep_to_sep", "other_to_sep"]
+CLARK_METRICS = [
+    "to_cls",
+    "to_sep",
+    "to_punct",
+    "to_prev",
+    "to_next",
+    "to_self",
+    "entropy",
+    "entropy_cls",
+    "sep_to_sep",
+    "other_to_sep",
+]
 # unequal lengths; ' ( ) are punctuation when pooled, not under Clark's protocol; the last has two [SEP]s
 HAND_TOKENS = [
     ["[CLS]", "it", "'", "s", "(", "a", ")", "dog", ".", "[SEP]"],
@@ -64,8 +75,9 @@ def test_clark_protocol_matches_the_numpy_reference_on_hand_built_maps():
     ref = clark_reference(docs)
     a, mask, first, sep, punct = _batch(docs, "clark")
     sums = clark_stat_sums(a, mask, first, sep, punct)
-    ours = {{"to_first": "to_cls", "entropy_first": "entropy_cls"}.get(k, k): v.numpy() / len(docs)
-            for k, v in sums.items()}
+    ours = {
+        {"to_first": "to_cls", "entropy_first": "entropy_cls"}.get(k, k): v.numpy() / len(docs) for k, v in sums.items()
+    }
     assert set(ours) == set(CLARK_METRICS)
     for metric in CLARK_METRICS:
         np.testing.assert_allclose(ours[metric], ref[metric], rtol=0, atol=1e-6, err_msg=metric)
@@ -118,8 +130,9 @@ def _check_against_reference(result, docs, atol):
     js = pd.read_csv(io.BytesIO(result.files["js_distances.csv"]))
     n_heads = ref["js_distances"].shape[0]
     assert len(js) == n_heads * n_heads
-    np.testing.assert_allclose(js["js_distance"].to_numpy().reshape(n_heads, n_heads), ref["js_distances"],
-                               rtol=0, atol=atol)
+    np.testing.assert_allclose(
+        js["js_distance"].to_numpy().reshape(n_heads, n_heads), ref["js_distances"], rtol=0, atol=atol
+    )
     mean_js = ref["js_distances"].sum(1) / (n_heads - 1)
     np.testing.assert_allclose(_grid(result, "js_distance_mean").ravel(), mean_js, rtol=0, atol=atol)
     assert result.headline["uniform_entropy"] == pytest.approx(ref["uniform_entropy"], abs=1e-4)
@@ -173,8 +186,15 @@ def test_clark_extras_and_decoder_analogues(tiny_bert, tiny_gpt2):
     assert set(r.scores.metric) == set(CLARK_METRICS) | {"js_distance_mean"}
     assert {"js_distances.csv"} == set(r.files)
     g = run(tiny_gpt2, "attention-stats", protocol="clark", limit=6)
-    assert set(g.scores.metric) == {"to_bos", "to_punct", "to_prev", "to_next", "to_self", "entropy",
-                                    "js_distance_mean"}
+    assert set(g.scores.metric) == {
+        "to_bos",
+        "to_punct",
+        "to_prev",
+        "to_next",
+        "to_self",
+        "entropy",
+        "js_distance_mean",
+    }
     assert (_grid(g, "to_next") == 0).all()
     n = [len(s) for s in _task_examples(tiny_gpt2, 6)]
     causal_uniform = np.mean([np.log(np.arange(1, k + 1)).mean() for k in n])

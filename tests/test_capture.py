@@ -1,4 +1,5 @@
 """The scoped capture primitive: names, globs, custom hooks, cleanup on error, early stop."""
+
 import pytest
 import torch
 

@@ -1,6 +1,7 @@
 """coref: readers (Entity brackets, CoNLL-2012, GAP), windows, baselines on hand-built documents,
 padding invariance, and the task against an independent plain-Python reference implementation
 of DESIGN §3.4 on real model output (tiny BERT; slow: minilm on an OntoGUM document and GAP)."""
+
 from __future__ import annotations
 
 import re
@@ -28,8 +29,22 @@ def conllu(docs: dict[str, list[str]]) -> str:
             for i, row in enumerate(r.strip() for r in sent.split(";")):
                 form, upos, feats, head, dep, ent = row.split()
                 misc = f"Entity={ent}" if ent != "-" else "_"
-                out.append("\t".join([str(i + 1), form, form.lower(), upos, "_", feats if feats != "-" else "_",
-                                      head, dep, "_", misc]))
+                out.append(
+                    "\t".join(
+                        [
+                            str(i + 1),
+                            form,
+                            form.lower(),
+                            upos,
+                            "_",
+                            feats if feats != "-" else "_",
+                            head,
+                            dep,
+                            "_",
+                            misc,
+                        ]
+                    )
+                )
             out.append("")
     return "\n".join(out) + "\n"
 
@@ -46,15 +61,16 @@ def queries_of(path: Path) -> list[tuple[str, cr.Query, tuple[str, ...]]]:
     for doc in cd.read_chain_docs(path):
         words = tuple(t.text for t in doc)
         for q in cr.window_queries(doc, cd.mentions(doc), 0, len(doc)):
-            out.append((" ".join(words[q.start:q.end + 1]), q, words))
+            out.append((" ".join(words[q.start : q.end + 1]), q, words))
     return out
 
 
 def text(words, c) -> str:
-    return " ".join(words[c.start:c.end + 1])
+    return " ".join(words[c.start : c.end + 1])
 
 
 # ---------------------------------------------------------------- Entity brackets
+
 
 def test_brackets_read_left_to_right_with_corefud_ids():
     assert cd.parse_brackets("(13(3(14)", "f", 1) == [("open", "13"), ("open", "3"), ("single", "14")]
@@ -66,38 +82,55 @@ def test_brackets_read_left_to_right_with_corefud_ids():
 
 def test_nested_mentions_and_closing_the_latest_open(tmp_path):
     # "[[his] mother] saw [[the man] near [the man]]": entity 2 nested in entity 2 closes innermost first
-    text_ = conllu({"d": [
-        "his PRON Gender=Masc|Number=Sing|Person=3 2 nmod:poss (1(3);"
-        "mother NOUN Number=Sing 3 nsubj 1);"
-        "saw VERB - 0 root -;"
-        "the DET - 5 det (2(2;"
-        "man NOUN Number=Sing 3 obj 2);"
-        "near ADP - 8 case -;"
-        "the DET - 8 det (2;"
-        "man NOUN Number=Sing 5 nmod 2)2)"]})
+    text_ = conllu(
+        {
+            "d": [
+                "his PRON Gender=Masc|Number=Sing|Person=3 2 nmod:poss (1(3);"
+                "mother NOUN Number=Sing 3 nsubj 1);"
+                "saw VERB - 0 root -;"
+                "the DET - 5 det (2(2;"
+                "man NOUN Number=Sing 3 obj 2);"
+                "near ADP - 8 case -;"
+                "the DET - 8 det (2;"
+                "man NOUN Number=Sing 5 nmod 2)2)"
+            ]
+        }
+    )
     doc = cd.read_chain_docs(write(tmp_path, "n.conllu", text_))[0]
     got = [(m.start, m.end, m.chain, doc[m.head].text) for m in cd.mentions(doc)]
-    assert got == [(0, 0, "3", "his"), (0, 1, "1", "mother"), (3, 4, "2", "man"), (3, 7, "2", "man"),
-                   (6, 7, "2", "man")]
+    assert got == [
+        (0, 0, "3", "his"),
+        (0, 1, "1", "mother"),
+        (3, 4, "2", "man"),
+        (3, 7, "2", "man"),
+        (6, 7, "2", "man"),
+    ]
     assert sorted(doc.spans) == ["coref_1", "coref_2", "coref_3"]
     assert [s.text for s in doc.spans["coref_2"]] == ["the man", "the man near the man", "the man"]
     assert doc.user_data["coref_heads"][(3, 8)] == 4  # first word whose head leaves the span
 
 
 def test_chain_ids_are_per_document(tmp_path):
-    text_ = conllu({"a": ["John PROPN - 2 nsubj (1);ran VERB - 0 root -", "He PRON - 2 nsubj (1);left VERB - 0 root -"],
-                    "b": ["Mary PROPN - 2 nsubj (1);ran VERB - 0 root -", "She PRON - 2 nsubj (1);left VERB - 0 root -"]})
+    text_ = conllu(
+        {
+            "a": ["John PROPN - 2 nsubj (1);ran VERB - 0 root -", "He PRON - 2 nsubj (1);left VERB - 0 root -"],
+            "b": ["Mary PROPN - 2 nsubj (1);ran VERB - 0 root -", "She PRON - 2 nsubj (1);left VERB - 0 root -"],
+        }
+    )
     docs = cd.read_chain_docs(write(tmp_path, "two.conllu", text_))
     assert [d.user_data["doc_id"] for d in docs] == ["a", "b"]
     assert [[m.start for m in cd.mentions(d)] for d in docs] == [[0, 2], [0, 2]]
 
 
-@pytest.mark.parametrize("entity, line, what", [
-    ("(1", 3, "never closed"),  # opened on the first word, never closed
-    ("2)", 3, "no open mention"),
-    ("1)x", 3, "cannot read"),
-    ("()", 3, "without an entity id"),
-])
+@pytest.mark.parametrize(
+    "entity, line, what",
+    [
+        ("(1", 3, "never closed"),  # opened on the first word, never closed
+        ("2)", 3, "no open mention"),
+        ("1)x", 3, "cannot read"),
+        ("()", 3, "without an entity id"),
+    ],
+)
 def test_bad_brackets_fail_with_file_and_line(tmp_path, entity, line, what):
     p = write(tmp_path, "bad.conllu", conllu({"d": [f"John PROPN - 2 nsubj {entity};ran VERB - 0 root -"]}))
     with pytest.raises(ProbeError, match=rf"bad.conllu:{line}: .*{what}"):
@@ -138,9 +171,14 @@ def test_conll2012_reader_chains_heads_and_types(tmp_path):
     assert [d.user_data["doc_id"] for d in docs] == ["(test/doc1); part 000", "(test/doc2); part 000"]
     d = docs[0]
     assert [s.text for s in d.sents] == ["John saw the president of the company .", "He met her ."]
-    got = [(d[m.start:m.end + 1].text, m.chain, d[m.head].text, d[m.head].pos_) for m in cd.mentions(d)]
-    assert got == [("John", "0", "John", "PROPN"), ("the president of the company", "1", "president", "NOUN"),
-                   ("the company", "2", "company", "NOUN"), ("He", "0", "He", "PRON"), ("her", "1", "her", "PRON")]
+    got = [(d[m.start : m.end + 1].text, m.chain, d[m.head].text, d[m.head].pos_) for m in cd.mentions(d)]
+    assert got == [
+        ("John", "0", "John", "PROPN"),
+        ("the president of the company", "1", "president", "NOUN"),
+        ("the company", "2", "company", "NOUN"),
+        ("He", "0", "He", "PRON"),
+        ("her", "1", "her", "PRON"),
+    ]
     assert str(d[8].morph) == "Gender=Masc|Number=Sing|Person=3"
     assert [m.chain for m in cd.mentions(docs[1])] == ["0", "0"]  # chain ids restart per document
 
@@ -153,13 +191,16 @@ def test_ptb_head_rule():
     assert cd.ptb_head(["NNP", "CC", "NNP"]) == 0  # John and Mary: the first conjunct
 
 
-@pytest.mark.parametrize("text_, line, what", [
-    ("doc 0 0 John NNP * (0)\n", 1, "outside #begin document"),
-    ("#begin document (a); part 000\ndoc 0 0 John NNP * (0\n#end document\n", 2, "never closed"),
-    ("#begin document (a); part 000\ndoc 0 0 John NNP * 0)\n#end document\n", 2, "no open mention"),
-    ("#begin document (a); part 000\ndoc 0 0 John NNP * (0)\n", 1, "no #end document"),
-    ("#begin document (a); part 000\ndoc 0 John\n#end document\n", 2, "at least 5 columns"),
-])
+@pytest.mark.parametrize(
+    "text_, line, what",
+    [
+        ("doc 0 0 John NNP * (0)\n", 1, "outside #begin document"),
+        ("#begin document (a); part 000\ndoc 0 0 John NNP * (0\n#end document\n", 2, "never closed"),
+        ("#begin document (a); part 000\ndoc 0 0 John NNP * 0)\n#end document\n", 2, "no open mention"),
+        ("#begin document (a); part 000\ndoc 0 0 John NNP * (0)\n", 1, "no #end document"),
+        ("#begin document (a); part 000\ndoc 0 John\n#end document\n", 2, "at least 5 columns"),
+    ],
+)
 def test_conll2012_errors(tmp_path, text_, line, what):
     with pytest.raises(ProbeError, match=rf"bad_conll:{line}: .*{what}"):
         cd.read_chain_docs(write(tmp_path, "bad_conll", text_))
@@ -176,8 +217,22 @@ def gap_row(i: int, text_: str, pron: str, a: str, a_ok: bool, b: str, b_ok: boo
         for _ in range(n):
             k = text_.index(s, k + 1)
         return k
-    return "\t".join([f"t-{i}", text_, pron, str(off(pron, pron_n)), a, str(off(a)), str(a_ok).upper(), b,
-                      str(off(b)), str(b_ok).upper(), "http://example.org"])
+
+    return "\t".join(
+        [
+            f"t-{i}",
+            text_,
+            pron,
+            str(off(pron, pron_n)),
+            a,
+            str(off(a)),
+            str(a_ok).upper(),
+            b,
+            str(off(b)),
+            str(b_ok).upper(),
+            "http://example.org",
+        ]
+    )
 
 
 GAP_ROWS = [
@@ -228,6 +283,7 @@ def test_gap_nearest_baseline_distance_and_ties():
 
 # ---------------------------------------------------------------- windows
 
+
 def test_windows_pack_whole_sentences_and_a_long_one_ends_the_window():
     spans, skipped = cr.doc_windows([10, 200, 5, 5, 120, 3], n_special=2, limit=128)
     assert spans == [(0, 1), (2, 4), (4, 6)] and skipped == 1
@@ -237,10 +293,15 @@ def test_windows_pack_whole_sentences_and_a_long_one_ends_the_window():
 
 def test_window_membership_and_evaluated_mentions(tmp_path):
     # chain 1: John (s1) ... he (s2) ... him (s3); chain 2 spans sentences 2-3 in one mention
-    text_ = conllu({"d": [
-        "John PROPN - 2 nsubj (1);ran VERB - 0 root -",
-        "Then ADV - 3 advmod -;he PRON - 3 nsubj (1);left VERB - 0 root (2",
-        "Bill PROPN - 2 nsubj -;saw VERB - 0 root 2);him PRON - 2 obj (1)"]})
+    text_ = conllu(
+        {
+            "d": [
+                "John PROPN - 2 nsubj (1);ran VERB - 0 root -",
+                "Then ADV - 3 advmod -;he PRON - 3 nsubj (1);left VERB - 0 root (2",
+                "Bill PROPN - 2 nsubj -;saw VERB - 0 root 2);him PRON - 2 obj (1)",
+            ]
+        }
+    )
     doc = cd.read_chain_docs(write(tmp_path, "w.conllu", text_))[0]
     ms = cd.mentions(doc)
     # window = sentences 2-3 only: "he" has no earlier chain-mate starting inside; "him" does
@@ -253,9 +314,14 @@ def test_window_membership_and_evaluated_mentions(tmp_path):
 
 def test_mention_whose_only_earlier_mate_contains_it_is_evaluated_and_wrong(tmp_path):
     # "[the dog that bit [the dog]]" with both in chain 1 (contrived, but it happens in real data)
-    text_ = conllu({"d": [
-        "the DET - 2 det (1;dog NOUN Number=Sing 0 root -;that PRON - 4 nsubj -;bit VERB - 2 acl -;"
-        "the DET - 6 det (1;dog NOUN Number=Sing 4 obj 1)1)"]})
+    text_ = conllu(
+        {
+            "d": [
+                "the DET - 2 det (1;dog NOUN Number=Sing 0 root -;that PRON - 4 nsubj -;bit VERB - 2 acl -;"
+                "the DET - 6 det (1;dog NOUN Number=Sing 4 obj 1)1)"
+            ]
+        }
+    )
     doc = cd.read_chain_docs(write(tmp_path, "c.conllu", text_))[0]
     qs = cr.window_queries(doc, cd.mentions(doc), 0, len(doc))
     assert len(qs) == 1 and (qs[0].start, qs[0].end) == (4, 5)
@@ -266,25 +332,34 @@ def test_mention_whose_only_earlier_mate_contains_it_is_evaluated_and_wrong(tmp_
 
 BASELINE_DOCS = {
     # M = "The dog": nearest is "a cat" (wrong), head match "The old dog" (right)
-    "headmatch": ["The DET - 3 det (1;old ADJ - 3 amod -;dog NOUN Number=Sing 4 nsubj 1);barked VERB - 0 root -;"
-                  "at ADP - 7 case -;a DET - 7 det (2;cat NOUN Number=Sing 4 obl 2)",
-                  "The DET - 2 det (1;dog NOUN Number=Sing 3 nsubj 1);ran VERB - 0 root -"],
+    "headmatch": [
+        "The DET - 3 det (1;old ADJ - 3 amod -;dog NOUN Number=Sing 4 nsubj 1);barked VERB - 0 root -;"
+        "at ADP - 7 case -;a DET - 7 det (2;cat NOUN Number=Sing 4 obl 2)",
+        "The DET - 2 det (1;dog NOUN Number=Sing 3 nsubj 1);ran VERB - 0 root -",
+    ],
     # M = "the red car": exact string beats the nearer head match "a car"
-    "exact": ["the DET - 3 det (1;red ADJ - 3 amod -;car NOUN Number=Sing 4 nsubj 1);stopped VERB - 0 root -",
-              "A DET - 2 det (2;car NOUN Number=Sing 3 nsubj 2);passed VERB - 0 root -",
-              "the DET - 3 det (1;red ADJ - 3 amod -;car NOUN Number=Sing 4 nsubj 1);left VERB - 0 root -"],
+    "exact": [
+        "the DET - 3 det (1;red ADJ - 3 amod -;car NOUN Number=Sing 4 nsubj 1);stopped VERB - 0 root -",
+        "A DET - 2 det (2;car NOUN Number=Sing 3 nsubj 2);passed VERB - 0 root -",
+        "the DET - 3 det (1;red ADJ - 3 amod -;car NOUN Number=Sing 4 nsubj 1);left VERB - 0 root -",
+    ],
     # M = "she": "the boys" is nearest but plural, "Mary" agrees; the sieve skips past "the boys"
-    "agree": ["Mary PROPN Number=Sing 2 nsubj (1);met VERB - 0 root -;the DET - 4 det (2;"
-              "boys NOUN Number=Plur 2 obj 2)",
-              "she PRON Case=Nom|Gender=Fem|Number=Sing|Person=3 2 nsubj (1);smiled VERB - 0 root -"],
+    "agree": [
+        "Mary PROPN Number=Sing 2 nsubj (1);met VERB - 0 root -;the DET - 4 det (2;boys NOUN Number=Plur 2 obj 2)",
+        "she PRON Case=Nom|Gender=Fem|Number=Sing|Person=3 2 nsubj (1);smiled VERB - 0 root -",
+    ],
     # M = "I": third-person "John" is nearest; first-person "me" agrees
-    "person": ["me PRON Number=Sing|Person=1 2 nsubj (1);waited VERB - 0 root -",
-               "John PROPN Number=Sing 2 nsubj (2);called VERB - 0 root -",
-               "I PRON Number=Sing|Person=1 2 nsubj (1);answered VERB - 0 root -"],
+    "person": [
+        "me PRON Number=Sing|Person=1 2 nsubj (1);waited VERB - 0 root -",
+        "John PROPN Number=Sing 2 nsubj (2);called VERB - 0 root -",
+        "I PRON Number=Sing|Person=1 2 nsubj (1);answered VERB - 0 root -",
+    ],
     # M = "it": nested candidates sharing a start: "[[his] mother]" -> the longer one is nearer
-    "nested": ["his PRON Gender=Masc|Number=Sing|Person=3 2 nmod:poss (2(3);mother NOUN Number=Sing 3 nsubj 2);"
-               "sang VERB - 0 root -",
-               "She PRON Gender=Fem|Number=Sing|Person=3 2 nsubj (2);smiled VERB - 0 root -"],
+    "nested": [
+        "his PRON Gender=Masc|Number=Sing|Person=3 2 nmod:poss (2(3);mother NOUN Number=Sing 3 nsubj 2);"
+        "sang VERB - 0 root -",
+        "She PRON Gender=Fem|Number=Sing|Person=3 2 nsubj (2);smiled VERB - 0 root -",
+    ],
 }
 
 
@@ -298,7 +373,7 @@ def test_baselines_choose_the_known_answers(tmp_path):
         m = cd.mentions(doc)[-1]  # the last mention is M
         q = next(q for q in cr.window_queries(doc, cd.mentions(doc), 0, len(doc)) if q.start == m.start)
         idx = cr.baseline_picks(doc, 0, m, q.cands)
-        return " ".join(words[m.start:m.end + 1]), [text(words, q.cands[i]) for i in idx]
+        return " ".join(words[m.start : m.end + 1]), [text(words, q.cands[i]) for i in idx]
 
     assert choices("headmatch") == ("The dog", ["a cat", "The old dog", "The old dog"])
     assert choices("exact") == ("the red car", ["A car", "A car", "the red car"])
@@ -321,8 +396,12 @@ def test_types_follow_the_head_upos(tmp_path):
 # ---------------------------------------------------------------- independent reference
 
 BRACKET = re.compile(r"\(([^()|]+)\)|\(([^()|]+)|([^()|]+)\)")
-PRON = {"he": ("Sing", "Masc", "3"), "him": ("Sing", "Masc", "3"), "his": ("Sing", "Masc", "3"),
-        "himself": ("Sing", "Masc", "3")}
+PRON = {
+    "he": ("Sing", "Masc", "3"),
+    "him": ("Sing", "Masc", "3"),
+    "his": ("Sing", "Masc", "3"),
+    "himself": ("Sing", "Masc", "3"),
+}
 
 
 def ref_documents(path: Path) -> list[dict]:
@@ -330,8 +409,7 @@ def ref_documents(path: Path) -> list[dict]:
     docs, sent = [], []
 
     def new_doc():
-        docs.append({"words": [], "upos": [], "feats": [], "head": [], "sents": [], "mentions": [],
-                     "open": {}})
+        docs.append({"words": [], "upos": [], "feats": [], "head": [], "sents": [], "mentions": [], "open": {}})
 
     def close_sent():
         nonlocal sent
@@ -424,8 +502,7 @@ def ref_chains(model, path: Path, max_len: int) -> dict:
             windows.append(cur)
         for lo, hi in windows:
             inside = [m for m in d["mentions"] if lo <= m[0] and m[1] < hi]
-            evaluated = [m for m in inside
-                         if any(o[2] == m[2] and lo <= o[0] < m[0] for o in d["mentions"])]
+            evaluated = [m for m in inside if any(o[2] == m[2] and lo <= o[0] < m[0] for o in d["mentions"])]
             if not evaluated:
                 continue
             ids, owner = [model.cls_id], [None]
@@ -464,9 +541,12 @@ def ref_chains(model, path: Path, max_len: int) -> dict:
                     continue
                 low = [w.lower() for w in d["words"]]
                 hm = [j for j, c in enumerate(cands) if low[heads[j]] == low[hd]]
-                ex = [j for j, c in enumerate(cands) if low[c[0]:c[1] + 1] == low[s:e + 1]]
-                ag = [j for j, c in enumerate(cands)
-                      if all(x == "" or y == "" or x == y for x, y in zip(ref_agree(d, hd), ref_agree(d, heads[j])))]
+                ex = [j for j, c in enumerate(cands) if low[c[0] : c[1] + 1] == low[s : e + 1]]
+                ag = [
+                    j
+                    for j, c in enumerate(cands)
+                    if all(x == "" or y == "" or x == y for x, y in zip(ref_agree(d, hd), ref_agree(d, heads[j])))
+                ]
                 base[("nearest", kind)] += ok[0]
                 base[("head match", kind)] += ok[hm[0] if hm else 0]
                 base[("rule-based", kind)] += ok[(ex or hm or ag or [0])[0]]
@@ -575,6 +655,7 @@ def test_no_evaluable_mentions_is_an_error(tiny_bert, tmp_path):
 
 # ---------------------------------------------------------------- GAP end to end
 
+
 def ref_gap(model, rows: list[cd.GapExample], limit: int) -> dict:
     tok = model.tokenizer
     L, H = model.info.n_layers, model.info.n_heads
@@ -591,13 +672,25 @@ def ref_gap(model, rows: list[cd.GapExample], limit: int) -> dict:
         def pieces(start, length):
             return [i for i, o in enumerate(offs) if o and o[0] < start + length and o[1] > start]
 
-        pr, pa, pb = pieces(ex.pronoun_offset, len(ex.pronoun)), pieces(ex.a_offset, len(ex.a)), pieces(ex.b_offset, len(ex.b))
+        pr, pa, pb = (
+            pieces(ex.pronoun_offset, len(ex.pronoun)),
+            pieces(ex.a_offset, len(ex.a)),
+            pieces(ex.b_offset, len(ex.b)),
+        )
         acts = forward(model, torch.tensor([ids]), None, pattern_names(L))
         g = ex.gender
         label = 0 if ex.a_coref else 1
         pe = ex.pronoun_offset + len(ex.pronoun)
-        da = ex.pronoun_offset - (ex.a_offset + len(ex.a)) if ex.a_offset + len(ex.a) <= ex.pronoun_offset else ex.a_offset - pe
-        db = ex.pronoun_offset - (ex.b_offset + len(ex.b)) if ex.b_offset + len(ex.b) <= ex.pronoun_offset else ex.b_offset - pe
+        da = (
+            ex.pronoun_offset - (ex.a_offset + len(ex.a))
+            if ex.a_offset + len(ex.a) <= ex.pronoun_offset
+            else ex.a_offset - pe
+        )
+        db = (
+            ex.pronoun_offset - (ex.b_offset + len(ex.b))
+            if ex.b_offset + len(ex.b) <= ex.pronoun_offset
+            else ex.b_offset - pe
+        )
         near = 0 if da < db or (da == db and ex.a_offset <= ex.b_offset) else 1
         out["n"][g] = out["n"].get(g, 0) + 1
         out["nearest"][g] = out["nearest"].get(g, 0) + int(near == label)
@@ -642,6 +735,7 @@ def test_gap_end_to_end_equals_reference(tiny_bert, tmp_path):
 
 # ---------------------------------------------------------------- slow: the real offline model
 
+
 @pytest.mark.slow
 def test_minilm_equals_reference_on_an_ontogum_document(minilm, shared_data):
     doc = shared_data / "ontogum-dev" / "GUM_bio_byron.conllu"
@@ -661,6 +755,7 @@ def test_minilm_gap_equals_reference(minilm, shared_data, tmp_path):
 
 # ---------------------------------------------------------------- CLI, decoders, bert-base
 
+
 def test_cli_run_and_bad_data(tiny_bert_dir, tmp_path):
     import json
 
@@ -670,8 +765,22 @@ def test_cli_run_and_bad_data(tiny_bert_dir, tmp_path):
 
     runner = CliRunner()
     out = tmp_path / "run"
-    res = runner.invoke(app, ["run", "--model", str(tiny_bert_dir), "--task", "coref", "--max-len", "64",
-                              "--out", str(out), "-O", "views=1"])
+    res = runner.invoke(
+        app,
+        [
+            "run",
+            "--model",
+            str(tiny_bert_dir),
+            "--task",
+            "coref",
+            "--max-len",
+            "64",
+            "--out",
+            str(out),
+            "-O",
+            "views=1",
+        ],
+    )
     assert res.exit_code == 0, res.output
     assert "best head" in res.output and "rule-based" in res.output and "Clark" in res.output
     assert {"scores.csv", "summary.csv", "views.json", "manifest.json"} <= {p.name for p in out.iterdir()}

@@ -1,4 +1,5 @@
 """Imports run one way, cli -> api -> tasks -> core, and the core resolves tasks by name only."""
+
 import importlib.util
 import subprocess
 import sys
@@ -24,8 +25,14 @@ def _tree(tmp_path, files):
 
 
 def test_core_importing_a_task_or_the_cli_is_refused(tmp_path):
-    found = _tree(tmp_path, {"probes/task.py": "def f():\n    from depthprobe import tasks\n",
-                             "probes/models.py": "import depthprobe.cli.main\n", "cli/main.py": ""})
+    found = _tree(
+        tmp_path,
+        {
+            "probes/task.py": "def f():\n    from depthprobe import tasks\n",
+            "probes/models.py": "import depthprobe.cli.main\n",
+            "cli/main.py": "",
+        },
+    )
     assert found == [
         "core module depthprobe.probes.models imports cli module depthprobe.cli.main; "
         "imports run cli -> api -> tasks -> core",
@@ -35,12 +42,17 @@ def test_core_importing_a_task_or_the_cli_is_refused(tmp_path):
 
 
 def test_tasks_importing_tasks_or_the_api_and_cycles_are_refused(tmp_path):
-    found = _tree(tmp_path, {
-        "tasks/a.py": "from depthprobe.tasks.b import X\n", "tasks/b.py": "from depthprobe.probes.api import run\n",
-        "probes/api.py": "", "probes/x.py": "from depthprobe.probes import y\n",
-        "probes/y.py": "from depthprobe.probes.x import f\n",
-        "cli/main.py": "from depthprobe.tasks import a\n",
-    })
+    found = _tree(
+        tmp_path,
+        {
+            "tasks/a.py": "from depthprobe.tasks.b import X\n",
+            "tasks/b.py": "from depthprobe.probes.api import run\n",
+            "probes/api.py": "",
+            "probes/x.py": "from depthprobe.probes import y\n",
+            "probes/y.py": "from depthprobe.probes.x import f\n",
+            "cli/main.py": "from depthprobe.tasks import a\n",
+        },
+    )
     assert found == [
         "depthprobe.cli.main imports task depthprobe.tasks.a; the CLI goes through the API",
         "task depthprobe.tasks.a imports task depthprobe.tasks.b; move what they share into the core",
@@ -51,12 +63,14 @@ def test_tasks_importing_tasks_or_the_api_and_cycles_are_refused(tmp_path):
 
 
 def test_listing_tasks_imports_no_task_module():
-    code = ("import sys; from depthprobe.probes import task_names, get_task; from depthprobe.probes.errors import ProbeError\n"
-            "names = task_names()\n"
-            "try:\n    get_task('atention-stats')\nexcept ProbeError as e:\n    msg = str(e)\n"
-            "print(len(names), sorted(m for m in sys.modules if m.startswith('depthprobe.tasks.')))\n"
-            "print(msg)\n"
-            "get_task('attention-stats'); print(sorted(m for m in sys.modules if m.startswith('depthprobe.tasks.')))\n")
+    code = (
+        "import sys; from depthprobe.probes import task_names, get_task; from depthprobe.probes.errors import ProbeError\n"
+        "names = task_names()\n"
+        "try:\n    get_task('atention-stats')\nexcept ProbeError as e:\n    msg = str(e)\n"
+        "print(len(names), sorted(m for m in sys.modules if m.startswith('depthprobe.tasks.')))\n"
+        "print(msg)\n"
+        "get_task('attention-stats'); print(sorted(m for m in sys.modules if m.startswith('depthprobe.tasks.')))\n"
+    )
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr
     lines = res.stdout.splitlines()

@@ -1,6 +1,7 @@
 """Signal-propagation kernels: metrics on matrices with known kernels, the E-SPA/U-SPA
 construction, the infinite-width recursion against finite-width Monte Carlo, the SPA model
 family, the kernels task (tiny models, SPA models, minilm) and the sweep, and CLI bad inputs."""
+
 import io
 import math
 
@@ -38,6 +39,7 @@ def user_error(*args):
 
 
 # ----------------------------------------------------------------------------- metrics
+
 
 def test_identical_tokens_collapse_completely():
     x = torch.randn(1, 32).repeat(10, 1)  # [T=10, d=32], every row the same
@@ -146,6 +148,7 @@ def test_bad_metric_inputs():
 
 # ----------------------------------------------------------------------------- theory
 
+
 def test_uniform_causal_reference_values():
     s = K.uniform_recursion(128, 8)
     got = [float(K.mean_offdiag(K.normalised(s[l]))) for l in (1, 2, 4, 8)]
@@ -237,6 +240,7 @@ def test_recursion_matches_finite_width_monte_carlo():
 
 # ----------------------------------------------------------------------------- the model family
 
+
 def tiny(variant="vanilla", depth=3, **kw):
     fields = {"width": 64, "heads": 4, "n_ctx": 16, "d_vocab": 64, **spa.variant_config(variant, depth), **kw}
     return spa.build(spa.SPAConfig(**fields), device="cpu")
@@ -245,9 +249,17 @@ def tiny(variant="vanilla", depth=3, **kw):
 def test_hook_points_and_shapes():
     m = tiny("vanilla", 2, mlp=True, norm="pre", skip=True)
     hooks = set(m.bridge.hook_dict)
-    for name in ("hook_embed", "blocks.0.hook_resid_pre", "blocks.1.hook_resid_post", "blocks.0.attn.hook_pattern",
-                 "blocks.0.hook_attn_out", "blocks.0.hook_mlp_out", "blocks.0.hook_resid_mid",
-                 "blocks.0.ln1.hook_normalized", "blocks.1.attn.hook_z"):
+    for name in (
+        "hook_embed",
+        "blocks.0.hook_resid_pre",
+        "blocks.1.hook_resid_post",
+        "blocks.0.attn.hook_pattern",
+        "blocks.0.hook_attn_out",
+        "blocks.0.hook_mlp_out",
+        "blocks.0.hook_resid_mid",
+        "blocks.0.ln1.hook_normalized",
+        "blocks.1.attn.hook_z",
+    ):
         assert name in hooks, name
     ids = spa.random_tokens(2, 10, 64)
     acts = forward(m, ids, torch.ones_like(ids), ["blocks.*.attn.hook_pattern", "blocks.1.hook_resid_post"])
@@ -324,6 +336,7 @@ def test_training_changes_weights_and_reduces_loss():
 
 
 # ----------------------------------------------------------------------------- the task
+
 
 def test_task_on_spa_model_reports_theory_and_files():
     m = tiny("vanilla", 4)
@@ -411,17 +424,18 @@ def test_task_on_minilm(minilm):
     assert list(m.index) == list(range(7))
     assert ((m.mean_cosine > -1) & (m.mean_cosine < 1)).all()
     # golden values on the built-in sample (30 lines, [CLS]/[SEP] excluded), measured once
-    assert m.mean_cosine.round(3).tolist() == pytest.approx([0.070, 0.176, 0.230, 0.275, 0.302, 0.317, 0.400],
-                                                            abs=2e-3)
+    assert m.mean_cosine.round(3).tolist() == pytest.approx([0.070, 0.176, 0.230, 0.275, 0.302, 0.317, 0.400], abs=2e-3)
     assert m.effective_rank_centred[0] == pytest.approx(11.47, abs=0.05)
     assert res.headline["n_sequences"] == 30
 
 
 # ----------------------------------------------------------------------------- the sweep
 
+
 def test_sweep_table_plots_and_claims(tmp_path):
-    res = sweep("kernels", (1, 2, 8), variants=("vanilla", "skip", "skip-scaled", "e-spa"), width=64,
-                seq_len=32, samples=4)
+    res = sweep(
+        "kernels", (1, 2, 8), variants=("vanilla", "skip", "skip-scaled", "e-spa"), width=64, seq_len=32, samples=4
+    )
     s = res.scores
     assert list(s.columns[:7]) == ["task", "variant", "depth", "layer", "metric", "value", "theory"]
     assert len(s[(s.variant == "vanilla") & (s.depth == 8) & (s.metric == "mean_cosine")]) == 9
@@ -441,26 +455,31 @@ def test_sweep_table_plots_and_claims(tmp_path):
 
 
 def test_sweep_bad_inputs_fail_before_work():
-    assert "did you mean 'vanilla'" in user_error("sweep", "--task", "kernels", "--depths", "1,2",
-                                                  "--variants", "vanila")
+    assert "did you mean 'vanilla'" in user_error(
+        "sweep", "--task", "kernels", "--depths", "1,2", "--variants", "vanila"
+    )
     assert "divisible" in user_error("sweep", "--task", "kernels", "--depths", "1", "--width", "10", "--heads", "3")
     assert "uniform or softmax" in user_error("sweep", "--task", "kernels", "--depths", "1", "-O", "attention=relu")
     assert "heatmap_depths" in user_error("sweep", "--task", "kernels", "--depths", "1,2", "-O", "heatmap_depths=4")
     assert "threads" in user_error("sweep", "--task", "kernels", "--depths", "1", "-O", "threads=0")
     assert "positive" in user_error("sweep", "--task", "kernels", "--depths", "0,1")
-    assert "causal" in user_error("sweep", "--task", "kernels", "--depths", "1", "--variants", "e-spa",
-                                  "-O", "causal=false")
+    assert "causal" in user_error(
+        "sweep", "--task", "kernels", "--depths", "1", "--variants", "e-spa", "-O", "causal=false"
+    )
 
 
 def test_cli_run_bad_inputs():
     assert "did you mean" in user_error("run", "--model", "spa:variant=vanila", "--task", "kernels")
-    assert "out of range" in user_error("run", "--model", "spa:depth=2,width=16,heads=2,n_ctx=8", "--task",
-                                        "kernels", "-O", "layers=5")
-    assert "did you mean 'exclude_special'" in user_error("run", "--model", "spa:depth=1,width=16,heads=2",
-                                                          "--task", "kernels", "-O", "exclude=true")
+    assert "out of range" in user_error(
+        "run", "--model", "spa:depth=2,width=16,heads=2,n_ctx=8", "--task", "kernels", "-O", "layers=5"
+    )
+    assert "did you mean 'exclude_special'" in user_error(
+        "run", "--model", "spa:depth=1,width=16,heads=2", "--task", "kernels", "-O", "exclude=true"
+    )
 
 
 # ----------------------------------------------------------------------------- dtype, the dong preset, refusals
+
 
 def test_float64_model_runs_in_float64_with_the_same_weights():
     m32, m64 = tiny("e-spa", 3), tiny("e-spa", 3, dtype="float64")
@@ -498,7 +517,7 @@ def test_dong_preset_collapses_doubly_exponentially_in_float64(tmp_path):
 def test_uniform_causal_collapse_is_plain_exponential():
     """Default causal uniform attention: r roughly halves per layer, exponents tend to 1."""
     r = [K.kernel_stats(s)["resid_ratio_fro"] for s in K.uniform_recursion(128, 24)]
-    assert r[24] / r[16] == pytest.approx(0.5 ** 8, rel=0.5)
+    assert r[24] / r[16] == pytest.approx(0.5**8, rel=0.5)
     e = K.contraction_exponents(r)
     assert 1.0 < e[24] < 1.1
 
@@ -511,8 +530,26 @@ def test_kernel_controlled_attention_with_mlp_is_refused(attention):
 
 
 def test_cli_dtype_dong_and_refusals(tmp_path):
-    res = runner.invoke(app, ["sweep", "--task", "kernels", "--depths", "3", "--variants", "dong", "--width", "32",
-                              "--seq-len", "16", "--dtype", "float64", "--out", str(tmp_path / "d")])
+    res = runner.invoke(
+        app,
+        [
+            "sweep",
+            "--task",
+            "kernels",
+            "--depths",
+            "3",
+            "--variants",
+            "dong",
+            "--width",
+            "32",
+            "--seq-len",
+            "16",
+            "--dtype",
+            "float64",
+            "--out",
+            str(tmp_path / "d"),
+        ],
+    )
     assert res.exit_code == 0, res.output
     assert "contraction exponent" in res.output
     assert "float32 or float64" in user_error("sweep", "--task", "kernels", "--depths", "1", "--dtype", "float16")

@@ -1,4 +1,5 @@
 """Attention-statistics metrics on hand-built attention patterns with known answers."""
+
 import math
 
 import torch
@@ -26,8 +27,9 @@ def test_diagonal_offsets_pad_with_zero():
 
 
 def _stats(pattern, mask, first, sep, punct):
-    sums = attention_stat_sums(pattern[None, None, None], mask[None], first[None],
-                               None if sep is None else sep[None], punct[None])
+    sums = attention_stat_sums(
+        pattern[None, None, None], mask[None], first[None], None if sep is None else sep[None], punct[None]
+    )
     n = mask.sum()
     return {k: float(v[0, 0] / n) for k, v in sums.items()}
 

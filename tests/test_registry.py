@@ -1,4 +1,5 @@
 """The registry refuses duplicates and suggests close matches."""
+
 import pytest
 
 from depthprobe.probes import ProbeError
@@ -38,8 +39,9 @@ def test_a_users_own_tasks_probes_and_cli_modules_change_nothing(tmp_path):
         (tmp_path / name).write_text("raise RuntimeError('the user module was imported')\n")
     (tmp_path / "cli").mkdir()
     (tmp_path / "cli" / "__init__.py").write_text("raise RuntimeError('the user package was imported')\n")
-    code = ("from depthprobe.probes import get_task, task_names; "
-            "print(get_task('attention-stats').name, len(task_names()))")
+    code = (
+        "from depthprobe.probes import get_task, task_names; print(get_task('attention-stats').name, len(task_names()))"
+    )
     res = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr
     assert res.stdout.split() == ["attention-stats", "5"]
@@ -53,7 +55,8 @@ def test_lazy_entries_resolve_on_first_use_and_a_module_may_register_its_own_ent
     (tmp_path / "widgets_lazy.py").write_text(
         "class Plain:\n    name = 'plain'\n\n"
         "class SelfRegistered:\n    name = 'self'\n\n"
-        "import sys\nsys.modules['widget_registry'].register_class(SelfRegistered)\n")
+        "import sys\nsys.modules['widget_registry'].register_class(SelfRegistered)\n"
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     reg = Registry("widget")
     monkeypatch.setitem(__import__("sys").modules, "widget_registry", reg)
@@ -92,6 +95,7 @@ def test_a_users_task_registers_and_runs_and_cannot_take_a_library_name(tmp_path
 
         def finalize(self, state, ctx):
             import pandas as pd
+
             return Output(scores=pd.DataFrame(), summary=pd.DataFrame([{"tokens": state["n"]}]))
 
     probes.register(Twice)

@@ -1,4 +1,5 @@
 """Scoped torch thread settings are restored, also on errors."""
+
 import pytest
 import torch
 
