@@ -13,12 +13,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import torch  # noqa: E402
-from common import best_of, hf_eager, hf_forward  # noqa: E402
+import torch
+from common import best_of, hf_eager, hf_forward
 
-from depthprobe import probes  # noqa: E402
-from depthprobe.probes.models import minilm_path  # noqa: E402
-from depthprobe.probes.task import Context, RunConfig, get_task  # noqa: E402
+from depthprobe import probes
+from depthprobe.probes.models import minilm_path
+from depthprobe.probes.task import Context, RunConfig, get_task
 
 EWT = Path(__file__).resolve().parent.parent.parent / "shared" / "data" / "ud-ewt-dev" / "en_ewt-ud-dev.conllu"
 

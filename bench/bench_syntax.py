@@ -16,13 +16,13 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import torch  # noqa: E402
-from common import best_of, hf_eager, hf_forward  # noqa: E402
+import torch
+from common import best_of, hf_eager, hf_forward
 
-from depthprobe import probes  # noqa: E402
-from depthprobe.probes.capture import forward  # noqa: E402
-from depthprobe.probes.models import minilm_path  # noqa: E402
-from depthprobe.probes.task import Context, RunConfig, get_task  # noqa: E402
+from depthprobe import probes
+from depthprobe.probes.capture import forward
+from depthprobe.probes.models import minilm_path
+from depthprobe.probes.task import Context, RunConfig, get_task
 
 EWT = Path(__file__).resolve().parent.parent.parent / "shared" / "data" / "ud-ewt-dev"
 SHOWN = ("det", "obj", "nsubj", "case", "ALL")
@@ -75,7 +75,7 @@ def main() -> None:
     )
     print(
         f"ratio {min(t_ours) / min(t_hf):.2f}x (target <= 1.25x); "
-        f"per round: {', '.join(f'{o / h:.2f}x' for o, h in zip(t_ours, t_hf))}"
+        f"per round: {', '.join(f'{o / h:.2f}x' for o, h in zip(t_ours, t_hf, strict=True))}"
     )
     fastest = stages[t_ours.index(min(t_ours))]
     print("stages of the fastest run: " + ", ".join(f"{k} {v:.2f} s" for k, v in fastest.items()))

@@ -25,14 +25,14 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import common  # noqa: E402,F401  (offline environment)
-import torch  # noqa: E402
-import torch.nn as nn  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
+import common  # noqa: F401  (offline environment)
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
 
-from depthprobe.probes import synthetic  # noqa: E402
-from depthprobe.probes.models import load  # noqa: E402
-from depthprobe.probes.train import build_configs, fast_logits, lm_loss, parameters, train  # noqa: E402
+from depthprobe.probes import synthetic
+from depthprobe.probes.models import load
+from depthprobe.probes.train import build_configs, fast_logits, lm_loss, parameters, train
 
 
 class PlainBlock(nn.Module):

@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterable
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-import torch  # noqa: E402
+import torch
 
 
 def best_of(fn: Callable[[], object], repeats: int = 3) -> float:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
 
 import typer
 
@@ -13,7 +12,7 @@ from depthprobe.cli.main import app, guarded
 @app.command()
 @guarded
 def compare(
-    runs: Optional[list[Path]] = typer.Argument(
+    runs: list[Path] | None = typer.Argument(
         None, help="Run folders of one task, or folders holding run folders (a study): every run folder below is used."
     ),
     metric: list[str] = typer.Option(
@@ -22,10 +21,10 @@ def compare(
         "-M",
         help="Keep only this metric (repeatable): a name of scores.csv, or metric/selector (e.g. accuracy/nsubj).",
     ),
-    task: Optional[str] = typer.Option(
+    task: str | None = typer.Option(
         None, "--task", "-t", help="Keep only runs of this task (for a study folder holding several tasks)."
     ),
-    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Output folder (default artifacts/compare/<id>)."),
+    out: Path | None = typer.Option(None, "--out", "-o", help="Output folder (default artifacts/compare/<id>)."),
 ) -> None:
     """Compare runs across depth and width: compare.csv, peaks.csv and report.html."""
     import pandas as pd

@@ -11,7 +11,7 @@ import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import typer
 from typer._click import exceptions as click  # typer's own copy of click's exceptions
@@ -25,8 +25,8 @@ class OneLineErrors(TyperGroup):
     def main(
         self,
         args: Any = None,
-        prog_name: Optional[str] = None,
-        complete_var: Optional[str] = None,
+        prog_name: str | None = None,
+        complete_var: str | None = None,
         standalone_mode: bool = True,
         **extra: Any,
     ) -> Any:
@@ -114,7 +114,6 @@ def guarded(fn: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         from depthprobe.probes.errors import ProbeError
-
         from depthprobe.probes.runtime import Terminated, sigterm_as_keyboardinterrupt
 
         try:
@@ -143,7 +142,7 @@ def guarded(fn: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
-def prepare_out(out: Optional[Path], flag: str = "--out", *, may_exist: bool = False, kind: str = "folder") -> None:
+def prepare_out(out: Path | None, flag: str = "--out", *, may_exist: bool = False, kind: str = "folder") -> None:
     """Check an output location before any work (exists, a parent is a file, not writable) and
     remove hidden partial folders that killed runs left there, saying so on stderr."""
     from depthprobe.probes import artifacts
@@ -188,31 +187,28 @@ def run(
         help="Alias, Hugging Face id, local directory, native spec (native:layers=2,...) or checkpoint directory.",
     ),
     task: str = typer.Option("attention-stats", "--task", "-t", help="Task name (`probe list tasks`)."),
-    data: Optional[Path] = typer.Option(None, "--data", "-d", help="Input file or folder (default: built-in sample)."),
-    limit: Optional[int] = typer.Option(None, "--limit", help="Use only the first N examples."),
+    data: Path | None = typer.Option(None, "--data", "-d", help="Input file or folder (default: built-in sample)."),
+    limit: int | None = typer.Option(None, "--limit", help="Use only the first N examples."),
     batch_size: int = typer.Option(32, "--batch-size", "-b", help="Examples per forward pass."),
-    device: Optional[str] = typer.Option(None, "--device", help="cpu, cuda, cuda:N (default: CUDA when present)."),
+    device: str | None = typer.Option(None, "--device", help="cpu, cuda, cuda:N (default: CUDA when present)."),
     seed: int = typer.Option(0, "--seed", help="Random seed."),
     max_len: int = typer.Option(
         128, "--max-len", help="Longest input in pieces incl. specials; longer ones are skipped."
     ),
-    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Run directory (default artifacts/runs/<run-id>)."),
+    out: Path | None = typer.Option(None, "--out", "-o", help="Run directory (default artifacts/runs/<run-id>)."),
     option: list[str] = typer.Option([], "--option", "-O", help="Task option key=value (repeatable)."),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar on long runs."),
-    parser: Optional[str] = typer.Option(
+    parser: str | None = typer.Option(
         None,
         "--parser",
         help="spaCy pipeline (name or directory) that parses raw-text --data (syntax); same as --option parser=NAME.",
     ),
-    max_params: Optional[int] = typer.Option(
-        None, "--max-params", help="Refuse models with more parameters than this."
-    ),
+    max_params: int | None = typer.Option(None, "--max-params", help="Refuse models with more parameters than this."),
 ) -> None:
     """Run a task on a model, print its summary and write a run directory."""
     from depthprobe.probes.api import run as api_run
-    from depthprobe.probes.task import get_task
-
     from depthprobe.probes.models import size_limit
+    from depthprobe.probes.task import get_task
 
     prepare_out(out)
     get_task(task)  # unknown task fails before anything is loaded

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
 
 import typer
 
 from depthprobe.cli.main import app, guarded, prepare_out
 
 
-def _read_text(text: Optional[str], file: Optional[Path]) -> tuple[str, str]:
+def _read_text(text: str | None, file: Path | None) -> tuple[str, str]:
     from depthprobe.probes.errors import ProbeError
 
     if (text is None) == (file is None):
@@ -31,15 +30,15 @@ def _read_text(text: Optional[str], file: Optional[Path]) -> tuple[str, str]:
 @guarded
 def viz(
     model: str = typer.Option("minilm", "--model", "-m", help="Alias, Hugging Face id or local directory."),
-    text: Optional[str] = typer.Option(None, "--text", help="The text to show attention on."),
-    file: Optional[Path] = typer.Option(None, "--file", "-f", help="Read the text from this UTF-8 file instead."),
-    layers: Optional[str] = typer.Option(None, "--layers", help="0-indexed layers, e.g. 0,3 or 0-2 (default: all)."),
-    heads: Optional[str] = typer.Option(None, "--heads", help="0-indexed heads, e.g. 0,5 (default: all)."),
+    text: str | None = typer.Option(None, "--text", help="The text to show attention on."),
+    file: Path | None = typer.Option(None, "--file", "-f", help="Read the text from this UTF-8 file instead."),
+    layers: str | None = typer.Option(None, "--layers", help="0-indexed layers, e.g. 0,3 or 0-2 (default: all)."),
+    heads: str | None = typer.Option(None, "--heads", help="0-indexed heads, e.g. 0,5 (default: all)."),
     words: bool = typer.Option(False, "--words/--pieces", help="Word-level attention (Clark et al.) or wordpieces."),
     max_tokens: int = typer.Option(
         512, "--max-tokens", help="Show at most this many tokens; the page says what was cut."
     ),
-    device: Optional[str] = typer.Option(None, "--device", help="cpu, cuda, cuda:N (default: CUDA when present)."),
+    device: str | None = typer.Option(None, "--device", help="cpu, cuda, cuda:N (default: CUDA when present)."),
     out: Path = typer.Option(Path("attention.html"), "--out", "-o", help="The HTML page to write."),
 ) -> None:
     """Write one self-contained HTML page of attention views (one per layer, all chosen heads)."""

@@ -2,8 +2,8 @@
 
 from depthprobe.probes.align import encode_words, word_attention
 from depthprobe.probes.api import Result, run
-from depthprobe.probes.compare import compare  # noqa: F401  (probe compare)
 from depthprobe.probes.capture import capture, forward, resolve_names
+from depthprobe.probes.compare import compare  # noqa: F401  (probe compare)
 from depthprobe.probes.errors import ProbeError
 from depthprobe.probes.models import ALIASES, DEFAULT_MODEL, Model, NativeConfig, load, load_checkpoint, save_checkpoint
 from depthprobe.probes.task import TASKS, Batch, Context, Examples, Output, Task, get_task, register, task_names

@@ -14,7 +14,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -37,7 +37,7 @@ PACKAGES = [
 
 
 def run_id(model: str, task: str) -> str:
-    stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
+    stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
     safe = "".join(c if c.isalnum() or c in "-_." else "-" for c in Path(model).name or model)
     return f"{stamp}-{task}-{safe}-{os.getpid() % 10000:04d}"
 
@@ -240,7 +240,7 @@ def manifest(
 ) -> dict[str, Any]:
     return {
         "tool": "depthprobe",
-        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "created": datetime.now(UTC).isoformat(timespec="seconds"),
         "config": config,
         "model": model_info,
         "device": device,

@@ -38,7 +38,7 @@ import os
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -229,7 +229,7 @@ def _short(name: str) -> str:
 def _labels(runs: list[Run]) -> list[str]:
     labels = [f"{_short(r.model)} (L={r.n_layers}, d={r.d_model})" for r in runs]
     dup = {lb for lb in labels if labels.count(lb) > 1}
-    return [f"{lb} [{r.path.name}]" if lb in dup else lb for lb, r in zip(labels, runs)]
+    return [f"{lb} [{r.path.name}]" if lb in dup else lb for lb, r in zip(labels, runs, strict=True)]
 
 
 def _selectors(frames: list[pd.DataFrame]) -> list[str]:
@@ -275,7 +275,9 @@ def _syntax_baselines(run: Run) -> pd.DataFrame | None:
         return None
     if not {"relation", "offset", "accuracy"} <= set(b.columns):
         return None
-    b = b.assign(_key=list(zip(-b["accuracy"], b["offset"].abs(), b["offset"]))).sort_values("_key", kind="stable")
+    b = b.assign(_key=list(zip(-b["accuracy"], b["offset"].abs(), b["offset"], strict=True))).sort_values(
+        "_key", kind="stable"
+    )
     best = b.groupby("relation", sort=False).head(1)
     return pd.DataFrame(
         {
@@ -399,7 +401,7 @@ def compare(
     read = _one_task([read_run(p) for p in find_runs(runs)], task)
     labels = _labels(read)
     selectors = _selectors([r.scores for r in read])
-    table = pd.concat([_run_table(r, lb, selectors) for r, lb in zip(read, labels)], ignore_index=True)
+    table = pd.concat([_run_table(r, lb, selectors) for r, lb in zip(read, labels, strict=True)], ignore_index=True)
     if table.empty:
         raise ProbeError("the runs have no per-layer scores to compare; pass runs of a per-layer task")
     if metrics:
@@ -460,7 +462,7 @@ def peaks(table: pd.DataFrame) -> pd.DataFrame:
 
 
 def default_out(table: pd.DataFrame) -> Path:
-    stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
+    stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
     task = str(table["task"].iloc[0]) if len(table) else "runs"
     return DEFAULT_ROOT / f"{stamp}-{task}-{os.getpid() % 10000:04d}"
 
@@ -476,7 +478,7 @@ def save(table: pd.DataFrame, out: str | Path | None = None) -> Path:
             tmp / "compare.json",
             {
                 "tool": "depthprobe",
-                "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                "created": datetime.now(UTC).isoformat(timespec="seconds"),
                 "task": str(table["task"].iloc[0]) if len(table) else None,
                 "runs": list(dict.fromkeys(table["run"])),
                 "metrics": list(dict.fromkeys(table["metric"])),

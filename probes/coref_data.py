@@ -281,7 +281,7 @@ class _Conll12Doc:
     words: list[str]
     tags: list[str]
     sent_starts: list[bool]
-    chains: "_Chains"
+    chains: _Chains
 
 
 def _conll12_docs(path: Path) -> Iterator[_Conll12Doc]:
@@ -354,7 +354,7 @@ def read_conll2012(path: str | Path, vocab=None) -> list:
         pos = [ptb_upos(t) for t in d.tags]
         morphs = [
             _pronoun_feats(w) if p == "PRON" else (f"Number={PTB_NUMBER[t]}" if t in PTB_NUMBER else "")
-            for w, t, p in zip(d.words, d.tags, pos)
+            for w, t, p in zip(d.words, d.tags, pos, strict=False)
         ]
         doc = Doc(vocab, words=d.words, pos=pos, tags=d.tags, morphs=morphs, sent_starts=d.sent_starts)
         doc.user_data.update({"doc_id": d.name, "source": str(path), "head_rule": "ptb"})

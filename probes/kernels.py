@@ -15,7 +15,8 @@ mask [T] / [B, T] (True for tokens that count; padding and excluded specials are
   layer, and is 3 for Dong et al.'s cubic contraction)
 - ``effective_rank`` (metric ``effective_rank_centred``): exp(entropy of the normalised singular
   values of the centred X) (Roy & Vetterli 2007): the spread around the mean token; centring
-  removes one direction, so its maximum is min(T - 1, d). It does not detect rank collapse (a tiny spread can still be isotropic).
+  removes one direction, so its maximum is min(T - 1, d). It does not detect rank collapse (a tiny
+  spread can still be isotropic).
 - ``effective_rank_uncentred``: the same of X itself; it drops to 1 under rank collapse.
 
 Infinite-width theory (He et al. 2023, "Deep Transformers without Shortcuts"): with orthogonal
@@ -302,9 +303,9 @@ def uspa_kernel(t: int, rho: float) -> torch.Tensor:
 def target_kernels(kind: str, t: int, depth: int, gamma_last: float = 0.005, rho_last: float = 0.8) -> torch.Tensor:
     """E-SPA ("e-spa") or U-SPA ("u-spa") targets Sigma_0..Sigma_L. [L+1, T, T] float64."""
     if kind == "e-spa":
-        return torch.stack([espa_kernel(t, espa_gamma(l, depth, gamma_last)) for l in range(depth + 1)])
+        return torch.stack([espa_kernel(t, espa_gamma(layer_idx, depth, gamma_last)) for layer_idx in range(depth + 1)])
     if kind == "u-spa":
-        return torch.stack([uspa_kernel(t, uspa_rho(l, depth, rho_last)) for l in range(depth + 1)])
+        return torch.stack([uspa_kernel(t, uspa_rho(layer_idx, depth, rho_last)) for layer_idx in range(depth + 1)])
     raise ProbeError(f"target kernels exist for e-spa and u-spa, not {kind!r}")
 
 

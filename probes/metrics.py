@@ -19,7 +19,7 @@ def diagonal(a: torch.Tensor, offset: int) -> torch.Tensor:
     """A[..., i, i + offset] for every query i, 0 where i + offset is out of range. [..., q]."""
     n = a.shape[-1]
     d = torch.diagonal(a, offset=offset, dim1=-2, dim2=-1)  # [..., n - |offset|]
-    pad = torch.zeros(d.shape[:-1] + (abs(offset),), dtype=d.dtype, device=d.device)
+    pad = torch.zeros((*d.shape[:-1], abs(offset)), dtype=d.dtype, device=d.device)
     return torch.cat([pad, d], -1) if offset < 0 else torch.cat([d, pad], -1)[..., :n]
 
 

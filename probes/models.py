@@ -115,7 +115,7 @@ class NativeConfig:
         return cfg
 
     @classmethod
-    def parse(cls, spec: str) -> "NativeConfig":
+    def parse(cls, spec: str) -> NativeConfig:
         """`native:layers=2,d_model=64,heads=4,attn_only=true` -> NativeConfig."""
         types = field_types(cls)
         pairs = parse_pairs(spec, "native", list(types), "native:layers=2,d_model=64")
@@ -218,7 +218,7 @@ def available_devices() -> list[str]:
         found += ["cuda"] + [f"cuda:{i}" for i in range(torch.cuda.device_count())]
     if _mps_available():
         found.append("mps")
-    return found + ["auto"]
+    return [*found, "auto"]
 
 
 def minilm_path() -> Path:
@@ -496,7 +496,8 @@ def check_size(n_params: int, n_bytes: int, what: str, dev: torch.device | None 
         where = "GPU" if dev is not None and dev.type == "cuda" else "machine"
         raise ProbeError(
             f"{what} needs about {_human(n_bytes, 'B')} ({n_params:,} parameters) but the {where} "
-            f"has {_human(free, 'B')} available; make the model smaller (fewer layers or a smaller width) or use a bigger machine"
+            f"has {_human(free, 'B')} available; make the model smaller (fewer layers or a smaller width) "
+            "or use a bigger machine"
         )
 
 
@@ -686,7 +687,7 @@ def load_checkpoint(
     check_size(cfg.n_params(), native_bytes(cfg), f"checkpoint {d}", dev)
     try:
         with safe_open(str(weights), framework="pt", device="cpu") as fh:
-            found = {k: tuple(fh.get_slice(k).get_shape()) for k in fh.keys()}
+            found = {k: tuple(fh.get_slice(k).get_shape()) for k in fh}
     except (SafetensorError, OSError, ValueError) as exc:
         raise ProbeError(
             f"{weights} is not a readable safetensors file ({str(exc).splitlines()[0]}); "
@@ -697,7 +698,7 @@ def load_checkpoint(
     _check_shapes(expected, found, config, weights)
     try:
         with safe_open(str(weights), framework="pt", device=str(dev)) as fh:
-            state = {k: fh.get_tensor(k) for k in fh.keys()}
+            state = {k: fh.get_tensor(k) for k in fh}
     except (SafetensorError, OSError, ValueError) as exc:
         raise ProbeError(
             f"{weights} is not a readable safetensors file ({str(exc).splitlines()[0]}); "

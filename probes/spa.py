@@ -54,8 +54,9 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from torch import nn
@@ -173,7 +174,7 @@ class SPAConfig:
         return "spa:" + ",".join(f"{k}={_fmt(v)}" for k, v in dataclasses.asdict(self).items())
 
     @classmethod
-    def parse(cls, spec: str) -> "SPAConfig":
+    def parse(cls, spec: str) -> SPAConfig:
         """``spa:variant=e-spa,depth=16,width=256`` -> SPAConfig (variant presets first, then keys)."""
         types = field_types(cls)
         pairs = parse_pairs(spec, "spa", ["variant", *types], "spa:variant=e-spa,depth=8")

@@ -88,7 +88,7 @@ class Examples(list):
         self.skipped = skipped
         self.why = why
 
-    def head(self, n: int | None) -> "Examples":
+    def head(self, n: int | None) -> Examples:
         return self if n is None else Examples(self[:n], self.skipped, self.why)
 
 

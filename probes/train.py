@@ -44,7 +44,6 @@ from depthprobe.probes.models import (
     CHECKPOINT_CONFIG,
     Model,
     NativeConfig,
-    atomic_write_text,
     check_size,
     checkpoint_files,
     load,

@@ -165,7 +165,7 @@ class View:
     notes: list[str] = field(default_factory=list)
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "View":
+    def from_dict(cls, d: dict[str, Any]) -> View:
         """A view as tasks write it (views.json); shape errors raise ValueError with the reason."""
         tokens = [str(t) for t in d.get("tokens", [])]
         pattern = np.asarray(d.get("pattern", []), dtype=np.float64)
@@ -188,7 +188,7 @@ class View:
             [str(n) for n in d.get("notes", [])],
         )
 
-    def cut(self, max_tokens: int) -> "View":
+    def cut(self, max_tokens: int) -> View:
         """The first ``max_tokens`` tokens only, with a note saying what was cut."""
         n = len(self.tokens)
         if n <= max_tokens:
@@ -348,7 +348,9 @@ LOADER = r"""
     var bar = headButtons(v, function (h) {
       var m = attention[h], d = img.data;
       head = h; top = 0;
-      for (var q = 0; q < T; q++) { for (var k = 0; k < T; k++) { if (!masked(q, k) && m[q][k] > top) { top = m[q][k]; } } }
+      for (var q = 0; q < T; q++) {
+        for (var k = 0; k < T; k++) { if (!masked(q, k) && m[q][k] > top) { top = m[q][k]; } }
+      }
       for (q = 0; q < T; q++) {
         for (k = 0; k < T; k++) {
           var o = 4 * (q * T + k), x = top > 0 ? Math.sqrt(Math.max(0, m[q][k]) / top) : 0;
@@ -402,7 +404,9 @@ LOADER = r"""
   }
   function want(i) {
     var el = doc.getElementById("dp-view-" + i);
-    if (el && el.getAttribute("data-state") === "waiting") { el.setAttribute("data-state", "queued"); queue.push(i); pump(); }
+    if (el && el.getAttribute("data-state") === "waiting") {
+      el.setAttribute("data-state", "queued"); queue.push(i); pump();
+    }
   }
   function all() { views.forEach(function (v, i) { want(i); }); }
   attr("total", views.length);
@@ -514,7 +518,7 @@ def parse_indices(spec: str | None, n: int, what: str) -> list[int] | None:
     if spec is None or not str(spec).strip():
         return None
     ranges = index_ranges(spec, what)
-    bad = [f"{lo}" if lo == hi else f"{lo}-{hi}" for lo, hi in ranges if lo <= hi and not (0 <= lo and hi < n)]
+    bad = [f"{lo}" if lo == hi else f"{lo}-{hi}" for lo, hi in ranges if lo <= hi and not (lo >= 0 and hi < n)]
     if bad:
         raise ProbeError(f"--{what} {', '.join(bad)} out of range: the model has {n} {what} (0-indexed: 0..{n - 1})")
     out = sorted({i for lo, hi in ranges for i in range(lo, hi + 1)})
@@ -523,7 +527,7 @@ def parse_indices(spec: str | None, n: int, what: str) -> list[int] | None:
     return out
 
 
-_WORD = re.compile(r"\w+(?:['’]\w+)*|[^\w\s]", re.UNICODE)
+_WORD = re.compile(r"\w+(?:['’]\w+)*|[^\w\s]", re.UNICODE)  # noqa: RUF001 (the typographic apostrophe)
 
 
 def split_words(text: str) -> list[str]:
@@ -632,7 +636,7 @@ def model_views(
     names = [f"blocks.{layer}.attn.hook_pattern" for layer in layers]
     acts = forward(model, ids, torch.ones_like(ids), names)
     views = []
-    for layer, name in zip(layers, names):
+    for layer, name in zip(layers, names, strict=True):
         pat = acts[name][:, heads].to(torch.float64).cpu()  # [1, head, query, key]
         if words:
             units = unit_matrix([inp.encoded], ids.shape[1])  # [1, unit, pos]
@@ -723,14 +727,14 @@ __all__ = [
     "display_token",
     "encode_pattern",
     "esc",
+    "index_ranges",
     "model_views",
     "page",
     "parse_indices",
+    "plot_text",
     "script_json",
     "split_words",
-    "viz_page",
     "views_html",
+    "viz_page",
     "write_atomic",
-    "index_ranges",
-    "plot_text",
 ]

@@ -65,7 +65,7 @@ class CorefExamples(Examples):
         super().__init__(items, skipped, why)
         self.kind, self.counts = kind, counts
 
-    def head(self, n: int | None) -> "CorefExamples":
+    def head(self, n: int | None) -> CorefExamples:
         return self if n is None else CorefExamples(self[:n], self.skipped, self.why, self.kind, self.counts)
 
 
@@ -121,7 +121,7 @@ def agreement(token) -> tuple[str, str, str]:
 
 
 def compatible(a: tuple[str, ...], b: tuple[str, ...]) -> bool:
-    return all(x == "" or y == "" or x == y for x, y in zip(a, b))
+    return all(x == "" or y == "" or x == y for x, y in zip(a, b, strict=False))
 
 
 def nearest_first(cands: Sequence[Cand]) -> list[Cand]:
@@ -257,7 +257,7 @@ def gap_items(model, examples: Sequence[cd.GapExample], limit: int, path: Path) 
     head = [model.cls_id]
     tail = [model.sep_id] if model.sep_id is not None else []
     items, too_long = [], 0
-    for ex, ids, offsets in zip(usable, enc["input_ids"], enc["offset_mapping"]):
+    for ex, ids, offsets in zip(usable, enc["input_ids"], enc["offset_mapping"], strict=True):
         seq = tuple(head + list(ids) + tail)
         if len(seq) > limit:
             too_long += 1
@@ -349,7 +349,7 @@ def query_index(windows: Sequence[Window], n_pos: int) -> dict[str, torch.Tensor
     n_units = max(w.encoded.n_units for w in windows)
     unit_of = torch.full((len(windows), n_pos), n_units, dtype=torch.long)
     picked = []
-    for b, (w, s) in enumerate(zip(windows, slots)):
+    for b, (w, s) in enumerate(zip(windows, slots, strict=True)):
         unit_of[b, : len(w.encoded)] = torch.tensor(w.encoded.unit_of_piece)
         pos = [[p for p, u in enumerate(w.encoded.unit_of_piece) if u == unit] for unit in s]
         picked.append([(p, k, 1.0 / len(ps)) for k, ps in enumerate(pos) for p in ps])
@@ -465,7 +465,7 @@ def _chain_view(w: Window, q: Query, wa: torch.Tensor) -> dict:
         "type": TYPES[q.kind],
         "candidates": [
             {"text": " ".join(w.words[c.start : c.end + 1]), "head": c.head - lo, "in_chain": ok}
-            for c, ok in zip(q.cands, q.correct)
+            for c, ok in zip(q.cands, q.correct, strict=True)
         ],
         "_all": sub,
     }
@@ -527,8 +527,8 @@ def pct(k: int | float, n: int) -> float | None:
     return None if n == 0 else round(100.0 * k / n, 2)
 
 
-def clark(l: int, h: int) -> str:
-    return f"{l + 1}-{h + 1}"
+def clark(layer_idx: int, h: int) -> str:
+    return f"{layer_idx + 1}-{h + 1}"
 
 
 def heatmap_rows(correct: torch.Tensor, n: Sequence[int], labels: Sequence[str], column: str) -> list[dict]:
@@ -697,7 +697,7 @@ def chain_output(state: ChainState, ctx: Context) -> Output:
     ]
     headline = {
         "n_mentions": total,
-        "n_by_type": dict(zip(TYPES, n)),
+        "n_by_type": dict(zip(TYPES, n, strict=False)),
         "best_head": [layer, head],
         "best_head_clark": clark(layer, head),
         "accuracy": pct(best[0], total),
@@ -709,7 +709,7 @@ def chain_output(state: ChainState, ctx: Context) -> Output:
             }
             for i, name in enumerate(BASELINES)
         },
-        "clark_et_al": {k: dict(zip(("all", *TYPES), v)) for k, v in CLARK.items()},
+        "clark_et_al": {k: dict(zip(("all", *TYPES), v, strict=False)) for k, v in CLARK.items()},
     }
     heatmaps = [{"title": "antecedent accuracy, all mentions", "metric": "accuracy", "where": {"type": "all"}}]
     heatmaps += [

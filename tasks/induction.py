@@ -378,9 +378,15 @@ class Induction(Task):
                 means["k_composition_max_init"] = k_composition(at_init(model)).amax(dim=(0, 1))
                 files["k_composition.csv"] = _composition_csv(comp).encode()
         rows = [
-            {"layer": l, "head": h, "metric": metric, "value": float(m[l, h]), "chance": chance.get(metric)}
+            {
+                "layer": layer_idx,
+                "head": h,
+                "metric": metric,
+                "value": float(m[layer_idx, h]),
+                "chance": chance.get(metric),
+            }
             for metric, m in means.items()
-            for l in range(m.shape[0])
+            for layer_idx in range(m.shape[0])
             for h in range(m.shape[1])
         ]
         scores = tidy(rows, ctx.config.model, self.name)

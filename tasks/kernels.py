@@ -30,9 +30,9 @@ import torch
 
 from depthprobe.probes import kernels as K
 from depthprobe.probes import spa
-from depthprobe.probes.levine import threshold
 from depthprobe.probes.capture import capture
 from depthprobe.probes.errors import ProbeError, suggest
+from depthprobe.probes.levine import threshold
 from depthprobe.probes.options import ranged
 from depthprobe.probes.runtime import torch_threads
 from depthprobe.probes.task import Context, Examples, Output, Sweep, SweepConfig, Task, tidy
@@ -194,7 +194,7 @@ def plot_heatmaps(panels: list[tuple[str, np.ndarray]], ncols: int, title: str) 
     fig, axes = plt.subplots(nrows, ncols, figsize=(2.6 * ncols, 2.5 * nrows), squeeze=False, layout="constrained")
     lo = min([0.0] + [float(np.nanmin(c)) for _, c in panels if np.isfinite(c).any()])
     im = None
-    for ax, (label, c) in zip(axes.flat, panels):
+    for ax, (label, c) in zip(axes.flat, panels, strict=False):
         im = ax.imshow(c, vmin=lo, vmax=1.0, cmap="viridis", interpolation="nearest")
         ax.set_title(plot_text(label), fontsize=8)
         ax.set_xticks([])
@@ -251,7 +251,7 @@ class Kernels(Task):
 
     def load(self, model, ctx: Context) -> Examples:
         opts = ctx.options
-        bad = [l for l in opts.layers if not 0 <= l <= model.info.n_layers]
+        bad = [layer_idx for layer_idx in opts.layers if not 0 <= layer_idx <= model.info.n_layers]
         if bad:
             raise ProbeError(
                 f"kernels: layers {bad} out of range; {model.name} has layers 0..{model.info.n_layers} "
@@ -342,14 +342,14 @@ class Kernels(Task):
         names = resid_names(model.info.n_layers)
         rows = [
             {
-                "layer": l,
-                "hook": names[l],
+                "layer": layer_idx,
+                "hook": names[layer_idx],
                 "metric": m,
-                "value": float(means[m][l]),
-                "theory": float(theory[m][l]) if m in theory else math.nan,
+                "value": float(means[m][layer_idx]),
+                "theory": float(theory[m][layer_idx]) if m in theory else math.nan,
             }
             for m in METRICS
-            for l in range(len(names))
+            for layer_idx in range(len(names))
         ]
         scores = tidy(rows, ctx.config.model, self.name)
         summary = pd.DataFrame(
@@ -358,7 +358,7 @@ class Kernels(Task):
         if theory:
             summary.insert(3, "theory_cosine", np.round(theory["mean_cosine"], 4))
         kern = acc.kernels()
-        panels = [(f"layer {l}", kern[l]) for l in state.layers]
+        panels = [(f"layer {layer_idx}", kern[layer_idx]) for layer_idx in state.layers]
         plots = {
             "kernels_vs_layer": plot_layers(means, theory, f"{model.name}: signal propagation"),
             "kernels_heatmaps": plot_heatmaps(panels, len(panels), f"{model.name}: mean normalised kernel"),
@@ -366,13 +366,13 @@ class Kernels(Task):
         files = {
             "kernels.npz": npz_bytes(
                 {
-                    **{f"layer_{l}": kern[l].astype(np.float32) for l in state.layers},
+                    **{f"layer_{layer_idx}": kern[layer_idx].astype(np.float32) for layer_idx in state.layers},
                     "pairs": acc.kcount[0, : kern.shape[1], : kern.shape[1]].numpy().astype(np.int64),
                     "layers": np.array(state.layers),
                 }
             )
         }
-        collapse = next((l for l, c in enumerate(means["mean_cosine"]) if c >= COLLAPSED), None)
+        collapse = next((layer_idx for layer_idx, c in enumerate(means["mean_cosine"]) if c >= COLLAPSED), None)
         headline = {
             "n_sequences": acc.sequences,
             "n_tokens": acc.tokens,
@@ -570,7 +570,7 @@ class KernelSweep(Sweep):
             kern = acc.kernels()
             finals[(variant, depth)] = kern[-1]
             if depth == depths[-1]:
-                maps.update({(variant, l): kern[l] for l in shown})
+                maps.update({(variant, layer_idx): kern[layer_idx] for layer_idx in shown})
         return self._output(depths, options, rows, summary, finals, maps)
 
     @staticmethod
@@ -584,13 +584,13 @@ class KernelSweep(Sweep):
             {
                 "variant": variant,
                 "depth": depth,
-                "layer": l,
+                "layer": layer_idx,
                 "metric": m,
-                "value": float(means[m][l]),
-                "theory": float(theory[m][l]) if m in theory else math.nan,
+                "value": float(means[m][layer_idx]),
+                "theory": float(theory[m][layer_idx]) if m in theory else math.nan,
             }
             for m in METRICS
-            for l in range(depth + 1)
+            for layer_idx in range(depth + 1)
         ]
         target_gap = math.nan
         if cfg.attention in spa.SPA:
@@ -600,12 +600,12 @@ class KernelSweep(Sweep):
                 {
                     "variant": variant,
                     "depth": depth,
-                    "layer": l,
+                    "layer": layer_idx,
                     "metric": "target_max_abs",
-                    "value": float(gaps[l]),
+                    "value": float(gaps[layer_idx]),
                     "theory": 0.0,
                 }
-                for l in range(depth + 1)
+                for layer_idx in range(depth + 1)
             ]
             target_gap = float(gaps[-1])
         gap = float(np.nanmax(np.abs(means["mean_cosine"] - theory["mean_cosine"]))) if theory else math.nan
@@ -639,7 +639,9 @@ class KernelSweep(Sweep):
         table = pd.DataFrame(summary)
         shown = heatmap_layers(depths, o)
         deepest = depths[-1]
-        panels = [(f"{v}, layer {l} of {deepest}", maps[(v, l)]) for v in o.variants for l in shown]
+        panels = [
+            (f"{v}, layer {layer_idx} of {deepest}", maps[(v, layer_idx)]) for v in o.variants for layer_idx in shown
+        ]
         plots = {
             "kernels_final_cosine_vs_depth": self._plot_depth(table, o),
             "kernels_heatmaps": plot_heatmaps(
@@ -649,7 +651,7 @@ class KernelSweep(Sweep):
             ),
         }
         arrays = {f"{v}/depth{d}": c for (v, d), c in finals.items()}
-        arrays.update({f"{v}/depth{deepest}/layer{l}": c for (v, l), c in maps.items()})
+        arrays.update({f"{v}/depth{deepest}/layer{layer_idx}": c for (v, layer_idx), c in maps.items()})
         files = {"kernels.npz": npz_bytes({k: c.astype(np.float32) for k, c in arrays.items()})}
         notes = [
             f"inputs: {o.samples} sequences of {o.seq_len} distinct random tokens with N(0,1) embeddings "

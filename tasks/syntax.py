@@ -93,7 +93,7 @@ def trees_from_doc(doc, bounds: list[tuple[int, int]] | None = None) -> list[Tre
     for k, (start, end) in enumerate(bounds if bounds is not None else ((s.start, s.end) for s in doc.sents)):
         off = offset[start:end]
         heads = np.where(off == 0, 0, np.arange(1, end - start + 1) + off)  # CoNLL-U numbering
-        rels = tuple("root" if o == 0 else strings[int(d)] for o, d in zip(off, dep[start:end]))
+        rels = tuple("root" if o == 0 else strings[int(d)] for o, d in zip(off, dep[start:end], strict=True))
         sid = ids[k] if k < len(ids) else f"{doc.user_data.get('source', 'text')}#{len(out) + 1}"
         out.append(Tree(sid, tuple(words[start:end]), tuple(int(h) for h in heads), rels))
     return out
@@ -232,7 +232,7 @@ class Syntax(Task):
 
     def start(self, model, ctx, examples) -> State:
         freq = Counter(r for e in examples for r in e.tree.rels)
-        relations = sorted(freq, key=lambda r: (-freq[r], r)) + [ALL]
+        relations = [*sorted(freq, key=lambda r: (-freq[r], r)), ALL]
         L, H, R = model.info.n_layers, model.info.n_heads, len(relations)
         f64 = dict(dtype=torch.float64, device=model.device)
         return State(
@@ -344,7 +344,7 @@ class Syntax(Task):
         )
 
     def _scores(self, state: State, acc: np.ndarray, total: np.ndarray, ctx: Context) -> pd.DataFrame:
-        R, D, L, H = acc.shape
+        _R, _D, _L, _H = acc.shape
         r, d, layer, head = (g.reshape(-1) for g in np.meshgrid(*map(np.arange, acc.shape), indexing="ij"))
         df = pd.DataFrame(
             {
@@ -363,7 +363,7 @@ class Syntax(Task):
         self, state: State, acc: np.ndarray, base_acc: np.ndarray, total: np.ndarray
     ) -> tuple[pd.DataFrame, dict]:
         rows, best = [], {}
-        order = [len(state.relations) - 1] + list(range(len(state.relations) - 1))  # ALL first
+        order = [len(state.relations) - 1, *range(len(state.relations) - 1)]  # ALL first
         for i in order:
             rel = state.relations[i]
             layer, head, d = best_head(acc[i])

@@ -7,10 +7,10 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from reference_clark import clark_reference, pooled_reference
 
 from depthprobe.probes import ProbeError, run
 from depthprobe.probes.metrics import attention_stat_sums, clark_stat_sums, js_distance_mean, uniform_entropy_sum
-from reference_clark import clark_reference, pooled_reference
 from depthprobe.tasks.attention_stats import is_punct
 
 CLARK_METRICS = [
@@ -143,7 +143,7 @@ UNEQUAL = ["the dog ran .", "mary ' s old ( red ) car , the big house and the bl
 
 def test_clark_end_to_end_matches_the_reference_on_a_tiny_bert(tiny_bert, tiny_bert_dir, tmp_path):
     f = tmp_path / "in.txt"
-    f.write_text("\n".join(UNEQUAL + ["she said : ( yes ) , it ' s red ."]) + "\n")
+    f.write_text("\n".join([*UNEQUAL, "she said : ( yes ) , it ' s red ."]) + "\n")
     r = run(tiny_bert, "attention-stats", f, batch_size=2, protocol="clark")
     _check_against_reference(r, _hf_docs(tiny_bert_dir, f.read_text().splitlines()), atol=1e-6)
     assert r.headline["protocol"] == "clark" and r.headline["n_lines"] == 3
@@ -199,7 +199,7 @@ def test_clark_extras_and_decoder_analogues(tiny_bert, tiny_gpt2):
     n = [len(s) for s in _task_examples(tiny_gpt2, 6)]
     causal_uniform = np.mean([np.log(np.arange(1, k + 1)).mean() for k in n])
     assert g.headline["uniform_entropy"] == pytest.approx(causal_uniform, abs=1e-4)
-    with pytest.raises(ProbeError, match="unknown protocol 'clarke'.*did you mean 'clark'"):
+    with pytest.raises(ProbeError, match=r"unknown protocol 'clarke'.*did you mean 'clark'"):
         run(tiny_bert, "attention-stats", protocol="clarke")
 
 
@@ -252,7 +252,7 @@ def test_text_file_input_and_errors(tiny_bert, tmp_path):
     binary.write_bytes(b"\xff\xfe\x00bad")
     with pytest.raises(ProbeError, match="not UTF-8"):
         run(tiny_bert, "attention-stats", binary)
-    with pytest.raises(ProbeError, match="no option 'topp'.*did you mean 'top'"):
+    with pytest.raises(ProbeError, match=r"no option 'topp'.*did you mean 'top'"):
         run(tiny_bert, "attention-stats", topp=3)
 
 

@@ -12,6 +12,7 @@ it is missing the fixture runs that script once, and skips with the reason if it
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
 import shutil
@@ -128,10 +129,8 @@ class Browser:
         return reply["result"]
 
     def close(self) -> None:
-        try:
+        with contextlib.suppress(Exception):
             self.send("Browser.close", timeout=5)
-        except Exception:
-            pass
         try:
             self.proc.wait(5)
         except subprocess.TimeoutExpired:

@@ -14,7 +14,7 @@ def _n_hooks(model):
 def test_globs_expand_and_unknown_names_suggest(tiny_bert):
     names = resolve_names(tiny_bert, ["blocks.*.attn.hook_pattern"])
     assert names == ["blocks.0.attn.hook_pattern", "blocks.1.attn.hook_pattern"]
-    with pytest.raises(ProbeError, match="did you mean 'blocks.0.attn.hook_pattern'"):
+    with pytest.raises(ProbeError, match=r"did you mean 'blocks\.0\.attn\.hook_pattern'"):
         resolve_names(tiny_bert, ["blocks.0.attn.hook_patern"])
     with pytest.raises(ProbeError, match="matches no hook"):
         resolve_names(tiny_bert, ["blocks.*.nothing_*"])
@@ -22,10 +22,9 @@ def test_globs_expand_and_unknown_names_suggest(tiny_bert):
 
 def test_hooks_are_removed_even_when_the_body_raises(tiny_bert):
     before = _n_hooks(tiny_bert)
-    with pytest.raises(RuntimeError):
-        with capture(tiny_bert, ["blocks.*.hook_resid_post"]):
-            assert _n_hooks(tiny_bert) > before
-            raise RuntimeError("boom")
+    with pytest.raises(RuntimeError), capture(tiny_bert, ["blocks.*.hook_resid_post"]):
+        assert _n_hooks(tiny_bert) > before
+        raise RuntimeError("boom")
     assert _n_hooks(tiny_bert) == before
 
 

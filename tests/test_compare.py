@@ -47,7 +47,9 @@ def write_run(path, task, model, n_layers, d_model, rows, n_heads=2, summary=Non
 def head_rows(metric, grid):
     """grid[layer][head] -> tidy rows."""
     return [
-        {"layer": l, "head": h, "metric": metric, "value": v} for l, row in enumerate(grid) for h, v in enumerate(row)
+        {"layer": layer_idx, "head": h, "metric": metric, "value": v}
+        for layer_idx, row in enumerate(grid)
+        for h, v in enumerate(row)
     ]
 
 
@@ -115,8 +117,8 @@ def test_metric_filter_and_unknown_metric(two_depths):
 def test_residual_positions_sit_between_blocks(tmp_path):
     """Kernels rows are hooks resid_pre/resid_post: embeddings at 0, the last block's output at 1."""
     rows = [
-        {"layer": l, "metric": "mean_cosine", "value": v, "hook": h, "theory": float("nan")}
-        for l, (v, h) in enumerate(
+        {"layer": layer_idx, "metric": "mean_cosine", "value": v, "hook": h, "theory": float("nan")}
+        for layer_idx, (v, h) in enumerate(
             [(0.0, "blocks.0.hook_resid_pre"), (0.5, "blocks.0.hook_resid_post"), (0.9, "blocks.1.hook_resid_post")]
         )
     ]
@@ -140,7 +142,7 @@ def test_syntax_selectors_baseline_and_margin(tmp_path):
     offsets = [-3, -2, -1, 0, 1, 2]
     base = {"det": [0.1, 0.2, 0.5, 0.0, 0.5, 0.3], "nsubj": [0.1, 0.1, 0.1, 0.1, 0.1, 0.25]}
     csv = "relation,offset,count,accuracy\n" + "".join(
-        f"{rel},{o},10,{a}\n" for rel, accs in base.items() for o, a in zip(offsets, accs)
+        f"{rel},{o},10,{a}\n" for rel, accs in base.items() for o, a in zip(offsets, accs, strict=True)
     )
     run = write_run(tmp_path / "s", "syntax", "m", 1, 8, rows, files={"baselines.csv": csv})
     t = compare([run]).set_index("metric")
@@ -269,7 +271,7 @@ def test_real_runs_of_two_depths(tmp_path):
     ]
     t = compare(dirs, metrics=["induction", "previous_token"])
     p = peaks(t).set_index(["n_layers", "metric"])
-    for d, n in zip(dirs, (1, 3)):
+    for d, n in zip(dirs, (1, 3), strict=True):
         rows = t[t.n_layers == n]
         assert sorted(set(rows.relative_depth)) == pytest.approx([(k + 0.5) / n for k in range(n)])
         scores = pd.read_csv(d / "scores.csv")

@@ -477,7 +477,7 @@ def ref_chains(model, path: Path, max_len: int) -> dict:
     """DESIGN §3.4 with plain loops: counts[(type, layer, head)] correct, n[type], baselines."""
     tok = model.tokenizer
     L, H = model.info.n_layers, model.info.n_heads
-    correct = {(t, l, h): 0 for t in cr.TYPES for l in range(L) for h in range(H)}
+    correct = {(t, layer_idx, h): 0 for t in cr.TYPES for layer_idx in range(L) for h in range(H)}
     n = dict.fromkeys(cr.TYPES, 0)
     base = {(b, t): 0 for b in cr.BASELINES for t in cr.TYPES}
     for d in ref_documents(path):
@@ -515,9 +515,9 @@ def ref_chains(model, path: Path, max_len: int) -> dict:
             att = [[acts[name][0, h].tolist() for h in range(H)] for name in pattern_names(L)]
             pos = {i: [p for p, o in enumerate(owner) if o == i] for i in range(lo, hi)}
 
-            def word_att(l, h, frm, to):
+            def word_att(layer_idx, h, frm, to, pos=pos, att=att):
                 rows = pos[frm]
-                return sum(sum(att[l][h][r][c] for c in pos[to]) for r in rows) / len(rows)
+                return sum(sum(att[layer_idx][h][r][c] for c in pos[to]) for r in rows) / len(rows)
 
             spans = {}
             for s, e, ch in inside:
@@ -529,14 +529,14 @@ def ref_chains(model, path: Path, max_len: int) -> dict:
                 cands = sorted([c for c in spans if c[1] < s], key=lambda c: (-c[0], -c[1]))
                 ok = [ch in spans[c] for c in cands]
                 heads = [ref_head(d, *c) for c in cands]
-                for l in range(L):
+                for layer_idx in range(L):
                     for h in range(H):
                         best, best_v = None, None
-                        for j, c in enumerate(cands):
-                            v = word_att(l, h, hd, heads[j])
+                        for j, _c in enumerate(cands):
+                            v = word_att(layer_idx, h, hd, heads[j])
                             if best_v is None or v > best_v:
                                 best, best_v = j, v
-                        correct[(kind, l, h)] += int(best is not None and ok[best])
+                        correct[(kind, layer_idx, h)] += int(best is not None and ok[best])
                 if not cands:
                     continue
                 low = [w.lower() for w in d["words"]]
@@ -545,7 +545,10 @@ def ref_chains(model, path: Path, max_len: int) -> dict:
                 ag = [
                     j
                     for j, c in enumerate(cands)
-                    if all(x == "" or y == "" or x == y for x, y in zip(ref_agree(d, hd), ref_agree(d, heads[j])))
+                    if all(
+                        x == "" or y == "" or x == y
+                        for x, y in zip(ref_agree(d, hd), ref_agree(d, heads[j]), strict=False)
+                    )
                 ]
                 base[("nearest", kind)] += ok[0]
                 base[("head match", kind)] += ok[hm[0] if hm else 0]
@@ -669,7 +672,7 @@ def ref_gap(model, rows: list[cd.GapExample], limit: int) -> dict:
             continue
         offs = [None] + enc["offset_mapping"] + [None]
 
-        def pieces(start, length):
+        def pieces(start, length, offs=offs):
             return [i for i, o in enumerate(offs) if o and o[0] < start + length and o[1] > start]
 
         pr, pa, pb = (
@@ -695,13 +698,13 @@ def ref_gap(model, rows: list[cd.GapExample], limit: int) -> dict:
         out["n"][g] = out["n"].get(g, 0) + 1
         out["nearest"][g] = out["nearest"].get(g, 0) + int(near == label)
         out["first"][g] = out["first"].get(g, 0) + int(label == 0)
-        for l, name in enumerate(pattern_names(L)):
+        for layer_idx, name in enumerate(pattern_names(L)):
             a = acts[name][0].tolist()
             for h in range(H):
                 to_a = sum(sum(a[h][r][c] for c in pa) for r in pr) / len(pr)
                 to_b = sum(sum(a[h][r][c] for c in pb) for r in pr) / len(pr)
                 pred = 1 if to_b > to_a else 0 if to_a > to_b else near
-                out["correct"][(g, l, h)] = out["correct"].get((g, l, h), 0) + int(pred == label)
+                out["correct"][(g, layer_idx, h)] = out["correct"].get((g, layer_idx, h), 0) + int(pred == label)
     return out
 
 
@@ -797,7 +800,7 @@ def test_decoder_windows_have_no_sep(tiny_gpt2):
 
 def test_bert_base_without_a_cache_names_the_fix(monkeypatch, tmp_path):
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
-    with pytest.raises(ProbeError, match="bert-base-cased.*not in the local cache"):
+    with pytest.raises(ProbeError, match=r"bert-base-cased.*not in the local cache"):
         run("bert-base", "coref")
 
 

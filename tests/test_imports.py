@@ -64,7 +64,8 @@ def test_tasks_importing_tasks_or_the_api_and_cycles_are_refused(tmp_path):
 
 def test_listing_tasks_imports_no_task_module():
     code = (
-        "import sys; from depthprobe.probes import task_names, get_task; from depthprobe.probes.errors import ProbeError\n"
+        "import sys\n"
+        "from depthprobe.probes import ProbeError, get_task, task_names\n"
         "names = task_names()\n"
         "try:\n    get_task('atention-stats')\nexcept ProbeError as e:\n    msg = str(e)\n"
         "print(len(names), sorted(m for m in sys.modules if m.startswith('depthprobe.tasks.')))\n"

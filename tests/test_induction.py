@@ -304,7 +304,7 @@ def test_icl_from_a_hand_built_loss_sequence():
 def test_text_windows_cut_back_to_back_and_spread_evenly():
     ids = list(range(100))
     w = text_windows(ids, 11, bos=999, limit=3)  # 10 text tokens per window, 10 windows, keep 0, 3, 6
-    assert w.tolist() == [[999] + list(range(s, s + 10)) for s in (0, 30, 60)]
+    assert w.tolist() == [[999, *list(range(s, s + 10))] for s in (0, 30, 60)]
     assert text_windows(ids, 11, bos=None, limit=50).tolist() == [list(range(s, s + 11)) for s in range(0, 99, 11)]
     assert text_windows(list(range(600)), 1024, bos=None, limit=5).shape == (1, 512)
 
@@ -323,10 +323,13 @@ def test_icl_score_matches_hugging_face_losses(tiny_gpt2, tiny_gpt2_dir, tmp_pat
     picks = [j * count // 3 for j in range(3)]
     diffs = []
     for j in picks:
-        window = torch.tensor([[tok.bos_token_id] + ids[j * 63 : (j + 1) * 63]])
+        window = torch.tensor([[tok.bos_token_id, *ids[j * 63 : (j + 1) * 63]]])
         with torch.no_grad():
             logp = torch.log_softmax(hf(window).logits[0].double(), -1)
-        loss = lambda k: -logp[k - 1, window[0, k]].item()  # noqa: E731 (loss predicting position k)
+
+        def loss(k, logp=logp, window=window):  # loss predicting position k
+            return -logp[k - 1, window[0, k]].item()
+
         diffs.append(loss(63) - loss(6))
     assert res.headline["icl_windows"] == 3
     row = res.summary.set_index("metric").loc["icl_score"]

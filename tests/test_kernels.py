@@ -151,7 +151,7 @@ def test_bad_metric_inputs():
 
 def test_uniform_causal_reference_values():
     s = K.uniform_recursion(128, 8)
-    got = [float(K.mean_offdiag(K.normalised(s[l]))) for l in (1, 2, 4, 8)]
+    got = [float(K.mean_offdiag(K.normalised(s[layer_idx]))) for layer_idx in (1, 2, 4, 8)]
     assert got == pytest.approx([0.67, 0.90, 0.975, 0.9985], abs=0.005)
     assert got == sorted(got)
 
@@ -188,9 +188,9 @@ def test_spa_construction_hits_every_target(kind, depth):
 
 
 def test_espa_schedule_formula():
-    for l in (1, 5, 16):
-        g = K.espa_gamma(l, 16, 0.005)
-        assert 1 - math.exp(-2 * g) == pytest.approx((1 - math.exp(-0.01)) ** (l / 16))
+    for layer_idx in (1, 5, 16):
+        g = K.espa_gamma(layer_idx, 16, 0.005)
+        assert 1 - math.exp(-2 * g) == pytest.approx((1 - math.exp(-0.01)) ** (layer_idx / 16))
     assert math.isinf(K.espa_gamma(0, 16)) and K.espa_gamma(16, 16) == pytest.approx(0.005)
     assert K.uspa_rho(0, 8) == 0.0 and K.uspa_rho(8, 8) == pytest.approx(0.8)
 
@@ -370,11 +370,11 @@ def _reference_stats(model, lines, drop_first):
     for line in lines:
         ids = torch.tensor([[model.cls_id, *model.tokenizer(line, add_special_tokens=False)["input_ids"]]])
         acts = forward(model, ids, torch.ones_like(ids), names)
-        for l, name in enumerate(names):
+        for layer_idx, name in enumerate(names):
             x = acts[name][0, 1:] if drop_first else acts[name][0]
             stats, _ = K.sequence_stats(x[None])
             for m, v in stats.items():
-                out.setdefault((l, m), []).append(float(v[0]))
+                out.setdefault((layer_idx, m), []).append(float(v[0]))
     return {k: np.mean(v) for k, v in out.items()}
 
 
@@ -391,8 +391,8 @@ def test_decoder_bos_is_left_out_of_the_kernel_unless_asked(tiny_gpt2):
     for res, drop in ((dec, True), (kept, False)):
         ref = _reference_stats(tiny_gpt2, lines, drop_first=drop)
         got = res.scores.set_index(["layer", "metric"]).value
-        for (l, m), v in ref.items():
-            assert got[l, m] == pytest.approx(v, abs=1e-6), (drop, l, m)
+        for (layer_idx, m), v in ref.items():
+            assert got[layer_idx, m] == pytest.approx(v, abs=1e-6), (drop, layer_idx, m)
     a = dec.scores.set_index(["layer", "metric"]).value
     b = kept.scores.set_index(["layer", "metric"]).value
     assert float((a - b).abs().max()) > 0.1  # BOS changes the kernel metrics
@@ -501,8 +501,8 @@ def test_dong_preset_collapses_doubly_exponentially_in_float64(tmp_path):
     float64 follows it to ~1e-10, where float32 has hit its floor."""
     res = sweep("kernels", (5,), variants=("dong",), width=64, seq_len=32, samples=4, dtype="float64")
     s = res.scores.set_index(["layer", "metric"]).value
-    r = [s[l, "resid_ratio_fro"] for l in range(6)]
-    e = [s[l, "contraction_exponent"] for l in range(6)]
+    r = [s[layer_idx, "resid_ratio_fro"] for layer_idx in range(6)]
+    e = [s[layer_idx, "contraction_exponent"] for layer_idx in range(6)]
     assert np.isnan(e[0]) and all(x > 2 for x in e[1:4]), e
     assert r[3] < 1e-5 and r[2] ** 2 > r[3]  # faster than squaring by layer 3
     assert s[3, "effective_rank_uncentred"] == pytest.approx(1.0, abs=1e-3)

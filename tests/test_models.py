@@ -49,7 +49,7 @@ def test_alias_typo_suggests_the_alias():
 
 
 def test_directory_without_model_files_is_explained(tmp_path):
-    with pytest.raises(ProbeError, match="neither config.json"):
+    with pytest.raises(ProbeError, match=r"neither config\.json"):
         load(str(tmp_path))
     with pytest.raises(ProbeError, match="does not exist"):
         load(str(tmp_path / "missing" / "model"))
@@ -98,7 +98,7 @@ def test_different_seeds_give_different_native_weights():
 
 def test_checkpoint_without_weights_is_explained(tmp_path):
     (tmp_path / "depthprobe.json").write_text(json.dumps({"native": {"layers": 1}}))
-    with pytest.raises(ProbeError, match="has no model.safetensors"):
+    with pytest.raises(ProbeError, match=r"has no model\.safetensors"):
         load_checkpoint(tmp_path)
 
 

@@ -140,9 +140,12 @@ def test_hand_built_heads_give_known_accuracies(tiny_bert):
     task, state, ctx = _state(tiny_bert, [Example(TREE, ENC)])
     maps = _hand_maps()
     pattern = torch.stack(
-        [torch.stack([_pieces_from_words(maps[l, h], ENC, len(ENC)) for h in range(4)]) for l in range(2)]
+        [
+            torch.stack([_pieces_from_words(maps[layer_idx, h], ENC, len(ENC)) for h in range(4)])
+            for layer_idx in range(2)
+        ]
     )  # [layer, head, q, k]
-    acts = Captured({name: pattern[l][None] for l, name in enumerate(pattern_names(2))})
+    acts = Captured({name: pattern[layer_idx][None] for layer_idx, name in enumerate(pattern_names(2))})
     batch = Batch(torch.tensor([ENC.ids]), torch.ones(1, len(ENC), dtype=torch.long), [Example(TREE, ENC)])
     task.accumulate(state, batch, acts)
     out = task.finalize(state, ctx)
@@ -187,7 +190,7 @@ def test_split_words_sum_to_and_mean_from(tiny_bert):
     task, state, ctx = _state(tiny_bert, [Example(tree, enc)])
     pat = torch.zeros(2, 4, 7, 7)
     pat[:] = a
-    acts = Captured({name: pat[l][None] for l, name in enumerate(pattern_names(2))})
+    acts = Captured({name: pat[layer_idx][None] for layer_idx, name in enumerate(pattern_names(2))})
     task.accumulate(
         state, Batch(torch.tensor([enc.ids]), torch.ones(1, 7, dtype=torch.long), [Example(tree, enc)]), acts
     )
@@ -210,7 +213,7 @@ def test_padding_and_batching_do_not_change_counts(tiny_bert):
     ex_short = Example(Tree("s", ("b", "a"), (0, 1), ("root", "det")), short_enc)
     maps = _hand_maps()
     long_pat = torch.stack(
-        [torch.stack([_pieces_from_words(maps[l, h], ENC, 8) for h in range(4)]) for l in range(2)]
+        [torch.stack([_pieces_from_words(maps[layer_idx, h], ENC, 8) for h in range(4)]) for layer_idx in range(2)]
     )  # [layer, head, 8, 8]
     torch.manual_seed(0)
     short_pat = torch.softmax(torch.randn(2, 4, 4, 4), -1)  # [layer, head, 4, 4]
@@ -221,7 +224,7 @@ def test_padding_and_batching_do_not_change_counts(tiny_bert):
     def counts(items, pats):  # pats: [layer, batch, head, q, k]
         _, state, _ = _state(tiny_bert, [ex_long, ex_short])  # the same relation table every time
         ids = torch.zeros(len(items), pats.shape[-1], dtype=torch.long)
-        acts = Captured({n: pats[l] for l, n in enumerate(pattern_names(2))})
+        acts = Captured({n: pats[layer_idx] for layer_idx, n in enumerate(pattern_names(2))})
         task.accumulate(state, Batch(ids, torch.ones_like(ids), items), acts)
         return state
 
@@ -245,7 +248,7 @@ def reference(items, patterns, baseline_root=True):
     correct: dict[str, np.ndarray] = {}
     base = defaultdict(lambda: np.zeros(len(OFFSETS)))
     count = Counter()
-    for (words, heads, rels, units), att in zip(items, patterns):
+    for (words, heads, rels, units), att in zip(items, patterns, strict=True):
         n_layers, n_heads = att.shape[:2]
         n = len(words)
         pieces = [[p for p, u in enumerate(units) if u == k + 1] for k in range(n)]

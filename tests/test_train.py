@@ -9,9 +9,8 @@ import torch
 from typer.testing import CliRunner
 
 from depthprobe.cli.main import app
-from depthprobe.probes import NativeConfig, ProbeError, load
+from depthprobe.probes import NativeConfig, ProbeError, load, synthetic
 from depthprobe.probes.models import checkpoint_files
-from depthprobe.probes import synthetic
 from depthprobe.probes.synthetic import BOS, DataConfig
 from depthprobe.probes.train import (
     LOSS_LOG,
@@ -34,7 +33,7 @@ def weights(model) -> list[torch.Tensor]:
 
 
 def same(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
-    return len(a) == len(b) and all(torch.equal(x, y) for x, y in zip(a, b))
+    return len(a) == len(b) and all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
 
 
 # ----------------------------------------------------------------------------- data
@@ -46,7 +45,7 @@ def test_induction_rows_repeat_a_segment_at_varied_offsets_and_lengths():
     tok, length, offset = batch
     assert tok.shape == (512, 48) and (tok[:, 0] == BOS).all()
     assert ((tok[:, 1:] >= 1) & (tok[:, 1:] < 20)).all()  # ordinary tokens only after BOS
-    for row, s, o in zip(tok, length.tolist(), offset.tolist()):
+    for row, s, o in zip(tok, length.tolist(), offset.tolist(), strict=True):
         assert s in data.train_lengths and s not in data.held_out
         assert 1 <= o <= 48 - 2 * s
         assert torch.equal(row[o : o + s], row[o + s : o + 2 * s])
@@ -379,7 +378,7 @@ def test_sigint_and_sigterm_during_saving_leave_a_resumable_checkpoint(tmp_path)
         assert f"checkpoint of step {step}:" in lines[0]
         resume = ["--resume"]
     final = step + 3
-    done = subprocess.run(_train_cmd(out, final) + ["--resume"], capture_output=True, text=True, env=env, timeout=300)
+    done = subprocess.run([*_train_cmd(out, final), "--resume"], capture_output=True, text=True, env=env, timeout=300)
     assert done.returncode == 0, done.stderr
     assert json.loads((out / "depthprobe.json").read_text())["training"]["step"] == final
     straight = train(
