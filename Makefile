@@ -30,17 +30,20 @@ test: install
 test-fast: install
 	$(BIN)/python -m pytest -q -m "not slow"
 
-# lint, format, types (under the installed names, linked in build/typecheck) and import direction
+# mypy checks the folders under their installed names, linked in build/typecheck
+TYPECHECK = mkdir -p build/typecheck/depthprobe && \
+	for p in probes tasks cli; do ln -sfn ../../../$$p build/typecheck/depthprobe/$$p; done && \
+	$(BIN)/mypy -p depthprobe.probes -p depthprobe.tasks -p depthprobe.cli
+
+# lint, format, types and import direction (cli -> api -> tasks -> core)
 check: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(MAKE) check-types
+	$(TYPECHECK)
 	$(BIN)/python scripts/check_imports.py
 
 check-types: install
-	mkdir -p build/typecheck/depthprobe
-	for p in probes tasks cli; do ln -sfn ../../../$$p build/typecheck/depthprobe/$$p; done
-	$(BIN)/mypy -p depthprobe.probes -p depthprobe.tasks -p depthprobe.cli
+	$(TYPECHECK)
 
 bench: install
 	for b in bench/bench_*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done

@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -24,16 +24,17 @@ class OneLineErrors(TyperGroup):
 
     def main(
         self,
-        args: Any = None,
+        args: Sequence[str] | None = None,
         prog_name: str | None = None,
         complete_var: str | None = None,
         standalone_mode: bool = True,
+        windows_expand_args: bool = True,
         **extra: Any,
     ) -> Any:
         if not standalone_mode:
-            return super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+            return super().main(args, prog_name, complete_var, False, windows_expand_args, **extra)
         try:
-            rv = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+            rv = super().main(args, prog_name, complete_var, False, windows_expand_args, **extra)
         except click.NoArgsIsHelpError as exc:
             from typer import rich_utils
 
@@ -66,7 +67,7 @@ def usage_line(exc: Any, prog: str = "probe") -> str:
     message = " ".join(exc.format_message().split())
     ctx = exc.ctx
     cause = getattr(exc, "__cause__", None)
-    errors = cause.errors() if hasattr(cause, "errors") else []
+    errors = cause.errors() if cause is not None and hasattr(cause, "errors") else []
     if isinstance(exc, click.BadParameter) and errors and exc.param is not None:
         first = errors[0]
         names = "/".join(getattr(exc.param, "opts", []) or [exc.param.name or "value"])

@@ -12,10 +12,10 @@ from depthprobe.cli.main import app, guarded, prepare_out
 def _read_text(text: str | None, file: Path | None) -> tuple[str, str]:
     from depthprobe.probes.errors import ProbeError
 
-    if (text is None) == (file is None):
-        raise ProbeError('probe viz needs exactly one of --text "..." or --file PATH')
-    if file is None:
+    if text is not None and file is None:
         return text, "--text"
+    if file is None or text is not None:
+        raise ProbeError('probe viz needs exactly one of --text "..." or --file PATH')
     try:
         return file.read_text(encoding="utf-8-sig"), str(file)
     except FileNotFoundError:

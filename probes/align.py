@@ -65,6 +65,8 @@ def encode_words(model: Model, words: Sequence[str]) -> Encoded:
 
 def encode_pieces(model: Model, pieces: Sequence[Sequence[int]]) -> Encoded:
     """Per-word piece ids -> model input with the special tokens and each position's unit."""
+    if model.cls_id is None:
+        raise ValueError(f"encode_pieces needs a model with a tokenizer; {model.name} has none")
     ids: list[int] = [model.cls_id]
     units: list[int] = [0]
     for k, p in enumerate(pieces):

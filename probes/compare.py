@@ -113,11 +113,11 @@ def _below(root: Path) -> list[Path]:
 
 def find_runs(paths: Iterable[str | Path]) -> list[Path]:
     """Run folders named by ``paths``: each is a run folder, or a folder searched for run folders."""
-    paths = [Path(p) for p in paths]
-    if not paths:
+    folders = [Path(p) for p in paths]
+    if not folders:
         raise ProbeError("no run folders given; pass two or more run folders written by probe run, or a study folder")
     out: list[Path] = []
-    for p in paths:
+    for p in folders:
         if not p.exists():
             raise ProbeError(f"{p} does not exist; pass a run folder written by probe run (or a study folder)")
         if not p.is_dir():
@@ -130,7 +130,12 @@ def find_runs(paths: Iterable[str | Path]) -> list[Path]:
             )
         out += found
     seen: set[Path] = set()
-    return [p for p in out if not (p.resolve() in seen or seen.add(p.resolve()))]
+    unique = []
+    for p in out:
+        if p.resolve() not in seen:
+            seen.add(p.resolve())
+            unique.append(p)
+    return unique
 
 
 def _json(path: Path) -> Any:
@@ -363,11 +368,11 @@ def _run_table(run: Run, label: str, selectors: list[str]) -> pd.DataFrame:
             }
         )
     table = pd.DataFrame(rows)
-    reader = BASELINES.get(run.task)
-    base = reader(run) if reader else None
-    keys = [c for c in (base.columns if base is not None else []) if c not in ("baseline", "baseline_name")]
-    if base is not None and keys and set(keys) <= set(table.columns):
-        table = table.merge(base.astype({k: "string" for k in keys}), on=keys, how="left")
+    read_baselines = BASELINES.get(run.task)
+    baselines = read_baselines(run) if read_baselines else None
+    keys = [c for c in (baselines.columns if baselines is not None else []) if c not in ("baseline", "baseline_name")]
+    if baselines is not None and keys and set(keys) <= set(table.columns):
+        table = table.merge(baselines.astype({k: "string" for k in keys}), on=keys, how="left")
         sign = np.where(table["better"] == "lower", -1.0, 1.0)
         table["margin"] = sign * (table["best_value"] - table["baseline"])
     return table

@@ -223,7 +223,15 @@ def to_doc(sentences: list[Sentence], vocab=None):
     from spacy.tokens import Doc
     from spacy.vocab import Vocab
 
-    words, spaces, heads, deps, pos, tags, morphs, lemmas, starts = [], [], [], [], [], [], [], [], []
+    words: list[str] = []
+    spaces: list[bool] = []
+    heads: list[int] = []
+    deps: list[str] = []
+    pos: list[str] = []
+    tags: list[str] = []
+    morphs: list[str] = []
+    lemmas: list[str] = []
+    starts: list[bool | int | None] = []
     for s in sentences:
         base = len(words)
         for t in s.tokens:

@@ -280,7 +280,7 @@ class _Conll12Doc:
     line: int
     words: list[str]
     tags: list[str]
-    sent_starts: list[bool]
+    sent_starts: list[bool | int | None]  # spaCy Doc(sent_starts=...)
     chains: _Chains
 
 

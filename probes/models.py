@@ -528,7 +528,8 @@ def _load_native(
 ) -> Model:
     from transformer_lens.model_bridge import TransformerBridge
 
-    bridge = TransformerBridge.boot_native(cfg.to_tl(), device=dev, dtype=dtype)
+    # TransformerLens attaches boot_native to the class with setattr, out of the type checker's sight
+    bridge = TransformerBridge.boot_native(cfg.to_tl(), device=dev, dtype=dtype)  # type: ignore[attr-defined]
     bridge.eval()
     info = ModelInfo(
         name=name,
@@ -687,7 +688,7 @@ def load_checkpoint(
     check_size(cfg.n_params(), native_bytes(cfg), f"checkpoint {d}", dev)
     try:
         with safe_open(str(weights), framework="pt", device="cpu") as fh:
-            found = {k: tuple(fh.get_slice(k).get_shape()) for k in fh}
+            found = {k: tuple(fh.get_slice(k).get_shape()) for k in fh.keys()}  # noqa: SIM118 (safe_open is not iterable)
     except (SafetensorError, OSError, ValueError) as exc:
         raise ProbeError(
             f"{weights} is not a readable safetensors file ({str(exc).splitlines()[0]}); "
@@ -698,7 +699,7 @@ def load_checkpoint(
     _check_shapes(expected, found, config, weights)
     try:
         with safe_open(str(weights), framework="pt", device=str(dev)) as fh:
-            state = {k: fh.get_tensor(k) for k in fh}
+            state = {k: fh.get_tensor(k) for k in fh.keys()}  # noqa: SIM118 (safe_open is not iterable)
     except (SafetensorError, OSError, ValueError) as exc:
         raise ProbeError(
             f"{weights} is not a readable safetensors file ({str(exc).splitlines()[0]}); "

@@ -90,6 +90,8 @@ def range_text(bounds: dict[str, float]) -> str:
         return f"in {lo[0]}{lo[1]}, {hi[1]}{hi[0]}"
     if lo:
         return f"at least {lo[1]}" if lo[0] == "[" else f"greater than {lo[1]}"
+    if hi is None:
+        raise ValueError(f"range_text needs a bound, got {bounds}")
     return f"at most {hi[1]}" if hi[0] == "]" else f"less than {hi[1]}"
 
 

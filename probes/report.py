@@ -20,7 +20,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 from urllib.parse import quote
 
 import numpy as np
@@ -140,7 +140,7 @@ def _matches(column: pd.Series, value: Any) -> pd.Series:
     return column.astype(str) == str(value)
 
 
-def _has_grid(scores: pd.DataFrame | None) -> bool:
+def _has_grid(scores: pd.DataFrame | None) -> TypeGuard[pd.DataFrame]:
     return scores is not None and not scores.empty and {"layer", "head", "metric", "value"} <= set(scores.columns)
 
 
@@ -286,7 +286,7 @@ def _views(raw: Sequence[Any]) -> tuple[list[View], list[str]]:
         try:
             if not isinstance(d, Mapping):
                 raise ValueError("not an object")
-            views.append(View.from_dict(d))
+            views.append(View.from_dict(dict(d)))
         except (ValueError, TypeError) as exc:
             title = d.get("title", "") if isinstance(d, Mapping) else ""
             errors.append(f"view {i} {title!s}: {exc}")

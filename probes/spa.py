@@ -278,6 +278,17 @@ class LayerNorm(nn.Module):
 
 
 class Attention(nn.Module):
+    # set in __init__ with setattr / register_buffer
+    hook_q: HookPoint
+    hook_k: HookPoint
+    hook_v: HookPoint
+    hook_attn_scores: HookPoint
+    hook_pattern: HookPoint
+    hook_z: HookPoint
+    causal_mask: torch.Tensor  # [n_ctx, n_ctx] bool
+    spa_bias: torch.Tensor  # SPA variants only: [n_ctx, n_ctx]
+    spa_scale: torch.Tensor  # SPA variants only: [n_ctx]
+
     def __init__(self, cfg: SPAConfig, layer: int, gen: torch.Generator, spa_a: torch.Tensor | None) -> None:
         super().__init__()
         d, h = cfg.width, cfg.heads
@@ -360,9 +371,9 @@ class Block(nn.Module):
     def _sub(
         self, x: torch.Tensor, f: Callable[[torch.Tensor], torch.Tensor], ln: LayerNorm | None, hook: HookPoint
     ) -> torch.Tensor:
-        out = hook(self.cfg.scale * f(ln(x) if self.cfg.norm == "pre" else x))
+        out = hook(self.cfg.scale * f(ln(x) if ln is not None and self.cfg.norm == "pre" else x))
         x = x + out if self.cfg.skip else out
-        return ln(x) if self.cfg.norm == "post" else x
+        return ln(x) if ln is not None and self.cfg.norm == "post" else x
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         x = self._sub(self.hook_resid_pre(x), lambda y: self.attn(y, mask), self.ln1, self.hook_attn_out)

@@ -110,10 +110,25 @@ class Output:
     files: dict[str, bytes] = field(default_factory=dict)  # extra artifact files
 
 
-class Task:
+class Configurable:
+    """A named plugin with a frozen ``Options`` dataclass, set with ``--option key=value``."""
+
     name: ClassVar[str]
     description: ClassVar[str]
     Options: ClassVar[type] = NoOptions
+
+    def parse_options(self, options: dict[str, Any]) -> Any:
+        fields = {f.name: f for f in dataclasses.fields(self.Options)}
+        for key in options:
+            if key not in fields:
+                hint = suggest(key, fields)
+                known = ", ".join(fields) or "none"
+                raise ProbeError(f"task {self.name!r} has no option {key!r}{hint}; its options: {known}")
+        kwargs = {k: coerce(v, str(fields[k].type), f"task {self.name!r} option {k}") for k, v in options.items()}
+        return check_ranges(self.Options(**kwargs), f"{self.name}: option")
+
+
+class Task(Configurable):
     needs_text: ClassVar[bool] = True
     needs_logits: ClassVar[bool] = False
 
@@ -139,16 +154,6 @@ class Task:
 
     def finalize(self, state: Any, ctx: Context) -> Output:
         raise NotImplementedError
-
-    def parse_options(self, options: dict[str, Any]) -> Any:
-        fields = {f.name: f for f in dataclasses.fields(self.Options)}
-        for key in options:
-            if key not in fields:
-                hint = suggest(key, fields)
-                known = ", ".join(fields) or "none"
-                raise ProbeError(f"task {self.name!r} has no option {key!r}{hint}; its options: {known}")
-        kwargs = {k: coerce(v, str(fields[k].type), f"task {self.name!r} option {k}") for k, v in options.items()}
-        return check_ranges(self.Options(**kwargs), f"{self.name}: option")
 
 
 TASKS: Registry[Task] = Registry("task")
@@ -183,15 +188,9 @@ class SweepConfig:
         return d
 
 
-class Sweep:
+class Sweep(Configurable):
     """A depth sweep (``probe sweep --task NAME``): one model per depth, identical settings and
     seeds; ``run`` gets the depths and its parsed options and returns an :class:`Output`."""
-
-    name: ClassVar[str]
-    description: ClassVar[str]
-    Options: ClassVar[type] = NoOptions
-
-    parse_options = Task.parse_options
 
     def run(self, config: SweepConfig, options: Any, progress: bool) -> Output:
         raise NotImplementedError

@@ -101,14 +101,15 @@ class TrainConfig:
 # ----------------------------------------------------------------------------- fast forward
 
 
-def inner(module: torch.nn.Module) -> torch.nn.Module:
-    """The innermost original module under TransformerLens bridge wrappers."""
+def inner(module: Any) -> Any:
+    """The innermost original module under TransformerLens bridge wrappers (duck-typed: the
+    modules' attributes are TransformerLens internals)."""
     while "_original_component" in module._modules:
         module = module._modules["_original_component"]
     return module
 
 
-def _attention(attn: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+def _attention(attn: Any, x: torch.Tensor) -> torch.Tensor:
     """NativeAttention's function without its pattern output. x: [batch, pos, d_model]."""
     b, t, _ = x.shape
     h, dh = attn.n_heads, attn.d_head

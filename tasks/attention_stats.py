@@ -27,6 +27,7 @@ import torch
 from depthprobe.probes.capture import pattern_names
 from depthprobe.probes.errors import ProbeError, suggest
 from depthprobe.probes.metrics import attention_stat_sums, clark_stat_sums, js_distance_mean, uniform_entropy_sum
+from depthprobe.probes.models import Model
 from depthprobe.probes.options import ranged
 from depthprobe.probes.task import Context, Examples, Output, Task, tidy
 from depthprobe.probes.text import read_lines
@@ -82,7 +83,7 @@ def punct_ids(tokenizer, protocol: str = "pooled") -> frozenset[int]:
 
 @dataclass
 class State:
-    model: object
+    model: Model
     punct: torch.Tensor  # vocabulary ids of punctuation tokens
     protocol: str = "pooled"
     sums: dict[str, torch.Tensor] = field(default_factory=dict)

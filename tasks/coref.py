@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 import torch
@@ -90,7 +91,7 @@ class Query:
     kind: int  # index into TYPES
     cands: tuple[Cand, ...]
     correct: tuple[bool, ...]  # per candidate: in M's chain
-    baselines: tuple[bool, bool, bool]  # nearest, head match, rule-based correct
+    baselines: tuple[bool, ...]  # nearest, head match, rule-based: correct
 
 
 @dataclass(frozen=True)
@@ -311,7 +312,9 @@ class ChainState:
     n_layers: int
     n_heads: int
     views_wanted: int
-    correct: torch.Tensor = None  # [type, layer, head] int64
+    counts: dict[str, Any] = field(default_factory=dict)  # what loading counted
+    kind: str = "chains"
+    correct: torch.Tensor = field(init=False)  # [type, layer, head] int64
     n_windows: int = 0
     n: list[int] = field(default_factory=lambda: [0, 0, 0])
     base: list[list[int]] = field(default_factory=lambda: [[0, 0, 0] for _ in BASELINES])  # [baseline][type]
@@ -326,11 +329,12 @@ class GapState:
     n_layers: int
     n_heads: int
     views_wanted: int
-    correct: torch.Tensor = None  # [gender, layer, head]
+    counts: dict[str, Any] = field(default_factory=dict)  # what loading counted
+    kind: str = "gap"
+    correct: torch.Tensor = field(init=False)  # [gender, layer, head]
     n: list[int] = field(default_factory=lambda: [0, 0, 0])
     base: list[list[int]] = field(default_factory=lambda: [[0, 0, 0], [0, 0, 0]])  # nearest, first
     views: list[dict] = field(default_factory=list)
-    counts: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.correct = torch.zeros(len(GENDERS), self.n_layers, self.n_heads, dtype=torch.long)
@@ -339,7 +343,7 @@ class GapState:
 # ---------------------------------------------------------------- scoring one batch
 
 
-def query_index(windows: Sequence[Window], n_pos: int) -> dict[str, torch.Tensor]:
+def query_index(windows: Sequence[Window], n_pos: int) -> dict[str, Any]:
     """Index tensors over every query of a batch. Each window's distinct query head words get a
     slot; ``pieces`` [batch, r] are those words' piece positions, ``slot_of`` [batch, r] their
     slot and ``weight`` [batch, r] 1/(pieces of the word) (0 for padding); ``unit_of`` [batch, pos]
@@ -357,8 +361,8 @@ def query_index(windows: Sequence[Window], n_pos: int) -> dict[str, torch.Tensor
     pieces = torch.zeros(len(windows), n_r, dtype=torch.long)
     slot_of = torch.zeros(len(windows), n_r, dtype=torch.long)
     weight = torch.zeros(len(windows), n_r, dtype=torch.float64)
-    for b, rows in enumerate(picked):
-        for r, (p, k, wt) in enumerate(rows):
+    for b, picks in enumerate(picked):
+        for r, (p, k, wt) in enumerate(picks):
             pieces[b, r], slot_of[b, r], weight[b, r] = p, k, wt
     width = max([len(q.cands) for _, q in qs] + [1])
     rows, slot, cands, valid, correct, kind = [], [], [], [], [], []
@@ -441,7 +445,7 @@ def chain_accumulate(state: ChainState, batch: Batch, acts, names: list[str]) ->
 
 def _view_targets(state: ChainState, windows: Sequence[Window]) -> list[tuple[int, Query]]:
     """Up to the wanted number of (row, query) pairs: the first query with 2+ candidates per window."""
-    out = []
+    out: list[tuple[int, Query]] = []
     for b, w in enumerate(windows):
         if len(state.views) + len(out) >= state.views_wanted:
             break
@@ -607,6 +611,8 @@ class Coref(Task):
 
     def _load_gap(self, model, ctx: Context) -> Examples:
         path = ctx.data
+        if path is None:
+            raise ValueError("_load_gap needs a data path")
         files = sorted(f for f in path.iterdir() if f.suffix == ".tsv") if path.is_dir() else [path]
         rows = [ex for f in files for ex in cd.read_gap(f)]
         limit = min(ctx.options.gap_max_len, model.info.max_len)
@@ -626,9 +632,7 @@ class Coref(Task):
     def start(self, model, ctx, examples):
         kind = getattr(examples, "kind", "chains")
         cls = GapState if kind == "gap" else ChainState
-        state = cls(model.info.n_layers, model.info.n_heads, ctx.options.views)
-        state.kind, state.counts = kind, getattr(examples, "counts", {})
-        return state
+        return cls(model.info.n_layers, model.info.n_heads, ctx.options.views, getattr(examples, "counts", {}))
 
     def accumulate(self, state, batch, acts) -> None:
         names = pattern_names(state.n_layers)

@@ -41,6 +41,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 import torch
@@ -394,7 +395,7 @@ class Induction(Task):
         if model.info.causal:
             early, late = state.loss_first / state.n, state.loss_second / state.n
             model_level = {"repeat_copying_score": late - early, "loss_first_copy": early, "loss_repeated": late}
-        icl: dict[str, float | int] = {}
+        icl: dict[str, Any] = {}
         if state.icl is not None:
             pos = icl_positions(model.info.max_len)
             score, se, at_early, at_late = icl_from_losses(icl_losses(model, state.icl, ctx.config.batch_size), *pos)
@@ -427,7 +428,7 @@ class Induction(Task):
             notes.append(
                 f"K-composition with the best earlier head, layers 1+: trained {float(trained.min()):.3f}-"
                 f"{float(trained.max()):.3f} (mean {float(trained.mean()):.3f}); the same architecture at "
-                f"initialisation (seed {model.info.native['seed']}) {float(init.min()):.3f}-"
+                f"initialisation (seed {(model.info.native or {}).get('seed')}) {float(init.min()):.3f}-"
                 f"{float(init.max()):.3f} (mean {float(init.mean()):.3f})"
             )
         if model.info.causal:
@@ -449,6 +450,8 @@ class Induction(Task):
     @staticmethod
     def _view(state: State, scores: pd.DataFrame) -> dict:
         """The best induction head (and the best previous-token head) on one repeated sequence."""
+        if state.example is None:
+            raise ValueError("_view needs the example kept by accumulate")
         ids, pattern = state.example
         picks = [("induction", scores[scores.metric == "induction"])]
         prev = scores[(scores.metric == "previous_token")]
@@ -486,6 +489,8 @@ def at_init(model: Model) -> Model:
     its step-0 weights."""
     from depthprobe.probes.models import NativeConfig, load
 
+    if model.info.native is None:
+        raise ValueError(f"at_init needs a native model, got {model.info.name!r}")
     with torch.random.fork_rng(devices=[]):
         return load(NativeConfig(**model.info.native), device="cpu")
 
@@ -641,7 +646,9 @@ class InductionSweep(Sweep):
                 f"tokens but vocab={o.vocab} has {o.vocab - 1}; use --option vocab={max(lengths) + 1} "
                 "or more, or a shorter --seq-len"
             )
-        rows, summary, losses = [], [], []
+        rows: list[dict[str, Any]] = []
+        summary: list[dict[str, Any]] = []
+        losses: list[dict[str, Any]] = []
         for depth, (native, data, cfg) in plans.items():
             curve: list[dict] = []
 

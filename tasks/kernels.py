@@ -209,7 +209,7 @@ def plot_heatmaps(panels: list[tuple[str, np.ndarray]], ncols: int, title: str) 
 
 def npz_bytes(arrays: dict[str, np.ndarray]) -> bytes:
     buf = io.BytesIO()
-    np.savez_compressed(buf, **arrays)
+    np.savez_compressed(buf, **arrays)  # type: ignore[arg-type]  # numpy's stub types **kwds as allow_pickle
     return buf.getvalue()
 
 

@@ -32,6 +32,7 @@ from depthprobe.probes.align import Encoded, encode_words, unit_matrix, word_att
 from depthprobe.probes.batching import length_batches
 from depthprobe.probes.capture import pattern_names
 from depthprobe.probes.errors import ProbeError
+from depthprobe.probes.models import Model
 from depthprobe.probes.task import Context, Examples, Output, Task, tidy
 
 SAMPLE = Path(__file__).parent / "data" / "sample_syntax.conllu"
@@ -89,7 +90,7 @@ def trees_from_doc(doc, bounds: list[tuple[int, int]] | None = None) -> list[Tre
     dep = doc.to_array("DEP")  # label hashes
     words = [t.text for t in doc]
     strings = doc.vocab.strings
-    out = []
+    out: list[Tree] = []
     for k, (start, end) in enumerate(bounds if bounds is not None else ((s.start, s.end) for s in doc.sents)):
         off = offset[start:end]
         heads = np.where(off == 0, 0, np.arange(1, end - start + 1) + off)  # CoNLL-U numbering
@@ -186,7 +187,7 @@ def best_offset(acc: np.ndarray) -> int:
 
 @dataclass
 class State:
-    model: object
+    model: Model
     relations: list[str]  # row r of the counts; the last row is ALL
     index: dict[str, int]
     baseline_root: bool
@@ -208,7 +209,8 @@ class Syntax(Task):
     def load(self, model, ctx: Context) -> Examples:
         trees = read_trees(ctx.data, ctx.options.parser)
         limit = min(ctx.config.max_len, model.info.max_len)
-        kept, skipped, wanted = [], 0, ctx.config.limit
+        kept: list[Example] = []
+        skipped, wanted = 0, ctx.config.limit
         for tree in trees:
             if wanted is not None and len(kept) >= wanted:
                 break
@@ -264,7 +266,7 @@ class Syntax(Task):
                 n = items[show].enc.n_words
                 shown.append(w[show, :, :n, :n].to("cpu", torch.float32))  # [h, n, n]
             pred[:, 0, layer], pred[:, 1, layer] = predict_governors(w, n_words)  # [b, h, n] each
-        if shown:
+        if show is not None and shown:
             state.view = {
                 "words": list(items[show].tree.words),
                 "sent_id": items[show].tree.sent_id,
