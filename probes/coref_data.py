@@ -547,19 +547,3 @@ def read_gap(path: str | Path) -> list[GapExample]:
     if not out:
         raise ProbeError(f"{path} has a GAP header but no rows; give a file with examples")
     return out
-
-
-def gap_doc(example: GapExample, nlp=None):
-    """A GAP row as a Doc (spaCy's rule-based English tokenizer): span groups ``gap_pronoun``,
-    ``gap_candidates`` (A, B) and the gold chain ``coref_gold`` (pronoun + true candidates)."""
-    import spacy
-
-    nlp = nlp or spacy.blank("en")
-    doc = nlp.make_doc(example.text)
-    spans = {k: doc.char_span(s, e, alignment_mode="expand") for k, (s, e) in example.spans().items()}
-    doc.spans["gap_pronoun"] = [spans["pronoun"]]
-    doc.spans["gap_candidates"] = [spans["A"], spans["B"]]
-    gold = [spans[k] for k, ok in (("A", example.a_coref), ("B", example.b_coref)) if ok]
-    doc.spans[SPAN_PREFIX + "gold"] = sorted([spans["pronoun"], *gold], key=lambda s: (s.start, s.end))
-    doc.user_data.update({"gap_id": example.id, "gap_line": example.line})
-    return doc

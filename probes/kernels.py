@@ -1,4 +1,4 @@
-"""Signal-propagation kernels (DESIGN.md §3.6): pure functions on tensors, no model.
+"""Signal-propagation kernels (docs/kernels.md): pure functions on tensors, no model.
 
 Measurements on a representation X, shape [T, d] or batched [B, T, d], with an optional token
 mask [T] / [B, T] (True for tokens that count; padding and excluded specials are False):
@@ -47,7 +47,7 @@ F64 = torch.float64
 def _batched(x: torch.Tensor, mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, bool]:
     """[T, d] or [B, T, d] (+ mask) -> float64 [B, T, d] with masked rows zeroed, bool [B, T]."""
     if x.dim() not in (2, 3):
-        raise ProbeError(f"kernel metrics take [T, d] or [B, T, d] tensors, got shape {tuple(x.shape)}")
+        raise ValueError(f"kernel metrics take [T, d] or [B, T, d] tensors, got shape {tuple(x.shape)}")
     single = x.dim() == 2
     x = x.to(F64)
     if single:
@@ -120,7 +120,7 @@ def residual_ratio(x: torch.Tensor, mask: torch.Tensor | None = None, norm: str 
     elif norm == "l1inf":
         num, den = composite_norm(res), composite_norm(xb)
     else:
-        raise ProbeError(f"residual norm must be 'fro' or 'l1inf', got {norm!r}")
+        raise ValueError(f"residual norm must be 'fro' or 'l1inf', got {norm!r}")
     ratio = torch.where(den > 0, num / den.clamp_min(1e-300), torch.full_like(den, math.nan))
     return _out(ratio, single)
 
@@ -260,19 +260,6 @@ def relu_step(sigma: torch.Tensor) -> torch.Tensor:
     return d[..., :, None] * d[..., None, :] * (torch.sin(t) + (math.pi - t) * c) / math.pi
 
 
-def uniform_recursion(
-    t: int, depth: int, causal: bool = True, skip: bool = False, alpha: float = 1.0, sigma0: torch.Tensor | None = None
-) -> torch.Tensor:
-    """Kernels Sigma_0..Sigma_depth of uniform attention (Sigma_0 = I unless given). [depth+1, T, T]."""
-    a = uniform_attention(t, causal)
-    s = torch.eye(t, dtype=F64) if sigma0 is None else sigma0.to(F64)
-    out = [s]
-    for _ in range(depth):
-        s = attention_step(s, a, skip, alpha)
-        out.append(s)
-    return torch.stack(out)
-
-
 def espa_gamma(layer: int, depth: int, gamma_last: float = 0.005) -> float:
     """E-SPA schedule 1 - exp(-2 gamma_l) = (1 - exp(-2 gamma_L))^(l/L); gamma_0 = inf."""
     if layer == 0:
@@ -306,15 +293,7 @@ def target_kernels(kind: str, t: int, depth: int, gamma_last: float = 0.005, rho
         return torch.stack([espa_kernel(t, espa_gamma(layer_idx, depth, gamma_last)) for layer_idx in range(depth + 1)])
     if kind == "u-spa":
         return torch.stack([uspa_kernel(t, uspa_rho(layer_idx, depth, rho_last)) for layer_idx in range(depth + 1)])
-    raise ProbeError(f"target kernels exist for e-spa and u-spa, not {kind!r}")
-
-
-def cholesky_attention(sigma_prev: torch.Tensor, sigma_next: torch.Tensor) -> torch.Tensor:
-    """A = chol(Sigma_next) chol(Sigma_prev)^-1 (lower triangular, so causal). [T, T] float64."""
-    with serial():
-        l_prev = torch.linalg.cholesky(sigma_prev.to(F64))
-        l_next = torch.linalg.cholesky(sigma_next.to(F64))
-        return torch.linalg.solve_triangular(l_prev, l_next, upper=False, left=False)  # X L_prev = L_next
+    raise ValueError(f"target kernels exist for e-spa and u-spa, not {kind!r}")
 
 
 @functools.lru_cache(maxsize=16)

@@ -1,4 +1,4 @@
-"""Levine et al. 2020's depth threshold (DESIGN.md §3.6): the one formula every summary uses.
+"""Levine et al. 2020's depth threshold (docs/kernels.md): the one formula every summary uses.
 
 L_th = log3(d_model). Their theory (for linearised attention) gives depth below L_th a
 double-exponential advantage over width; at or above it, depth and width contribute comparably
@@ -11,8 +11,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from typing import Any
-
-from depthprobe.probes.errors import ProbeError
 
 BELOW = (
     "below the threshold, where their theory (for linearised attention) gives a double-exponential "
@@ -30,7 +28,7 @@ RANDOM_INIT = "random-init weights, so no regime label: the theory (for linearis
 def threshold(d_model: int) -> float:
     """L_th = log3(d_model)."""
     if d_model < 1:
-        raise ProbeError(f"d_model must be at least 1 for Levine et al.'s threshold, got {d_model}")
+        raise ValueError(f"d_model must be at least 1 for Levine et al.'s threshold, got {d_model}")
     return math.log(d_model) / math.log(3)
 
 

@@ -9,12 +9,6 @@ from __future__ import annotations
 import torch
 
 
-def row_entropy(a: torch.Tensor) -> torch.Tensor:
-    """Entropy in nats of each attention row (0 log 0 = 0). [..., q, k] -> [..., q]."""
-    a = a.to(torch.float64)
-    return -(a * torch.where(a > 0, a.log(), torch.zeros_like(a))).sum(-1)
-
-
 def diagonal(a: torch.Tensor, offset: int) -> torch.Tensor:
     """A[..., i, i + offset] for every query i, 0 where i + offset is out of range. [..., q]."""
     n = a.shape[-1]

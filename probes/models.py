@@ -259,12 +259,12 @@ def cached_snapshot(repo_id: str) -> Path | None:
         canonical = resolve_model_alias(repo_id)
         if canonical and canonical not in candidates:
             candidates.append(canonical)
-    except Exception:  # the alias table is an optional nicety
+    except (ImportError, OSError, ValueError):  # the alias table is an optional nicety (moved or unreadable)
         pass
     for cand in candidates:
         try:
             return Path(snapshot_download(cand, local_files_only=True))
-        except Exception:
+        except (OSError, ValueError):  # not in the cache (LocalEntryNotFoundError) or not a repo id
             continue
     return None
 
@@ -459,7 +459,7 @@ def available_memory(dev: torch.device | None = None) -> int | None:
     if dev is not None and dev.type == "cuda":
         try:
             return int(torch.cuda.mem_get_info(dev)[0])
-        except Exception:  # no query available: do not guess
+        except (RuntimeError, AssertionError):  # no query available (driver, build): do not guess
             return None
     try:
         import psutil

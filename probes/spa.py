@@ -1,4 +1,4 @@
-"""A hookable transformer family for depth studies of signal propagation (DESIGN.md §3.6).
+"""A hookable transformer family for depth studies of signal propagation (docs/kernels.md).
 
 TransformerBridge's native models are always pre-LN with skips, so they cannot express skipless
 or normalisation-free networks. This family is built on TransformerLens's ``HookedRootModule`` and
@@ -63,7 +63,7 @@ from torch import nn
 from transformer_lens.hook_points import HookPoint
 from transformer_lens.HookedRootModule import HookedRootModule
 
-from depthprobe.probes import kernels as K
+from depthprobe.probes import kernels
 from depthprobe.probes.errors import ProbeError, suggest
 from depthprobe.probes.models import Model, ModelInfo, check_size, resolve_device
 from depthprobe.probes.options import check_seed, coerce, field_types, parse_pairs
@@ -258,7 +258,7 @@ def _gauss(gen: torch.Generator, *shape: int, std: float) -> nn.Parameter:
 def _orth(gen: torch.Generator, n: int, dtype: torch.dtype = torch.float32) -> nn.Parameter:
     """nn.init.orthogonal_'s construction (QR of float32 N(0, 1) draws, signs fixed by diag R), with
     the QR in ``dtype``: float64 gives the same matrix orthogonal to float64 precision."""
-    with K.serial():
+    with kernels.serial():
         flat = torch.empty(n, n).normal_(0, 1, generator=gen)
         q, r = torch.linalg.qr(flat.to(dtype))
         return nn.Parameter(q * torch.diagonal(r).sign())
@@ -289,7 +289,7 @@ class Attention(nn.Module):
     spa_bias: torch.Tensor  # SPA variants only: [n_ctx, n_ctx]
     spa_scale: torch.Tensor  # SPA variants only: [n_ctx]
 
-    def __init__(self, cfg: SPAConfig, layer: int, gen: torch.Generator, spa_a: torch.Tensor | None) -> None:
+    def __init__(self, cfg: SPAConfig, gen: torch.Generator, spa_a: torch.Tensor | None) -> None:
         super().__init__()
         d, h = cfg.width, cfg.heads
         self.cfg = cfg
@@ -304,7 +304,7 @@ class Attention(nn.Module):
             self.alpha = nn.Parameter(torch.ones(h))
             self.beta = nn.Parameter(torch.zeros(h))
         if spa_a is not None:
-            bias, rowsum = K.softmax_realisation(spa_a)
+            bias, rowsum = kernels.softmax_realisation(spa_a)
             self.register_buffer("spa_bias", bias.to(cfg.torch_dtype))  # [n_ctx, n_ctx]
             self.register_buffer("spa_scale", rowsum.to(cfg.torch_dtype))  # [n_ctx]
         self.register_buffer("causal_mask", torch.tril(torch.ones(cfg.n_ctx, cfg.n_ctx, dtype=torch.bool)))
@@ -357,10 +357,10 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, cfg: SPAConfig, layer: int, gen: torch.Generator, spa_a: torch.Tensor | None) -> None:
+    def __init__(self, cfg: SPAConfig, gen: torch.Generator, spa_a: torch.Tensor | None) -> None:
         super().__init__()
         self.cfg = cfg
-        self.attn = Attention(cfg, layer, gen, spa_a)
+        self.attn = Attention(cfg, gen, spa_a)
         self.ln1 = LayerNorm(cfg.width) if cfg.norm != "none" else None
         self.hook_resid_pre, self.hook_attn_out, self.hook_resid_post = HookPoint(), HookPoint(), HookPoint()
         if cfg.mlp:
@@ -392,11 +392,11 @@ class SPATransformer(HookedRootModule):
         self.W_E = _gauss(gen, cfg.d_vocab, cfg.width, std=1.0)
         self.hook_embed = HookPoint()
         spa = (
-            K.spa_attentions(cfg.attention, cfg.n_ctx, cfg.depth, cfg.gamma_last, cfg.rho_last)
+            kernels.spa_attentions(cfg.attention, cfg.n_ctx, cfg.depth, cfg.gamma_last, cfg.rho_last)
             if cfg.attention in SPA
             else None
         )
-        self.blocks = nn.ModuleList(Block(cfg, i, gen, None if spa is None else spa[i]) for i in range(cfg.depth))
+        self.blocks = nn.ModuleList(Block(cfg, gen, None if spa is None else spa[i]) for i in range(cfg.depth))
         self.W_U = _gauss(gen, cfg.width, cfg.d_vocab, std=cfg.width**-0.5)
         self.to(cfg.torch_dtype)  # Gaussian draws are the float32 ones, cast: the same weights in either dtype
         self.setup()
@@ -437,11 +437,11 @@ class SPATransformer(HookedRootModule):
 def mixing_matrices(cfg: SPAConfig, t: int) -> list[torch.Tensor] | None:
     """The fixed attention matrix of every block at init, or None (softmax at random init)."""
     if cfg.attention == "uniform":
-        return [K.uniform_attention(t, cfg.causal)] * cfg.depth
+        return [kernels.uniform_attention(t, cfg.causal)] * cfg.depth
     if cfg.attention == "value-skipinit":
-        return [torch.eye(t, dtype=K.F64)] * cfg.depth
+        return [torch.eye(t, dtype=kernels.F64)] * cfg.depth
     if cfg.attention in SPA:
-        a = K.spa_attentions(cfg.attention, cfg.n_ctx, cfg.depth, cfg.gamma_last, cfg.rho_last)
+        a = kernels.spa_attentions(cfg.attention, cfg.n_ctx, cfg.depth, cfg.gamma_last, cfg.rho_last)
         return list(a[:, :t, :t])
     return None
 
@@ -454,21 +454,21 @@ def theory_kernels(cfg: SPAConfig, t: int, sigma0: torch.Tensor | None = None) -
     mix = mixing_matrices(cfg, t)
     if mix is None:
         return None
-    s = torch.eye(t, dtype=K.F64) if sigma0 is None else sigma0.to(K.F64)
+    s = torch.eye(t, dtype=kernels.F64) if sigma0 is None else sigma0.to(kernels.F64)
     out = [s]
-    steps = [lambda y, a=a: K.attention_step(y, a) for a in mix]
+    steps = [lambda y, a=a: kernels.attention_step(y, a) for a in mix]
     for attn in steps:
         s = _theory_sub(cfg, s, attn)
         if cfg.mlp:
-            s = _theory_sub(cfg, s, K.relu_step)
+            s = _theory_sub(cfg, s, kernels.relu_step)
         out.append(s)
     return torch.stack(out)
 
 
 def _theory_sub(cfg: SPAConfig, s: torch.Tensor, f: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
-    branch = cfg.scale**2 * f(K.normalised(s) if cfg.norm == "pre" else s)
+    branch = cfg.scale**2 * f(kernels.normalised(s) if cfg.norm == "pre" else s)
     s = s + branch if cfg.skip else branch
-    return K.normalised(s) if cfg.norm == "post" else s
+    return kernels.normalised(s) if cfg.norm == "post" else s
 
 
 # ----------------------------------------------------------------------------- wrapping, training

@@ -5,7 +5,7 @@ Every sequence starts with BOS.
 
 - :func:`induction`: random tokens with one repeated segment ``r r`` at a random offset and
   a random repeat length drawn from the training lengths. Varying both keeps a positional
-  shortcut from passing for induction (DESIGN §3.5).
+  shortcut from passing for induction (docs/induction.md).
 - :func:`random_tokens`: plain uniform random tokens (nothing to copy).
 - :func:`repeated`: ``prefix r r suffix`` with ``r`` drawn without replacement from a given id
   list: the probe input of the induction task (``[BOS] r r`` / ``[CLS] r r [SEP]``).

@@ -130,11 +130,10 @@ class Configurable:
 
 class Task(Configurable):
     needs_text: ClassVar[bool] = True
-    needs_logits: ClassVar[bool] = False
 
     def wants_logits(self, model: Any) -> bool:
         """Whether forward passes must run to the logits (else they stop at the last hook)."""
-        return self.needs_logits
+        return False
 
     def load(self, model: Any, ctx: Context) -> Examples:
         raise NotImplementedError

@@ -1,6 +1,6 @@
 """coref (Clark et al. 2019, Table 2; GAP): which heads attend from a mention to its antecedent.
 
-Chains (CoNLL-U ``Entity=`` / CoNLL-2012, DESIGN §3.4): documents are cut into windows of
+Chains (CoNLL-U ``Entity=`` / CoNLL-2012, docs/coref.md): documents are cut into windows of
 consecutive whole sentences (greedy, at most ``--max-len`` pieces with specials; a longer
 sentence is skipped and ends the window), one forward pass per window. A mention M of a window
 (whole span inside) is evaluated when an earlier mention of its chain (strictly earlier start)
@@ -23,7 +23,7 @@ from typing import Any
 import pandas as pd
 import torch
 
-from depthprobe.probes import coref_data as cd
+from depthprobe.probes import coref_data
 from depthprobe.probes.align import (
     Encoded,
     encode_pieces,
@@ -109,8 +109,8 @@ def mention_type(upos: str) -> int:
 def agreement(token) -> tuple[str, str, str]:
     """(Number, Gender, Person) of a head word: the pronoun table for pronouns it lists, else the
     token's morphology; non-pronouns are third person. '' = unknown (agrees with anything)."""
-    if token.pos_ == "PRON" and token.text.lower() in cd.PRONOUNS:
-        return cd.PRONOUNS[token.text.lower()]
+    if token.pos_ == "PRON" and token.text.lower() in coref_data.PRONOUNS:
+        return coref_data.PRONOUNS[token.text.lower()]
     m = token.morph
 
     def first(key: str) -> str:
@@ -129,7 +129,9 @@ def nearest_first(cands: Sequence[Cand]) -> list[Cand]:
     return sorted(cands, key=lambda c: (-c.start, -c.end))
 
 
-def baseline_picks(doc, lo: int, m: cd.Mention, cands: Sequence[Cand]) -> tuple[int | None, int | None, int | None]:
+def baseline_picks(
+    doc, lo: int, m: coref_data.Mention, cands: Sequence[Cand]
+) -> tuple[int | None, int | None, int | None]:
     """Indices (into the nearest-first candidates) chosen by nearest, head match and the sieve."""
     if not cands:
         return None, None, None
@@ -148,7 +150,7 @@ def baseline_picks(doc, lo: int, m: cd.Mention, cands: Sequence[Cand]) -> tuple[
     return 0, head_match, sieve
 
 
-def window_queries(doc, ms: Sequence[cd.Mention], lo: int, hi: int) -> tuple[Query, ...]:
+def window_queries(doc, ms: Sequence[coref_data.Mention], lo: int, hi: int) -> tuple[Query, ...]:
     """Evaluated mentions of the window of words [lo, hi)."""
     inside = [m for m in ms if lo <= m.start and m.end < hi]
     spans: dict[tuple[int, int], set[str]] = {}
@@ -199,10 +201,10 @@ def chain_windows(model, docs, limit: int) -> tuple[list[Window], dict[str, int]
     n_special = 1 + (model.sep_id is not None)
     out, counts = [], {"windows": 0, "sentences_skipped": 0, "mentions": 0}
     for doc in docs:
-        ms = cd.mentions(doc)
+        ms = coref_data.mentions(doc)
         counts["mentions"] += len(ms)
         pieces = word_pieces(model, [t.text for t in doc])
-        bounds = cd.sentence_bounds(doc)
+        bounds = coref_data.sentence_bounds(doc)
         spans, skipped = doc_windows([sum(len(p) for p in pieces[s:e]) for s, e in bounds], n_special, limit)
         counts["sentences_skipped"] += skipped
         counts["windows"] += len(spans)
@@ -234,7 +236,7 @@ class GapItem:
     line: int
 
 
-def gap_nearest(ex: cd.GapExample) -> int:
+def gap_nearest(ex: coref_data.GapExample) -> int:
     """0 (A) or 1 (B): the candidate whose span boundary is closer to the pronoun's; ties -> the
     candidate appearing first in the text."""
     sp = ex.spans()
@@ -249,7 +251,9 @@ def gap_nearest(ex: cd.GapExample) -> int:
     return 0 if ex.a_offset <= ex.b_offset else 1
 
 
-def gap_items(model, examples: Sequence[cd.GapExample], limit: int, path: Path) -> tuple[list[GapItem], dict[str, int]]:
+def gap_items(
+    model, examples: Sequence[coref_data.GapExample], limit: int, path: Path
+) -> tuple[list[GapItem], dict[str, int]]:
     tok = model.require_tokenizer("coref (GAP)")
     if not getattr(tok, "is_fast", False):
         raise ProbeError("GAP needs a fast tokenizer (character offsets); use a model with tokenizer.json")
@@ -391,7 +395,7 @@ def query_index(windows: Sequence[Window], n_pos: int) -> dict[str, Any]:
 
 
 def query_attention(patterns: Sequence[torch.Tensor], ix: dict) -> torch.Tensor:
-    """Word-level attention (DESIGN §3.1, float64) from the query head words only.
+    """Word-level attention (docs/syntax.md, float64) from the query head words only.
     patterns: per layer [batch, head, q, k]. Returns [batch, layer, head, slot, unit]: rows are
     the mean over the word's pieces, columns the sum over the word's pieces (padding dropped)."""
     b, h, _, k = patterns[0].shape
@@ -578,14 +582,14 @@ class Coref(Task):
             return "conllu"
         if ctx.data.is_dir():
             kinds = {
-                cd.sniff(f)
+                coref_data.sniff(f)
                 for f in ctx.data.iterdir()
-                if f.is_file() and (f.suffix in (".conllu", ".tsv") or cd.is_conll2012(f))
+                if f.is_file() and (f.suffix in (".conllu", ".tsv") or coref_data.is_conll2012(f))
             }
             if kinds == {"gap"}:
                 return "gap"
             return "chains"
-        return cd.sniff(ctx.data)
+        return coref_data.sniff(ctx.data)
 
     def load(self, model, ctx: Context) -> Examples:
         if ctx.options.views < 0:
@@ -593,7 +597,7 @@ class Coref(Task):
         fmt = self._format(ctx)
         if fmt == "gap":
             return self._load_gap(model, ctx)
-        docs = cd.read_chain_docs(ctx.data or SAMPLE, kind=fmt if fmt in ("conllu", "conll2012") else None)
+        docs = coref_data.read_chain_docs(ctx.data or SAMPLE, kind=fmt if fmt in ("conllu", "conll2012") else None)
         limit = min(ctx.config.max_len, model.info.max_len)
         windows, counts = chain_windows(model, docs, limit)
         if not windows:
@@ -614,7 +618,7 @@ class Coref(Task):
         if path is None:
             raise ValueError("_load_gap needs a data path")
         files = sorted(f for f in path.iterdir() if f.suffix == ".tsv") if path.is_dir() else [path]
-        rows = [ex for f in files for ex in cd.read_gap(f)]
+        rows = [ex for f in files for ex in coref_data.read_gap(f)]
         limit = min(ctx.options.gap_max_len, model.info.max_len)
         items, counts = gap_items(model, rows, limit, path)
         if not items:

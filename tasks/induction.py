@@ -1,4 +1,4 @@
-"""induction (DESIGN §3.5; Olsson et al. 2022; Elhage et al. 2021): copying heads on repeated
+"""induction (docs/induction.md; Olsson et al. 2022; Elhage et al. 2021): copying heads on repeated
 random tokens.
 
 Input: ``n_seqs`` sequences ``[BOS] r r`` (encoders: ``[CLS] r r [SEP]``), ``r`` of length
@@ -56,7 +56,6 @@ from depthprobe.probes.options import ranged
 from depthprobe.probes.task import Context, Examples, Output, Sweep, SweepConfig, Task, tidy
 from depthprobe.probes.viz import plot_text
 
-HEAD_METRICS = ("induction", "previous_token", "duplicate_token")
 ICL_TEXT = Path(__file__).parent / "data" / "tinyshakespeare.txt"  # built-in natural text
 ICL_CONTEXT = 512  # Olsson et al.'s documents: at least 512 tokens
 ICL_EARLY, ICL_LATE = 50, 500  # token positions compared at a 512-token context
@@ -302,7 +301,6 @@ class Induction(Task):
     )
     Options = Options
     needs_text = False
-    needs_logits = True
 
     def wants_logits(self, model) -> bool:  # the ICL score is defined for causal models only
         return model.info.causal

@@ -1,4 +1,4 @@
-"""kernels (DESIGN.md §3.6): signal propagation through depth, on any model, and the depth sweep.
+"""kernels (docs/kernels.md): signal propagation through depth, on any model, and the depth sweep.
 
 ``probe run --task kernels`` captures the residual stream at the embeddings (layer 0 =
 ``blocks.0.hook_resid_pre``, the input of the first block) and after every block (layer l =
@@ -28,8 +28,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from depthprobe.probes import kernels as K
-from depthprobe.probes import spa
+from depthprobe.probes import kernels, spa
 from depthprobe.probes.capture import capture
 from depthprobe.probes.errors import ProbeError, suggest
 from depthprobe.probes.levine import threshold
@@ -66,7 +65,7 @@ def resid_names(n_layers: int) -> list[str]:
 
 def with_contraction(per_layer: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Add the contraction exponent of ``resid_ratio_fro`` (layer l: that of block l-1, which produced it)."""
-    return {**per_layer, CONTRACTION: K.contraction_exponents(per_layer["resid_ratio_fro"])}
+    return {**per_layer, CONTRACTION: kernels.contraction_exponents(per_layer["resid_ratio_fro"])}
 
 
 # ----------------------------------------------------------------------------- accumulation
@@ -103,7 +102,7 @@ class Accumulator:
 
     def add(self, layer: int, x: torch.Tensor, keep: torch.Tensor) -> None:
         """Fold one layer of one batch in. x [B, T, d], keep [B, T] bool."""
-        stats, c = K.sequence_stats(x, keep)
+        stats, c = kernels.sequence_stats(x, keep)
         for i, name in enumerate(ACCUMULATED):
             v = stats[name].cpu()
             ok = ~torch.isnan(v)
@@ -139,7 +138,7 @@ def theory_rows(sigmas: torch.Tensor | None) -> dict[str, np.ndarray]:
     """Per-layer theory metrics from kernels [L+1, T, T]; NaN everywhere without a theory."""
     if sigmas is None:
         return {}
-    per = [K.kernel_stats(s) for s in sigmas]
+    per = [kernels.kernel_stats(s) for s in sigmas]
     return with_contraction({m: np.array([p[m] for p in per]) for m in per[0]})
 
 
@@ -594,7 +593,7 @@ class KernelSweep(Sweep):
         ]
         target_gap = math.nan
         if cfg.attention in spa.SPA:
-            targets = K.target_kernels(cfg.attention, o.seq_len, depth, cfg.gamma_last, cfg.rho_last).numpy()
+            targets = kernels.target_kernels(cfg.attention, o.seq_len, depth, cfg.gamma_last, cfg.rho_last).numpy()
             gaps = np.nanmax(np.abs(kern - targets), axis=(1, 2))
             rows += [
                 {

@@ -1,7 +1,7 @@
 """syntax (Clark et al. 2019, §4.2, Table 1): which attention heads find syntactic governors.
 
 For every word and every head, the predicted governor is the most-attended OTHER word on
-word-level attention (DESIGN §3.1): the diagonal is zeroed, [CLS]/[SEP]/BOS are excluded, so
+word-level attention (docs/syntax.md): the diagonal is zeroed, [CLS]/[SEP]/BOS are excluded, so
 ROOT is never predicted. Two directions per head:
 
 - ``dependent->head``: the argmax of the dependent's row (the word it attends to most);

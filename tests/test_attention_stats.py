@@ -1,5 +1,5 @@
 """attention-stats end to end on tiny models and (slow) on the real offline model; both
-protocols against the plain-numpy references in tests/reference_clark.py."""
+protocols against the plain-numpy references in tests/reference/clark.py."""
 
 import io
 
@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-from reference_clark import clark_reference, pooled_reference
+from reference.clark import clark_reference, pooled_reference
 
 from depthprobe.probes import ProbeError, run
 from depthprobe.probes.metrics import attention_stat_sums, clark_stat_sums, js_distance_mean, uniform_entropy_sum

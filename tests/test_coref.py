@@ -1,6 +1,6 @@
 """coref: readers (Entity brackets, CoNLL-2012, GAP), windows, baselines on hand-built documents,
 padding invariance, and the task against an independent plain-Python reference implementation
-of DESIGN §3.4 on real model output (tiny BERT; slow: minilm on an OntoGUM document and GAP)."""
+of docs/coref.md on real model output (tiny BERT; slow: minilm on an OntoGUM document and GAP)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from depthprobe.probes import ProbeError, run
-from depthprobe.probes import coref_data as cd
+from depthprobe.probes import ProbeError, coref_data, run
 from depthprobe.probes.capture import forward, pattern_names
 from depthprobe.tasks import coref as cr
 
@@ -58,9 +57,9 @@ def write(tmp_path: Path, name: str, text: str) -> Path:
 def queries_of(path: Path) -> list[tuple[str, cr.Query, tuple[str, ...]]]:
     """Every evaluated mention of each document, one window per document (no model needed)."""
     out = []
-    for doc in cd.read_chain_docs(path):
+    for doc in coref_data.read_chain_docs(path):
         words = tuple(t.text for t in doc)
-        for q in cr.window_queries(doc, cd.mentions(doc), 0, len(doc)):
+        for q in cr.window_queries(doc, coref_data.mentions(doc), 0, len(doc)):
             out.append((" ".join(words[q.start : q.end + 1]), q, words))
     return out
 
@@ -73,11 +72,11 @@ def text(words, c) -> str:
 
 
 def test_brackets_read_left_to_right_with_corefud_ids():
-    assert cd.parse_brackets("(13(3(14)", "f", 1) == [("open", "13"), ("open", "3"), ("single", "14")]
-    assert cd.parse_brackets("1)13)14)", "f", 1) == [("close", "1"), ("close", "13"), ("close", "14")]
-    assert cd.parse_brackets("(e12-person-1-new)e3)", "f", 1) == [("single", "e12"), ("close", "e3")]
-    assert cd.parse_brackets("(e5[1/2]-place-2", "f", 1) == [("open", "e5")]
-    assert cd.parse_brackets("(12|12)|(7)", "f", 1) == [("open", "12"), ("close", "12"), ("single", "7")]
+    assert coref_data.parse_brackets("(13(3(14)", "f", 1) == [("open", "13"), ("open", "3"), ("single", "14")]
+    assert coref_data.parse_brackets("1)13)14)", "f", 1) == [("close", "1"), ("close", "13"), ("close", "14")]
+    assert coref_data.parse_brackets("(e12-person-1-new)e3)", "f", 1) == [("single", "e12"), ("close", "e3")]
+    assert coref_data.parse_brackets("(e5[1/2]-place-2", "f", 1) == [("open", "e5")]
+    assert coref_data.parse_brackets("(12|12)|(7)", "f", 1) == [("open", "12"), ("close", "12"), ("single", "7")]
 
 
 def test_nested_mentions_and_closing_the_latest_open(tmp_path):
@@ -96,8 +95,8 @@ def test_nested_mentions_and_closing_the_latest_open(tmp_path):
             ]
         }
     )
-    doc = cd.read_chain_docs(write(tmp_path, "n.conllu", text_))[0]
-    got = [(m.start, m.end, m.chain, doc[m.head].text) for m in cd.mentions(doc)]
+    doc = coref_data.read_chain_docs(write(tmp_path, "n.conllu", text_))[0]
+    got = [(m.start, m.end, m.chain, doc[m.head].text) for m in coref_data.mentions(doc)]
     assert got == [
         (0, 0, "3", "his"),
         (0, 1, "1", "mother"),
@@ -117,9 +116,9 @@ def test_chain_ids_are_per_document(tmp_path):
             "b": ["Mary PROPN - 2 nsubj (1);ran VERB - 0 root -", "She PRON - 2 nsubj (1);left VERB - 0 root -"],
         }
     )
-    docs = cd.read_chain_docs(write(tmp_path, "two.conllu", text_))
+    docs = coref_data.read_chain_docs(write(tmp_path, "two.conllu", text_))
     assert [d.user_data["doc_id"] for d in docs] == ["a", "b"]
-    assert [[m.start for m in cd.mentions(d)] for d in docs] == [[0, 2], [0, 2]]
+    assert [[m.start for m in coref_data.mentions(d)] for d in docs] == [[0, 2], [0, 2]]
 
 
 @pytest.mark.parametrize(
@@ -134,7 +133,7 @@ def test_chain_ids_are_per_document(tmp_path):
 def test_bad_brackets_fail_with_file_and_line(tmp_path, entity, line, what):
     p = write(tmp_path, "bad.conllu", conllu({"d": [f"John PROPN - 2 nsubj {entity};ran VERB - 0 root -"]}))
     with pytest.raises(ProbeError, match=rf"bad.conllu:{line}: .*{what}"):
-        cd.read_chain_docs(p)
+        coref_data.read_chain_docs(p)
 
 
 # ---------------------------------------------------------------- CoNLL-2012
@@ -167,11 +166,11 @@ doc2 0 1 sleep VBP (VP*) - - - - * -
 
 
 def test_conll2012_reader_chains_heads_and_types(tmp_path):
-    docs = cd.read_chain_docs(write(tmp_path, "x.v4_gold_conll", CONLL12))
+    docs = coref_data.read_chain_docs(write(tmp_path, "x.v4_gold_conll", CONLL12))
     assert [d.user_data["doc_id"] for d in docs] == ["(test/doc1); part 000", "(test/doc2); part 000"]
     d = docs[0]
     assert [s.text for s in d.sents] == ["John saw the president of the company .", "He met her ."]
-    got = [(d[m.start : m.end + 1].text, m.chain, d[m.head].text, d[m.head].pos_) for m in cd.mentions(d)]
+    got = [(d[m.start : m.end + 1].text, m.chain, d[m.head].text, d[m.head].pos_) for m in coref_data.mentions(d)]
     assert got == [
         ("John", "0", "John", "PROPN"),
         ("the president of the company", "1", "president", "NOUN"),
@@ -180,15 +179,15 @@ def test_conll2012_reader_chains_heads_and_types(tmp_path):
         ("her", "1", "her", "PRON"),
     ]
     assert str(d[8].morph) == "Gender=Masc|Number=Sing|Person=3"
-    assert [m.chain for m in cd.mentions(docs[1])] == ["0", "0"]  # chain ids restart per document
+    assert [m.chain for m in coref_data.mentions(docs[1])] == ["0", "0"]  # chain ids restart per document
 
 
 def test_ptb_head_rule():
-    assert cd.ptb_head(["DT", "NN", "IN", "DT", "NN"]) == 1  # the president of the company
-    assert cd.ptb_head(["PRP$", "NN"]) == 1  # his mother
-    assert cd.ptb_head(["NNP", "POS", "NN"]) == 2  # John 's dog
-    assert cd.ptb_head(["DT", "JJ"]) == 1  # no noun: the last word before any post-modifier
-    assert cd.ptb_head(["NNP", "CC", "NNP"]) == 0  # John and Mary: the first conjunct
+    assert coref_data.ptb_head(["DT", "NN", "IN", "DT", "NN"]) == 1  # the president of the company
+    assert coref_data.ptb_head(["PRP$", "NN"]) == 1  # his mother
+    assert coref_data.ptb_head(["NNP", "POS", "NN"]) == 2  # John 's dog
+    assert coref_data.ptb_head(["DT", "JJ"]) == 1  # no noun: the last word before any post-modifier
+    assert coref_data.ptb_head(["NNP", "CC", "NNP"]) == 0  # John and Mary: the first conjunct
 
 
 @pytest.mark.parametrize(
@@ -203,12 +202,12 @@ def test_ptb_head_rule():
 )
 def test_conll2012_errors(tmp_path, text_, line, what):
     with pytest.raises(ProbeError, match=rf"bad_conll:{line}: .*{what}"):
-        cd.read_chain_docs(write(tmp_path, "bad_conll", text_))
+        coref_data.read_chain_docs(write(tmp_path, "bad_conll", text_))
 
 
 # ---------------------------------------------------------------- GAP
 
-GAP_HEADER = "\t".join(cd.GAP_COLUMNS)
+GAP_HEADER = "\t".join(coref_data.GAP_COLUMNS)
 
 
 def gap_row(i: int, text_: str, pron: str, a: str, a_ok: bool, b: str, b_ok: bool, pron_n: int = 1) -> str:
@@ -245,15 +244,15 @@ GAP_ROWS = [
 ]
 
 
-def test_gap_reader_and_doc(tmp_path):
+def test_gap_reader(tmp_path):
     p = write(tmp_path, "g.tsv", GAP_HEADER + "\n" + "\n".join(GAP_ROWS) + "\n")
-    rows = cd.read_gap(p)
+    rows = coref_data.read_gap(p)
     assert [r.line for r in rows] == [2, 3, 4, 5, 6, 7]
     assert [r.gender for r in rows[:3]] == ["feminine", "masculine", "masculine"]
     assert [r.answerable for r in rows] == [True] * 5 + [False]
-    doc = cd.gap_doc(rows[0])
-    assert [s.text for s in doc.spans["coref_gold"]] == ["mary", "she"]
-    assert [s.text for s in doc.spans["gap_candidates"]] == ["john", "mary"]
+    spans = rows[0].spans()
+    assert [rows[0].text[s:e] for s, e in (spans["pronoun"], spans["A"], spans["B"])] == ["she", "john", "mary"]
+    assert (rows[0].a_coref, rows[0].b_coref) == (False, True)
 
 
 def test_gap_bad_offsets_name_the_line(tmp_path):
@@ -261,24 +260,24 @@ def test_gap_bad_offsets_name_the_line(tmp_path):
     bad[5] = "3"  # A-offset no longer points at "mary"
     p = write(tmp_path, "g.tsv", GAP_HEADER + "\n" + GAP_ROWS[0] + "\n" + "\t".join(bad) + "\n")
     with pytest.raises(ProbeError, match=r"g.tsv:3: A-offset 3 does not point at 'mary'"):
-        cd.read_gap(p)
+        coref_data.read_gap(p)
     bad[5], bad[9] = bad[5].replace("3", "0"), "maybe"
     p.write_text(GAP_HEADER + "\n" + "\t".join(bad) + "\n")
     with pytest.raises(ProbeError, match=r"g.tsv:2: B-coref is 'maybe'"):
-        cd.read_gap(p)
+        coref_data.read_gap(p)
     p.write_text("ID\tText\n1\tx\n")
     with pytest.raises(ProbeError, match=r"g.tsv:1: not a GAP header"):
-        cd.read_gap(p)
+        coref_data.read_gap(p)
 
 
 def test_gap_nearest_baseline_distance_and_ties():
     base = dict(id="x", pronoun_offset=10, pronoun="he", a_coref=True, b_coref=False, line=2, text="")
     # A ends 2 before the pronoun, B starts 3 after it
-    assert cr.gap_nearest(cd.GapExample(a="ab", a_offset=6, b="cd", b_offset=15, **base)) == 0
+    assert cr.gap_nearest(coref_data.GapExample(a="ab", a_offset=6, b="cd", b_offset=15, **base)) == 0
     # A ends 4 before, B starts 1 after: B is nearer
-    assert cr.gap_nearest(cd.GapExample(a="ab", a_offset=4, b="cd", b_offset=13, **base)) == 1
+    assert cr.gap_nearest(coref_data.GapExample(a="ab", a_offset=4, b="cd", b_offset=13, **base)) == 1
     # equal gaps: the candidate appearing first wins
-    assert cr.gap_nearest(cd.GapExample(a="ab", a_offset=6, b="cd", b_offset=14, **base)) == 0
+    assert cr.gap_nearest(coref_data.GapExample(a="ab", a_offset=6, b="cd", b_offset=14, **base)) == 0
 
 
 # ---------------------------------------------------------------- windows
@@ -302,8 +301,8 @@ def test_window_membership_and_evaluated_mentions(tmp_path):
             ]
         }
     )
-    doc = cd.read_chain_docs(write(tmp_path, "w.conllu", text_))[0]
-    ms = cd.mentions(doc)
+    doc = coref_data.read_chain_docs(write(tmp_path, "w.conllu", text_))[0]
+    ms = coref_data.mentions(doc)
     # window = sentences 2-3 only: "he" has no earlier chain-mate starting inside; "him" does
     qs = cr.window_queries(doc, ms, 2, 8)
     assert [(q.start, q.end) for q in qs] == [(5, 5)]  # "him" (window-relative 7 - 2)
@@ -322,8 +321,8 @@ def test_mention_whose_only_earlier_mate_contains_it_is_evaluated_and_wrong(tmp_
             ]
         }
     )
-    doc = cd.read_chain_docs(write(tmp_path, "c.conllu", text_))[0]
-    qs = cr.window_queries(doc, cd.mentions(doc), 0, len(doc))
+    doc = coref_data.read_chain_docs(write(tmp_path, "c.conllu", text_))[0]
+    qs = cr.window_queries(doc, coref_data.mentions(doc), 0, len(doc))
     assert len(qs) == 1 and (qs[0].start, qs[0].end) == (4, 5)
     assert qs[0].cands == () and qs[0].baselines == (False, False, False)
 
@@ -365,13 +364,13 @@ BASELINE_DOCS = {
 
 def test_baselines_choose_the_known_answers(tmp_path):
     p = write(tmp_path, "b.conllu", conllu(BASELINE_DOCS))
-    docs = {d.user_data["doc_id"]: d for d in cd.read_chain_docs(p)}
+    docs = {d.user_data["doc_id"]: d for d in coref_data.read_chain_docs(p)}
 
     def choices(name: str) -> tuple[str, list[str]]:
         doc = docs[name]
         words = [t.text for t in doc]
-        m = cd.mentions(doc)[-1]  # the last mention is M
-        q = next(q for q in cr.window_queries(doc, cd.mentions(doc), 0, len(doc)) if q.start == m.start)
+        m = coref_data.mentions(doc)[-1]  # the last mention is M
+        q = next(q for q in cr.window_queries(doc, coref_data.mentions(doc), 0, len(doc)) if q.start == m.start)
         idx = cr.baseline_picks(doc, 0, m, q.cands)
         return " ".join(words[m.start : m.end + 1]), [text(words, q.cands[i]) for i in idx]
 
@@ -382,7 +381,7 @@ def test_baselines_choose_the_known_answers(tmp_path):
     m_text, picked = choices("nested")
     assert m_text == "She" and picked[0] == "his mother"  # nearest = the longer of the nested pair
     # correctness flags follow the chains: "his mother" is chain 2 like "She"
-    q = cr.window_queries(docs["nested"], cd.mentions(docs["nested"]), 0, len(docs["nested"]))[-1]
+    q = cr.window_queries(docs["nested"], coref_data.mentions(docs["nested"]), 0, len(docs["nested"]))[-1]
     assert q.baselines[0] is True
 
 
@@ -466,15 +465,15 @@ def ref_head(d: dict, s: int, e: int) -> int:
 
 def ref_agree(d: dict, i: int) -> tuple[str, str, str]:
     w = d["words"][i].lower()
-    if d["upos"][i] == "PRON" and w in cd.PRONOUNS:
-        return cd.PRONOUNS[w]
+    if d["upos"][i] == "PRON" and w in coref_data.PRONOUNS:
+        return coref_data.PRONOUNS[w]
     f = d["feats"][i]
     person = f.get("Person", "" if d["upos"][i] == "PRON" else "3")
     return f.get("Number", ""), f.get("Gender", ""), person
 
 
 def ref_chains(model, path: Path, max_len: int) -> dict:
-    """DESIGN §3.4 with plain loops: counts[(type, layer, head)] correct, n[type], baselines."""
+    """docs/coref.md with plain loops: counts[(type, layer, head)] correct, n[type], baselines."""
     tok = model.tokenizer
     L, H = model.info.n_layers, model.info.n_heads
     correct = {(t, layer_idx, h): 0 for t in cr.TYPES for layer_idx in range(L) for h in range(H)}
@@ -659,7 +658,7 @@ def test_no_evaluable_mentions_is_an_error(tiny_bert, tmp_path):
 # ---------------------------------------------------------------- GAP end to end
 
 
-def ref_gap(model, rows: list[cd.GapExample], limit: int) -> dict:
+def ref_gap(model, rows: list[coref_data.GapExample], limit: int) -> dict:
     tok = model.tokenizer
     L, H = model.info.n_layers, model.info.n_heads
     out = {"n": {}, "correct": {}, "nearest": {}, "first": {}}
@@ -726,7 +725,7 @@ def check_gap(r, ref: dict) -> None:
 def test_gap_end_to_end_equals_reference(tiny_bert, tmp_path):
     p = write(tmp_path, "g.tsv", GAP_HEADER + "\n" + "\n".join(GAP_ROWS) + "\n")
     r = run(tiny_bert, "coref", p, batch_size=2)
-    check_gap(r, ref_gap(tiny_bert, cd.read_gap(p), 64))
+    check_gap(r, ref_gap(tiny_bert, coref_data.read_gap(p), 64))
     assert r.headline["n_examples"] == 5
     assert list(r.summary["method"]) == ["examples", "best head", "nearest", "first candidate"]
     assert {"masculine", "feminine", "F/M"} <= set(r.summary.columns)
@@ -753,7 +752,7 @@ def test_minilm_gap_equals_reference(minilm, shared_data, tmp_path):
     lines = src.read_text(encoding="utf-8").split("\n")
     p = write(tmp_path, "gap.tsv", "\n".join(lines[:61]) + "\n")
     r = run(minilm, "coref", p)
-    check_gap(r, ref_gap(minilm, cd.read_gap(p), 512))
+    check_gap(r, ref_gap(minilm, coref_data.read_gap(p), 512))
 
 
 # ---------------------------------------------------------------- CLI, decoders, bert-base

@@ -6,14 +6,13 @@ import pytest
 
 from depthprobe.probes import levine
 from depthprobe.probes.api import run
-from depthprobe.probes.errors import ProbeError
 
 
 def test_threshold_is_log3_of_width():
     assert levine.threshold(3**5) == pytest.approx(5.0, abs=1e-12)
     assert levine.threshold(384) == pytest.approx(5.4165, abs=1e-4)
     assert levine.threshold(1024) == pytest.approx(6.3093, abs=1e-4)
-    with pytest.raises(ProbeError, match="d_model"):
+    with pytest.raises(ValueError, match="d_model"):
         levine.threshold(0)
 
 

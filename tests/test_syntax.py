@@ -239,7 +239,7 @@ def test_padding_and_batching_do_not_change_counts(tiny_bert):
 
 
 def reference(items, patterns, baseline_root=True):
-    """A straightforward implementation of DESIGN §3.1/§3.3, looping over sentences and words.
+    """A straightforward implementation of docs/syntax.md, looping over sentences and words.
 
     items: (words, heads, rels, unit_of_piece) per sentence; patterns: [layer, head, T, T] arrays
     over the sentence's real positions. Returns (accuracy[rel] -> [2, L, H], baseline[rel] -> [6],
