@@ -3,6 +3,7 @@
 import json
 
 import pytest
+from helpers import one_line_error
 from typer.testing import CliRunner
 
 from depthprobe.cli.main import app
@@ -12,15 +13,6 @@ runner = CliRunner()
 
 def invoke(*args):
     return runner.invoke(app, list(args))
-
-
-def assert_user_error(result, *fragments):
-    assert result.exit_code == 2, result.output
-    lines = [ln for ln in result.output.splitlines() if ln.strip()]
-    assert len(lines) == 1 and lines[0].startswith("error: "), result.output
-    assert "Traceback" not in result.output
-    for f in fragments:
-        assert f in lines[0]
 
 
 def test_run_writes_artifacts_and_prints_summary(tiny_bert_dir, tmp_path):
@@ -50,42 +42,40 @@ def test_run_writes_artifacts_and_prints_summary(tiny_bert_dir, tmp_path):
 
 
 def test_unknown_task_suggests(tiny_bert_dir):
-    assert_user_error(
+    one_line_error(
         invoke("run", "--model", str(tiny_bert_dir), "--task", "atention-stats"), "unknown task", "attention-stats"
     )
 
 
 def test_unknown_model_suggests_alias():
-    assert_user_error(invoke("run", "--model", "minlm"), "did you mean 'minilm'")
+    one_line_error(invoke("run", "--model", "minlm"), "did you mean 'minilm'")
 
 
 def test_uncached_model_names_the_fix(monkeypatch, tmp_path):
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
-    assert_user_error(
+    one_line_error(
         invoke("run", "--model", "bert-base", "--task", "attention-stats"), "bert-base-cased", "not in the local cache"
     )
 
 
 def test_missing_and_empty_data(tiny_bert_dir, tmp_path):
-    assert_user_error(
-        invoke("run", "--model", str(tiny_bert_dir), "--data", str(tmp_path / "nope.txt")), "does not exist"
-    )
+    one_line_error(invoke("run", "--model", str(tiny_bert_dir), "--data", str(tmp_path / "nope.txt")), "does not exist")
     empty = tmp_path / "empty.txt"
     empty.write_text("")
-    assert_user_error(invoke("run", "--model", str(tiny_bert_dir), "--data", str(empty)), "empty")
+    one_line_error(invoke("run", "--model", str(tiny_bert_dir), "--data", str(empty)), "empty")
     assert not (tmp_path / "run").exists()
 
 
 def test_bad_device_and_bad_numbers(tiny_bert_dir):
-    assert_user_error(invoke("run", "--model", str(tiny_bert_dir), "--device", "gpu0"), "--device")
-    assert_user_error(invoke("run", "--model", str(tiny_bert_dir), "--batch-size", "0"), "--batch-size")
-    assert_user_error(invoke("run", "--model", str(tiny_bert_dir), "-O", "top"), "key=value")
+    one_line_error(invoke("run", "--model", str(tiny_bert_dir), "--device", "gpu0"), "--device")
+    one_line_error(invoke("run", "--model", str(tiny_bert_dir), "--batch-size", "0"), "--batch-size")
+    one_line_error(invoke("run", "--model", str(tiny_bert_dir), "-O", "top"), "key=value")
 
 
 def test_every_example_too_long(tiny_bert_dir, tmp_path):
     f = tmp_path / "long.txt"
     f.write_text(" ".join(["the dog"] * 50) + "\n")
-    assert_user_error(
+    one_line_error(
         invoke("run", "--model", str(tiny_bert_dir), "--data", str(f), "--max-len", "16"), "longer than --max-len"
     )
 
@@ -93,7 +83,7 @@ def test_every_example_too_long(tiny_bert_dir, tmp_path):
 def test_existing_out_dir_is_refused(tiny_bert_dir, tmp_path):
     out = tmp_path / "exists"
     out.mkdir()
-    assert_user_error(invoke("run", "--model", str(tiny_bert_dir), "--out", str(out)), "already exists")
+    one_line_error(invoke("run", "--model", str(tiny_bert_dir), "--out", str(out)), "already exists")
 
 
 def test_list_tasks_and_models():
@@ -108,7 +98,7 @@ def test_list_tasks_and_models():
 
 
 def test_native_model_needs_no_tokenizer_tasks_only():
-    assert_user_error(
+    one_line_error(
         invoke("run", "--model", "native:layers=1,d_model=16,heads=2", "--task", "attention-stats"), "has no tokenizer"
     )
 

@@ -6,6 +6,7 @@ import math
 
 import pandas as pd
 import pytest
+from helpers import one_line_error
 from typer.testing import CliRunner
 
 from depthprobe.cli.main import app
@@ -315,14 +316,6 @@ def test_real_syntax_and_coref_runs_agree_with_their_summaries(tiny_bert, tmp_pa
 # ---------------------------------------------------------------- the CLI
 
 
-def assert_user_error(result, *fragments):
-    assert result.exit_code == 2, result.output
-    lines = [ln for ln in result.output.splitlines() if ln.strip()]
-    assert len(lines) == 1 and lines[0].startswith("error: "), result.output
-    for f in fragments:
-        assert f in lines[0], lines[0]
-
-
 def test_cli_compare_writes_report(two_depths, tmp_path):
     out = tmp_path / "cmp"
     res = runner.invoke(app, ["compare", *map(str, two_depths), "--metric", "to_sep", "--out", str(out)])
@@ -337,17 +330,17 @@ def test_cli_one_line_errors(two_depths, tmp_path):
     a, _ = two_depths
     other = write_run(tmp_path / "k", "kernels", "m", 2, 8, [{"layer": 0, "metric": "mean_cosine", "value": 0.1}])
     out = tmp_path / "cmp"
-    assert_user_error(
+    one_line_error(
         runner.invoke(app, ["compare", str(a), str(other), "--out", str(out)]),
         "runs of different tasks",
         "attention-stats",
         "kernels",
     )
-    assert_user_error(runner.invoke(app, ["compare", "--out", str(out)]), "no run folders given")
-    assert_user_error(runner.invoke(app, ["compare", str(a), str(tmp_path / "nope")]), "nope does not exist")
+    one_line_error(runner.invoke(app, ["compare", "--out", str(out)]), "no run folders given")
+    one_line_error(runner.invoke(app, ["compare", str(a), str(tmp_path / "nope")]), "nope does not exist")
     (tmp_path / "empty").mkdir()
-    assert_user_error(runner.invoke(app, ["compare", str(tmp_path / "empty")]), "holds no run folders")
-    assert_user_error(runner.invoke(app, ["compare", str(a), "--metric", "to_sp"]), "did you mean 'to_sep'")
+    one_line_error(runner.invoke(app, ["compare", str(tmp_path / "empty")]), "holds no run folders")
+    one_line_error(runner.invoke(app, ["compare", str(a), "--metric", "to_sp"]), "did you mean 'to_sep'")
     assert not out.exists()
 
 

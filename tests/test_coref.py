@@ -792,7 +792,21 @@ def test_cli_run_and_bad_data(tiny_bert_dir, tmp_path):
     assert res.exit_code == 2 and "bad.conllu:3:" in res.output and "never closed" in res.output
 
 
-def test_decoder_windows_have_no_sep(tiny_gpt2):
+def test_decoder_windows_have_no_sep(tiny_gpt2, tiny_bert):
+    from depthprobe.probes.task import Context, RunConfig, get_task
+
+    task = get_task("coref")
+    for model, has_sep in ((tiny_gpt2, False), (tiny_bert, True)):  # the encoder shows the check can fail
+        ctx = Context(RunConfig(model=model.name, task="coref", max_len=64), task.parse_options({}))
+        windows = task.load(model, ctx)
+        assert windows
+        sep = model.tokenizer.sep_token_id
+        for w in windows:
+            ids, units, n = w.encoded.ids, w.encoded.unit_of_piece, w.encoded.n_words
+            assert ids[0] == model.cls_id and units[0] == 0
+            assert (sep is not None and sep in ids) == has_sep  # [SEP] nowhere in a decoder's window
+            assert (units[-1] == n + 1) == has_sep  # no unit after the last word
+            assert max(units) == n + has_sep
     r = run(tiny_gpt2, "coref", max_len=64)
     assert r.headline["n_mentions"] > 0 and len(r.scores) == 4 * 2 * 4
 

@@ -8,6 +8,7 @@ import math
 import numpy as np
 import pytest
 import torch
+from helpers import cli_error
 from reference.kernels import uniform_recursion
 from typer.testing import CliRunner
 
@@ -28,14 +29,6 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(n)
-
-
-def user_error(*args):
-    res = runner.invoke(app, list(args))
-    assert res.exit_code == 2, res.output
-    lines = [ln for ln in res.output.splitlines() if ln.strip()]
-    assert len(lines) == 1 and lines[0].startswith("error: "), res.output
-    return lines[0]
 
 
 # ----------------------------------------------------------------------------- metrics
@@ -451,26 +444,26 @@ def test_sweep_table_plots_and_claims(tmp_path):
 
 
 def test_sweep_bad_inputs_fail_before_work():
-    assert "did you mean 'vanilla'" in user_error(
-        "sweep", "--task", "kernels", "--depths", "1,2", "--variants", "vanila"
+    assert "did you mean 'vanilla'" in cli_error(
+        ["sweep", "--task", "kernels", "--depths", "1,2", "--variants", "vanila"]
     )
-    assert "divisible" in user_error("sweep", "--task", "kernels", "--depths", "1", "--width", "10", "--heads", "3")
-    assert "uniform or softmax" in user_error("sweep", "--task", "kernels", "--depths", "1", "-O", "attention=relu")
-    assert "heatmap_depths" in user_error("sweep", "--task", "kernels", "--depths", "1,2", "-O", "heatmap_depths=4")
-    assert "threads" in user_error("sweep", "--task", "kernels", "--depths", "1", "-O", "threads=0")
-    assert "positive" in user_error("sweep", "--task", "kernels", "--depths", "0,1")
-    assert "causal" in user_error(
-        "sweep", "--task", "kernels", "--depths", "1", "--variants", "e-spa", "-O", "causal=false"
+    assert "divisible" in cli_error(["sweep", "--task", "kernels", "--depths", "1", "--width", "10", "--heads", "3"])
+    assert "uniform or softmax" in cli_error(["sweep", "--task", "kernels", "--depths", "1", "-O", "attention=relu"])
+    assert "heatmap_depths" in cli_error(["sweep", "--task", "kernels", "--depths", "1,2", "-O", "heatmap_depths=4"])
+    assert "threads" in cli_error(["sweep", "--task", "kernels", "--depths", "1", "-O", "threads=0"])
+    assert "positive" in cli_error(["sweep", "--task", "kernels", "--depths", "0,1"])
+    assert "causal" in cli_error(
+        ["sweep", "--task", "kernels", "--depths", "1", "--variants", "e-spa", "-O", "causal=false"]
     )
 
 
 def test_cli_run_bad_inputs():
-    assert "did you mean" in user_error("run", "--model", "spa:variant=vanila", "--task", "kernels")
-    assert "out of range" in user_error(
-        "run", "--model", "spa:depth=2,width=16,heads=2,n_ctx=8", "--task", "kernels", "-O", "layers=5"
+    assert "did you mean" in cli_error(["run", "--model", "spa:variant=vanila", "--task", "kernels"])
+    assert "out of range" in cli_error(
+        ["run", "--model", "spa:depth=2,width=16,heads=2,n_ctx=8", "--task", "kernels", "-O", "layers=5"]
     )
-    assert "did you mean 'exclude_special'" in user_error(
-        "run", "--model", "spa:depth=1,width=16,heads=2", "--task", "kernels", "-O", "exclude=true"
+    assert "did you mean 'exclude_special'" in cli_error(
+        ["run", "--model", "spa:depth=1,width=16,heads=2", "--task", "kernels", "-O", "exclude=true"]
     )
 
 
@@ -548,7 +541,7 @@ def test_cli_dtype_dong_and_refusals(tmp_path):
     )
     assert res.exit_code == 0, res.output
     assert "contraction exponent" in res.output
-    assert "float32 or float64" in user_error("sweep", "--task", "kernels", "--depths", "1", "--dtype", "float16")
-    line = user_error("sweep", "--task", "kernels", "--depths", "1", "--variants", "e-spa", "--mlp")
+    assert "float32 or float64" in cli_error(["sweep", "--task", "kernels", "--depths", "1", "--dtype", "float16"])
+    line = cli_error(["sweep", "--task", "kernels", "--depths", "1", "--variants", "e-spa", "--mlp"])
     assert "TAT-style leaky-ReLU" in line and "--attn-only" in line
-    assert "TAT-style" in user_error("run", "--model", "spa:variant=u-spa,mlp=true", "--task", "kernels")
+    assert "TAT-style" in cli_error(["run", "--model", "spa:variant=u-spa,mlp=true", "--task", "kernels"])

@@ -4,6 +4,7 @@ import json
 
 import pytest
 import torch
+from helpers import cli_error
 
 from depthprobe.probes import NativeConfig, ProbeError, load, load_checkpoint, save_checkpoint
 from depthprobe.probes.models import resolve_device
@@ -112,17 +113,6 @@ runner = CliRunner()
 INDUCTION = ["--task", "induction", "-O", "repeat_len=6", "-O", "n_seqs=2"]
 
 
-def user_error(args, *fragments):
-    """Exit 2 with exactly one line, 'error: ...', holding every fragment; returns that line."""
-    res = runner.invoke(app, args)
-    assert res.exit_code == 2, res.output
-    lines = [ln for ln in res.output.splitlines() if ln.strip()]
-    assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in res.output, res.output
-    for f in fragments:
-        assert f in lines[0], lines[0]
-    return lines[0]
-
-
 def small_checkpoint(directory, d_model=16):
     model = load(f"native:layers=1,d_model={d_model},heads=2,d_vocab=20,n_ctx=24,seed=5", device="cpu")
     save_checkpoint(model, directory)
@@ -151,11 +141,11 @@ def test_existing_folder_named_native_wins_over_the_spec(tmp_path, monkeypatch):
 )
 def test_names_starting_with_native_are_a_folder_or_a_spec(tmp_path, monkeypatch, name, hint):
     monkeypatch.chdir(tmp_path)
-    user_error(["run", "-m", name, *INDUCTION], hint)
+    cli_error(["run", "-m", name, *INDUCTION], hint)
 
 
 def test_empty_model_name_has_its_own_message():
-    line = user_error(["run", "-m", "", *INDUCTION])
+    line = cli_error(["run", "-m", "", *INDUCTION])
     assert line == "error: --model is empty: give an alias, a Hugging Face id, a folder or native:..."
 
 
@@ -173,7 +163,7 @@ def test_models_too_big_for_the_machine_are_refused_before_building(monkeypatch,
     import depthprobe.probes.models as probe_models
 
     monkeypatch.setattr(probe_models, "available_memory", lambda dev=None: 8 * 10**9)  # an 8 GB machine
-    user_error([*args, "--out", str(tmp_path / "o")], fragment, "8GB available")
+    cli_error([*args, "--out", str(tmp_path / "o")], fragment, "8GB available")
     assert not (tmp_path / "o").exists()
 
 
@@ -191,15 +181,15 @@ def test_parameter_counts_are_exact_and_max_params_refuses(tmp_path):
         SPAConfig(attention="softmax", mlp=True, norm="pre", depth=3, width=32, d_vocab=100, n_ctx=16),
     ):
         assert cfg.n_params() == sum(p.numel() for p in SPATransformer(cfg).parameters())
-    user_error(
+    cli_error(
         ["run", "-m", "native:layers=2", "--max-params", "1000", *INDUCTION],
         "58,240 parameters, above --max-params 1,000",
     )
-    user_error(
+    cli_error(
         ["sweep", "--task", "kernels", "--depths", "3", "--max-params", "1000", "--out", str(tmp_path / "s")],
         "above --max-params 1,000",
     )
-    user_error(["train", "--max-params", "1000", "--out", str(tmp_path / "t")], "above --max-params 1,000")
+    cli_error(["train", "--max-params", "1000", "--out", str(tmp_path / "t")], "above --max-params 1,000")
     assert not (tmp_path / "s").exists() and not (tmp_path / "t").exists()
 
 
@@ -215,7 +205,7 @@ def test_pickle_weights_and_custom_code_are_refused(tiny_bert_dir, tmp_path):
     for p in pick.glob("*.safetensors"):
         p.unlink()
     (pick / "pytorch_model.bin").write_bytes(b"\x80\x04not really a pickle")
-    user_error(
+    cli_error(
         ["run", "-m", str(pick), "--out", str(tmp_path / "r")],
         "pytorch_model.bin",
         "loads only safetensors",
@@ -227,7 +217,7 @@ def test_pickle_weights_and_custom_code_are_refused(tiny_bert_dir, tmp_path):
     cfg = json.loads((custom / "config.json").read_text())
     cfg["auto_map"] = {"AutoModel": "modeling_evil.EvilModel"}
     (custom / "config.json").write_text(json.dumps(cfg))
-    user_error(["run", "-m", str(custom), "--out", str(tmp_path / "r")], "auto_map", "never runs custom code")
+    cli_error(["run", "-m", str(custom), "--out", str(tmp_path / "r")], "auto_map", "never runs custom code")
     assert not (tmp_path / "r").exists()
 
 
@@ -239,7 +229,7 @@ def test_corrupt_checkpoint_weights_name_the_file(tmp_path, damage):
     weights = checkpoint_files(tmp_path / "ck") / "model.safetensors"
     data = weights.read_bytes()
     weights.write_bytes(data[: len(data) // 2] if damage == "truncate" else bytes(range(256)) * 40)
-    user_error(["run", "-m", str(tmp_path / "ck"), *INDUCTION], str(weights), "not a readable safetensors file")
+    cli_error(["run", "-m", str(tmp_path / "ck"), *INDUCTION], str(weights), "not a readable safetensors file")
 
 
 def test_checkpoint_config_that_disagrees_with_the_weights_names_the_mismatch(tmp_path):
@@ -247,7 +237,7 @@ def test_checkpoint_config_that_disagrees_with_the_weights_names_the_mismatch(tm
     meta = json.loads((tmp_path / "ck" / "depthprobe.json").read_text())
     meta["native"]["d_model"] = 32
     (tmp_path / "ck" / "depthprobe.json").write_text(json.dumps(meta))
-    line = user_error(
+    line = cli_error(
         ["run", "-m", str(tmp_path / "ck"), *INDUCTION], str(tmp_path / "ck" / "depthprobe.json"), "does not match"
     )
     assert "should be [20, 32] by the config but is [20, 16] in the weights" in line
@@ -255,14 +245,14 @@ def test_checkpoint_config_that_disagrees_with_the_weights_names_the_mismatch(tm
 
 def test_device_without_support_and_seed_out_of_range():
     if not torch.backends.mps.is_available():
-        user_error(["run", "-m", "native:layers=1", "--device", "mps", *INDUCTION], "no MPS", "available devices: cpu")
+        cli_error(["run", "-m", "native:layers=1", "--device", "mps", *INDUCTION], "no MPS", "available devices: cpu")
     for cmd in (
         ["run", "-m", "native:layers=1", *INDUCTION],
         ["train"],
         ["sweep", "--task", "kernels", "--depths", "1"],
     ):
-        user_error([*cmd, "--seed", "99999999999999999999999"], "--seed must be an integer from 0 to 4294967295")
-    user_error(["run", "-m", "native:layers=1", "--seed", "-1", *INDUCTION], "from 0 to 4294967295")
+        cli_error([*cmd, "--seed", "99999999999999999999999"], "--seed must be an integer from 0 to 4294967295")
+    cli_error(["run", "-m", "native:layers=1", "--seed", "-1", *INDUCTION], "from 0 to 4294967295")
 
 
 @pytest.mark.parametrize("umask, file_mode, dir_mode", [(0o022, 0o644, 0o755), (0o027, 0o640, 0o750)])

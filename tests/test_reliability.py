@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import one_line_error
 from typer.testing import CliRunner
 
 from depthprobe.cli.main import app
@@ -23,16 +24,6 @@ runner = CliRunner()
 
 def invoke(*args):
     return runner.invoke(app, [str(a) for a in args])
-
-
-def one_line_error(result, *fragments, code: int = 2) -> str:
-    assert result.exit_code == code, result.output
-    lines = [ln for ln in result.output.splitlines() if ln.strip()]
-    assert len(lines) == 1 and lines[0].startswith("error: "), result.output
-    assert "Traceback" not in result.output
-    for f in fragments:
-        assert f in lines[0], lines[0]
-    return lines[0]
 
 
 def leftovers(folder: Path) -> list[str]:
