@@ -4,12 +4,13 @@ independent loop-over-words reference implementation on real model output."""
 
 from __future__ import annotations
 
-from collections import Counter, defaultdict
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from reference.syntax import reference, reference_best
 
 from depthprobe.probes import ProbeError, run
 from depthprobe.probes.align import Encoded
@@ -235,63 +236,6 @@ def test_padding_and_batching_do_not_change_counts(tiny_bert):
     assert both.total[-1].item() == 7
 
 
-# ---------------------------------------------------------------- the reference implementation
-
-
-def reference(items, patterns, baseline_root=True):
-    """A straightforward implementation of docs/syntax.md, looping over sentences and words.
-
-    items: (words, heads, rels, unit_of_piece) per sentence; patterns: [layer, head, T, T] arrays
-    over the sentence's real positions. Returns (accuracy[rel] -> [2, L, H], baseline[rel] -> [6],
-    count[rel]) with rel including "ALL".
-    """
-    correct: dict[str, np.ndarray] = {}
-    base = defaultdict(lambda: np.zeros(len(OFFSETS)))
-    count = Counter()
-    for (words, heads, rels, units), att in zip(items, patterns, strict=True):
-        n_layers, n_heads = att.shape[:2]
-        n = len(words)
-        pieces = [[p for p, u in enumerate(units) if u == k + 1] for k in range(n)]
-        att = att.astype(np.float64)
-        rows = np.stack([att[:, :, pieces[i], :].mean(2) for i in range(n)], 2)  # from word i: mean
-        word = np.stack([rows[..., pieces[j]].sum(-1) for j in range(n)], -1)  # to word j: sum
-        for i in range(n):
-            for rel in (rels[i], "ALL"):
-                correct.setdefault(rel, np.zeros((2, n_layers, n_heads)))
-                count[rel] += 1
-                for k, off in enumerate(OFFSETS):
-                    guess = min(max(i + 1 + off, 0 if baseline_root else 1), n)
-                    base[rel][k] += guess == heads[i]
-        for layer in range(n_layers):
-            for head in range(n_heads):
-                for d, m in enumerate((word[layer, head], word[layer, head].T)):
-                    m = m.copy()
-                    np.fill_diagonal(m, 0.0)
-                    for i in range(n):
-                        guess = int(np.argmax(m[i])) + 1  # CoNLL-U numbering
-                        if guess == heads[i]:
-                            correct[rels[i]][d, layer, head] += 1
-                            correct["ALL"][d, layer, head] += 1
-    acc = {r: correct[r] / count[r] for r in count}
-    return acc, {r: base[r] / count[r] for r in count}, count
-
-
-def _reference_best(acc, base):
-    """Best (layer, head, direction) and baseline offset, by the documented tie rules, by loops."""
-    out = {}
-    for rel, a in acc.items():
-        best, where = -1.0, None
-        for layer in range(a.shape[1]):
-            for head in range(a.shape[2]):
-                for d in range(2):
-                    if a[d, layer, head] > best:
-                        best, where = a[d, layer, head], (layer, head, d)
-        b = base[rel]
-        k = min(range(len(OFFSETS)), key=lambda j: (-b[j], abs(OFFSETS[j]), OFFSETS[j]))
-        out[rel] = (where, best, OFFSETS[k], b[k])
-    return out
-
-
 def _patterns_by_sentence(model, examples):
     """Each sentence alone through the one capture primitive: [layer, head, T, T] arrays."""
     names = pattern_names(model.info.n_layers)
@@ -344,7 +288,7 @@ def _assert_matches(result, acc, base, count):
         mine[g["layer"].to_numpy(), g["head"].to_numpy()] = g["value"].to_numpy()
         assert np.array_equal(mine, acc[rel][DIRECTIONS.index(d)]), (rel, d)
         assert (g["count"] == count[rel]).all()
-    best = _reference_best(acc, base)
+    best = reference_best(acc, base)
     summary = result.summary.set_index("relation")
     assert set(summary.index) == set(count)
     assert list(summary.index[:1]) == [ALL]
