@@ -7,12 +7,13 @@ import json
 import math
 import os
 import platform
+import secrets
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from importlib import metadata
@@ -88,6 +89,19 @@ def jsonable(obj: Any) -> Any:
 
 def write_json(path: Path, obj: Any) -> None:
     path.write_text(json.dumps(jsonable(obj), indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+
+
+def replace_file(path: Path, write: Callable[[Path], object]) -> Path:
+    """Write ``path`` by calling ``write`` on a hidden temporary sibling (``.NAME.HEX.tmp``), then
+    renaming it over ``path`` in one step: readers see the old file or the new one, never part of
+    one. The temporary file is removed on any failure, KeyboardInterrupt included."""
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return path
 
 
 def umask() -> int:

@@ -15,7 +15,7 @@ import secrets
 import shutil
 import socket
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 
+from depthprobe.probes.artifacts import replace_file
 from depthprobe.probes.errors import ProbeError, suggest
 from depthprobe.probes.options import check_seed, coerce, field_types, parse_pairs
 
@@ -166,6 +167,16 @@ class Model:
     @property
     def sep_id(self) -> int | None:
         return None if self.info.causal or self.tokenizer is None else self.tokenizer.sep_token_id
+
+    def frame(self, pieces: Iterable[int]) -> tuple[int, ...]:
+        """``[CLS] pieces [SEP]`` (encoder) or ``BOS pieces`` (decoder): the special tokens of every input."""
+        head = () if self.cls_id is None else (self.cls_id,)
+        tail = () if self.sep_id is None else (self.sep_id,)
+        return (*head, *pieces, *tail)
+
+    def input_limit(self, max_len: int) -> int:
+        """The longest input in pieces: ``max_len`` (--max-len) capped at the model's context."""
+        return min(max_len, self.info.max_len)
 
     @property
     def pad_id(self) -> int:
@@ -609,12 +620,7 @@ def current_umask() -> int:
 
 
 def atomic_write_text(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
-    try:
-        tmp.write_text(text)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    replace_file(path, lambda tmp: tmp.write_text(text))
 
 
 LEGACY_FILES = ("model.safetensors", "optimizer.safetensors", "optimizer.json")

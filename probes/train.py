@@ -27,7 +27,6 @@ import dataclasses
 import io
 import json
 import math
-import os
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -39,6 +38,7 @@ import torch
 import torch.nn.functional as F
 
 from depthprobe.probes import synthetic
+from depthprobe.probes.artifacts import replace_file
 from depthprobe.probes.errors import ProbeError
 from depthprobe.probes.models import (
     CHECKPOINT_CONFIG,
@@ -180,9 +180,9 @@ def save_optimizer(opt: torch.optim.Optimizer, directory: Path, step: int) -> No
                 tensors[f"state.{idx}.{key}"] = value.detach().cpu().contiguous()
             else:
                 scalars.setdefault(str(idx), {})[key] = value
-    _atomic(directory / OPTIMIZER_WEIGHTS, lambda p: save_safetensors(save_file, tensors, p))
+    replace_file(directory / OPTIMIZER_WEIGHTS, lambda p: save_safetensors(save_file, tensors, p))
     meta = {"format": "depthprobe-adamw/1", "step": step, "param_groups": sd["param_groups"], "scalars": scalars}
-    _atomic(directory / OPTIMIZER_STATE, lambda p: p.write_text(json.dumps(meta, indent=2)))
+    replace_file(directory / OPTIMIZER_STATE, lambda p: p.write_text(json.dumps(meta, indent=2)))
 
 
 def load_optimizer(opt: torch.optim.Optimizer, directory: Path) -> int:
@@ -208,15 +208,6 @@ def load_optimizer(opt: torch.optim.Optimizer, directory: Path) -> int:
     return int(meta["step"])
 
 
-def _atomic(path: Path, write: Callable[[Path], Any]) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
 # ----------------------------------------------------------------------------- loss log
 
 
@@ -235,7 +226,7 @@ def write_loss_log(directory: Path, rows: list[dict[str, float]]) -> None:
     writer.writeheader()
     for r in rows:
         writer.writerow({"step": int(r["step"]), **{k: f"{r[k]:.6g}" for k in LOSS_COLUMNS[1:]}})
-    _atomic(directory / LOSS_LOG, lambda p: p.write_text(buf.getvalue()))
+    replace_file(directory / LOSS_LOG, lambda p: p.write_text(buf.getvalue()))
 
 
 # ----------------------------------------------------------------------------- the loop

@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from depthprobe.probes.artifacts import umask, write_error
+from depthprobe.probes.artifacts import replace_file, write_error
 from depthprobe.probes.errors import ProbeError
 
 MAX_TOKENS = 512  # default token limit of a view; longer inputs are cut and the page says so
@@ -695,27 +695,15 @@ def viz_page(
 
 def write_atomic(path: Path, text: str) -> Path:
     """Write ``text`` to ``path`` via a temporary sibling file (never a half-written page)."""
-    import os
-    import tempfile
-
     path = Path(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".partial", dir=path.parent)
     except OSError as exc:
         raise ProbeError(f"cannot write {path}: {exc.strerror}; choose another --out") from None
     try:
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as fh:
-                fh.write(text)
-            os.chmod(tmp, 0o666 & ~umask())  # mkstemp makes 0600; a page is as readable as any file
-            os.replace(tmp, path)
-        except OSError as exc:
-            raise write_error(exc, path) from None
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+        return replace_file(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
+    except OSError as exc:
+        raise write_error(exc, path) from None
 
 
 __all__ = [

@@ -102,9 +102,8 @@ class AttentionStats(Task):
         lines = read_lines(ctx.data) if ctx.data else read_lines(SAMPLE)
         tok = model.tokenizer
         pieces = tok(lines, add_special_tokens=False)["input_ids"]
-        tail = [model.sep_id] if model.sep_id is not None else []
-        seqs = [tuple([model.cls_id, *p, *tail]) for p in pieces]
-        limit = min(ctx.config.max_len, model.info.max_len)
+        seqs = [model.frame(p) for p in pieces]
+        limit = model.input_limit(ctx.config.max_len)
         kept = [s for s in seqs if len(s) <= limit]
         if not kept:
             raise ProbeError(

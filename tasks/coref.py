@@ -259,17 +259,16 @@ def gap_items(
         raise ProbeError("GAP needs a fast tokenizer (character offsets); use a model with tokenizer.json")
     usable = [ex for ex in examples if ex.answerable]
     enc = tok([ex.text for ex in usable], add_special_tokens=False, return_offsets_mapping=True)
-    head = [model.cls_id]
-    tail = [model.sep_id] if model.sep_id is not None else []
+    n_head = 0 if model.cls_id is None else 1  # [CLS] or BOS before the text
     items, too_long = [], 0
     for ex, ids, offsets in zip(usable, enc["input_ids"], enc["offset_mapping"], strict=True):
-        seq = tuple(head + list(ids) + tail)
+        seq = model.frame(ids)
         if len(seq) > limit:
             too_long += 1
             continue
         pos = {}
         for key, (s, e) in ex.spans().items():
-            pos[key] = tuple(len(head) + t for t, (ps, pe) in enumerate(offsets) if ps < e and pe > s)
+            pos[key] = tuple(n_head + t for t, (ps, pe) in enumerate(offsets) if ps < e and pe > s)
             if not pos[key]:
                 raise ProbeError(f"{ex.path or path}:{ex.line}: {key} span [{s}, {e}) covers no token of the text")
         items.append(
@@ -598,7 +597,7 @@ class Coref(Task):
         if fmt == "gap":
             return self._load_gap(model, ctx)
         docs = coref_data.read_chain_docs(ctx.data or SAMPLE, kind=fmt if fmt in ("conllu", "conll2012") else None)
-        limit = min(ctx.config.max_len, model.info.max_len)
+        limit = model.input_limit(ctx.config.max_len)
         windows, counts = chain_windows(model, docs, limit)
         if not windows:
             raise ProbeError(
@@ -619,7 +618,7 @@ class Coref(Task):
             raise ValueError("_load_gap needs a data path")
         files = sorted(f for f in path.iterdir() if f.suffix == ".tsv") if path.is_dir() else [path]
         rows = [ex for f in files for ex in coref_data.read_gap(f)]
-        limit = min(ctx.options.gap_max_len, model.info.max_len)
+        limit = model.input_limit(ctx.options.gap_max_len)
         items, counts = gap_items(model, rows, limit, path)
         if not items:
             raise ProbeError(f"{path}: no GAP example with exactly one true candidate fits in {limit} pieces")

@@ -314,7 +314,7 @@ class Induction(Task):
         if o.n_seqs < 1:
             raise ProbeError(f"induction: n_seqs must be at least 1, got {o.n_seqs}")
         prefix, suffix = frame(model)
-        limit = min(ctx.config.max_len, model.info.max_len)
+        limit = model.input_limit(ctx.config.max_len)
         total = len(prefix) + 2 * o.repeat_len + len(suffix)
         if total > limit:
             fit = (limit - len(prefix) - len(suffix)) // 2

@@ -274,10 +274,8 @@ class Kernels(Task):
             raise ProbeError("kernels: seq_len applies to models without a tokenizer; use --max-len for text")
         lines = read_lines(ctx.data) if ctx.data else read_lines(SAMPLE)
         pieces = model.tokenizer(lines, add_special_tokens=False)["input_ids"]
-        head = [model.cls_id] if model.cls_id is not None else []
-        tail = [model.sep_id] if model.sep_id is not None else []
-        seqs = [tuple([*head, *p, *tail]) for p in pieces]
-        limit = min(ctx.config.max_len, model.info.max_len)
+        seqs = [model.frame(p) for p in pieces]
+        limit = model.input_limit(ctx.config.max_len)
         kept = [s for s in seqs if 2 <= len(s) <= limit]
         if not kept:
             raise ProbeError(
@@ -293,7 +291,7 @@ class Kernels(Task):
                 f"model {model.name!r} has no tokenizer, so kernels cannot read --data; omit it "
                 "(random token sequences are used) or use a pretrained model"
             )
-        t = opts.seq_len if opts.seq_len is not None else min(ctx.config.max_len, model.info.max_len)
+        t = opts.seq_len if opts.seq_len is not None else model.input_limit(ctx.config.max_len)
         if not 2 <= t <= model.info.max_len:
             raise ProbeError(
                 f"kernels: seq_len must be between 2 and the model's context {model.info.max_len}, got {t}"

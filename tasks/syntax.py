@@ -208,7 +208,7 @@ class Syntax(Task):
 
     def load(self, model, ctx: Context) -> Examples:
         trees = read_trees(ctx.data, ctx.options.parser)
-        limit = min(ctx.config.max_len, model.info.max_len)
+        limit = model.input_limit(ctx.config.max_len)
         kept: list[Example] = []
         skipped, wanted = 0, ctx.config.limit
         for tree in trees:
