@@ -37,7 +37,7 @@ class Registry(Generic[T]):
 
     def register_class(self, cls: type) -> type:
         """Class decorator: instantiate ``cls`` and register the instance under ``cls.name``."""
-        self.register(cls.name, cls())  # type: ignore[attr-defined]
+        self.register(cls.name, cls())  # type: ignore[attr-defined]  # plugins declare name on the class
         return cls
 
     def register_lazy(self, entries: Mapping[str, str]) -> None:
