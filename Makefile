@@ -1,4 +1,4 @@
-# depthprobe: `make demo` runs the main job, `make test` runs the test suite.
+# depthprobe: `make demo` runs the main job, `make test` runs the test suite, `make check` the static checks.
 # Both create the virtual environment in .venv from nothing when it is missing.
 PYTHON ?= python3
 VENV ?= .venv
@@ -9,7 +9,7 @@ TORCH ?= torch==2.13.0
 export HF_HUB_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: install demo test test-fast bench clean
+.PHONY: install demo test test-fast check check-types bench clean
 
 install: $(VENV)/.installed
 
@@ -29,6 +29,21 @@ test: install
 
 test-fast: install
 	$(BIN)/python -m pytest -q -m "not slow"
+
+# mypy checks the folders under their installed names, linked in build/typecheck
+TYPECHECK = mkdir -p build/typecheck/depthprobe && \
+	for p in probes tasks cli; do ln -sfn ../../../$$p build/typecheck/depthprobe/$$p; done && \
+	$(BIN)/mypy -p depthprobe.probes -p depthprobe.tasks -p depthprobe.cli
+
+# lint, format, types and import direction (cli -> api -> tasks -> core)
+check: install
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(TYPECHECK)
+	$(BIN)/python scripts/check_imports.py
+
+check-types: install
+	$(TYPECHECK)
 
 bench: install
 	for b in bench/bench_*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done

@@ -4,6 +4,7 @@ same batches, measured side by side in one run. Prints the ratio (target: at mos
 Also prints, for reference, TransformerBridge.run_with_cache over the same batches: it caches
 every hook and runs the MLM head over the whole vocabulary, which is where its ~2x goes.
 """
+
 from __future__ import annotations
 
 import sys
@@ -12,12 +13,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import torch  # noqa: E402
-from common import best_of, hf_eager, hf_forward  # noqa: E402
+import torch
+from common import best_of, hf_eager, hf_forward
 
-from depthprobe import probes  # noqa: E402
-from depthprobe.probes.models import minilm_path  # noqa: E402
-from depthprobe.probes.task import Context, RunConfig, get_task  # noqa: E402
+from depthprobe import probes
+from depthprobe.probes.models import minilm_path
+from depthprobe.probes.task import Context, RunConfig, get_task
 
 EWT = Path(__file__).resolve().parent.parent.parent / "shared" / "data" / "ud-ewt-dev" / "en_ewt-ud-dev.conllu"
 
@@ -25,8 +26,9 @@ EWT = Path(__file__).resolve().parent.parent.parent / "shared" / "data" / "ud-ew
 def text_file(tmp: Path) -> Path:
     """A fixed text set: EWT dev sentences when ../shared is present, else the built-in sample x20."""
     if EWT.exists():
-        lines = [ln[len("# text = "):] for ln in EWT.read_text(encoding="utf-8").splitlines()
-                 if ln.startswith("# text = ")]
+        lines = [
+            ln[len("# text = ") :] for ln in EWT.read_text(encoding="utf-8").splitlines() if ln.startswith("# text = ")
+        ]
     else:
         lines = (Path(probes.__file__).parent.parent / "tasks" / "data" / "sample.txt").read_text().splitlines() * 20
     out = tmp / "bench.txt"

@@ -8,6 +8,7 @@ HF forward passes. Prints each ratio (target: at most 1.25x) and the headline ac
 
     .venv/bin/python bench/bench_coref.py [--repeats N] [--threads N] [--only ontogum|gap]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -18,12 +19,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import torch  # noqa: E402
-from common import hf_eager, hf_forward  # noqa: E402
+import torch
+from common import hf_eager, hf_forward
 
-from depthprobe import probes  # noqa: E402
-from depthprobe.probes.models import minilm_path  # noqa: E402
-from depthprobe.probes.task import Context, RunConfig, get_task  # noqa: E402
+from depthprobe import probes
+from depthprobe.probes.models import minilm_path
+from depthprobe.probes.task import Context, RunConfig, get_task
 
 DATA = Path(__file__).resolve().parent.parent.parent / "shared" / "data"
 SETS = {"ontogum": DATA / "ontogum-dev", "gap": DATA / "gap-dev" / "gap-development.tsv"}
@@ -48,8 +49,10 @@ def bench(model, hf, name: str, data: Path, repeats: int) -> None:
     hf_s = min(t_hf)
     ours_s, result = min(runs, key=lambda r: r[0])
     n_tok = sum(int(m.sum()) for _, m in batches)
-    print(f"\n== {name}: {len(examples)} inputs, {len(batches)} batches, {n_tok} real tokens, "
-          f"device {model.device}, {torch.get_num_threads()} threads, best of {repeats}")
+    print(
+        f"\n== {name}: {len(examples)} inputs, {len(batches)} batches, {n_tok} real tokens, "
+        f"device {model.device}, {torch.get_num_threads()} threads, best of {repeats}"
+    )
     print(f"bare HF forward (output_attentions=True): {hf_s:8.2f} s")
     print(f"depthprobe coref (whole run):             {ours_s:8.2f} s  ratio {ours_s / hf_s:.2f}x (target <= 1.25x)")
     print(f"  our phases: { {k: round(v, 2) for k, v in result.timings.items()} }")

@@ -9,6 +9,7 @@ objects, hooks, metrics, theory, plots or initialisation).
 
 Target: the sweep under 60 s on 2 CPU cores.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -26,7 +27,7 @@ def bare_forward(n_blocks: int, batch: int, t: int, d: int, heads: int) -> float
     """Seconds for n_blocks bare attention blocks over [batch, t, d]."""
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(batch, t, d, generator=gen)
-    w = [torch.randn(d, d, generator=gen) / d ** 0.5 for _ in range(4)]
+    w = [torch.randn(d, d, generator=gen) / d**0.5 for _ in range(4)]
     start = time.perf_counter()
     with torch.inference_mode():
         for _ in range(n_blocks):
@@ -34,7 +35,7 @@ def bare_forward(n_blocks: int, batch: int, t: int, d: int, heads: int) -> float
             q, k, v = (m.view(batch, t, heads, d // heads) for m in (q, k, v))  # [b, t, h, dh]
             a = torch.einsum("bqhe,bkhe->bhqk", q, k).softmax(-1)
             x = torch.einsum("bhqk,bkhe->bqhe", a, v).reshape(batch, t, d) @ w[3]
-            x = x / x.norm(dim=-1, keepdim=True) * d ** 0.5  # keep values finite
+            x = x / x.norm(dim=-1, keepdim=True) * d**0.5  # keep values finite
     return time.perf_counter() - start
 
 
@@ -49,16 +50,18 @@ def main() -> None:
     n_blocks = len(DEFAULT_VARIANTS) * sum(DEPTHS)
     base = bare_forward(n_blocks, args.samples, args.seq_len, args.width, 4)
     start = time.perf_counter()
-    res = sweep("kernels", DEPTHS, width=args.width, seq_len=args.seq_len, samples=args.samples,
-                threads=args.threads)
+    res = sweep("kernels", DEPTHS, width=args.width, seq_len=args.seq_len, samples=args.samples, threads=args.threads)
     took = time.perf_counter() - start
-    print(f"threads={args.threads} width={args.width} T={args.seq_len} samples={args.samples} "
-          f"variants={len(DEFAULT_VARIANTS)} depths={DEPTHS} ({n_blocks} blocks)")
+    print(
+        f"threads={args.threads} width={args.width} T={args.seq_len} samples={args.samples} "
+        f"variants={len(DEFAULT_VARIANTS)} depths={DEPTHS} ({n_blocks} blocks)"
+    )
     print(f"baseline (bare matmul forward, same blocks): {base:7.2f} s")
-    print(f"kernels sweep (build, forward, metrics, theory, plots): {took:7.2f} s  "
-          f"ratio {took / base:.2f}x  target < 60 s: {'yes' if took < 60 else 'NO'}")
-    print(f"rows {len(res.scores)}; vanilla final cosine at 16: "
-          f"{res.headline['final_cosine']['vanilla'][16]:.4f}")
+    print(
+        f"kernels sweep (build, forward, metrics, theory, plots): {took:7.2f} s  "
+        f"ratio {took / base:.2f}x  target < 60 s: {'yes' if took < 60 else 'NO'}"
+    )
+    print(f"rows {len(res.scores)}; vanilla final cosine at 16: {res.headline['final_cosine']['vanilla'][16]:.4f}")
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 each in a fresh process, with the peak resident set size of each and their ratio. Running sums
 mean the ratio stays near 1 (the model and the batch dominate; the data set is not held as maps).
 """
+
 from __future__ import annotations
 
 import json
@@ -24,8 +25,14 @@ print(json.dumps({"examples": r.counts["examples"],
 
 def peak(task: str, data: Path, limit: int) -> dict:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-    out = subprocess.run([sys.executable, "-c", CHILD, task, str(data), str(limit)], cwd=ROOT, env=env,
-                         capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", CHILD, task, str(data), str(limit)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 

@@ -5,6 +5,7 @@ Prints the ratio (target: at most 1.25x), where the task's time goes (capture fo
 word-level scoring), and the accuracies of det, obj, nsubj, case and ALL (best head vs
 the fixed-offset baseline).  Usage: python bench/bench_syntax.py [--repeats N] [--limit N]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -15,13 +16,13 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import torch  # noqa: E402
-from common import best_of, hf_eager, hf_forward  # noqa: E402
+import torch
+from common import best_of, hf_eager, hf_forward
 
-from depthprobe import probes  # noqa: E402
-from depthprobe.probes.capture import forward  # noqa: E402
-from depthprobe.probes.models import minilm_path  # noqa: E402
-from depthprobe.probes.task import Context, RunConfig, get_task  # noqa: E402
+from depthprobe import probes
+from depthprobe.probes.capture import forward
+from depthprobe.probes.models import minilm_path
+from depthprobe.probes.task import Context, RunConfig, get_task
 
 EWT = Path(__file__).resolve().parent.parent.parent / "shared" / "data" / "ud-ewt-dev"
 SHOWN = ("det", "obj", "nsubj", "case", "ALL")
@@ -64,22 +65,32 @@ def main() -> None:
         t_fwd, t_acc = t_fwd + t1 - t0, t_acc + time.perf_counter() - t1
 
     words = result.headline["n_words"]
-    print(f"syntax on EWT dev: {len(examples)} sentences ({examples.skipped} skipped), {words} words, "
-          f"{len(batches)} batches, device {model.device}, {torch.get_num_threads()} threads")
+    print(
+        f"syntax on EWT dev: {len(examples)} sentences ({examples.skipped} skipped), {words} words, "
+        f"{len(batches)} batches, device {model.device}, {torch.get_num_threads()} threads"
+    )
     print(f"bare HF forward (output_attentions=True): {min(t_hf):.2f} s  (runs: {', '.join(f'{t:.2f}' for t in t_hf)})")
-    print(f"depthprobe syntax (whole run):           {min(t_ours):.2f} s  (runs: {', '.join(f'{t:.2f}' for t in t_ours)})")
-    print(f"ratio {min(t_ours) / min(t_hf):.2f}x (target <= 1.25x); "
-          f"per round: {', '.join(f'{o / h:.2f}x' for o, h in zip(t_ours, t_hf))}")
+    print(
+        f"depthprobe syntax (whole run):           {min(t_ours):.2f} s  (runs: {', '.join(f'{t:.2f}' for t in t_ours)})"
+    )
+    print(
+        f"ratio {min(t_ours) / min(t_hf):.2f}x (target <= 1.25x); "
+        f"per round: {', '.join(f'{o / h:.2f}x' for o, h in zip(t_ours, t_hf, strict=True))}"
+    )
     fastest = stages[t_ours.index(min(t_ours))]
     print("stages of the fastest run: " + ", ".join(f"{k} {v:.2f} s" for k, v in fastest.items()))
     print(f"separately: capture forward {t_fwd:.2f} s, word-level scoring {t_acc:.2f} s")
     summary = result.summary.set_index("relation")
-    print(f"{'relation':10s} {'count':>6s} {'head':>6s} {'clark':>6s} {'direction':16s} {'acc':>6s} {'base':>6s} "
-          f"{'offset':>6s}")
+    print(
+        f"{'relation':10s} {'count':>6s} {'head':>6s} {'clark':>6s} {'direction':16s} {'acc':>6s} {'base':>6s} "
+        f"{'offset':>6s}"
+    )
     for rel in SHOWN:
         r = summary.loc[rel]
-        print(f"{rel:10s} {r['count']:6d} {r['best_head']:>6s} {r['clark_notation']:>6s} {r['direction']:16s} "
-              f"{r['accuracy']:6.1f} {r['baseline']:6.1f} {r['offset']:6d}")
+        print(
+            f"{rel:10s} {r['count']:6d} {r['best_head']:>6s} {r['clark_notation']:>6s} {r['direction']:16s} "
+            f"{r['accuracy']:6.1f} {r['baseline']:6.1f} {r['offset']:6d}"
+        )
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@
 
     .venv/bin/python bench/bench_train.py [--rounds 5] [--steps 40] [--skip-emergence] [--threads N]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -24,14 +25,14 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import common  # noqa: E402,F401  (offline environment)
-import torch  # noqa: E402
-import torch.nn as nn  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
+import common  # noqa: F401  (offline environment)
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
 
-from depthprobe.probes import synthetic  # noqa: E402
-from depthprobe.probes.models import load  # noqa: E402
-from depthprobe.probes.train import build_configs, fast_logits, lm_loss, parameters, train  # noqa: E402
+from depthprobe.probes import synthetic
+from depthprobe.probes.models import load
+from depthprobe.probes.train import build_configs, fast_logits, lm_loss, parameters, train
 
 
 class PlainBlock(nn.Module):
@@ -92,7 +93,9 @@ def steps_per_second(rounds: int, steps: int) -> dict[str, float]:
     runners = {
         "plain PyTorch": stepper(plain, list(plain.parameters()), data, cfg),
         "bridge, fast path (probe train)": stepper(lambda x: fast_logits(fast, x), parameters(fast), data, cfg),
-        "bridge(tokens), hooks": stepper(lambda x: hooked.bridge(x, return_type="logits"), parameters(hooked), data, cfg),
+        "bridge(tokens), hooks": stepper(
+            lambda x: hooked.bridge(x, return_type="logits"), parameters(hooked), data, cfg
+        ),
     }
     for run in runners.values():
         run(5)  # warm-up
@@ -131,9 +134,11 @@ def emergence(every: int, threshold: float) -> None:
         print(f"induction did not reach {threshold} within {cfg.steps} steps")
     except Emerged:
         wall = time.perf_counter() - t0
-        print(f"induction emergence (best score >= {threshold} on held-out lengths {list(data.eval_lengths)}): "
-              f"step {seen[-1][0]}, wall time {wall:.0f} s ({wall - spent[0]:.0f} s training, "
-              f"{spent[0]:.0f} s evaluating); target < 300 s")
+        print(
+            f"induction emergence (best score >= {threshold} on held-out lengths {list(data.eval_lengths)}): "
+            f"step {seen[-1][0]}, wall time {wall:.0f} s ({wall - spent[0]:.0f} s training, "
+            f"{spent[0]:.0f} s evaluating); target < 300 s"
+        )
 
 
 def main() -> None:

@@ -1,4 +1,5 @@
 """Helpers shared by the bench scripts: timing and the bare Hugging Face baseline."""
+
 from __future__ import annotations
 
 import os
@@ -8,7 +9,7 @@ from collections.abc import Callable, Iterable
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-import torch  # noqa: E402
+import torch
 
 
 def best_of(fn: Callable[[], object], repeats: int = 3) -> float:

@@ -3,14 +3,15 @@
 Exit codes: 0 success, 2 bad input (one line on stderr naming the fix), 1 internal error,
 130 interrupted. `probe --debug ...` shows tracebacks.
 """
+
 from __future__ import annotations
 
 import functools
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import typer
 from typer._click import exceptions as click  # typer's own copy of click's exceptions
@@ -21,12 +22,19 @@ class OneLineErrors(TyperGroup):
     """The top-level group: usage errors (bad option values, unknown commands or options) print
     one line plus the --help hint, exit 2, like every other error."""
 
-    def main(self, args: Any = None, prog_name: Optional[str] = None, complete_var: Optional[str] = None,
-             standalone_mode: bool = True, **extra: Any) -> Any:
+    def main(
+        self,
+        args: Sequence[str] | None = None,
+        prog_name: str | None = None,
+        complete_var: str | None = None,
+        standalone_mode: bool = True,
+        windows_expand_args: bool = True,
+        **extra: Any,
+    ) -> Any:
         if not standalone_mode:
-            return super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+            return super().main(args, prog_name, complete_var, False, windows_expand_args, **extra)
         try:
-            rv = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+            rv = super().main(args, prog_name, complete_var, False, windows_expand_args, **extra)
         except click.NoArgsIsHelpError as exc:
             from typer import rich_utils
 
@@ -44,8 +52,12 @@ class OneLineErrors(TyperGroup):
         sys.exit(rv if isinstance(rv, int) else 0)
 
 
-_TYPE_WORDS = {"int_parsing": "an integer", "float_parsing": "a number", "bool_parsing": "true or false",
-               "int_from_float": "a whole number"}
+_TYPE_WORDS = {
+    "int_parsing": "an integer",
+    "float_parsing": "a number",
+    "bool_parsing": "true or false",
+    "int_from_float": "a whole number",
+}
 
 
 def usage_line(exc: Any, prog: str = "probe") -> str:
@@ -55,7 +67,7 @@ def usage_line(exc: Any, prog: str = "probe") -> str:
     message = " ".join(exc.format_message().split())
     ctx = exc.ctx
     cause = getattr(exc, "__cause__", None)
-    errors = cause.errors() if hasattr(cause, "errors") else []
+    errors = cause.errors() if cause is not None and hasattr(cause, "errors") else []
     if isinstance(exc, click.BadParameter) and errors and exc.param is not None:
         first = errors[0]
         names = "/".join(getattr(exc.param, "opts", []) or [exc.param.name or "value"])
@@ -76,7 +88,7 @@ app = typer.Typer(
     cls=OneLineErrors,
     name="probe",
     help="depthprobe: per-layer, per-head probing of transformers (attention statistics, syntax, "
-         "coreference, induction, signal-propagation kernels).",
+    "coreference, induction, signal-propagation kernels).",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
@@ -103,7 +115,6 @@ def guarded(fn: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         from depthprobe.probes.errors import ProbeError
-
         from depthprobe.probes.runtime import Terminated, sigterm_as_keyboardinterrupt
 
         try:
@@ -132,8 +143,7 @@ def guarded(fn: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
-def prepare_out(out: Optional[Path], flag: str = "--out", *, may_exist: bool = False,
-                kind: str = "folder") -> None:
+def prepare_out(out: Path | None, flag: str = "--out", *, may_exist: bool = False, kind: str = "folder") -> None:
     """Check an output location before any work (exists, a parent is a file, not writable) and
     remove hidden partial folders that killed runs left there, saying so on stderr."""
     from depthprobe.probes import artifacts
@@ -160,8 +170,9 @@ def parse_options(pairs: list[str]) -> dict[str, str]:
 def print_result(result: Any) -> None:
     import pandas as pd
 
-    with pd.option_context("display.max_rows", 200, "display.max_columns", 20, "display.width", 200,
-                           "display.max_colwidth", 80):
+    with pd.option_context(
+        "display.max_rows", 200, "display.max_columns", 20, "display.width", 200, "display.max_colwidth", 80
+    ):
         typer.echo(result.summary.to_string(index=False))
     for note in result.notes:
         typer.echo(f"- {note}")
@@ -170,34 +181,51 @@ def print_result(result: Any) -> None:
 @app.command()
 @guarded
 def run(
-    model: str = typer.Option("minilm", "--model", "-m", help="Alias, Hugging Face id, local directory, "
-                              "native spec (native:layers=2,...) or checkpoint directory."),
+    model: str = typer.Option(
+        "minilm",
+        "--model",
+        "-m",
+        help="Alias, Hugging Face id, local directory, native spec (native:layers=2,...) or checkpoint directory.",
+    ),
     task: str = typer.Option("attention-stats", "--task", "-t", help="Task name (`probe list tasks`)."),
-    data: Optional[Path] = typer.Option(None, "--data", "-d", help="Input file or folder (default: built-in sample)."),
-    limit: Optional[int] = typer.Option(None, "--limit", help="Use only the first N examples."),
+    data: Path | None = typer.Option(None, "--data", "-d", help="Input file or folder (default: built-in sample)."),
+    limit: int | None = typer.Option(None, "--limit", help="Use only the first N examples."),
     batch_size: int = typer.Option(32, "--batch-size", "-b", help="Examples per forward pass."),
-    device: Optional[str] = typer.Option(None, "--device", help="cpu, cuda, cuda:N (default: CUDA when present)."),
+    device: str | None = typer.Option(None, "--device", help="cpu, cuda, cuda:N (default: CUDA when present)."),
     seed: int = typer.Option(0, "--seed", help="Random seed."),
-    max_len: int = typer.Option(128, "--max-len", help="Longest input in pieces incl. specials; longer ones are skipped."),
-    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Run directory (default artifacts/runs/<run-id>)."),
+    max_len: int = typer.Option(
+        128, "--max-len", help="Longest input in pieces incl. specials; longer ones are skipped."
+    ),
+    out: Path | None = typer.Option(None, "--out", "-o", help="Run directory (default artifacts/runs/<run-id>)."),
     option: list[str] = typer.Option([], "--option", "-O", help="Task option key=value (repeatable)."),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar on long runs."),
-    parser: Optional[str] = typer.Option(None, "--parser", help="spaCy pipeline (name or directory) that parses "
-                                         "raw-text --data (syntax); same as --option parser=NAME."),
-    max_params: Optional[int] = typer.Option(None, "--max-params", help="Refuse models with more parameters than this."),
+    parser: str | None = typer.Option(
+        None,
+        "--parser",
+        help="spaCy pipeline (name or directory) that parses raw-text --data (syntax); same as --option parser=NAME.",
+    ),
+    max_params: int | None = typer.Option(None, "--max-params", help="Refuse models with more parameters than this."),
 ) -> None:
     """Run a task on a model, print its summary and write a run directory."""
     from depthprobe.probes.api import run as api_run
-    from depthprobe.probes.task import get_task
-
     from depthprobe.probes.models import size_limit
+    from depthprobe.probes.task import get_task
 
     prepare_out(out)
     get_task(task)  # unknown task fails before anything is loaded
     with size_limit(max_params):
-        result = api_run(model, task, data, limit=limit, batch_size=batch_size, device=device, seed=seed,
-                         max_len=max_len, progress=progress and sys.stderr.isatty(),
-                         **parse_options(option) | ({"parser": parser} if parser else {}))
+        result = api_run(
+            model,
+            task,
+            data,
+            limit=limit,
+            batch_size=batch_size,
+            device=device,
+            seed=seed,
+            max_len=max_len,
+            progress=progress and sys.stderr.isatty(),
+            **parse_options(option) | ({"parser": parser} if parser else {}),
+        )
     path = result.save(out)
     print_result(result)
     typer.echo(f"wrote {path}")
@@ -228,9 +256,11 @@ def list_models() -> None:
     typer.echo(f"{'alias':18s} {'offline':8s} {'hugging face id':42s} what")
     for row in offline_models():
         typer.echo(f"{row['alias']:18s} {row['offline']:8s} {row['hf_id']:42s} {row['what']}")
-    typer.echo("Also accepted: any Hugging Face id in the local cache, a local HF-format directory, "
-               "a native spec (native:layers=2,d_model=64,heads=4,attn_only=true) or a checkpoint "
-               "directory written by probe train.")
+    typer.echo(
+        "Also accepted: any Hugging Face id in the local cache, a local HF-format directory, "
+        "a native spec (native:layers=2,d_model=64,heads=4,attn_only=true) or a checkpoint "
+        "directory written by probe train."
+    )
 
 
 @list_app.command("architectures")
@@ -243,10 +273,8 @@ def list_architectures() -> None:
     typer.echo(f"{'architecture':18s} {'model_type':12s} {'causal':10s} loaded by")
     for r in rows:
         typer.echo(f"{r['architecture']:18s} {r['model_type']:12s} {r['causal']:10s} {r['loaded_by']}")
-    typer.echo(f"Tasks on every row: {rows[0]['tasks']}. Hooks: TransformerLens bridge: {rows[0]['hooks']}; "
-               f"HF attentions: {rows[-1]['hooks']}. Other architectures TransformerLens supports load "
-               "through the bridge untested; the rest are refused with one line.")
-
-
-# Commands defined in their own modules register themselves on `app` when imported.
-from depthprobe.cli import commands  # noqa: E402,F401
+    typer.echo(
+        f"Tasks on every row: {rows[0]['tasks']}. Hooks: TransformerLens bridge: {rows[0]['hooks']}; "
+        f"HF attentions: {rows[-1]['hooks']}. Other architectures TransformerLens supports load "
+        "through the bridge untested; the rest are refused with one line."
+    )

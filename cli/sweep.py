@@ -1,9 +1,9 @@
 """`probe sweep`: vary depth with everything else fixed."""
+
 from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Optional
 
 import typer
 
@@ -14,23 +14,24 @@ from depthprobe.cli.main import app, guarded, parse_options, prepare_out, print_
 @guarded
 def sweep(
     task: str = typer.Option(..., "--task", "-t", help="Sweep task (induction, kernels)."),
-    depths: Optional[str] = typer.Option(None, "--depths", "--layers", help="Comma-separated depths, e.g. 1,2,4."),
+    depths: str | None = typer.Option(None, "--depths", "--layers", help="Comma-separated depths, e.g. 1,2,4."),
     seed: int = typer.Option(0, "--seed", help="Random seed (identical for every depth)."),
-    device: Optional[str] = typer.Option(None, "--device", help="cpu, cuda, cuda:N (default: CUDA when present)."),
-    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Run directory (default artifacts/runs/<run-id>)."),
+    device: str | None = typer.Option(None, "--device", help="cpu, cuda, cuda:N (default: CUDA when present)."),
+    out: Path | None = typer.Option(None, "--out", "-o", help="Run directory (default artifacts/runs/<run-id>)."),
     option: list[str] = typer.Option([], "--option", "-O", help="Sweep option key=value (repeatable)."),
-    variants: Optional[str] = typer.Option(None, "--variants", help="kernels: comma-separated architecture variants."),
-    width: Optional[int] = typer.Option(None, "--width", "--d-model", help="Model width d_model."),
-    heads: Optional[int] = typer.Option(None, "--heads", help="Attention heads per layer."),
-    seq_len: Optional[int] = typer.Option(None, "--seq-len", help="Tokens per sequence."),
-    steps: Optional[int] = typer.Option(None, "--steps", "--train-steps", help="Training steps per depth."),
-    attn_only: Optional[bool] = typer.Option(None, "--attn-only/--mlp", help="Attention-only blocks, or with MLPs."),
-    dtype: Optional[str] = typer.Option(None, "--dtype", help="kernels: float32 or float64 (models built and run in it)."),
+    variants: str | None = typer.Option(None, "--variants", help="kernels: comma-separated architecture variants."),
+    width: int | None = typer.Option(None, "--width", "--d-model", help="Model width d_model."),
+    heads: int | None = typer.Option(None, "--heads", help="Attention heads per layer."),
+    seq_len: int | None = typer.Option(None, "--seq-len", help="Tokens per sequence."),
+    steps: int | None = typer.Option(None, "--steps", "--train-steps", help="Training steps per depth."),
+    attn_only: bool | None = typer.Option(None, "--attn-only/--mlp", help="Attention-only blocks, or with MLPs."),
+    dtype: str | None = typer.Option(None, "--dtype", help="kernels: float32 or float64 (models built and run in it)."),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Show progress."),
-    max_params: Optional[int] = typer.Option(None, "--max-params", help="Refuse models with more parameters than this."),
+    max_params: int | None = typer.Option(None, "--max-params", help="Refuse models with more parameters than this."),
 ) -> None:
     """Train or build one model per depth with identical settings; write one table and plots."""
-    from depthprobe.probes.sweep import get_sweep, parse_depths, sweep as api_sweep
+    from depthprobe.probes.sweep import get_sweep, parse_depths
+    from depthprobe.probes.sweep import sweep as api_sweep
 
     prepare_out(out)
     get_sweep(task)
@@ -38,16 +39,23 @@ def sweep(
         from depthprobe.probes.errors import ProbeError
 
         raise ProbeError("probe sweep needs --depths (or --layers), e.g. --depths 1,2,4")
-    explicit = {"variants": variants, "width": width, "heads": heads, "seq_len": seq_len,
-                "steps": steps, "attn_only": attn_only, "dtype": dtype}
+    explicit = {
+        "variants": variants,
+        "width": width,
+        "heads": heads,
+        "seq_len": seq_len,
+        "steps": steps,
+        "attn_only": attn_only,
+        "dtype": dtype,
+    }
     options = {k: v for k, v in explicit.items() if v is not None}
     options.update(parse_options(option))
     from depthprobe.probes.models import size_limit
 
     with size_limit(max_params):
-        result = api_sweep(task, parse_depths(depths), seed=seed, device=device,
-                           progress=progress and sys.stderr.isatty(), **options)
+        result = api_sweep(
+            task, parse_depths(depths), seed=seed, device=device, progress=progress and sys.stderr.isatty(), **options
+        )
     path = result.save(out)
     print_result(result)
     typer.echo(f"wrote {path}")
-

@@ -1,21 +1,21 @@
 """`probe viz` (attention views of a model on a text) and `probe report` (re-render a run's report)."""
+
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
 
 import typer
 
 from depthprobe.cli.main import app, guarded, prepare_out
 
 
-def _read_text(text: Optional[str], file: Optional[Path]) -> tuple[str, str]:
+def _read_text(text: str | None, file: Path | None) -> tuple[str, str]:
     from depthprobe.probes.errors import ProbeError
 
-    if (text is None) == (file is None):
-        raise ProbeError("probe viz needs exactly one of --text \"...\" or --file PATH")
-    if file is None:
+    if text is not None and file is None:
         return text, "--text"
+    if file is None or text is not None:
+        raise ProbeError('probe viz needs exactly one of --text "..." or --file PATH')
     try:
         return file.read_text(encoding="utf-8-sig"), str(file)
     except FileNotFoundError:
@@ -30,13 +30,15 @@ def _read_text(text: Optional[str], file: Optional[Path]) -> tuple[str, str]:
 @guarded
 def viz(
     model: str = typer.Option("minilm", "--model", "-m", help="Alias, Hugging Face id or local directory."),
-    text: Optional[str] = typer.Option(None, "--text", help="The text to show attention on."),
-    file: Optional[Path] = typer.Option(None, "--file", "-f", help="Read the text from this UTF-8 file instead."),
-    layers: Optional[str] = typer.Option(None, "--layers", help="0-indexed layers, e.g. 0,3 or 0-2 (default: all)."),
-    heads: Optional[str] = typer.Option(None, "--heads", help="0-indexed heads, e.g. 0,5 (default: all)."),
+    text: str | None = typer.Option(None, "--text", help="The text to show attention on."),
+    file: Path | None = typer.Option(None, "--file", "-f", help="Read the text from this UTF-8 file instead."),
+    layers: str | None = typer.Option(None, "--layers", help="0-indexed layers, e.g. 0,3 or 0-2 (default: all)."),
+    heads: str | None = typer.Option(None, "--heads", help="0-indexed heads, e.g. 0,5 (default: all)."),
     words: bool = typer.Option(False, "--words/--pieces", help="Word-level attention (Clark et al.) or wordpieces."),
-    max_tokens: int = typer.Option(512, "--max-tokens", help="Show at most this many tokens; the page says what was cut."),
-    device: Optional[str] = typer.Option(None, "--device", help="cpu, cuda, cuda:N (default: CUDA when present)."),
+    max_tokens: int = typer.Option(
+        512, "--max-tokens", help="Show at most this many tokens; the page says what was cut."
+    ),
+    device: str | None = typer.Option(None, "--device", help="cpu, cuda, cuda:N (default: CUDA when present)."),
     out: Path = typer.Option(Path("attention.html"), "--out", "-o", help="The HTML page to write."),
 ) -> None:
     """Write one self-contained HTML page of attention views (one per layer, all chosen heads)."""
@@ -54,9 +56,15 @@ def viz(
         index_ranges(spec, what)
     mdl = load(model, device=device)
     mdl.require_tokenizer("viz")
-    page = viz_page(mdl, body, source=source, words=words, max_tokens=max_tokens,
-                    layers=parse_indices(layers, mdl.info.n_layers, "layers"),
-                    heads=parse_indices(heads, mdl.info.n_heads, "heads"))
+    page = viz_page(
+        mdl,
+        body,
+        source=source,
+        words=words,
+        max_tokens=max_tokens,
+        layers=parse_indices(layers, mdl.info.n_layers, "layers"),
+        heads=parse_indices(heads, mdl.info.n_heads, "heads"),
+    )
     path = write_atomic(out, page)
     typer.echo(f"wrote {path} ({path.stat().st_size / 1e6:.2f} MB)")
 

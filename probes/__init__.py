@@ -1,16 +1,42 @@
 """depthprobe core: loading, scoped capture, word alignment, metrics, tasks and artifacts."""
+
 from depthprobe.probes.align import encode_words, word_attention
 from depthprobe.probes.api import Result, run
-from depthprobe.probes.compare import compare  # noqa: F401  (probe compare)
 from depthprobe.probes.cache import Cache, run_with_cache
 from depthprobe.probes.capture import capture, forward, resolve_names
+from depthprobe.probes.compare import compare  # noqa: F401  (probe compare)
 from depthprobe.probes.errors import ProbeError
 from depthprobe.probes.interventions import ablate_heads, patch
 from depthprobe.probes.models import ALIASES, DEFAULT_MODEL, Model, NativeConfig, load, load_checkpoint, save_checkpoint
 from depthprobe.probes.task import TASKS, Batch, Context, Examples, Output, Task, get_task, register, task_names
 
 __all__ = [
-    "ALIASES", "Cache", "DEFAULT_MODEL", "TASKS", "Batch", "Context", "Examples", "Model", "NativeConfig",
-    "Output", "ProbeError", "ablate_heads", "patch", "Result", "Task", "capture", "encode_words", "forward", "get_task", "load",
-    "load_checkpoint", "register", "resolve_names", "run", "run_with_cache", "save_checkpoint", "task_names", "word_attention",
+    "ALIASES",
+    "Cache",
+    "DEFAULT_MODEL",
+    "TASKS",
+    "Batch",
+    "Context",
+    "Examples",
+    "Model",
+    "NativeConfig",
+    "Output",
+    "ProbeError",
+    "ablate_heads",
+    "patch",
+    "Result",
+    "Task",
+    "capture",
+    "encode_words",
+    "forward",
+    "get_task",
+    "load",
+    "load_checkpoint",
+    "register",
+    "resolve_names",
+    "run",
+    "run_with_cache",
+    "save_checkpoint",
+    "task_names",
+    "word_attention",
 ]

@@ -16,6 +16,7 @@ A piece that spans two words (a merge across the space) is refused with one line
 A word that yields no pieces (e.g. a lone control character) is given the tokenizer's unknown
 token (or, without one, the piece of a single space) so that every word has a position.
 """
+
 from __future__ import annotations
 
 from bisect import bisect_right
@@ -64,8 +65,9 @@ def _fast(tok: Any, model: Model) -> Any:
     return tok
 
 
-def pieces_of_words(offsets: Sequence[tuple[int, int]], spans: Sequence[tuple[int, int]],
-                    text: str = "") -> list[list[int]]:
+def pieces_of_words(
+    offsets: Sequence[tuple[int, int]], spans: Sequence[tuple[int, int]], text: str = ""
+) -> list[list[int]]:
     """Piece indices per word from piece ``offsets`` and word ``spans`` (character ranges, in order).
 
     A piece belongs to the word whose characters it overlaps; a piece overlapping no word (only the
@@ -79,10 +81,12 @@ def pieces_of_words(offsets: Sequence[tuple[int, int]], spans: Sequence[tuple[in
         k = max(bisect_right(starts, a) - 1, 0)
         hits = [j for j in range(k, len(spans)) if spans[j][0] < b and a < spans[j][1]]
         if len(hits) > 1:
-            first, second = (text[spans[j][0]:spans[j][1]] for j in hits[:2])
-            raise ProbeError(f"word alignment: the tokenizer merges {text[a:b]!r} into one piece across a space, "
-                             f"so the words {first!r} and {second!r} would share it; this tokenizer cannot be "
-                             "used for word-level tasks (syntax, coref)")
+            first, second = (text[spans[j][0] : spans[j][1]] for j in hits[:2])
+            raise ProbeError(
+                f"word alignment: the tokenizer merges {text[a:b]!r} into one piece across a space, "
+                f"so the words {first!r} and {second!r} would share it; this tokenizer cannot be "
+                "used for word-level tasks (syntax, coref)"
+            )
         if not hits:
             pending.append(i)
             continue
@@ -119,8 +123,10 @@ def encode_words(model: Model, words: Sequence[str]) -> Encoded:
 def encode_pieces(model: Model, pieces: Sequence[Sequence[int]]) -> Encoded:
     """Per-word piece ids -> model input with the special tokens and each position's unit."""
     if model.cls_id is None:
-        raise ProbeError(f"model {model.name!r} has no [CLS], BOS or EOS token to start the input with, which "
-                         "word-level tasks (syntax, coref) need; use attention-stats or induction on it")
+        raise ProbeError(
+            f"model {model.name!r} has no [CLS], BOS or EOS token to start the input with, which "
+            "word-level tasks (syntax, coref) need; use attention-stats or induction on it"
+        )
     ids: list[int] = [model.cls_id]
     units: list[int] = [0]
     for k, p in enumerate(pieces):

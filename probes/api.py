@@ -1,4 +1,5 @@
 """The Python API the CLI is a thin layer over: ``probes.run(model, task, data, **options)``."""
+
 from __future__ import annotations
 
 import random
@@ -15,7 +16,13 @@ from depthprobe.probes.capture import forward
 from depthprobe.probes.errors import ProbeError
 from depthprobe.probes.levine import DepthNote
 from depthprobe.probes.models import DEFAULT_MODEL, Model, load
-from depthprobe.probes.task import Context, Output, RunConfig, get_task
+from depthprobe.probes.task import SWEEPS, TASKS, Context, Output, RunConfig, get_task
+from depthprobe.tasks import SWEEPS as SWEEP_LIBRARY
+from depthprobe.tasks import TASKS as TASK_LIBRARY
+
+# The task library, registered lazily: the core imports a task's module only when it is used.
+TASKS.register_lazy(TASK_LIBRARY)
+SWEEPS.register_lazy(SWEEP_LIBRARY)
 
 
 @dataclass
@@ -46,16 +53,26 @@ class Result:
 
     def save(self, directory: str | Path | None = None) -> Path:
         """Write the run directory atomically; returns its path."""
-        final = Path(directory) if directory else artifacts.DEFAULT_ROOT / artifacts.run_id(
-            self.model_info["name"], self.task)
+        final = (
+            Path(directory)
+            if directory
+            else artifacts.DEFAULT_ROOT / artifacts.run_id(self.model_info["name"], self.task)
+        )
         with artifacts.atomic_dir(final) as tmp:
             self.scores.to_csv(tmp / "scores.csv", index=False)
             self.summary.to_csv(tmp / "summary.csv", index=False)
-            artifacts.write_json(tmp / "summary.json", {
-                "task": self.task, "model": self.model_info["name"], "headline": self.headline,
-                "notes": self.notes, "counts": self.counts, "heatmaps": self.heatmaps,
-                "summary": self.summary.to_dict(orient="records"),
-            })
+            artifacts.write_json(
+                tmp / "summary.json",
+                {
+                    "task": self.task,
+                    "model": self.model_info["name"],
+                    "headline": self.headline,
+                    "notes": self.notes,
+                    "counts": self.counts,
+                    "heatmaps": self.heatmaps,
+                    "summary": self.summary.to_dict(orient="records"),
+                },
+            )
             artifacts.write_json(tmp / "manifest.json", self.manifest())
             if self.views:
                 artifacts.write_json(tmp / "views.json", self.views)
@@ -96,9 +113,19 @@ def _options_tuple(options: dict[str, Any]) -> tuple[tuple[str, Any], ...]:
     return tuple(sorted((k, v) for k, v in options.items()))
 
 
-def run(model: str | Model = DEFAULT_MODEL, task: str = "attention-stats", data: str | Path | None = None,
-        *, limit: int | None = None, batch_size: int = 32, device: str | None = None, seed: int = 0,
-        max_len: int = 128, progress: bool = False, **options: Any) -> Result:
+def run(
+    model: str | Model = DEFAULT_MODEL,
+    task: str = "attention-stats",
+    data: str | Path | None = None,
+    *,
+    limit: int | None = None,
+    batch_size: int = 32,
+    device: str | None = None,
+    seed: int = 0,
+    max_len: int = 128,
+    progress: bool = False,
+    **options: Any,
+) -> Result:
     """Run a task on a model and return its :class:`Result` (call ``.save()`` to write it).
 
     Task-specific options are keyword arguments (see ``probe list tasks``). All input is
@@ -111,9 +138,17 @@ def run(model: str | Model = DEFAULT_MODEL, task: str = "attention-stats", data:
         raise ProbeError(f"data path {data} does not exist; check the path (or omit --data for the built-in sample)")
     if data is not None and (Path(data).is_char_device() or Path(data).is_block_device()):
         raise ProbeError(f"data path {data} is a device, not a file; give a text file or folder")
-    config = RunConfig(model=name, task=task, data=None if data is None else str(data), limit=limit,
-                       batch_size=batch_size, device=device, seed=seed, max_len=max_len,
-                       options=_options_tuple(options))
+    config = RunConfig(
+        model=name,
+        task=task,
+        data=None if data is None else str(data),
+        limit=limit,
+        batch_size=batch_size,
+        device=device,
+        seed=seed,
+        max_len=max_len,
+        options=_options_tuple(options),
+    )
     ctx = Context(config=config, options=task_obj.parse_options(options))
     seed_everything(seed)
     with timer("load_model"):
@@ -146,9 +181,21 @@ def run(model: str | Model = DEFAULT_MODEL, task: str = "attention-stats", data:
     if examples.skipped:
         out.notes.insert(0, f"{examples.skipped} input(s) skipped ({examples.why}), not truncated")
     counts.update({k: v for k, v in out.headline.items() if k.startswith("n_")})
-    return Result(scores=out.scores, summary=out.summary, notes=[*out.notes, note], headline=headline,
-                  config=config.as_dict(), model_info=mdl.info.as_dict(), device=str(mdl.device),
-                  timings=timer.times, counts=counts, heatmaps=out.heatmaps, views=out.views, plots=out.plots, files=out.files)
+    return Result(
+        scores=out.scores,
+        summary=out.summary,
+        notes=[*out.notes, note],
+        headline=headline,
+        config=config.as_dict(),
+        model_info=mdl.info.as_dict(),
+        device=str(mdl.device),
+        timings=timer.times,
+        counts=counts,
+        heatmaps=out.heatmaps,
+        views=out.views,
+        plots=out.plots,
+        files=out.files,
+    )
 
 
 def _progress(enabled: bool, total: int, batch_size: int):

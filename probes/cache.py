@@ -5,6 +5,7 @@ Encoders without a trained head over the vocabulary (``model.has_lm_head`` is Fa
 sentence encoder minilm) return the final hidden states [batch, pos, d_model] in place of logits:
 the last block's ``hook_resid_post``, which is what Hugging Face calls ``last_hidden_state``.
 """
+
 from __future__ import annotations
 
 import fnmatch
@@ -36,7 +37,9 @@ class Cache(dict):
         leading layer axis in layer order: [n_layers, ...]."""
         names = sorted((n for n in self if fnmatch.fnmatchcase(n, pattern)), key=_layer_key)
         if not names:
-            raise ProbeError(f"no cached activation matches {pattern!r}; run_with_cache(..., names=[{pattern!r}]) caches it")
+            raise ProbeError(
+                f"no cached activation matches {pattern!r}; run_with_cache(..., names=[{pattern!r}]) caches it"
+            )
         return torch.stack([self[n] for n in names])
 
     def accumulated_resid(self) -> torch.Tensor:
@@ -45,8 +48,10 @@ class Cache(dict):
         names.append(f"blocks.{self.n_layers - 1}.hook_resid_post")
         missing = [n for n in names if n not in self]
         if missing:
-            raise ProbeError(f"accumulated_resid needs {missing[0]}, which is not cached; "
-                             "cache blocks.*.hook_resid_pre and blocks.*.hook_resid_post (or names=None)")
+            raise ProbeError(
+                f"accumulated_resid needs {missing[0]}, which is not cached; "
+                "cache blocks.*.hook_resid_pre and blocks.*.hook_resid_post (or names=None)"
+            )
         return torch.stack([self[n] for n in names])
 
     def to(self, device: str | torch.device) -> "Cache":
@@ -54,12 +59,15 @@ class Cache(dict):
 
 
 def _inputs(model: Model, texts_or_ids: Any, attention_mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-    if isinstance(texts_or_ids, str) or (isinstance(texts_or_ids, Sequence) and texts_or_ids
-                                          and all(isinstance(t, str) for t in texts_or_ids)):
+    if isinstance(texts_or_ids, str) or (
+        isinstance(texts_or_ids, Sequence) and texts_or_ids and all(isinstance(t, str) for t in texts_or_ids)
+    ):
         if attention_mask is not None:
             raise ProbeError("attention_mask goes with token ids; texts are padded and masked by model.encode")
         return model.encode(texts_or_ids)
-    ids = torch.as_tensor(texts_or_ids, dtype=torch.long) if not isinstance(texts_or_ids, torch.Tensor) else texts_or_ids
+    ids = (
+        torch.as_tensor(texts_or_ids, dtype=torch.long) if not isinstance(texts_or_ids, torch.Tensor) else texts_or_ids
+    )
     if ids.dim() == 1:
         ids = ids[None]
     if ids.dim() != 2 or ids.numel() == 0:
@@ -73,8 +81,9 @@ def _inputs(model: Model, texts_or_ids: Any, attention_mask: torch.Tensor | None
 def _every_hook(model: Model) -> list[str]:
     """Every hook name the bridge lets a hook attach to (TransformerLens gates a few, e.g. hook_mlp_in)."""
     gated = getattr(model.bridge, "_gated_hook_reason", None)
-    return [n for n, hp in model.bridge.hook_dict.items()
-            if gated is None or gated(getattr(hp, "name", None) or n) is None]
+    return [
+        n for n, hp in model.bridge.hook_dict.items() if gated is None or gated(getattr(hp, "name", None) or n) is None
+    ]
 
 
 def outputs(model: Model, ids: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
@@ -87,8 +96,9 @@ def outputs(model: Model, ids: torch.Tensor, mask: torch.Tensor | None = None) -
     return acts[last]
 
 
-def run_with_cache(model: Model, texts_or_ids: Any, names: Names | None = None, *,
-                   attention_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, Cache]:
+def run_with_cache(
+    model: Model, texts_or_ids: Any, names: Names | None = None, *, attention_mask: torch.Tensor | None = None
+) -> tuple[torch.Tensor, Cache]:
     """``(logits, cache)`` for texts (encoded with ``model.encode``: padded, masked) or token ids.
 
     ``names`` (one name, a list with globs, or a dict of name -> edit function) limits the cache;

@@ -11,6 +11,7 @@ Hook names (TransformerLens conventions, 0-indexed layers):
 Patterns with ``*`` (``blocks.*.attn.hook_pattern``) expand to every matching name.
 Hooks are always removed on exit, even when the body raises.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -76,8 +77,16 @@ def _open_captures(model: Model) -> int:
 
 
 @contextmanager
-def capture(model: Model, names: Names, fn: HookFn | None = None, *, store: bool = True,
-            stop_early: bool = False, grad: bool = False, clone: bool = False) -> Iterator[Captured]:
+def capture(
+    model: Model,
+    names: Names,
+    fn: HookFn | None = None,
+    *,
+    store: bool = True,
+    stop_early: bool = False,
+    grad: bool = False,
+    clone: bool = False,
+) -> Iterator[Captured]:
     """Attach hooks to ``names`` for the duration of the block: one name, a list (globs allowed),
     or a dict of name -> function (a different edit per hook).
 
@@ -99,7 +108,9 @@ def capture(model: Model, names: Names, fn: HookFn | None = None, *, store: bool
         fns: dict[str, HookFn | None] = {}
         for pattern, f in names.items():
             if not callable(f):
-                raise ProbeError(f"the value for {pattern!r} must be a function fn(tensor, hook), got {type(f).__name__}")
+                raise ProbeError(
+                    f"the value for {pattern!r} must be a function fn(tensor, hook), got {type(f).__name__}"
+                )
             for n in resolve_names(model, pattern):
                 fns[n] = f
         resolved = list(fns)
@@ -136,8 +147,16 @@ def capture(model: Model, names: Names, fn: HookFn | None = None, *, store: bool
         bridge._depthprobe_open -= 1
 
 
-def forward(model: Model, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
-            names: Names, fn: HookFn | None = None, *, logits: bool = False, grad: bool = False) -> Captured:
+def forward(
+    model: Model,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    names: Names,
+    fn: HookFn | None = None,
+    *,
+    logits: bool = False,
+    grad: bool = False,
+) -> Captured:
     """One batched forward pass returning only the named activations.
 
     Unless ``logits`` is asked for (then stored under ``"logits"``), the pass stops as soon as
@@ -148,8 +167,7 @@ def forward(model: Model, input_ids: torch.Tensor, attention_mask: torch.Tensor 
     mask = None if attention_mask is None else attention_mask.to(model.device)
     mode = contextlib.nullcontext() if grad else torch.inference_mode()
     with mode, capture(model, names, fn, stop_early=not logits, grad=grad) as acts:
-        out = model.bridge(input_ids.to(model.device), attention_mask=mask,
-                           return_type="logits" if logits else None)
+        out = model.bridge(input_ids.to(model.device), attention_mask=mask, return_type="logits" if logits else None)
         if logits:
             acts["logits"] = out
     return acts

@@ -28,6 +28,7 @@ tidy table with one row per (model, layer, metric); ``save(table, out)`` writes 
   ``margin`` = best head minus baseline (baseline minus best for lower-is-better metrics).
 - A selector column whose name is one of the table's own columns is kept as ``scores_<name>``.
 """
+
 from __future__ import annotations
 
 import base64
@@ -37,7 +38,7 @@ import os
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -52,9 +53,26 @@ RUN_FILES = ("manifest.json", "scores.csv")
 LOWER_IS_BETTER = ("entropy", "loss", "perplexity")
 DEFAULT_ROOT = Path("artifacts") / "compare"
 MAX_PLOTS = 24  # metrics drawn in report.html at most; the rest are named in a note
-COLUMNS = ["task", "model", "label", "n_layers", "d_model", "n_heads", "layer", "relative_depth", "metric",
-           "better", "best_value", "best_head", "head_mean", "heads", "baseline", "baseline_name", "margin",
-           "run"]
+COLUMNS = [
+    "task",
+    "model",
+    "label",
+    "n_layers",
+    "d_model",
+    "n_heads",
+    "layer",
+    "relative_depth",
+    "metric",
+    "better",
+    "best_value",
+    "best_head",
+    "head_mean",
+    "heads",
+    "baseline",
+    "baseline_name",
+    "margin",
+    "run",
+]
 _HOOK = re.compile(r"^blocks\.(\d+)\.hook_resid_(pre|mid|post)$")
 _HOOK_OFFSET = {"pre": 0.0, "mid": 0.5, "post": 1.0}
 _NO_BASELINE_ROWS = {"mentions evaluated", "examples", "best head"}  # coref summary rows that are not baselines
@@ -78,6 +96,7 @@ class Run:
 # finding and reading run folders
 # ----------------------------------------------------------------------------------------------
 
+
 def is_run_dir(path: Path) -> bool:
     return path.is_dir() and all((path / f).is_file() for f in RUN_FILES)
 
@@ -94,23 +113,29 @@ def _below(root: Path) -> list[Path]:
 
 def find_runs(paths: Iterable[str | Path]) -> list[Path]:
     """Run folders named by ``paths``: each is a run folder, or a folder searched for run folders."""
-    paths = [Path(p) for p in paths]
-    if not paths:
-        raise ProbeError("no run folders given; pass two or more run folders written by probe run, "
-                         "or a study folder")
+    folders = [Path(p) for p in paths]
+    if not folders:
+        raise ProbeError("no run folders given; pass two or more run folders written by probe run, or a study folder")
     out: list[Path] = []
-    for p in paths:
+    for p in folders:
         if not p.exists():
             raise ProbeError(f"{p} does not exist; pass a run folder written by probe run (or a study folder)")
         if not p.is_dir():
             raise ProbeError(f"{p} is not a folder; pass a run folder written by probe run (or a study folder)")
         found = [p] if is_run_dir(p) else _below(p)
         if not found:
-            raise ProbeError(f"{p} holds no run folders (folders with manifest.json and scores.csv); "
-                             "pass folders written by probe run")
+            raise ProbeError(
+                f"{p} holds no run folders (folders with manifest.json and scores.csv); "
+                "pass folders written by probe run"
+            )
         out += found
     seen: set[Path] = set()
-    return [p for p in out if not (p.resolve() in seen or seen.add(p.resolve()))]
+    unique = []
+    for p in out:
+        if p.resolve() not in seen:
+            seen.add(p.resolve())
+            unique.append(p)
+    return unique
 
 
 def _json(path: Path) -> Any:
@@ -129,12 +154,15 @@ def read_run(path: Path) -> Run:
     if not isinstance(config, dict) or not isinstance(info, dict) or not config.get("task"):
         raise ProbeError(f"{path / 'manifest.json'} names no task and model; pass a run folder written by probe run")
     if info.get("source") == "sweep":
-        raise ProbeError(f"{path} is a probe sweep (several models in one table); compare the probe run "
-                         "folders of single models instead")
+        raise ProbeError(
+            f"{path} is a probe sweep (several models in one table); compare the probe run "
+            "folders of single models instead"
+        )
     for key in ("n_layers", "d_model"):
         if not isinstance(info.get(key), int) or info[key] < 1:
-            raise ProbeError(f"{path / 'manifest.json'} has no model {key}; re-run the task with "
-                             "probe run to record it")
+            raise ProbeError(
+                f"{path / 'manifest.json'} has no model {key}; re-run the task with probe run to record it"
+            )
     try:
         scores = pd.read_csv(path / "scores.csv")
     except (OSError, ValueError) as exc:
@@ -143,10 +171,16 @@ def read_run(path: Path) -> Run:
     if missing:
         raise ProbeError(f"{path / 'scores.csv'} has no {', '.join(missing)} column; re-run the task")
     summary = _json(path / "summary.json") if (path / "summary.json").is_file() else {}
-    return Run(path=path, task=str(config["task"]), model=str(info.get("name") or path.name),
-               n_layers=info["n_layers"], d_model=info["d_model"],
-               n_heads=info.get("n_heads") if isinstance(info.get("n_heads"), int) else None,
-               scores=scores, summary=summary if isinstance(summary, dict) else {})
+    return Run(
+        path=path,
+        task=str(config["task"]),
+        model=str(info.get("name") or path.name),
+        n_layers=info["n_layers"],
+        d_model=info["d_model"],
+        n_heads=info.get("n_heads") if isinstance(info.get("n_heads"), int) else None,
+        scores=scores,
+        summary=summary if isinstance(summary, dict) else {},
+    )
 
 
 def _runs(n: int) -> str:
@@ -158,19 +192,22 @@ def _one_task(runs: list[Run], task: str | None) -> list[Run]:
     if task is not None:
         kept = [r for r in runs if r.task == task]
         if not kept:
-            raise ProbeError(f"no run of task {task!r} among the runs{suggest(task, tasks)}; "
-                             f"they are of: {', '.join(tasks)}")
+            raise ProbeError(
+                f"no run of task {task!r} among the runs{suggest(task, tasks)}; they are of: {', '.join(tasks)}"
+            )
         return kept
     if len(tasks) > 1:
         counts = ", ".join(f"{t} ({_runs(sum(r.task == t for r in runs))})" for t in tasks)
-        raise ProbeError(f"runs of different tasks: {counts}; compare runs of one task "
-                         f"(--task {tasks[0]} keeps only those)")
+        raise ProbeError(
+            f"runs of different tasks: {counts}; compare runs of one task (--task {tasks[0]} keeps only those)"
+        )
     return runs
 
 
 # ----------------------------------------------------------------------------------------------
 # the table
 # ----------------------------------------------------------------------------------------------
+
 
 def better(metric: str) -> str:
     """'lower' for metrics where smaller is better (entropy, loss, perplexity), else 'higher'."""
@@ -197,13 +234,19 @@ def _short(name: str) -> str:
 def _labels(runs: list[Run]) -> list[str]:
     labels = [f"{_short(r.model)} (L={r.n_layers}, d={r.d_model})" for r in runs]
     dup = {lb for lb in labels if labels.count(lb) > 1}
-    return [f"{lb} [{r.path.name}]" if lb in dup else lb for lb, r in zip(labels, runs)]
+    return [f"{lb} [{r.path.name}]" if lb in dup else lb for lb, r in zip(labels, runs, strict=True)]
 
 
 def _selectors(frames: list[pd.DataFrame]) -> list[str]:
     """Text columns that take several values for one (run, metric, layer, head)."""
-    cols = list(dict.fromkeys(c for f in frames for c in f.columns
-                              if c not in SCORE_COLUMNS and c != "_run" and not pd.api.types.is_numeric_dtype(f[c])))
+    cols = list(
+        dict.fromkeys(
+            c
+            for f in frames
+            for c in f.columns
+            if c not in SCORE_COLUMNS and c != "_run" and not pd.api.types.is_numeric_dtype(f[c])
+        )
+    )
     out = []
     for c in cols:
         for f in frames:
@@ -237,22 +280,35 @@ def _syntax_baselines(run: Run) -> pd.DataFrame | None:
         return None
     if not {"relation", "offset", "accuracy"} <= set(b.columns):
         return None
-    b = b.assign(_key=list(zip(-b["accuracy"], b["offset"].abs(), b["offset"]))).sort_values("_key", kind="stable")
+    b = b.assign(_key=list(zip(-b["accuracy"], b["offset"].abs(), b["offset"], strict=True))).sort_values(
+        "_key", kind="stable"
+    )
     best = b.groupby("relation", sort=False).head(1)
-    return pd.DataFrame({"relation": best["relation"].astype(str), "baseline": best["accuracy"].astype(float),
-                         "baseline_name": [f"offset {int(o):+d}" for o in best["offset"]]})
+    return pd.DataFrame(
+        {
+            "relation": best["relation"].astype(str),
+            "baseline": best["accuracy"].astype(float),
+            "baseline_name": [f"offset {int(o):+d}" for o in best["offset"]],
+        }
+    )
 
 
 def _coref_baselines(run: Run) -> pd.DataFrame | None:
-    rows = [r for r in run.summary.get("summary") or [] if isinstance(r, dict) and r.get("method")
-            and r["method"] not in _NO_BASELINE_ROWS]
+    rows = [
+        r
+        for r in run.summary.get("summary") or []
+        if isinstance(r, dict) and r.get("method") and r["method"] not in _NO_BASELINE_ROWS
+    ]
     column = next((c for c in ("type", "gender") if c in run.scores.columns), None)
     if not rows or column is None:
         return None
     out = []
     for label in run.scores[column].dropna().astype(str).unique():
-        vals = [(float(r[label]), r["method"]) for r in rows
-                if isinstance(r.get(label), (int, float)) and not isinstance(r.get(label), bool)]
+        vals = [
+            (float(r[label]), r["method"])
+            for r in rows
+            if isinstance(r.get(label), (int, float)) and not isinstance(r.get(label), bool)
+        ]
         if vals:
             value, name = max(vals, key=lambda v: v[0])  # first of equal baselines wins
             out.append({column: label, "baseline": value / 100.0, "baseline_name": name})
@@ -291,18 +347,32 @@ def _run_table(run: Run, label: str, selectors: list[str]) -> pd.DataFrame:
         base = str(g["metric"].iloc[0])
         lower = better(base) == "lower"
         best, head, mean, heads = _best(g, lower)
-        rows.append({"task": run.task, "model": run.model, "label": label, "n_layers": run.n_layers,
-                     "d_model": run.d_model, "n_heads": run.n_heads, "layer": layer,
-                     "relative_depth": float(g["_rel"].iloc[0]), "metric": metric,
-                     **{_column(c): g[c].iloc[0] for c in sel}, "better": "lower" if lower else "higher",
-                     "best_value": best, "best_head": head, "head_mean": mean, "heads": heads,
-                     "run": str(run.path)})
+        rows.append(
+            {
+                "task": run.task,
+                "model": run.model,
+                "label": label,
+                "n_layers": run.n_layers,
+                "d_model": run.d_model,
+                "n_heads": run.n_heads,
+                "layer": layer,
+                "relative_depth": float(g["_rel"].iloc[0]),
+                "metric": metric,
+                **{_column(c): g[c].iloc[0] for c in sel},
+                "better": "lower" if lower else "higher",
+                "best_value": best,
+                "best_head": head,
+                "head_mean": mean,
+                "heads": heads,
+                "run": str(run.path),
+            }
+        )
     table = pd.DataFrame(rows)
-    reader = BASELINES.get(run.task)
-    base = reader(run) if reader else None
-    keys = [c for c in (base.columns if base is not None else []) if c not in ("baseline", "baseline_name")]
-    if base is not None and keys and set(keys) <= set(table.columns):
-        table = table.merge(base.astype({k: "string" for k in keys}), on=keys, how="left")
+    read_baselines = BASELINES.get(run.task)
+    baselines = read_baselines(run) if read_baselines else None
+    keys = [c for c in (baselines.columns if baselines is not None else []) if c not in ("baseline", "baseline_name")]
+    if baselines is not None and keys and set(keys) <= set(table.columns):
+        table = table.merge(baselines.astype({k: "string" for k in keys}), on=keys, how="left")
         sign = np.where(table["better"] == "lower", -1.0, 1.0)
         table["margin"] = sign * (table["best_value"] - table["baseline"])
     return table
@@ -321,8 +391,9 @@ def _pick_metrics(table: pd.DataFrame, metrics: Sequence[str]) -> pd.DataFrame:
     return table[table["metric"].isin(keep)]
 
 
-def compare(runs: str | Path | Iterable[str | Path], metrics: Sequence[str] | None = None,
-            task: str | None = None) -> pd.DataFrame:
+def compare(
+    runs: str | Path | Iterable[str | Path], metrics: Sequence[str] | None = None, task: str | None = None
+) -> pd.DataFrame:
     """Tidy per-layer table of run folders of one task: one row per (model, layer, metric).
 
     ``runs``: run folders, or folders holding run folders (a study). ``metrics``: keep only these
@@ -335,7 +406,7 @@ def compare(runs: str | Path | Iterable[str | Path], metrics: Sequence[str] | No
     read = _one_task([read_run(p) for p in find_runs(runs)], task)
     labels = _labels(read)
     selectors = _selectors([r.scores for r in read])
-    table = pd.concat([_run_table(r, lb, selectors) for r, lb in zip(read, labels)], ignore_index=True)
+    table = pd.concat([_run_table(r, lb, selectors) for r, lb in zip(read, labels, strict=True)], ignore_index=True)
     if table.empty:
         raise ProbeError("the runs have no per-layer scores to compare; pass runs of a per-layer task")
     if metrics:
@@ -344,7 +415,7 @@ def compare(runs: str | Path | Iterable[str | Path], metrics: Sequence[str] | No
         if col not in table.columns:
             table[col] = np.nan
     sel = [_column(c) for c in selectors if _column(c) in table.columns]
-    cols = COLUMNS[:COLUMNS.index("better")] + sel + COLUMNS[COLUMNS.index("better"):]
+    cols = COLUMNS[: COLUMNS.index("better")] + sel + COLUMNS[COLUMNS.index("better") :]
     table = table[cols].astype({"best_head": "Int64", "n_heads": "Int64"})
     return table.sort_values(["n_layers", "d_model", "label", "metric", "layer"], kind="stable").reset_index(drop=True)
 
@@ -364,26 +435,39 @@ def peaks(table: pd.DataFrame) -> pd.DataFrame:
         lower = g["better"].iloc[0] == "lower"
         i = v.idxmin() if lower else v.idxmax()
         peak, mean = float(v[i]), float(v.mean())
-        row = {"task": g["task"].iloc[0], "label": label, "n_layers": int(g["n_layers"].iloc[0]),
-               "d_model": int(g["d_model"].iloc[0]), "metric": metric, "better": g["better"].iloc[0],
-               "peak_layer": int(g.at[i, "layer"]), "peak_relative_depth": float(g.at[i, "relative_depth"]),
-               "peak_head": g.at[i, "best_head"], "peak_value": peak, "layer_mean": mean,
-               "sharpness": (mean - peak) if lower else (peak - mean),
-               "first_value": float(v.iloc[0]), "last_value": float(v.iloc[-1])}
+        row = {
+            "task": g["task"].iloc[0],
+            "label": label,
+            "n_layers": int(g["n_layers"].iloc[0]),
+            "d_model": int(g["d_model"].iloc[0]),
+            "metric": metric,
+            "better": g["better"].iloc[0],
+            "peak_layer": int(g.at[i, "layer"]),
+            "peak_relative_depth": float(g.at[i, "relative_depth"]),
+            "peak_head": g.at[i, "best_head"],
+            "peak_value": peak,
+            "layer_mean": mean,
+            "sharpness": (mean - peak) if lower else (peak - mean),
+            "first_value": float(v.iloc[0]),
+            "last_value": float(v.iloc[-1]),
+        }
         if "margin" in g.columns and pd.notna(g.at[i, "margin"]):
             row["margin_at_peak"] = float(g.at[i, "margin"])
         out.append(row)
     if not out:
         return pd.DataFrame(out)
-    return pd.DataFrame(out).sort_values(["metric", "n_layers", "d_model", "label"], kind="stable").reset_index(drop=True)
+    return (
+        pd.DataFrame(out).sort_values(["metric", "n_layers", "d_model", "label"], kind="stable").reset_index(drop=True)
+    )
 
 
 # ----------------------------------------------------------------------------------------------
 # writing
 # ----------------------------------------------------------------------------------------------
 
+
 def default_out(table: pd.DataFrame) -> Path:
-    stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
+    stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
     task = str(table["task"].iloc[0]) if len(table) else "runs"
     return DEFAULT_ROOT / f"{stamp}-{task}-{os.getpid() % 10000:04d}"
 
@@ -395,11 +479,17 @@ def save(table: pd.DataFrame, out: str | Path | None = None) -> Path:
     with artifacts.atomic_dir(final) as tmp:
         table.to_csv(tmp / "compare.csv", index=False)
         peak.to_csv(tmp / "peaks.csv", index=False)
-        artifacts.write_json(tmp / "compare.json", {
-            "tool": "depthprobe", "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            "task": str(table["task"].iloc[0]) if len(table) else None,
-            "runs": list(dict.fromkeys(table["run"])), "metrics": list(dict.fromkeys(table["metric"])),
-            "git_commit": artifacts.git_commit()})
+        artifacts.write_json(
+            tmp / "compare.json",
+            {
+                "tool": "depthprobe",
+                "created": datetime.now(UTC).isoformat(timespec="seconds"),
+                "task": str(table["task"].iloc[0]) if len(table) else None,
+                "runs": list(dict.fromkeys(table["run"])),
+                "metrics": list(dict.fromkeys(table["metric"])),
+                "git_commit": artifacts.git_commit(),
+            },
+        )
         (tmp / "report.html").write_text(render(table, peak), encoding="utf-8")
     return final
 
@@ -422,8 +512,7 @@ def plot_svg(table: pd.DataFrame, metric: str) -> str:
         for k, label in enumerate(labels):
             g = rows[rows["label"] == label].sort_values("relative_depth")
             color = cmap(k if len(labels) <= 10 else k / max(1, len(labels) - 1))
-            ax.plot(g["relative_depth"], g["best_value"], marker="o", ms=3, lw=1.4, color=color,
-                    label=_mpl_text(label))
+            ax.plot(g["relative_depth"], g["best_value"], marker="o", ms=3, lw=1.4, color=color, label=_mpl_text(label))
             if (g["heads"] > 1).any():
                 ax.plot(g["relative_depth"], g["head_mean"], ls="--", lw=0.9, alpha=0.6, color=color)
         ax.set_xlim(0, 1)
@@ -443,7 +532,7 @@ def _img(svg: str, alt: str) -> str:
     from depthprobe.probes.viz import esc
 
     data = base64.b64encode(svg.encode("utf-8")).decode("ascii")
-    return f"<img alt=\"{esc(alt)}\" src=\"data:image/svg+xml;base64,{data}\">"
+    return f'<img alt="{esc(alt)}" src="data:image/svg+xml;base64,{data}">'
 
 
 def render(table: pd.DataFrame, peak: pd.DataFrame | None = None) -> str:
@@ -455,27 +544,50 @@ def render(table: pd.DataFrame, peak: pd.DataFrame | None = None) -> str:
     task = str(table["task"].iloc[0]) if len(table) else "?"
     models = table.drop_duplicates("label")
     title = f"depthprobe compare: {task}, {len(models)} model" + ("" if len(models) == 1 else "s")
-    parts = [f"<h1>{esc(title)}</h1>",
-             ("<p class='meta'>Each line is one model, labelled with its depth L and width d; x is relative depth "
-             "(blocks at (layer + 0.5) / L, residual-stream positions between blocks at positions / L). "
-             "Solid: the best head of each layer; dashed: the mean over heads.</p>")]
-    parts.append("<h2>Models</h2>" + html_table(
-        models[["label", "model", "n_layers", "d_model", "n_heads", "run"]].to_dict("records")))
+    parts = [
+        f"<h1>{esc(title)}</h1>",
+        (
+            "<p class='meta'>Each line is one model, labelled with its depth L and width d; x is relative depth "
+            "(blocks at (layer + 0.5) / L, residual-stream positions between blocks at positions / L). "
+            "Solid: the best head of each layer; dashed: the mean over heads.</p>"
+        ),
+    ]
+    parts.append(
+        "<h2>Models</h2>"
+        + html_table(models[["label", "model", "n_layers", "d_model", "n_heads", "run"]].to_dict("records"))
+    )
     metrics = list(dict.fromkeys(table["metric"]))
-    parts.append("<h2>Where each behaviour peaks</h2><p class='meta'>peak = the layer whose best head is best "
-                 "(largest value; smallest for entropy, loss and perplexity; ties to the lowest layer); "
-                 "sharpness = |peak - mean over layers|.</p>")
-    cols = ["metric", "label", "peak_layer", "peak_relative_depth", "peak_head", "peak_value", "layer_mean",
-            "sharpness", "first_value", "last_value", "margin_at_peak"]
+    parts.append(
+        "<h2>Where each behaviour peaks</h2><p class='meta'>peak = the layer whose best head is best "
+        "(largest value; smallest for entropy, loss and perplexity; ties to the lowest layer); "
+        "sharpness = |peak - mean over layers|.</p>"
+    )
+    cols = [
+        "metric",
+        "label",
+        "peak_layer",
+        "peak_relative_depth",
+        "peak_head",
+        "peak_value",
+        "layer_mean",
+        "sharpness",
+        "first_value",
+        "last_value",
+        "margin_at_peak",
+    ]
     cols = [c for c in cols if c in peak.columns and peak[c].notna().any()]
     records = peak.astype(object).where(peak.notna(), None).to_dict("records")  # NA cells print empty
     parts.append(html_table(records, cols) if len(peak) else "<p class='meta'>(no values)</p>")
     drawn = metrics[:MAX_PLOTS]
     parts.append("<h2>Per-layer curves</h2>")
     if len(metrics) > MAX_PLOTS:
-        parts.append(f"<p class='note'>{len(metrics) - MAX_PLOTS} more metrics not drawn "
-                     f"({esc(', '.join(metrics[MAX_PLOTS:]))}); pick them with probe compare --metric</p>")
+        parts.append(
+            f"<p class='note'>{len(metrics) - MAX_PLOTS} more metrics not drawn "
+            f"({esc(', '.join(metrics[MAX_PLOTS:]))}); pick them with probe compare --metric</p>"
+        )
     parts += [f"<figure class='plot'><h3>{esc(m)}</h3>{_img(plot_svg(table, m), m)}</figure>" for m in drawn]
-    parts.append("<h2>Files</h2><ul><li><a href='compare.csv'>compare.csv</a> (one row per model, layer, metric)"
-                 "</li><li><a href='peaks.csv'>peaks.csv</a></li><li><a href='compare.json'>compare.json</a></li></ul>")
+    parts.append(
+        "<h2>Files</h2><ul><li><a href='compare.csv'>compare.csv</a> (one row per model, layer, metric)"
+        "</li><li><a href='peaks.csv'>peaks.csv</a></li><li><a href='compare.json'>compare.json</a></li></ul>"
+    )
     return page(title, "\n".join(parts))

@@ -4,6 +4,7 @@ Multiword-token ranges (``3-4``) and empty nodes (``8.1``) are skipped: the word
 integer-ID lines. Every problem is reported as ``file:line: what is wrong`` before any model
 runs. Sentence ids (``# sent_id``) and document ids (``# newdoc id``) are kept.
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
@@ -195,8 +196,25 @@ def by_document(sentences: Iterable[Sentence]) -> Iterator[list[Sentence]]:
         yield group
 
 
-_UPOS = {"ADJ", "ADP", "ADV", "AUX", "CCONJ", "DET", "INTJ", "NOUN", "NUM", "PART", "PRON", "PROPN",
-         "PUNCT", "SCONJ", "SYM", "VERB", "X"}
+_UPOS = {
+    "ADJ",
+    "ADP",
+    "ADV",
+    "AUX",
+    "CCONJ",
+    "DET",
+    "INTJ",
+    "NOUN",
+    "NUM",
+    "PART",
+    "PRON",
+    "PROPN",
+    "PUNCT",
+    "SCONJ",
+    "SYM",
+    "VERB",
+    "X",
+}
 
 
 def to_doc(sentences: list[Sentence], vocab=None):
@@ -205,7 +223,15 @@ def to_doc(sentences: list[Sentence], vocab=None):
     from spacy.tokens import Doc
     from spacy.vocab import Vocab
 
-    words, spaces, heads, deps, pos, tags, morphs, lemmas, starts = [], [], [], [], [], [], [], [], []
+    words: list[str] = []
+    spaces: list[bool] = []
+    heads: list[int] = []
+    deps: list[str] = []
+    pos: list[str] = []
+    tags: list[str] = []
+    morphs: list[str] = []
+    lemmas: list[str] = []
+    starts: list[bool | int | None] = []
     for s in sentences:
         base = len(words)
         for t in s.tokens:
@@ -218,8 +244,18 @@ def to_doc(sentences: list[Sentence], vocab=None):
             morphs.append(t.feats if t.feats != "_" else "")
             lemmas.append(t.lemma if t.lemma != "_" else t.form)
             starts.append(t.id == 1)
-    doc = Doc(vocab or Vocab(), words=words, spaces=spaces, heads=heads, deps=deps, pos=pos, tags=tags,
-              morphs=morphs, lemmas=lemmas, sent_starts=starts)
+    doc = Doc(
+        vocab or Vocab(),
+        words=words,
+        spaces=spaces,
+        heads=heads,
+        deps=deps,
+        pos=pos,
+        tags=tags,
+        morphs=morphs,
+        lemmas=lemmas,
+        sent_starts=starts,
+    )
     doc.user_data["sent_ids"] = [s.sent_id for s in sentences]
     doc.user_data["doc_id"] = sentences[0].doc_id if sentences else None
     doc.user_data["source"] = sentences[0].path if sentences else None

@@ -22,6 +22,7 @@ mention type and the morphology used by the rule-based baseline are mapped from 
 GAP TSV: header ``ID Text Pronoun Pronoun-offset A A-offset A-coref B B-offset B-coref URL``;
 character offsets are checked against the names. Every problem is ``file:line: reason``.
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
@@ -51,6 +52,7 @@ def _fail(path: str | Path, line: int, what: str) -> ProbeError:
 
 # ---------------------------------------------------------------- bracket parsing
 
+
 def entity_id(text: str) -> str:
     """``e12-person-1-...`` -> ``e12``; ``7`` -> ``7``; ``e5[1/2]`` -> ``e5``."""
     ident = text.split("-", 1)[0].strip()
@@ -73,14 +75,17 @@ def parse_brackets(value: str, path: str | Path, line: int) -> list[tuple[str, s
             while j < n and value[j] not in "()|":
                 j += 1
             kind = "single" if j < n and value[j] == ")" else "open"
-            body, i = value[i + 1:j], j + (kind == "single")
+            body, i = value[i + 1 : j], j + (kind == "single")
         else:
             j = i
             while j < n and value[j] not in "()|":
                 j += 1
             if j >= n or value[j] != ")":
-                raise _fail(path, line, f"cannot read coreference brackets {value!r} at {value[i:]!r}; "
-                                        "expected (ID, ID) or (ID)")
+                raise _fail(
+                    path,
+                    line,
+                    f"cannot read coreference brackets {value!r} at {value[i:]!r}; expected (ID, ID) or (ID)",
+                )
             kind, body, i = "close", value[i:j], j + 1
         ident = entity_id(body)
         if not ident:
@@ -106,8 +111,12 @@ class _Chains:
             else:
                 stack = self.open.get(ident)
                 if not stack:
-                    raise _fail(self.path, line, f"closing bracket {ident}) has no open mention of entity "
-                                                 f"{ident}; add the opening ({ident} or remove it")
+                    raise _fail(
+                        self.path,
+                        line,
+                        f"closing bracket {ident}) has no open mention of entity "
+                        f"{ident}; add the opening ({ident} or remove it",
+                    )
                 start, start_line = stack.pop()
                 self.spans.append((start, word, ident, start_line))
 
@@ -115,19 +124,23 @@ class _Chains:
         for ident, stack in self.open.items():
             if stack:
                 _, line = stack[0]
-                raise _fail(self.path, line, f"mention of entity {ident} opened here is never closed; "
-                                             f"add the closing bracket {ident})")
+                raise _fail(
+                    self.path,
+                    line,
+                    f"mention of entity {ident} opened here is never closed; add the closing bracket {ident})",
+                )
         return self.spans
 
 
 def entity_value(misc: str) -> str | None:
     for item in misc.split("|"):
         if item.startswith("Entity="):
-            return item[len("Entity="):]
+            return item[len("Entity=") :]
     return None
 
 
 # ---------------------------------------------------------------- heads and the Doc
+
 
 def tree_head(doc, start: int, end: int) -> int:
     """First word of ``start..end`` whose head is outside the span or which is a root."""
@@ -145,7 +158,7 @@ def attach_chains(doc, spans: Iterable[tuple[int, int, str, int]], heads: dict[t
     lines = doc.user_data.setdefault("coref_lines", {})
     for start, end, chain, line in sorted(spans, key=lambda s: (s[0], s[1], s[2])):
         key = (start, end + 1)
-        span = doc[start:end + 1]
+        span = doc[start : end + 1]
         if any(s.start == span.start and s.end == span.end for s in groups.get(chain, [])):
             continue  # the same mention written twice
         groups.setdefault(chain, []).append(span)
@@ -164,7 +177,7 @@ def mentions(doc) -> list[Mention]:
     for key, group in doc.spans.items():
         if not key.startswith(SPAN_PREFIX):
             continue
-        chain = key[len(SPAN_PREFIX):]
+        chain = key[len(SPAN_PREFIX) :]
         for span in group:
             k = (span.start, span.end)
             out.append(Mention(span.start, span.end - 1, chain, heads[k], lines.get(k, 0)))
@@ -177,6 +190,7 @@ def sentence_bounds(doc) -> list[tuple[int, int]]:
 
 
 # ---------------------------------------------------------------- CoNLL-U
+
 
 def conllu_doc(sentences: list[Sentence], vocab=None):
     """One document's sentences -> Doc with its Entity chains."""
@@ -200,11 +214,36 @@ def read_conllu_chains(path: str | Path, vocab=None) -> list:
 # ---------------------------------------------------------------- CoNLL-2012
 
 PTB_UPOS = {
-    "PRP": "PRON", "PRP$": "PRON", "WP": "PRON", "WP$": "PRON", "EX": "PRON",
-    "NNP": "PROPN", "NNPS": "PROPN", "NN": "NOUN", "NNS": "NOUN", "CD": "NUM", "DT": "DET",
-    "PDT": "DET", "WDT": "DET", "JJ": "ADJ", "JJR": "ADJ", "JJS": "ADJ", "IN": "ADP", "TO": "PART",
-    "RB": "ADV", "RBR": "ADV", "RBS": "ADV", "WRB": "ADV", "CC": "CCONJ", "MD": "AUX", "POS": "PART",
-    "RP": "ADP", "UH": "INTJ", "SYM": "SYM", "FW": "X", "LS": "X",
+    "PRP": "PRON",
+    "PRP$": "PRON",
+    "WP": "PRON",
+    "WP$": "PRON",
+    "EX": "PRON",
+    "NNP": "PROPN",
+    "NNPS": "PROPN",
+    "NN": "NOUN",
+    "NNS": "NOUN",
+    "CD": "NUM",
+    "DT": "DET",
+    "PDT": "DET",
+    "WDT": "DET",
+    "JJ": "ADJ",
+    "JJR": "ADJ",
+    "JJS": "ADJ",
+    "IN": "ADP",
+    "TO": "PART",
+    "RB": "ADV",
+    "RBR": "ADV",
+    "RBS": "ADV",
+    "WRB": "ADV",
+    "CC": "CCONJ",
+    "MD": "AUX",
+    "POS": "PART",
+    "RP": "ADP",
+    "UH": "INTJ",
+    "SYM": "SYM",
+    "FW": "X",
+    "LS": "X",
 }
 PTB_NUMBER = {"NN": "Sing", "NNP": "Sing", "NNS": "Plur", "NNPS": "Plur"}
 _NOMINAL = {"NN", "NNS", "NNP", "NNPS", "PRP", "PRP$", "WP", "WP$", "CD", "EX"}
@@ -241,8 +280,8 @@ class _Conll12Doc:
     line: int
     words: list[str]
     tags: list[str]
-    sent_starts: list[bool]
-    chains: "_Chains"
+    sent_starts: list[bool | int | None]  # spaCy Doc(sent_starts=...)
+    chains: _Chains
 
 
 def _conll12_docs(path: Path) -> Iterator[_Conll12Doc]:
@@ -254,9 +293,12 @@ def _conll12_docs(path: Path) -> Iterator[_Conll12Doc]:
         line = raw.rstrip("\r")
         if line.startswith("#begin document"):
             if cur is not None:
-                raise _fail(path, lineno, f"#begin document inside document {cur.name!r} (line {cur.line}); "
-                                          "add the missing #end document")
-            cur = _Conll12Doc(line[len("#begin document"):].strip(), lineno, [], [], [], _Chains(path))
+                raise _fail(
+                    path,
+                    lineno,
+                    f"#begin document inside document {cur.name!r} (line {cur.line}); add the missing #end document",
+                )
+            cur = _Conll12Doc(line[len("#begin document") :].strip(), lineno, [], [], [], _Chains(path))
             new_sentence = True
         elif line.startswith("#end document"):
             if cur is None:
@@ -273,8 +315,9 @@ def _conll12_docs(path: Path) -> Iterator[_Conll12Doc]:
                 raise _fail(path, lineno, "token line outside #begin document ... #end document")
             cols = line.split()
             if len(cols) < 5:
-                raise _fail(path, lineno, f"expected at least 5 columns (word in column 4, coreference "
-                                          f"last), found {len(cols)}")
+                raise _fail(
+                    path, lineno, f"expected at least 5 columns (word in column 4, coreference last), found {len(cols)}"
+                )
             coref = cols[-1]
             if coref not in ("-", "_"):
                 cur.chains.feed(parse_brackets(coref, path, lineno), len(cur.words), lineno)
@@ -291,8 +334,11 @@ def _pronoun_feats(word: str) -> str:
     if info is None:
         return ""
     number, gender, person = info
-    feats = [f"Gender={gender}" if gender else "", f"Number={number}" if number else "",
-             f"Person={person}" if person else ""]
+    feats = [
+        f"Gender={gender}" if gender else "",
+        f"Number={number}" if number else "",
+        f"Person={person}" if person else "",
+    ]
     return "|".join(f for f in feats if f)
 
 
@@ -306,17 +352,20 @@ def read_conll2012(path: str | Path, vocab=None) -> list:
     docs = []
     for d in _conll12_docs(path):
         pos = [ptb_upos(t) for t in d.tags]
-        morphs = [_pronoun_feats(w) if p == "PRON" else (f"Number={PTB_NUMBER[t]}" if t in PTB_NUMBER else "")
-                  for w, t, p in zip(d.words, d.tags, pos)]
+        morphs = [
+            _pronoun_feats(w) if p == "PRON" else (f"Number={PTB_NUMBER[t]}" if t in PTB_NUMBER else "")
+            for w, t, p in zip(d.words, d.tags, pos, strict=False)
+        ]
         doc = Doc(vocab, words=d.words, pos=pos, tags=d.tags, morphs=morphs, sent_starts=d.sent_starts)
         doc.user_data.update({"doc_id": d.name, "source": str(path), "head_rule": "ptb"})
         spans = d.chains.finish()
-        heads = {(s, e + 1): s + ptb_head(d.tags[s:e + 1]) for s, e, _, _ in spans}
+        heads = {(s, e + 1): s + ptb_head(d.tags[s : e + 1]) for s, e, _, _ in spans}
         docs.append(attach_chains(doc, spans, heads))
     return docs
 
 
 # ---------------------------------------------------------------- files and formats
+
 
 def is_conll2012(path: Path) -> bool:
     return path.name.endswith(("_conll", ".conll")) or path.suffix == ".conll"
@@ -389,7 +438,8 @@ PRONOUNS: dict[str, tuple[str, str, str]] = {
     **{w: ("Sing", "", "1") for w in ("i", "me", "my", "mine", "myself")},
     **{w: ("Plur", "", "1") for w in ("we", "us", "our", "ours", "ourselves")},
     **{w: ("", "", "2") for w in ("you", "your", "yours")},
-    "yourself": ("Sing", "", "2"), "yourselves": ("Plur", "", "2"),
+    "yourself": ("Sing", "", "2"),
+    "yourselves": ("Plur", "", "2"),
     **{w: ("Sing", "", "3") for w in ("this", "that")},
     **{w: ("Plur", "", "3") for w in ("these", "those")},
 }
@@ -397,8 +447,7 @@ PRONOUNS: dict[str, tuple[str, str, str]] = {
 
 # ---------------------------------------------------------------- GAP
 
-GAP_COLUMNS = ["ID", "Text", "Pronoun", "Pronoun-offset", "A", "A-offset", "A-coref", "B", "B-offset",
-               "B-coref", "URL"]
+GAP_COLUMNS = ["ID", "Text", "Pronoun", "Pronoun-offset", "A", "A-offset", "A-coref", "B", "B-offset", "B-coref", "URL"]
 MASCULINE = frozenset({"he", "him", "his", "himself"})
 FEMININE = frozenset({"she", "her", "hers", "herself"})
 
@@ -430,9 +479,11 @@ class GapExample:
 
     def spans(self) -> dict[str, tuple[int, int]]:
         """Character spans [start, end) of the pronoun and the two candidates."""
-        return {"pronoun": (self.pronoun_offset, self.pronoun_offset + len(self.pronoun)),
-                "A": (self.a_offset, self.a_offset + len(self.a)),
-                "B": (self.b_offset, self.b_offset + len(self.b))}
+        return {
+            "pronoun": (self.pronoun_offset, self.pronoun_offset + len(self.pronoun)),
+            "A": (self.a_offset, self.a_offset + len(self.a)),
+            "B": (self.b_offset, self.b_offset + len(self.b)),
+        }
 
 
 def _bool(path: Path, line: int, col: str, value: str) -> bool:
@@ -449,10 +500,13 @@ def _offset(path: Path, line: int, text: str, col: str, name: str, value: str) -
         raise _fail(path, line, f"{col} {value!r} is not an integer character offset") from None
     if not 0 <= off <= len(text) - len(name):
         raise _fail(path, line, f"{col} {off} is outside the text ({len(text)} characters)")
-    if text[off:off + len(name)] != name:
-        found = text[off:off + len(name)]
-        raise _fail(path, line, f"{col} {off} does not point at {name!r} (the text there reads {found!r}); "
-                                "fix the offset or the name")
+    if text[off : off + len(name)] != name:
+        found = text[off : off + len(name)]
+        raise _fail(
+            path,
+            line,
+            f"{col} {off} does not point at {name!r} (the text there reads {found!r}); fix the offset or the name",
+        )
     return off
 
 
@@ -474,29 +528,22 @@ def read_gap(path: str | Path) -> list[GapExample]:
         if len(cols) < 10:
             raise _fail(path, lineno, f"expected {len(GAP_COLUMNS)} tab-separated columns, found {len(cols)}")
         text = cols[1]
-        out.append(GapExample(
-            id=cols[0], text=text, pronoun=cols[2],
-            pronoun_offset=_offset(path, lineno, text, "Pronoun-offset", cols[2], cols[3]),
-            a=cols[4], a_offset=_offset(path, lineno, text, "A-offset", cols[4], cols[5]),
-            a_coref=_bool(path, lineno, "A-coref", cols[6]),
-            b=cols[7], b_offset=_offset(path, lineno, text, "B-offset", cols[7], cols[8]),
-            b_coref=_bool(path, lineno, "B-coref", cols[9]), line=lineno, path=str(path)))
+        out.append(
+            GapExample(
+                id=cols[0],
+                text=text,
+                pronoun=cols[2],
+                pronoun_offset=_offset(path, lineno, text, "Pronoun-offset", cols[2], cols[3]),
+                a=cols[4],
+                a_offset=_offset(path, lineno, text, "A-offset", cols[4], cols[5]),
+                a_coref=_bool(path, lineno, "A-coref", cols[6]),
+                b=cols[7],
+                b_offset=_offset(path, lineno, text, "B-offset", cols[7], cols[8]),
+                b_coref=_bool(path, lineno, "B-coref", cols[9]),
+                line=lineno,
+                path=str(path),
+            )
+        )
     if not out:
         raise ProbeError(f"{path} has a GAP header but no rows; give a file with examples")
     return out
-
-
-def gap_doc(example: GapExample, nlp=None):
-    """A GAP row as a Doc (spaCy's rule-based English tokenizer): span groups ``gap_pronoun``,
-    ``gap_candidates`` (A, B) and the gold chain ``coref_gold`` (pronoun + true candidates)."""
-    import spacy
-
-    nlp = nlp or spacy.blank("en")
-    doc = nlp.make_doc(example.text)
-    spans = {k: doc.char_span(s, e, alignment_mode="expand") for k, (s, e) in example.spans().items()}
-    doc.spans["gap_pronoun"] = [spans["pronoun"]]
-    doc.spans["gap_candidates"] = [spans["A"], spans["B"]]
-    gold = [spans[k] for k, ok in (("A", example.a_coref), ("B", example.b_coref)) if ok]
-    doc.spans[SPAN_PREFIX + "gold"] = sorted([spans["pronoun"], *gold], key=lambda s: (s.start, s.end))
-    doc.user_data.update({"gap_id": example.id, "gap_line": example.line})
-    return doc

@@ -1,4 +1,5 @@
 """User-facing errors: one line that names the fix, exit code 2, no traceback."""
+
 from __future__ import annotations
 
 import difflib
@@ -21,6 +22,4 @@ def suggest(name: str, choices: Iterable[str]) -> str:
 
 def unknown(kind: str, name: str, choices: Iterable[str]) -> ProbeError:
     choices = sorted(choices)
-    return ProbeError(
-        f"unknown {kind} {name!r}{suggest(name, choices)}; choose from: {', '.join(choices)}"
-    )
+    return ProbeError(f"unknown {kind} {name!r}{suggest(name, choices)}; choose from: {', '.join(choices)}")

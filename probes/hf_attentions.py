@@ -13,6 +13,7 @@ The attentions are read after the model has run, so an edit through these hooks 
 anything downstream: a hook that returns a new tensor is refused with one line instead of being
 silently ignored.
 """
+
 from __future__ import annotations
 
 from types import SimpleNamespace
@@ -58,15 +59,31 @@ class HFAttentions(_root_class()):  # type: ignore[misc]
     the decoder acts as a language model conditioned on nothing).
     """
 
-    def __init__(self, hf_model: Any, stack: str, causal: bool, n_layers: int, n_heads: int, d_model: int,
-                 d_vocab: int, n_ctx: int, label: str) -> None:
+    def __init__(
+        self,
+        hf_model: Any,
+        stack: str,
+        causal: bool,
+        n_layers: int,
+        n_heads: int,
+        d_model: int,
+        d_vocab: int,
+        n_ctx: int,
+        label: str,
+    ) -> None:
         super().__init__()
         self.original_model = hf_model
         self.stack = stack
         self.label = label
         self.blocks = nn.ModuleList([_Block() for _ in range(n_layers)])
-        self.cfg = SimpleNamespace(n_layers=n_layers, n_heads=n_heads, d_model=d_model, d_vocab=d_vocab,
-                                   n_ctx=n_ctx, attention_dir="causal" if causal else "bidirectional")
+        self.cfg = SimpleNamespace(
+            n_layers=n_layers,
+            n_heads=n_heads,
+            d_model=d_model,
+            d_vocab=d_vocab,
+            n_ctx=n_ctx,
+            attention_dir="causal" if causal else "bidirectional",
+        )
         self.setup()
 
     def _run(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> Any:
@@ -75,8 +92,11 @@ class HFAttentions(_root_class()):  # type: ignore[misc]
         if self.stack == "model":
             return hf(input_ids=input_ids, attention_mask=attention_mask, **kw), "attentions", "hidden_states"
         if self.stack == "encoder":
-            return hf.get_encoder()(input_ids=input_ids, attention_mask=attention_mask, **kw), \
-                "attentions", "hidden_states"
+            return (
+                hf.get_encoder()(input_ids=input_ids, attention_mask=attention_mask, **kw),
+                "attentions",
+                "hidden_states",
+            )
         eos = hf.config.eos_token_id if hf.config.eos_token_id is not None else 0
         enc = torch.full((input_ids.shape[0], 1), eos, dtype=torch.long, device=input_ids.device)
         out = hf(input_ids=enc, decoder_input_ids=input_ids, decoder_attention_mask=attention_mask, **kw)
@@ -84,12 +104,15 @@ class HFAttentions(_root_class()):  # type: ignore[misc]
 
     def _through(self, hook: nn.Module, tensor: torch.Tensor, name: str) -> None:
         if hook(tensor) is not tensor:
-            raise ProbeError(f"{name} of {self.label} is read-only (the model runs in Hugging Face and its "
-                             "attentions are read afterwards), so an edit would be ignored; read it without "
-                             "returning a tensor, or use a model TransformerLens supports (probe list architectures)")
+            raise ProbeError(
+                f"{name} of {self.label} is read-only (the model runs in Hugging Face and its "
+                "attentions are read afterwards), so an edit would be ignored; read it without "
+                "returning a tensor, or use a model TransformerLens supports (probe list architectures)"
+            )
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
-                return_type: str | None = "logits") -> torch.Tensor | None:
+    def forward(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, return_type: str | None = "logits"
+    ) -> torch.Tensor | None:
         out, att_key, hid_key = self._run(input_ids, attention_mask)
         attentions, hidden = getattr(out, att_key), getattr(out, hid_key)
         for i, block in enumerate(self.blocks):
@@ -100,6 +123,7 @@ class HFAttentions(_root_class()):  # type: ignore[misc]
             return None
         logits = getattr(out, "logits", None)
         if logits is None:
-            raise ProbeError(f"{self.label} has no language-model head, so it gives no logits; "
-                             "use a task that needs attention only")
+            raise ProbeError(
+                f"{self.label} has no language-model head, so it gives no logits; use a task that needs attention only"
+            )
         return logits

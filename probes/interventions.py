@@ -5,6 +5,7 @@ output ``hook_z`` [batch, pos, head, d_head] by zero or by its mean over a data 
 zero shifts activations off-distribution). Patching follows TransformerLens: run the corrupted
 input with one clean activation written in, and record a metric of the logits.
 """
+
 from __future__ import annotations
 
 import re
@@ -30,20 +31,25 @@ def head_label(layer: int, head: int) -> str:
 
 def parse_heads(model: Model, heads: str | Head | Sequence[str | Head]) -> list[Head]:
     """``"1-2,0-3"``, ``"1-2"``, ``(1, 2)`` or a list of those -> [(1, 2), (0, 3)], checked against the model."""
-    items: list[Any] = heads.split(",") if isinstance(heads, str) else (
-        [heads] if isinstance(heads, tuple) else list(heads))
+    items: list[Any] = (
+        heads.split(",") if isinstance(heads, str) else ([heads] if isinstance(heads, tuple) else list(heads))
+    )
     out: list[Head] = []
     for item in items:
         if isinstance(item, str):
             m = _LABEL.match(item.strip())
             if m is None:
-                raise ProbeError(f"bad head {item.strip()!r}: write heads as L-H, 0-indexed (e.g. 1-2 is layer 1, head 2)")
+                raise ProbeError(
+                    f"bad head {item.strip()!r}: write heads as L-H, 0-indexed (e.g. 1-2 is layer 1, head 2)"
+                )
             layer, head = int(m.group(1)), int(m.group(2))
         else:
             layer, head = (int(x) for x in item)
         if not (0 <= layer < model.info.n_layers and 0 <= head < model.info.n_heads):
-            raise ProbeError(f"head {layer}-{head} does not exist: {model.name} has layers 0-{model.info.n_layers - 1} "
-                             f"and heads 0-{model.info.n_heads - 1}")
+            raise ProbeError(
+                f"head {layer}-{head} does not exist: {model.name} has layers 0-{model.info.n_layers - 1} "
+                f"and heads 0-{model.info.n_heads - 1}"
+            )
         if (layer, head) not in out:
             out.append((layer, head))
     if not out:
@@ -51,16 +57,17 @@ def parse_heads(model: Model, heads: str | Head | Sequence[str | Head]) -> list[
     return out
 
 
-def mean_z(model: Model, data: Any, layers: Sequence[int], attention_mask: torch.Tensor | None = None,
-           batch_size: int = 32) -> dict[int, torch.Tensor]:
+def mean_z(
+    model: Model, data: Any, layers: Sequence[int], attention_mask: torch.Tensor | None = None, batch_size: int = 32
+) -> dict[int, torch.Tensor]:
     """Mean of ``hook_z`` over every real (unpadded) token of ``data``: layer -> [head, d_head]."""
     ids, mask = _inputs(model, data, attention_mask)
     names = [f"blocks.{layer}.attn.hook_z" for layer in layers]
     sums = {layer: 0.0 for layer in layers}
     n = 0.0
     for start in range(0, ids.shape[0], batch_size):
-        m = mask[start:start + batch_size]
-        acts = forward(model, ids[start:start + batch_size], m, names)
+        m = mask[start : start + batch_size]
+        acts = forward(model, ids[start : start + batch_size], m, names)
         w = m.to(torch.float32)[..., None, None]  # [b, pos, 1, 1]
         for layer, name in zip(layers, names):
             sums[layer] = sums[layer] + (acts[name].float() * w).sum((0, 1))
@@ -69,8 +76,13 @@ def mean_z(model: Model, data: Any, layers: Sequence[int], attention_mask: torch
 
 
 @contextmanager
-def ablate_heads(model: Model, heads: str | Head | Sequence[str | Head], method: str = "mean", data: Any = None,
-                 attention_mask: torch.Tensor | None = None) -> Iterator[list[Head]]:
+def ablate_heads(
+    model: Model,
+    heads: str | Head | Sequence[str | Head],
+    method: str = "mean",
+    data: Any = None,
+    attention_mask: torch.Tensor | None = None,
+) -> Iterator[list[Head]]:
     """Within the block, every forward pass of ``model`` runs with ``heads`` ablated.
 
     ``method="mean"`` (default) writes each head's mean output over ``data`` (texts or token ids);
@@ -79,8 +91,9 @@ def ablate_heads(model: Model, heads: str | Head | Sequence[str | Head], method:
     if method not in ("mean", "zero"):
         raise ProbeError(f"unknown ablation method {method!r}; use mean or zero")
     if method == "mean" and data is None:
-        raise ProbeError("mean ablation needs data= (texts or token ids to average each head's output over), "
-                         "or use method='zero'")
+        raise ProbeError(
+            "mean ablation needs data= (texts or token ids to average each head's output over), or use method='zero'"
+        )
     by_layer: dict[int, list[int]] = {}
     for layer, head in parsed:
         by_layer.setdefault(layer, []).append(head)
@@ -93,6 +106,7 @@ def ablate_heads(model: Model, heads: str | Head | Sequence[str | Head], method:
             z = z.clone()
             z[:, :, idx] = 0.0 if method == "zero" else means[layer][idx].to(z.dtype)
             return z
+
         return fn
 
     with capture(model, {f"blocks.{layer}.attn.hook_z": make(layer) for layer in by_layer}, store=False):
@@ -104,8 +118,14 @@ def _metric_value(metric: Callable[[torch.Tensor], Any], logits: torch.Tensor) -
     return float(value.item() if isinstance(value, torch.Tensor) else value)
 
 
-def patch(model: Model, clean: Any, corrupt: Any, hooks: str = "blocks.*.hook_resid_pre",
-          metric: Callable[[torch.Tensor], Any] | None = None, task: str = "patching") -> pd.DataFrame:
+def patch(
+    model: Model,
+    clean: Any,
+    corrupt: Any,
+    hooks: str = "blocks.*.hook_resid_pre",
+    metric: Callable[[torch.Tensor], Any] | None = None,
+    task: str = "patching",
+) -> pd.DataFrame:
     """Activation patching: the corrupted input, with one clean activation written in.
 
     ``hooks`` is ``blocks.*.hook_resid_pre`` (or another residual hook: one row per layer x position)
@@ -118,8 +138,10 @@ def patch(model: Model, clean: Any, corrupt: Any, hooks: str = "blocks.*.hook_re
     c_ids, c_mask = _inputs(model, clean, None)
     x_ids, x_mask = _inputs(model, corrupt, None)
     if c_ids.shape != x_ids.shape:
-        raise ProbeError(f"clean and corrupted inputs must have the same shape in tokens, got {list(c_ids.shape)} and "
-                         f"{list(x_ids.shape)}; pick corruptions that keep the token count")
+        raise ProbeError(
+            f"clean and corrupted inputs must have the same shape in tokens, got {list(c_ids.shape)} and "
+            f"{list(x_ids.shape)}; pick corruptions that keep the token count"
+        )
     per_head = hooks.endswith("attn.hook_z")
     from depthprobe.probes.cache import run_with_cache
 
@@ -133,6 +155,7 @@ def patch(model: Model, clean: Any, corrupt: Any, hooks: str = "blocks.*.hook_re
         clean_act = cache[name]
         slots = range(model.info.n_heads) if per_head else range(c_ids.shape[1])
         for slot in slots:
+
             def write(t: torch.Tensor, hook: Any, slot: int = slot) -> torch.Tensor:
                 t = t.clone()
                 if per_head:
@@ -140,11 +163,20 @@ def patch(model: Model, clean: Any, corrupt: Any, hooks: str = "blocks.*.hook_re
                 else:
                     t[:, slot] = clean_act[:, slot]
                 return t
+
             with torch.no_grad(), capture(model, {name: write}, store=False):
                 out = outputs(model, x_ids, x_mask)
-            rows.append({"model": model.name, "task": task, "layer": layer,
-                         "head": slot if per_head else pd.NA, "position": pd.NA if per_head else slot,
-                         "metric": name_metric, "value": _metric_value(metric, out)})
+            rows.append(
+                {
+                    "model": model.name,
+                    "task": task,
+                    "layer": layer,
+                    "head": slot if per_head else pd.NA,
+                    "position": pd.NA if per_head else slot,
+                    "metric": name_metric,
+                    "value": _metric_value(metric, out),
+                }
+            )
     df = pd.DataFrame(rows, columns=["model", "task", "layer", "head", "position", "metric", "value"])
     df.attrs.update(clean=_metric_value(metric, logits), corrupt=_metric_value(metric, corrupt_logits))
     return df

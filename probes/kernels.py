@@ -1,4 +1,4 @@
-"""Signal-propagation kernels (DESIGN.md §3.6): pure functions on tensors, no model.
+"""Signal-propagation kernels (docs/kernels.md): pure functions on tensors, no model.
 
 Measurements on a representation X, shape [T, d] or batched [B, T, d], with an optional token
 mask [T] / [B, T] (True for tokens that count; padding and excluded specials are False):
@@ -15,7 +15,8 @@ mask [T] / [B, T] (True for tokens that count; padding and excluded specials are
   layer, and is 3 for Dong et al.'s cubic contraction)
 - ``effective_rank`` (metric ``effective_rank_centred``): exp(entropy of the normalised singular
   values of the centred X) (Roy & Vetterli 2007): the spread around the mean token; centring
-  removes one direction, so its maximum is min(T - 1, d). It does not detect rank collapse (a tiny spread can still be isotropic).
+  removes one direction, so its maximum is min(T - 1, d). It does not detect rank collapse (a tiny
+  spread can still be isotropic).
 - ``effective_rank_uncentred``: the same of X itself; it drops to 1 under rank collapse.
 
 Infinite-width theory (He et al. 2023, "Deep Transformers without Shortcuts"): with orthogonal
@@ -25,6 +26,7 @@ E-SPA and U-SPA pick target kernels Sigma_l and realise A_l = chol(Sigma_l) chol
 so A_l Sigma_{l-1} A_l^T = Sigma_l exactly; ``softmax_realisation`` turns A_l into the bias B and
 rescaling D of D * softmax(QK^T / sqrt(d_head) + B) with W_Q = 0.
 """
+
 from __future__ import annotations
 
 import functools
@@ -41,10 +43,11 @@ F64 = torch.float64
 
 # ----------------------------------------------------------------------------- measurements
 
+
 def _batched(x: torch.Tensor, mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, bool]:
     """[T, d] or [B, T, d] (+ mask) -> float64 [B, T, d] with masked rows zeroed, bool [B, T]."""
     if x.dim() not in (2, 3):
-        raise ProbeError(f"kernel metrics take [T, d] or [B, T, d] tensors, got shape {tuple(x.shape)}")
+        raise ValueError(f"kernel metrics take [T, d] or [B, T, d] tensors, got shape {tuple(x.shape)}")
     single = x.dim() == 2
     x = x.to(F64)
     if single:
@@ -117,7 +120,7 @@ def residual_ratio(x: torch.Tensor, mask: torch.Tensor | None = None, norm: str 
     elif norm == "l1inf":
         num, den = composite_norm(res), composite_norm(xb)
     else:
-        raise ProbeError(f"residual norm must be 'fro' or 'l1inf', got {norm!r}")
+        raise ValueError(f"residual norm must be 'fro' or 'l1inf', got {norm!r}")
     ratio = torch.where(den > 0, num / den.clamp_min(1e-300), torch.full_like(den, math.nan))
     return _out(ratio, single)
 
@@ -167,8 +170,7 @@ def effective_rank(x: torch.Tensor, mask: torch.Tensor | None = None, rtol: floa
     return _out(_erank_of_gram(centred_gram(g, m), xb.flatten(1).norm(dim=-1), rtol), single)
 
 
-def effective_rank_uncentred(x: torch.Tensor, mask: torch.Tensor | None = None,
-                             rtol: float = 1e-6) -> torch.Tensor:
+def effective_rank_uncentred(x: torch.Tensor, mask: torch.Tensor | None = None, rtol: float = 1e-6) -> torch.Tensor:
     """exp(entropy of p = s / sum(s)), s the singular values of X itself (same floor as
     ``effective_rank``): T for T orthogonal tokens of equal norm, 1 for a rank-one X (collapse).
     [T, d] -> scalar, [B, T, d] -> [B]."""
@@ -194,8 +196,7 @@ def contraction_exponents(r: np.ndarray) -> np.ndarray:
     return out
 
 
-def sequence_stats(x: torch.Tensor, mask: torch.Tensor | None = None
-                   ) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+def sequence_stats(x: torch.Tensor, mask: torch.Tensor | None = None) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
     """Every per-sequence metric at once, plus the normalised kernels C [B, T, T] (masked rows 0).
     One T x T x d product serves the kernel and the effective rank. [B, T, d] -> ({metric: [B]}, C)."""
     xb, m, _ = _batched(x, mask)
@@ -235,6 +236,7 @@ def kernel_stats(sigma: torch.Tensor, rtol: float = 1e-6) -> dict[str, float]:
 
 # ----------------------------------------------------------------------------- theory
 
+
 def uniform_attention(t: int, causal: bool = True, dtype: torch.dtype = F64) -> torch.Tensor:
     """The attention matrix of W_Q = 0: each query averages its visible keys. [T, T]."""
     if causal:
@@ -246,7 +248,7 @@ def uniform_attention(t: int, causal: bool = True, dtype: torch.dtype = F64) -> 
 def attention_step(sigma: torch.Tensor, a: torch.Tensor, skip: bool = False, alpha: float = 1.0) -> torch.Tensor:
     """One attention layer in the infinite-width limit: A S A^T, or S + alpha^2 A S A^T with a skip."""
     branch = a @ sigma @ a.transpose(-1, -2)
-    return sigma + alpha ** 2 * branch if skip else branch
+    return sigma + alpha**2 * branch if skip else branch
 
 
 def relu_step(sigma: torch.Tensor) -> torch.Tensor:
@@ -256,18 +258,6 @@ def relu_step(sigma: torch.Tensor) -> torch.Tensor:
     d = torch.diagonal(sigma, dim1=-2, dim2=-1).clamp_min(0).sqrt()
     t = torch.arccos(c)
     return d[..., :, None] * d[..., None, :] * (torch.sin(t) + (math.pi - t) * c) / math.pi
-
-
-def uniform_recursion(t: int, depth: int, causal: bool = True, skip: bool = False, alpha: float = 1.0,
-                      sigma0: torch.Tensor | None = None) -> torch.Tensor:
-    """Kernels Sigma_0..Sigma_depth of uniform attention (Sigma_0 = I unless given). [depth+1, T, T]."""
-    a = uniform_attention(t, causal)
-    s = torch.eye(t, dtype=F64) if sigma0 is None else sigma0.to(F64)
-    out = [s]
-    for _ in range(depth):
-        s = attention_step(s, a, skip, alpha)
-        out.append(s)
-    return torch.stack(out)
 
 
 def espa_gamma(layer: int, depth: int, gamma_last: float = 0.005) -> float:
@@ -289,7 +279,7 @@ def espa_kernel(t: int, gamma: float) -> torch.Tensor:
 def uspa_rho(layer: int, depth: int, rho_last: float = 0.8) -> float:
     """U-SPA schedule, E-SPA's form with rho in place of exp(-gamma):
     1 - rho_l^2 = (1 - rho_L^2)^(l/L); rho_0 = 0."""
-    return math.sqrt(1.0 - (1.0 - rho_last ** 2) ** (layer / depth))
+    return math.sqrt(1.0 - (1.0 - rho_last**2) ** (layer / depth))
 
 
 def uspa_kernel(t: int, rho: float) -> torch.Tensor:
@@ -297,27 +287,17 @@ def uspa_kernel(t: int, rho: float) -> torch.Tensor:
     return (1.0 - rho) * torch.eye(t, dtype=F64) + rho * torch.ones(t, t, dtype=F64)
 
 
-def target_kernels(kind: str, t: int, depth: int, gamma_last: float = 0.005,
-                   rho_last: float = 0.8) -> torch.Tensor:
+def target_kernels(kind: str, t: int, depth: int, gamma_last: float = 0.005, rho_last: float = 0.8) -> torch.Tensor:
     """E-SPA ("e-spa") or U-SPA ("u-spa") targets Sigma_0..Sigma_L. [L+1, T, T] float64."""
     if kind == "e-spa":
-        return torch.stack([espa_kernel(t, espa_gamma(l, depth, gamma_last)) for l in range(depth + 1)])
+        return torch.stack([espa_kernel(t, espa_gamma(layer_idx, depth, gamma_last)) for layer_idx in range(depth + 1)])
     if kind == "u-spa":
-        return torch.stack([uspa_kernel(t, uspa_rho(l, depth, rho_last)) for l in range(depth + 1)])
-    raise ProbeError(f"target kernels exist for e-spa and u-spa, not {kind!r}")
-
-
-def cholesky_attention(sigma_prev: torch.Tensor, sigma_next: torch.Tensor) -> torch.Tensor:
-    """A = chol(Sigma_next) chol(Sigma_prev)^-1 (lower triangular, so causal). [T, T] float64."""
-    with serial():
-        l_prev = torch.linalg.cholesky(sigma_prev.to(F64))
-        l_next = torch.linalg.cholesky(sigma_next.to(F64))
-        return torch.linalg.solve_triangular(l_prev, l_next, upper=False, left=False)  # X L_prev = L_next
+        return torch.stack([uspa_kernel(t, uspa_rho(layer_idx, depth, rho_last)) for layer_idx in range(depth + 1)])
+    raise ValueError(f"target kernels exist for e-spa and u-spa, not {kind!r}")
 
 
 @functools.lru_cache(maxsize=16)
-def spa_attentions(kind: str, t: int, depth: int, gamma_last: float = 0.005,
-                   rho_last: float = 0.8) -> torch.Tensor:
+def spa_attentions(kind: str, t: int, depth: int, gamma_last: float = 0.005, rho_last: float = 0.8) -> torch.Tensor:
     """A_1..A_L of E-SPA/U-SPA; index l-1 holds the matrix of block l-1 (0-indexed). [L, T, T].
     Cached: treat the result as read-only."""
     targets = target_kernels(kind, t, depth, gamma_last, rho_last)
@@ -336,8 +316,10 @@ def softmax_realisation(a: torch.Tensor, log_floor: float = -80.0) -> tuple[torc
     a = a.to(F64)
     worst = float(a.min())
     if worst < -1e-8 * float(a.abs().max()):
-        raise ProbeError(f"attention matrix has a negative entry ({worst:.3g}); it cannot be realised by "
-                         "a softmax (check the kernel schedule: targets must grow monotonically)")
+        raise ProbeError(
+            f"attention matrix has a negative entry ({worst:.3g}); it cannot be realised by "
+            "a softmax (check the kernel schedule: targets must grow monotonically)"
+        )
     a = a.clamp_min(0)
     rowsum = a.sum(-1)  # [T]
     p = a / rowsum[:, None]

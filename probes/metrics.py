@@ -3,27 +3,23 @@
 Shapes: ``A`` is attention [batch, layer, head, query, key] (rows sum to 1 over real keys);
 ``mask`` is [batch, pos] with 1 for real tokens.
 """
+
 from __future__ import annotations
 
 import torch
-
-
-def row_entropy(a: torch.Tensor) -> torch.Tensor:
-    """Entropy in nats of each attention row (0 log 0 = 0). [..., q, k] -> [..., q]."""
-    a = a.to(torch.float64)
-    return -(a * torch.where(a > 0, a.log(), torch.zeros_like(a))).sum(-1)
 
 
 def diagonal(a: torch.Tensor, offset: int) -> torch.Tensor:
     """A[..., i, i + offset] for every query i, 0 where i + offset is out of range. [..., q]."""
     n = a.shape[-1]
     d = torch.diagonal(a, offset=offset, dim1=-2, dim2=-1)  # [..., n - |offset|]
-    pad = torch.zeros(d.shape[:-1] + (abs(offset),), dtype=d.dtype, device=d.device)
+    pad = torch.zeros((*d.shape[:-1], abs(offset)), dtype=d.dtype, device=d.device)
     return torch.cat([pad, d], -1) if offset < 0 else torch.cat([d, pad], -1)[..., :n]
 
 
-def attention_stat_sums(a: torch.Tensor, mask: torch.Tensor, is_first: torch.Tensor,
-                        is_sep: torch.Tensor | None, is_punct: torch.Tensor) -> dict[str, torch.Tensor]:
+def attention_stat_sums(
+    a: torch.Tensor, mask: torch.Tensor, is_first: torch.Tensor, is_sep: torch.Tensor | None, is_punct: torch.Tensor
+) -> dict[str, torch.Tensor]:
     """Per-head sums over real query tokens of Clark et al.'s §3 statistics.
 
     a: [batch, layer, head, q, k]; mask, is_first, is_sep, is_punct: [batch, pos] (bool/0-1).
@@ -62,8 +58,9 @@ CLARK_ENTROPY_SMOOTHING = 1e-4  # rows become (1 - s) * a + s / n before the ent
 CLARK_JS_SMOOTHING = 1e-3  # head_distances.py: (1 - s) * a + s / n before the JS divergence
 
 
-def smoothed_entropy(a: torch.Tensor, n: torch.Tensor | int, key_mask: torch.Tensor | None = None,
-                     s: float = CLARK_ENTROPY_SMOOTHING) -> torch.Tensor:
+def smoothed_entropy(
+    a: torch.Tensor, n: torch.Tensor | int, key_mask: torch.Tensor | None = None, s: float = CLARK_ENTROPY_SMOOTHING
+) -> torch.Tensor:
     """Entropy in nats of rows smoothed as (1 - s) * a + s / n over the n real keys. [..., q, k] -> [..., q].
 
     ``n`` broadcasts against ``a`` (per sentence); ``key_mask`` (broadcasting against ``a``)
@@ -74,8 +71,9 @@ def smoothed_entropy(a: torch.Tensor, n: torch.Tensor | int, key_mask: torch.Ten
     return (e if key_mask is None else e * key_mask.to(e.dtype)).sum(-1)
 
 
-def clark_stat_sums(a: torch.Tensor, mask: torch.Tensor, is_first: torch.Tensor,
-                    is_sep: torch.Tensor | None, is_punct: torch.Tensor) -> dict[str, torch.Tensor]:
+def clark_stat_sums(
+    a: torch.Tensor, mask: torch.Tensor, is_first: torch.Tensor, is_sep: torch.Tensor | None, is_punct: torch.Tensor
+) -> dict[str, torch.Tensor]:
     """Per-head sums over sentences of per-sentence means, as Clark et al.'s General_Analysis.
 
     a: [batch, layer, head, q, k] (one sentence per batch row, right-padded); mask, is_first,
@@ -95,8 +93,11 @@ def clark_stat_sums(a: torch.Tensor, mask: torch.Tensor, is_first: torch.Tensor,
     mass = torch.einsum("blhqk,bkm->blhqm", a, torch.stack([k.to(torch.float64) for k in keys], -1))
     nxt_real = torch.cat([real[:, 1:], torch.zeros_like(real[:, :1])], 1)[:, None, None, :]
     per_query = {
-        "to_first": mass[..., 0], "to_punct": mass[..., 1],
-        "to_prev": diagonal(a, -1), "to_next": diagonal(a, 1) * nxt_real, "to_self": diagonal(a, 0),
+        "to_first": mass[..., 0],
+        "to_punct": mass[..., 1],
+        "to_prev": diagonal(a, -1),
+        "to_next": diagonal(a, 1) * nxt_real,
+        "to_self": diagonal(a, 0),
         "entropy": smoothed_entropy(a, n[:, None, None, None, None], real[:, None, None, None, :]),
     }
     if is_sep is not None:
@@ -139,8 +140,8 @@ def js_distance_mean(a: torch.Tensor, s: float = CLARK_JS_SMOOTHING, chunk: int 
     h_mix = torch.zeros(h_count, h_count, dtype=torch.float64, device=p.device)
     step = max(1, min(chunk // max(1, p.numel()), -(-h_count // 8)))  # small row blocks: ~triangle
     for i in range(0, h_count, step):
-        m = (p[i:i + step, None] + p[None, i:]) * 0.5  # [c, head - i, n, n]
-        h_mix[i:i + step, i:] = (m * m.log()).sum(-1).mean(-1).to(torch.float64)
+        m = (p[i : i + step, None] + p[None, i:]) * 0.5  # [c, head - i, n, n]
+        h_mix[i : i + step, i:] = (m * m.log()).sum(-1).mean(-1).to(torch.float64)
     h_mix = torch.triu(h_mix)
     h_mix = h_mix + h_mix.T - torch.diag(h_mix.diagonal())
     out = (h_rows[:, None] + h_rows[None, :]) / 2 - h_mix

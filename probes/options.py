@@ -1,4 +1,5 @@
 """Reading `key=value` strings (CLI options, model specs) into typed dataclass fields."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -29,7 +30,7 @@ def coerce(value: Any, typ: str, where: str) -> Any:
         if base == "float":
             return float(value)
         if base.startswith("tuple["):
-            inner = base[len("tuple["):].split(",")[0].strip()
+            inner = base[len("tuple[") :].split(",")[0].strip()
             cast = {"int": int, "float": float}.get(inner, str)
             return tuple(cast(p.strip()) for p in value.split(",") if p.strip())
     except ValueError:
@@ -67,8 +68,14 @@ def check_seed(seed: Any, where: str = "--seed") -> None:
         raise ProbeError(f"{where} must be an integer from 0 to {SEED_MAX} (2**32-1), got {seed}")
 
 
-def ranged(default: Any, *, min: float | None = None, max: float | None = None,
-           above: float | None = None, below: float | None = None) -> Any:
+def ranged(
+    default: Any,
+    *,
+    min: float | None = None,
+    max: float | None = None,
+    above: float | None = None,
+    below: float | None = None,
+) -> Any:
     """A dataclass field whose value (or each element of a tuple value) must lie in a range:
     ``min``/``max`` inclusive, ``above``/``below`` exclusive. :func:`check_ranges` enforces it."""
     bounds = {k: v for k, v in {"min": min, "max": max, "above": above, "below": below}.items() if v is not None}
@@ -83,13 +90,18 @@ def range_text(bounds: dict[str, float]) -> str:
         return f"in {lo[0]}{lo[1]}, {hi[1]}{hi[0]}"
     if lo:
         return f"at least {lo[1]}" if lo[0] == "[" else f"greater than {lo[1]}"
+    if hi is None:
+        raise ValueError(f"range_text needs a bound, got {bounds}")
     return f"at most {hi[1]}" if hi[0] == "]" else f"less than {hi[1]}"
 
 
 def _inside(value: float, bounds: dict[str, float]) -> bool:
-    return (value >= bounds.get("min", value) and value <= bounds.get("max", value)
-            and ("above" not in bounds or value > bounds["above"])
-            and ("below" not in bounds or value < bounds["below"]))
+    return (
+        value >= bounds.get("min", value)
+        and value <= bounds.get("max", value)
+        and ("above" not in bounds or value > bounds["above"])
+        and ("below" not in bounds or value < bounds["below"])
+    )
 
 
 def check_ranges(obj: Any, where: str) -> Any:
@@ -102,6 +114,8 @@ def check_ranges(obj: Any, where: str) -> Any:
         for v in value if isinstance(value, tuple) else (value,):
             if isinstance(v, (int, float)) and not isinstance(v, bool) and not _inside(v, bounds):
                 each = "each value of " if isinstance(value, tuple) else ""
-                raise ProbeError(f"{where} {f.name}={v} is out of range: {each}{f.name} must be "
-                                 f"{range_text(bounds)} (default {f.default})")
+                raise ProbeError(
+                    f"{where} {f.name}={v} is out of range: {each}{f.name} must be "
+                    f"{range_text(bounds)} (default {f.default})"
+                )
     return obj

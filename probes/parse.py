@@ -5,6 +5,7 @@ pipeline directory (what ``nlp.to_disk`` writes: ``config.cfg``, ``meta.json``, 
 It must have a dependency parser. Input: a UTF-8 text file, one paragraph per non-empty line;
 the pipeline splits each line into sentences.
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterator
@@ -44,25 +45,33 @@ def load_pipeline(name: str):
     path = Path(name).expanduser()
     if path.is_dir():
         if not (path / "config.cfg").exists():
-            raise ProbeError(f"{name} is a directory but not a spaCy pipeline (no config.cfg); "
-                             "point --parser at a folder written by nlp.to_disk, or name an installed pipeline")
+            raise ProbeError(
+                f"{name} is a directory but not a spaCy pipeline (no config.cfg); "
+                "point --parser at a folder written by nlp.to_disk, or name an installed pipeline"
+            )
         target: str | Path = path
     elif _looks_like_path(name) or path.exists():
-        raise ProbeError(f"spaCy pipeline directory {name} does not exist; check the path, "
-                         "or name an installed pipeline such as en_core_web_sm")
+        raise ProbeError(
+            f"spaCy pipeline directory {name} does not exist; check the path, "
+            "or name an installed pipeline such as en_core_web_sm"
+        )
     else:
         target = name
     try:
         nlp = spacy.load(target)
     except OSError as exc:
         if target is name and "E050" in str(exc):
-            raise ProbeError(f"spaCy pipeline {name!r} is not installed; install it with "
-                             f"`python -m spacy download {name}` (or pass a pipeline directory to --parser)") from None
+            raise ProbeError(
+                f"spaCy pipeline {name!r} is not installed; install it with "
+                f"`python -m spacy download {name}` (or pass a pipeline directory to --parser)"
+            ) from None
         first = (str(exc).strip().splitlines() or [""])[0]
         raise ProbeError(f"cannot load spaCy pipeline {name!r}: {first}") from None
     if "parser" not in nlp.pipe_names:
-        raise ProbeError(f"spaCy pipeline {name!r} has no dependency parser (components: "
-                         f"{', '.join(nlp.pipe_names) or 'none'}); use one with a parser, e.g. en_core_web_sm")
+        raise ProbeError(
+            f"spaCy pipeline {name!r} has no dependency parser (components: "
+            f"{', '.join(nlp.pipe_names) or 'none'}); use one with a parser, e.g. en_core_web_sm"
+        )
     return nlp
 
 

@@ -10,6 +10,7 @@ is escaped; plots are embedded as ``data:`` images, which can neither run script
 ``write_report(run_dir)`` renders a run directory (called by ``Result.save`` and by
 ``probe report RUN_DIR``); ``result_html(result)`` is the notebook display of a Result.
 """
+
 from __future__ import annotations
 
 import base64
@@ -19,7 +20,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 from urllib.parse import quote
 
 import numpy as np
@@ -37,6 +38,7 @@ ANNOTATE_CELLS = 16 * 16  # write the value in every cell up to this many cells
 # reading a run directory
 # ----------------------------------------------------------------------------------------------
 
+
 @dataclass
 class RunData:
     """Everything a report shows, read from a run directory or taken from a Result."""
@@ -50,7 +52,7 @@ class RunData:
     problems: list[str] = field(default_factory=list)  # what could not be read
 
     @classmethod
-    def read(cls, run_dir: Path) -> "RunData":
+    def read(cls, run_dir: Path) -> RunData:
         run_dir = Path(run_dir)
         if not run_dir.is_dir():
             raise ProbeError(f"{run_dir} is not a directory; pass a run directory written by probe run")
@@ -75,8 +77,11 @@ class RunData:
                 data.plots[svg.stem] = svg.read_text(encoding="utf-8")
             except (OSError, UnicodeDecodeError) as exc:
                 data.problems.append(f"plots/{svg.name} cannot be read: {exc}")
-        data.files = sorted((p.relative_to(run_dir).as_posix(), p.stat().st_size)
-                            for p in run_dir.rglob("*") if p.is_file() and p.name != "report.html")
+        data.files = sorted(
+            (p.relative_to(run_dir).as_posix(), p.stat().st_size)
+            for p in run_dir.rglob("*")
+            if p.is_file() and p.name != "report.html"
+        )
         return data
 
     def _read(self, name: str, run_dir: Path, reader: Any) -> Any:
@@ -93,6 +98,7 @@ class RunData:
 # ----------------------------------------------------------------------------------------------
 # tables
 # ----------------------------------------------------------------------------------------------
+
 
 def _cell(value: Any) -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):
@@ -111,7 +117,9 @@ def table(records: Sequence[Mapping[str, Any]], columns: Sequence[str] | None = 
     cols = list(columns) if columns else list(dict.fromkeys(k for r in records for k in r))
     head = "".join(f"<th>{esc(c)}</th>" for c in cols)
     rows = "".join("<tr>" + "".join(f"<td>{_cell(r.get(c))}</td>" for c in cols) + "</tr>" for r in records)
-    return f"<div class='tablewrap'><table class='data'><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table></div>"
+    return (
+        f"<div class='tablewrap'><table class='data'><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table></div>"
+    )
 
 
 def _key_values(d: Mapping[str, Any]) -> str:
@@ -122,6 +130,7 @@ def _key_values(d: Mapping[str, Any]) -> str:
 # heatmaps
 # ----------------------------------------------------------------------------------------------
 
+
 def _matches(column: pd.Series, value: Any) -> pd.Series:
     """Rows whose ``column`` equals ``value``, robust to the CSV round trip (1 vs 1.0, True vs 'True')."""
     if isinstance(value, bool):
@@ -131,7 +140,7 @@ def _matches(column: pd.Series, value: Any) -> pd.Series:
     return column.astype(str) == str(value)
 
 
-def _has_grid(scores: pd.DataFrame | None) -> bool:
+def _has_grid(scores: pd.DataFrame | None) -> TypeGuard[pd.DataFrame]:
     return scores is not None and not scores.empty and {"layer", "head", "metric", "value"} <= set(scores.columns)
 
 
@@ -143,8 +152,11 @@ def panel_matrix(scores: pd.DataFrame, panel: Mapping[str, Any]) -> tuple[pd.Dat
             raise ValueError(f"scores.csv has no column {col!r}")
         rows = rows[_matches(rows[col], value)]
     rows = rows.dropna(subset=["layer", "head"])
-    rows = rows.assign(layer=rows["layer"].astype(int), head=rows["head"].astype(int),
-                       value=pd.to_numeric(rows["value"], errors="coerce"))
+    rows = rows.assign(
+        layer=rows["layer"].astype(int),
+        head=rows["head"].astype(int),
+        value=pd.to_numeric(rows["value"], errors="coerce"),
+    )
     grid = rows.pivot_table(index="layer", columns="head", values="value", aggfunc="mean", dropna=False)
     return grid, len(rows)
 
@@ -162,11 +174,15 @@ def default_panels(scores: pd.DataFrame | None) -> tuple[list[dict[str, Any]], l
             panels.append({"title": str(metric), "metric": metric, "where": {}})
     notes = []
     if skipped:
-        notes.append(f"no default heatmap for {', '.join(skipped)}: several rows per layer and head "
-                     "(the task can list panels with a 'where' selection)")
+        notes.append(
+            f"no default heatmap for {', '.join(skipped)}: several rows per layer and head "
+            "(the task can list panels with a 'where' selection)"
+        )
     if len(panels) > MAX_DEFAULT_PANELS:
-        notes.append(f"{len(panels) - MAX_DEFAULT_PANELS} more metrics not drawn "
-                     f"({', '.join(str(p['metric']) for p in panels[MAX_DEFAULT_PANELS:])}); see scores.csv")
+        notes.append(
+            f"{len(panels) - MAX_DEFAULT_PANELS} more metrics not drawn "
+            f"({', '.join(str(p['metric']) for p in panels[MAX_DEFAULT_PANELS:])}); see scores.csv"
+        )
         panels = panels[:MAX_DEFAULT_PANELS]
     return panels, notes
 
@@ -188,8 +204,14 @@ def heatmap_svg(grid: pd.DataFrame) -> str:
     with rc_context({"svg.fonttype": "none", "svg.hashsalt": "depthprobe", "font.size": 8}):
         fig = Figure(figsize=(max(3.2, 0.42 * n_heads + 1.6), max(2.0, 0.34 * n_layers + 0.9)))
         ax = fig.subplots()
-        im = ax.imshow(np.ma.masked_invalid(values), cmap="RdBu_r" if diverging else "viridis",
-                       vmin=lo, vmax=hi, aspect="auto", interpolation="nearest")
+        im = ax.imshow(
+            np.ma.masked_invalid(values),
+            cmap="RdBu_r" if diverging else "viridis",
+            vmin=lo,
+            vmax=hi,
+            aspect="auto",
+            interpolation="nearest",
+        )
         fig.colorbar(im, ax=ax, fraction=0.05, pad=0.02)
         step_x, step_y = max(1, n_heads // 24), max(1, n_layers // 24)
         ax.set_xticks(range(0, n_heads, step_x), [plot_text(h) for h in grid.columns[::step_x]])
@@ -201,8 +223,7 @@ def heatmap_svg(grid: pd.DataFrame) -> str:
             for (i, j), v in np.ndenumerate(values):
                 if np.isfinite(v):
                     light = v < mid if not diverging else abs(v) > (hi * 0.6)
-                    ax.text(j, i, f"{v:.2f}", ha="center", va="center", fontsize=6,
-                            color="white" if light else "black")
+                    ax.text(j, i, f"{v:.2f}", ha="center", va="center", fontsize=6, color="white" if light else "black")
         fig.tight_layout()
         buf = io.StringIO()
         fig.savefig(buf, format="svg", metadata={"Date": None})
@@ -211,7 +232,7 @@ def heatmap_svg(grid: pd.DataFrame) -> str:
 
 def _svg_img(svg: str, alt: str) -> str:
     data = base64.b64encode(svg.encode("utf-8")).decode("ascii")
-    return f"<img alt=\"{esc(alt)}\" src=\"data:image/svg+xml;base64,{data}\">"
+    return f'<img alt="{esc(alt)}" src="data:image/svg+xml;base64,{data}">'
 
 
 def heatmaps_html(scores: pd.DataFrame | None, panels: Sequence[Mapping[str, Any]]) -> str:
@@ -221,8 +242,10 @@ def heatmaps_html(scores: pd.DataFrame | None, panels: Sequence[Mapping[str, Any
     if not panels:
         return ""
     if not _has_grid(scores):
-        return ("<h2>Heatmaps</h2><p class='error'>the task listed heatmap panels but scores.csv has no "
-                "layer/head/metric/value rows</p>")
+        return (
+            "<h2>Heatmaps</h2><p class='error'>the task listed heatmap panels but scores.csv has no "
+            "layer/head/metric/value rows</p>"
+        )
     if len(panels) > MAX_PANELS:
         notes.append(f"{len(panels) - MAX_PANELS} more panels not drawn; see scores.csv")
         panels = panels[:MAX_PANELS]
@@ -237,13 +260,17 @@ def heatmaps_html(scores: pd.DataFrame | None, panels: Sequence[Mapping[str, Any
         where = ", ".join(f"{k}={v}" for k, v in (panel.get("where") or {}).items())
         caption = f"metric {panel.get('metric')}" + (f" where {where}" if where else "")
         if grid.empty:
-            figures.append(f"<figure class='heatmap'><h3>{esc(title)}</h3>"
-                           f"<p class='error'>no rows of scores.csv match ({esc(caption)})</p></figure>")
+            figures.append(
+                f"<figure class='heatmap'><h3>{esc(title)}</h3>"
+                f"<p class='error'>no rows of scores.csv match ({esc(caption)})</p></figure>"
+            )
             continue
         if n_rows > grid.notna().sum().sum():
             caption += f"; mean of {n_rows} rows over {int(grid.notna().sum().sum())} cells"
-        figures.append(f"<figure class='heatmap'><h3>{esc(title)}</h3>{_svg_img(heatmap_svg(grid), title)}"
-                       f"<figcaption>{esc(caption)}</figcaption></figure>")
+        figures.append(
+            f"<figure class='heatmap'><h3>{esc(title)}</h3>{_svg_img(heatmap_svg(grid), title)}"
+            f"<figcaption>{esc(caption)}</figcaption></figure>"
+        )
     note_html = "".join(f"<p class='note'>{esc(n)}</p>" for n in notes)
     return f"<h2>Layer x head heatmaps</h2>{note_html}<div class='heatmaps'>{''.join(figures)}</div>"
 
@@ -252,13 +279,14 @@ def heatmaps_html(scores: pd.DataFrame | None, panels: Sequence[Mapping[str, Any
 # the page
 # ----------------------------------------------------------------------------------------------
 
+
 def _views(raw: Sequence[Any]) -> tuple[list[View], list[str]]:
     views, errors = [], []
     for i, d in enumerate(raw):
         try:
             if not isinstance(d, Mapping):
                 raise ValueError("not an object")
-            views.append(View.from_dict(d))
+            views.append(View.from_dict(dict(d)))
         except (ValueError, TypeError) as exc:
             title = d.get("title", "") if isinstance(d, Mapping) else ""
             errors.append(f"view {i} {title!s}: {exc}")
@@ -268,16 +296,20 @@ def _views(raw: Sequence[Any]) -> tuple[list[View], list[str]]:
 def _plots_html(plots: Mapping[str, str]) -> str:
     if not plots:
         return ""
-    figs = "".join(f"<figure class='plot'>{_svg_img(svg, name)}<figcaption>{esc(name)}.svg</figcaption></figure>"
-                   for name, svg in plots.items())
+    figs = "".join(
+        f"<figure class='plot'>{_svg_img(svg, name)}<figcaption>{esc(name)}.svg</figcaption></figure>"
+        for name, svg in plots.items()
+    )
     return f"<h2>Plots</h2>{figs}"
 
 
 def _files_html(files: Sequence[tuple[str, int]]) -> str:
     if not files:
         return ""
-    items = "".join(f"<li><a href=\"{esc(quote(name))}\">{esc(name)}</a> <span class='meta'>"
-                    f"({size:,} bytes)</span></li>" for name, size in files)
+    items = "".join(
+        f"<li><a href=\"{esc(quote(name))}\">{esc(name)}</a> <span class='meta'>({size:,} bytes)</span></li>"
+        for name, size in files
+    )
     return f"<h2>Files</h2><ul>{items}</ul>"
 
 
@@ -289,8 +321,10 @@ def _header(data: RunData) -> tuple[str, str]:
     facts = []
     if info:
         kind = "decoder" if info.get("causal") else "encoder"
-        facts.append(f"{info.get('resolved', model)}: {kind}, {info.get('n_layers')} layers x "
-                     f"{info.get('n_heads')} heads, d_model {info.get('d_model')}")
+        facts.append(
+            f"{info.get('resolved', model)}: {kind}, {info.get('n_layers')} layers x "
+            f"{info.get('n_heads')} heads, d_model {info.get('d_model')}"
+        )
     for key in ("created", "device", "git_commit"):
         if m.get(key):
             facts.append(f"{key.replace('_', ' ')} {m[key]}")
@@ -298,8 +332,10 @@ def _header(data: RunData) -> tuple[str, str]:
     if config.get("data"):
         facts.append(f"data {config['data']}")
     meta = " · ".join(esc(f) for f in facts)
-    head = (f"<h1>{esc(title)}</h1><p class='meta'>model <b>{esc(model)}</b> · task <b>{esc(task)}</b>"
-            f"{' · ' + meta if meta else ''}</p>")
+    head = (
+        f"<h1>{esc(title)}</h1><p class='meta'>model <b>{esc(model)}</b> · task <b>{esc(task)}</b>"
+        f"{' · ' + meta if meta else ''}</p>"
+    )
     return title, head
 
 
@@ -322,13 +358,17 @@ def render(data: RunData) -> str:
     if views or errors:
         body, payloads = views_html(views, MAX_TOKENS)
         errs = "".join(f"<p class='error'>{esc(e)}</p>" for e in errors)
-        parts.append("<h2>Attention views</h2><p class='meta'>Click a head to enlarge it; hover a cell or a "
-                     f"token for values. Rows attend from (queries), columns attend to (keys).</p>{errs}{body}")
+        parts.append(
+            "<h2>Attention views</h2><p class='meta'>Click a head to enlarge it; hover a cell or a "
+            f"token for values. Rows attend from (queries), columns attend to (keys).</p>{errs}{body}"
+        )
     parts.append(_plots_html(data.plots))
     parts.append(_files_html(data.files))
     if data.manifest:
         manifest = json.dumps(data.manifest, indent=2, ensure_ascii=False)
-        parts.append(f"<h2>Run details</h2><details><summary>manifest.json</summary><pre>{esc(manifest)}</pre></details>")
+        parts.append(
+            f"<h2>Run details</h2><details><summary>manifest.json</summary><pre>{esc(manifest)}</pre></details>"
+        )
     return page(title, "\n".join(p for p in parts if p), payloads)
 
 
@@ -342,7 +382,7 @@ def write_report(run_dir: Path) -> Path:
     data = RunData.read(run_dir)
     try:
         text = render(data)
-    except Exception as exc:  # noqa: BLE001 - keep the run, show the failure in the page
+    except Exception as exc:
         import warnings
 
         message = f"the full report could not be drawn: {type(exc).__name__}: {exc}"
@@ -363,9 +403,16 @@ _NOTEBOOK_STYLE = """<style>
 
 def result_html(result: Any) -> str:
     """Notebook display of a Result: notes, summary, heatmaps and plots (no script)."""
-    data = RunData(summary={"task": result.task, "model": result.model_info["name"], "notes": result.notes,
-                            "summary": result.summary.to_dict(orient="records"), "heatmaps": result.heatmaps},
-                   scores=result.scores)
+    data = RunData(
+        summary={
+            "task": result.task,
+            "model": result.model_info["name"],
+            "notes": result.notes,
+            "summary": result.summary.to_dict(orient="records"),
+            "heatmaps": result.heatmaps,
+        },
+        scores=result.scores,
+    )
     title = f"depthprobe: {result.task} on {result.model_info['name']}"
     parts = [f"<h2>{esc(title)}</h2>"]
     parts.append("<ul>" + "".join(f"<li>{esc(n)}</li>" for n in result.notes) + "</ul>")
@@ -373,7 +420,8 @@ def result_html(result: Any) -> str:
     parts.append(heatmaps_html(result.scores, result.heatmaps))
     parts.append(_plots_html(result.plots))
     if result.views:
-        where = (f"open {result.path / 'report.html'}" if result.path is not None
-                 else "call .save() and open report.html")
+        where = (
+            f"open {result.path / 'report.html'}" if result.path is not None else "call .save() and open report.html"
+        )
         parts.append(f"<p class='meta'>{len(result.views)} attention view(s): {esc(where)}</p>")
     return f"{_NOTEBOOK_STYLE}<div class='depthprobe'>{''.join(p for p in parts if p)}</div>"

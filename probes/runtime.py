@@ -1,4 +1,5 @@
 """Process-wide torch settings, changed only inside a scope and always restored."""
+
 from __future__ import annotations
 
 from collections.abc import Iterator

@@ -11,6 +11,7 @@ multiply the values. Edits then act like ``z = pattern @ v``. A delegating modul
 family gets no seam; edits of those two hooks there are refused before any forward pass, naming
 ``hook_z`` (the per-head output, which always takes effect).
 """
+
 from __future__ import annotations
 
 import copy
@@ -41,8 +42,11 @@ def _delegates(attn: Any) -> bool:
     """True when the bridge hands the whole attention to the HF module (hooks fire post hoc)."""
     from transformer_lens.model_bridge.generalized_components.attention import AttentionBridge
 
-    return (isinstance(attn, AttentionBridge) and type(attn).forward is AttentionBridge.forward
-            and not getattr(attn.original_component, "accepts_pattern_fn", False))
+    return (
+        isinstance(attn, AttentionBridge)
+        and type(attn).forward is AttentionBridge.forward
+        and not getattr(attn.original_component, "accepts_pattern_fn", False)
+    )
 
 
 def _finish(bridge: Any, scores: torch.Tensor, value: torch.Tensor, p: float, training: bool) -> torch.Tensor:
@@ -54,9 +58,16 @@ def _finish(bridge: Any, scores: torch.Tensor, value: torch.Tensor, p: float, tr
     return torch.matmul(pattern, value)
 
 
-def _interface_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                         attention_mask: torch.Tensor | None, scaling: float | None = None,
-                         dropout: float = 0.0, **kwargs: Any) -> tuple[torch.Tensor, None]:
+def _interface_attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
     # query/key/value: [batch, head, pos, d_head]
     if scaling is None:
         scaling = query.size(-1) ** -0.5
@@ -68,8 +79,13 @@ def _interface_attention(module: torch.nn.Module, query: torch.Tensor, key: torc
     return out.transpose(1, 2).contiguous(), None  # [batch, pos, head, d_head]
 
 
-def _method_attention(self: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                      attention_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, None]:
+def _method_attention(
+    self: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, None]:
     """GPT-J's ``_attn``: scores in float32, divided by sqrt(d_head)."""
     scores = torch.matmul(query.to(torch.float32), key.to(torch.float32).transpose(-1, -2)) / self.scale_attn
     if attention_mask is not None:
@@ -128,4 +144,5 @@ def check_editable(bridge: Any, names: Sequence[str]) -> None:
             kind = type(attn.original_component).__name__
             raise ProbeError(
                 f"an edit of {name} would be ignored: {kind} computes attention inside the Hugging Face "
-                f"module; edit blocks.{m.group(1)}.attn.hook_z (per-head output [batch, pos, head, d_head]) instead")
+                f"module; edit blocks.{m.group(1)}.attn.hook_z (per-head output [batch, pos, head, d_head]) instead"
+            )

@@ -1,4 +1,4 @@
-"""A hookable transformer family for depth studies of signal propagation (DESIGN.md §3.6).
+"""A hookable transformer family for depth studies of signal propagation (docs/kernels.md).
 
 TransformerBridge's native models are always pre-LN with skips, so they cannot express skipless
 or normalisation-free networks. This family is built on TransformerLens's ``HookedRootModule`` and
@@ -49,20 +49,23 @@ family does not build.
 follow a residual ratio below float32's ~1e-7 floor (the ``dong`` variant: non-causal softmax, no
 skip, no MLP, Dong et al.'s doubly exponential collapse).
 """
+
 from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from torch import nn
 from transformer_lens.hook_points import HookPoint
 from transformer_lens.HookedRootModule import HookedRootModule
 
-from depthprobe.probes import kernels as K
+from depthprobe.probes import kernels
 from depthprobe.probes.errors import ProbeError, suggest
+from depthprobe.probes.models import Model, ModelInfo, check_size, resolve_device
 from depthprobe.probes.options import check_seed, coerce, field_types, parse_pairs
 
 ATTENTIONS = ("softmax", "uniform", "value-skipinit", "e-spa", "u-spa")
@@ -102,13 +105,17 @@ class SPAConfig:
         if self.width % self.heads:
             raise ProbeError(f"spa model: width={self.width} is not divisible by heads={self.heads}; pick a multiple")
         if self.attention not in ATTENTIONS:
-            raise ProbeError(f"spa model: unknown attention {self.attention!r}{suggest(self.attention, ATTENTIONS)}; "
-                             f"choose from {', '.join(ATTENTIONS)}")
+            raise ProbeError(
+                f"spa model: unknown attention {self.attention!r}{suggest(self.attention, ATTENTIONS)}; "
+                f"choose from {', '.join(ATTENTIONS)}"
+            )
         if self.norm not in NORMS:
             raise ProbeError(f"spa model: norm must be one of {', '.join(NORMS)}, got {self.norm!r}")
         if self.attention in SPA and not self.causal:
-            raise ProbeError(f"spa model: {self.attention} builds causal (lower-triangular) attention; "
-                             "drop causal=false or pick another attention")
+            raise ProbeError(
+                f"spa model: {self.attention} builds causal (lower-triangular) attention; "
+                "drop causal=false or pick another attention"
+            )
         if not 0 < self.gamma_last < 50:
             raise ProbeError(f"spa model: gamma_last must be in (0, 50), got {self.gamma_last}")
         if not 0 <= self.rho_last < 1:
@@ -119,10 +126,12 @@ class SPAConfig:
             raise ProbeError(f"spa model: dtype must be float32 or float64, got {self.dtype!r}")
         check_seed(self.seed, "spa model: seed")
         if self.mlp and self.attention in KERNEL_CONTROLLED:
-            raise ProbeError(f"spa model: {self.attention} with MLP blocks is refused: its attention holds a target "
-                             "kernel, but plain ReLU MLPs push cosines toward 1 and nothing here builds the TAT-style "
-                             "leaky-ReLU MLPs He et al. pair it with; use attention-only blocks (mlp=false, sweep "
-                             "--attn-only) or a baseline variant")
+            raise ProbeError(
+                f"spa model: {self.attention} with MLP blocks is refused: its attention holds a target "
+                "kernel, but plain ReLU MLPs push cosines toward 1 and nothing here builds the TAT-style "
+                "leaky-ReLU MLPs He et al. pair it with; use attention-only blocks (mlp=false, sweep "
+                "--attn-only) or a baseline variant"
+            )
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -140,14 +149,14 @@ class SPAConfig:
     def n_bytes(self, training: bool = False) -> int:
         """float32 weights (x4 when training: gradients and Adam's moments) + per-layer masks; SPA
         variants add their float64 target kernels and float32 bias per layer."""
-        per_layer = self.n_ctx ** 2 * (1 + (8 * 3 + 4 if self.attention in SPA else 0))
+        per_layer = self.n_ctx**2 * (1 + (8 * 3 + 4 if self.attention in SPA else 0))
         scale = 2 if self.dtype == "float64" else 1
         return scale * (16 if training else 4) * self.n_params() + self.depth * per_layer
 
     def check_size(self, training: bool = False, device: Any = None) -> None:
-        from depthprobe.probes.models import check_size
-
-        check_size(self.n_params(), self.n_bytes(training), f"spa model (depth {self.depth}, width {self.width})", device)
+        check_size(
+            self.n_params(), self.n_bytes(training), f"spa model (depth {self.depth}, width {self.width})", device
+        )
 
     @property
     def head_dim(self) -> int:
@@ -165,7 +174,7 @@ class SPAConfig:
         return "spa:" + ",".join(f"{k}={_fmt(v)}" for k, v in dataclasses.asdict(self).items())
 
     @classmethod
-    def parse(cls, spec: str) -> "SPAConfig":
+    def parse(cls, spec: str) -> SPAConfig:
         """``spa:variant=e-spa,depth=16,width=256`` -> SPAConfig (variant presets first, then keys)."""
         types = field_types(cls)
         pairs = parse_pairs(spec, "spa", ["variant", *types], "spa:variant=e-spa,depth=8")
@@ -181,6 +190,7 @@ def _fmt(v: Any) -> str:
 
 # ----------------------------------------------------------------------------- named variants
 
+
 @dataclass(frozen=True)
 class Variant:
     name: str
@@ -188,24 +198,43 @@ class Variant:
     make: Callable[[int], dict[str, Any]]  # depth -> SPAConfig fields
 
 
-VARIANTS: dict[str, Variant] = {v.name: v for v in (
-    Variant("vanilla", "no skip, no LayerNorm, attention only (He et al.'s vanilla transformer)",
-            lambda depth: {"skip": False}),
-    Variant("skip", "skip connections, branch scale 1", lambda depth: {"skip": True, "branch_scale": 1.0}),
-    Variant("skip-scaled", "skip connections, branch scale 1/sqrt(depth)",
-            lambda depth: {"skip": True, "branch_scale": 1.0 / math.sqrt(depth)}),
-    Variant("value-skipinit", "no skip; attention alpha I + beta A with alpha=1, beta=0 at init",
-            lambda depth: {"attention": "value-skipinit"}),
-    Variant("u-spa", "no skip; U-SPA attention (uniform target kernel)", lambda depth: {"attention": "u-spa"}),
-    Variant("e-spa", "no skip; E-SPA attention (exponential target kernel)", lambda depth: {"attention": "e-spa"}),
-    Variant("dong", "no skip, no MLP, non-causal softmax attention at random init: Dong et al.'s doubly "
+VARIANTS: dict[str, Variant] = {
+    v.name: v
+    for v in (
+        Variant(
+            "vanilla",
+            "no skip, no LayerNorm, attention only (He et al.'s vanilla transformer)",
+            lambda depth: {"skip": False},
+        ),
+        Variant("skip", "skip connections, branch scale 1", lambda depth: {"skip": True, "branch_scale": 1.0}),
+        Variant(
+            "skip-scaled",
+            "skip connections, branch scale 1/sqrt(depth)",
+            lambda depth: {"skip": True, "branch_scale": 1.0 / math.sqrt(depth)},
+        ),
+        Variant(
+            "value-skipinit",
+            "no skip; attention alpha I + beta A with alpha=1, beta=0 at init",
+            lambda depth: {"attention": "value-skipinit"},
+        ),
+        Variant("u-spa", "no skip; U-SPA attention (uniform target kernel)", lambda depth: {"attention": "u-spa"}),
+        Variant("e-spa", "no skip; E-SPA attention (exponential target kernel)", lambda depth: {"attention": "e-spa"}),
+        Variant(
+            "dong",
+            "no skip, no MLP, non-causal softmax attention at random init: Dong et al.'s doubly "
             "exponential collapse (use dtype float64 to follow it past two layers)",
-            lambda depth: {"attention": "softmax", "causal": False, "skip": False, "mlp": False}),
-    Variant("pre-ln", "skips with pre-LayerNorm (the standard GPT-2 block)",
-            lambda depth: {"skip": True, "norm": "pre"}),
-    Variant("post-ln", "skips with post-LayerNorm (the original / BERT block)",
-            lambda depth: {"skip": True, "norm": "post"}),
-)}
+            lambda depth: {"attention": "softmax", "causal": False, "skip": False, "mlp": False},
+        ),
+        Variant(
+            "pre-ln", "skips with pre-LayerNorm (the standard GPT-2 block)", lambda depth: {"skip": True, "norm": "pre"}
+        ),
+        Variant(
+            "post-ln",
+            "skips with post-LayerNorm (the original / BERT block)",
+            lambda depth: {"skip": True, "norm": "post"},
+        ),
+    )
+}
 BASELINE = ("vanilla", "skip", "skip-scaled", "pre-ln", "post-ln")  # take the --attention option
 
 
@@ -221,6 +250,7 @@ def variant_config(name: str, depth: int, attention: str = "uniform") -> dict[st
 
 # ----------------------------------------------------------------------------- modules
 
+
 def _gauss(gen: torch.Generator, *shape: int, std: float) -> nn.Parameter:
     return nn.Parameter(torch.randn(*shape, generator=gen) * std)
 
@@ -228,7 +258,7 @@ def _gauss(gen: torch.Generator, *shape: int, std: float) -> nn.Parameter:
 def _orth(gen: torch.Generator, n: int, dtype: torch.dtype = torch.float32) -> nn.Parameter:
     """nn.init.orthogonal_'s construction (QR of float32 N(0, 1) draws, signs fixed by diag R), with
     the QR in ``dtype``: float64 gives the same matrix orthogonal to float64 precision."""
-    with K.serial():
+    with kernels.serial():
         flat = torch.empty(n, n).normal_(0, 1, generator=gen)
         q, r = torch.linalg.qr(flat.to(dtype))
         return nn.Parameter(q * torch.diagonal(r).sign())
@@ -248,22 +278,33 @@ class LayerNorm(nn.Module):
 
 
 class Attention(nn.Module):
-    def __init__(self, cfg: SPAConfig, layer: int, gen: torch.Generator, spa_a: torch.Tensor | None) -> None:
+    # set in __init__ with setattr / register_buffer
+    hook_q: HookPoint
+    hook_k: HookPoint
+    hook_v: HookPoint
+    hook_attn_scores: HookPoint
+    hook_pattern: HookPoint
+    hook_z: HookPoint
+    causal_mask: torch.Tensor  # [n_ctx, n_ctx] bool
+    spa_bias: torch.Tensor  # SPA variants only: [n_ctx, n_ctx]
+    spa_scale: torch.Tensor  # SPA variants only: [n_ctx]
+
+    def __init__(self, cfg: SPAConfig, gen: torch.Generator, spa_a: torch.Tensor | None) -> None:
         super().__init__()
         d, h = cfg.width, cfg.heads
         self.cfg = cfg
         zero_q = cfg.attention in ("uniform", "e-spa", "u-spa")
-        self.W_Q = nn.Parameter(torch.zeros(d, d)) if zero_q else _gauss(gen, d, d, std=d ** -0.5)
-        self.W_K = _gauss(gen, d, d, std=d ** -0.5)
+        self.W_Q = nn.Parameter(torch.zeros(d, d)) if zero_q else _gauss(gen, d, d, std=d**-0.5)
+        self.W_K = _gauss(gen, d, d, std=d**-0.5)
         if cfg.is_orthogonal:
             self.W_V, self.W_O = _orth(gen, d, cfg.torch_dtype), _orth(gen, d, cfg.torch_dtype)
         else:
-            self.W_V, self.W_O = _gauss(gen, d, d, std=d ** -0.5), _gauss(gen, d, d, std=d ** -0.5)
+            self.W_V, self.W_O = _gauss(gen, d, d, std=d**-0.5), _gauss(gen, d, d, std=d**-0.5)
         if cfg.attention == "value-skipinit":
             self.alpha = nn.Parameter(torch.ones(h))
             self.beta = nn.Parameter(torch.zeros(h))
         if spa_a is not None:
-            bias, rowsum = K.softmax_realisation(spa_a)
+            bias, rowsum = kernels.softmax_realisation(spa_a)
             self.register_buffer("spa_bias", bias.to(cfg.torch_dtype))  # [n_ctx, n_ctx]
             self.register_buffer("spa_scale", rowsum.to(cfg.torch_dtype))  # [n_ctx]
         self.register_buffer("causal_mask", torch.tril(torch.ones(cfg.n_ctx, cfg.n_ctx, dtype=torch.bool)))
@@ -308,7 +349,7 @@ class MLP(nn.Module):
         super().__init__()
         d_mlp = cfg.d_mlp or 4 * cfg.width
         self.W_in = _gauss(gen, cfg.width, d_mlp, std=math.sqrt(2.0 / cfg.width))
-        self.W_out = _gauss(gen, d_mlp, cfg.width, std=d_mlp ** -0.5)
+        self.W_out = _gauss(gen, d_mlp, cfg.width, std=d_mlp**-0.5)
         self.hook_pre, self.hook_post = HookPoint(), HookPoint()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -316,10 +357,10 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, cfg: SPAConfig, layer: int, gen: torch.Generator, spa_a: torch.Tensor | None) -> None:
+    def __init__(self, cfg: SPAConfig, gen: torch.Generator, spa_a: torch.Tensor | None) -> None:
         super().__init__()
         self.cfg = cfg
-        self.attn = Attention(cfg, layer, gen, spa_a)
+        self.attn = Attention(cfg, gen, spa_a)
         self.ln1 = LayerNorm(cfg.width) if cfg.norm != "none" else None
         self.hook_resid_pre, self.hook_attn_out, self.hook_resid_post = HookPoint(), HookPoint(), HookPoint()
         if cfg.mlp:
@@ -327,11 +368,12 @@ class Block(nn.Module):
             self.ln2 = LayerNorm(cfg.width) if cfg.norm != "none" else None
             self.hook_resid_mid, self.hook_mlp_out = HookPoint(), HookPoint()
 
-    def _sub(self, x: torch.Tensor, f: Callable[[torch.Tensor], torch.Tensor], ln: LayerNorm | None,
-             hook: HookPoint) -> torch.Tensor:
-        out = hook(self.cfg.scale * f(ln(x) if self.cfg.norm == "pre" else x))
+    def _sub(
+        self, x: torch.Tensor, f: Callable[[torch.Tensor], torch.Tensor], ln: LayerNorm | None, hook: HookPoint
+    ) -> torch.Tensor:
+        out = hook(self.cfg.scale * f(ln(x) if ln is not None and self.cfg.norm == "pre" else x))
         x = x + out if self.cfg.skip else out
-        return ln(x) if self.cfg.norm == "post" else x
+        return ln(x) if ln is not None and self.cfg.norm == "post" else x
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         x = self._sub(self.hook_resid_pre(x), lambda y: self.attn(y, mask), self.ln1, self.hook_attn_out)
@@ -349,26 +391,33 @@ class SPATransformer(HookedRootModule):
         gen = torch.Generator().manual_seed(cfg.seed)
         self.W_E = _gauss(gen, cfg.d_vocab, cfg.width, std=1.0)
         self.hook_embed = HookPoint()
-        spa = (K.spa_attentions(cfg.attention, cfg.n_ctx, cfg.depth, cfg.gamma_last, cfg.rho_last)
-               if cfg.attention in SPA else None)
-        self.blocks = nn.ModuleList(
-            Block(cfg, i, gen, None if spa is None else spa[i]) for i in range(cfg.depth))
-        self.W_U = _gauss(gen, cfg.width, cfg.d_vocab, std=cfg.width ** -0.5)
+        spa = (
+            kernels.spa_attentions(cfg.attention, cfg.n_ctx, cfg.depth, cfg.gamma_last, cfg.rho_last)
+            if cfg.attention in SPA
+            else None
+        )
+        self.blocks = nn.ModuleList(Block(cfg, gen, None if spa is None else spa[i]) for i in range(cfg.depth))
+        self.W_U = _gauss(gen, cfg.width, cfg.d_vocab, std=cfg.width**-0.5)
         self.to(cfg.torch_dtype)  # Gaussian draws are the float32 ones, cast: the same weights in either dtype
         self.setup()
 
-    def forward(self, input: torch.Tensor, attention_mask: torch.Tensor | None = None,
-                return_type: str | None = "logits") -> torch.Tensor | None:
+    def forward(
+        self, input: torch.Tensor, attention_mask: torch.Tensor | None = None, return_type: str | None = "logits"
+    ) -> torch.Tensor | None:
         if input.dim() == 2:
             if input.shape[1] > self.cfg.n_ctx:
-                raise ProbeError(f"input has {input.shape[1]} positions but the model's n_ctx is {self.cfg.n_ctx}; "
-                                 "shorten the input or build the model with a larger n_ctx")
+                raise ProbeError(
+                    f"input has {input.shape[1]} positions but the model's n_ctx is {self.cfg.n_ctx}; "
+                    "shorten the input or build the model with a larger n_ctx"
+                )
             x = self.W_E[input]  # [b, t] -> [b, t, d]
         elif input.dim() == 3 and input.shape[-1] == self.cfg.width:
             x = input.to(self.W_E.dtype)
         else:
-            raise ProbeError(f"spa model input must be token ids [batch, pos] or embeddings [batch, pos, "
-                             f"{self.cfg.width}], got shape {tuple(input.shape)}")
+            raise ProbeError(
+                f"spa model input must be token ids [batch, pos] or embeddings [batch, pos, "
+                f"{self.cfg.width}], got shape {tuple(input.shape)}"
+            )
         x = self.hook_embed(x)
         for block in self.blocks:
             x = block(x, attention_mask)
@@ -384,14 +433,15 @@ class SPATransformer(HookedRootModule):
 
 # ----------------------------------------------------------------------------- theory
 
+
 def mixing_matrices(cfg: SPAConfig, t: int) -> list[torch.Tensor] | None:
     """The fixed attention matrix of every block at init, or None (softmax at random init)."""
     if cfg.attention == "uniform":
-        return [K.uniform_attention(t, cfg.causal)] * cfg.depth
+        return [kernels.uniform_attention(t, cfg.causal)] * cfg.depth
     if cfg.attention == "value-skipinit":
-        return [torch.eye(t, dtype=K.F64)] * cfg.depth
+        return [torch.eye(t, dtype=kernels.F64)] * cfg.depth
     if cfg.attention in SPA:
-        a = K.spa_attentions(cfg.attention, cfg.n_ctx, cfg.depth, cfg.gamma_last, cfg.rho_last)
+        a = kernels.spa_attentions(cfg.attention, cfg.n_ctx, cfg.depth, cfg.gamma_last, cfg.rho_last)
         return list(a[:, :t, :t])
     return None
 
@@ -404,38 +454,45 @@ def theory_kernels(cfg: SPAConfig, t: int, sigma0: torch.Tensor | None = None) -
     mix = mixing_matrices(cfg, t)
     if mix is None:
         return None
-    s = torch.eye(t, dtype=K.F64) if sigma0 is None else sigma0.to(K.F64)
+    s = torch.eye(t, dtype=kernels.F64) if sigma0 is None else sigma0.to(kernels.F64)
     out = [s]
-    steps = [lambda y, a=a: K.attention_step(y, a) for a in mix]
+    steps = [lambda y, a=a: kernels.attention_step(y, a) for a in mix]
     for attn in steps:
         s = _theory_sub(cfg, s, attn)
         if cfg.mlp:
-            s = _theory_sub(cfg, s, K.relu_step)
+            s = _theory_sub(cfg, s, kernels.relu_step)
         out.append(s)
     return torch.stack(out)
 
 
 def _theory_sub(cfg: SPAConfig, s: torch.Tensor, f: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
-    branch = cfg.scale ** 2 * f(K.normalised(s) if cfg.norm == "pre" else s)
+    branch = cfg.scale**2 * f(kernels.normalised(s) if cfg.norm == "pre" else s)
     s = s + branch if cfg.skip else branch
-    return K.normalised(s) if cfg.norm == "post" else s
+    return kernels.normalised(s) if cfg.norm == "post" else s
 
 
 # ----------------------------------------------------------------------------- wrapping, training
 
+
 def build(cfg: SPAConfig | str, device: str | torch.device | None = None, name: str | None = None):
     """An SPA model wrapped as a :class:`probes.models.Model` (tokenizer None)."""
-    from depthprobe.probes.models import Model, ModelInfo, resolve_device
-
     if isinstance(cfg, str):
         name = name or cfg
         cfg = SPAConfig.parse(cfg)
     dev = device if isinstance(device, torch.device) else resolve_device(device)
     cfg.check_size(device=dev)
     net = SPATransformer(cfg).to(dev).eval()
-    info = ModelInfo(name=name or cfg.spec(), source="spa", resolved=cfg.spec(), causal=cfg.causal,
-                     n_layers=cfg.depth, n_heads=cfg.heads, d_model=cfg.width, max_len=cfg.n_ctx,
-                     weights=f"random-init:seed={cfg.seed}")
+    info = ModelInfo(
+        name=name or cfg.spec(),
+        source="spa",
+        resolved=cfg.spec(),
+        causal=cfg.causal,
+        n_layers=cfg.depth,
+        n_heads=cfg.heads,
+        d_model=cfg.width,
+        max_len=cfg.n_ctx,
+        weights=f"random-init:seed={cfg.seed}",
+    )
     return Model(bridge=net, tokenizer=None, info=info, device=dev)
 
 
@@ -454,8 +511,9 @@ def copy_batch(batch: int, t: int, d_vocab: int, gen: torch.Generator) -> torch.
     return torch.cat([first, first], 1)[:, :t]
 
 
-def train_synthetic(model: SPATransformer, steps: int, t: int, batch: int = 16, lr: float = 1e-3,
-                    seed: int = 0) -> list[float]:
+def train_synthetic(
+    model: SPATransformer, steps: int, t: int, batch: int = 16, lr: float = 1e-3, seed: int = 0
+) -> list[float]:
     """Adam on next-token loss over the repeated half of copy sequences; returns the losses."""
     if steps < 1:
         return []
@@ -467,7 +525,7 @@ def train_synthetic(model: SPATransformer, steps: int, t: int, batch: int = 16, 
     for _ in range(steps):
         ids = copy_batch(batch, t, model.cfg.d_vocab, gen).to(dev)
         logits = model(ids, return_type="logits")  # [b, t, vocab]
-        pred, target = logits[:, half - 1:-1], ids[:, half:]
+        pred, target = logits[:, half - 1 : -1], ids[:, half:]
         loss = nn.functional.cross_entropy(pred.reshape(-1, pred.shape[-1]), target.reshape(-1))
         opt.zero_grad(set_to_none=True)
         loss.backward()

@@ -5,7 +5,7 @@ Every sequence starts with BOS.
 
 - :func:`induction`: random tokens with one repeated segment ``r r`` at a random offset and
   a random repeat length drawn from the training lengths. Varying both keeps a positional
-  shortcut from passing for induction (DESIGN §3.5).
+  shortcut from passing for induction (docs/induction.md).
 - :func:`random_tokens`: plain uniform random tokens (nothing to copy).
 - :func:`repeated`: ``prefix r r suffix`` with ``r`` drawn without replacement from a given id
   list: the probe input of the induction task (``[BOS] r r`` / ``[CLS] r r [SEP]``).
@@ -18,6 +18,7 @@ input, whose scores assume one correct target per query, is drawn without replac
 Batches are a pure function of ``(seed, step)`` (:func:`batch_at`), so a resumed run sees
 exactly the data an uninterrupted one would.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -92,8 +93,7 @@ def random_tokens(batch: int, seq_len: int, vocab: int, gen: torch.Generator) ->
     return tokens
 
 
-def induction(batch: int, seq_len: int, vocab: int, lengths: Sequence[int],
-              gen: torch.Generator) -> Induction:
+def induction(batch: int, seq_len: int, vocab: int, lengths: Sequence[int], gen: torch.Generator) -> Induction:
     """Random tokens with one segment repeated back to back at a random offset.
 
     Each row draws its repeat length S uniformly from ``lengths`` and the first copy's start
@@ -101,8 +101,10 @@ def induction(batch: int, seq_len: int, vocab: int, lengths: Sequence[int],
     """
     lengths_t = torch.as_tensor(list(lengths), dtype=torch.long)
     if lengths_t.numel() == 0 or int(lengths_t.min()) < 1 or 2 * int(lengths_t.max()) + 1 > seq_len:
-        raise ProbeError(f"induction data: repeat lengths {list(lengths)} must be >= 1 and fit twice "
-                         f"after BOS in seq_len={seq_len} (at most {(seq_len - 1) // 2})")
+        raise ProbeError(
+            f"induction data: repeat lengths {list(lengths)} must be >= 1 and fit twice "
+            f"after BOS in seq_len={seq_len} (at most {(seq_len - 1) // 2})"
+        )
     tokens = random_tokens(batch, seq_len, vocab, gen)
     length = lengths_t[torch.randint(0, len(lengths_t), (batch,), generator=gen)]
     room = seq_len - 2 * length  # number of possible starts: 1..room
@@ -114,8 +116,14 @@ def induction(batch: int, seq_len: int, vocab: int, lengths: Sequence[int],
     return Induction(tokens, length, offset)
 
 
-def repeated(n: int, length: int, token_ids: Sequence[int] | torch.Tensor, gen: torch.Generator,
-             prefix: Sequence[int] = (BOS,), suffix: Sequence[int] = ()) -> torch.Tensor:
+def repeated(
+    n: int,
+    length: int,
+    token_ids: Sequence[int] | torch.Tensor,
+    gen: torch.Generator,
+    prefix: Sequence[int] = (BOS,),
+    suffix: Sequence[int] = (),
+) -> torch.Tensor:
     """[n, len(prefix) + 2*length + len(suffix)]: ``prefix r r suffix``.
 
     Each row's r is drawn uniformly WITHOUT replacement from token_ids (no token twice in r), so
@@ -125,8 +133,10 @@ def repeated(n: int, length: int, token_ids: Sequence[int] | torch.Tensor, gen: 
     if ids.numel() < 2:
         raise ProbeError("repeated tokens need at least 2 ordinary token ids to draw from")
     if length > ids.numel():
-        raise ProbeError(f"a repeated segment of {length} distinct tokens needs at least {length} ordinary "
-                         f"token ids, there are {ids.numel()}; use a repeat length of {ids.numel()} or less")
+        raise ProbeError(
+            f"a repeated segment of {length} distinct tokens needs at least {length} ordinary "
+            f"token ids, there are {ids.numel()}; use a repeat length of {ids.numel()} or less"
+        )
     keys = torch.rand(n, ids.numel(), generator=gen)  # a uniform random permutation per row
     r = ids[keys.argsort(dim=1)[:, :length]]  # [n, S], distinct within each row
     pre = torch.tensor(list(prefix), dtype=torch.long).expand(n, len(prefix))

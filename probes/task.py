@@ -15,10 +15,11 @@ A task is a small declarative object:
 
 Attention maps of a whole data set are never held at once: ``acts`` lives for one batch.
 """
+
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -26,6 +27,7 @@ from typing import Any, ClassVar
 import pandas as pd
 import torch
 
+from depthprobe.probes.batching import Batch, length_batches
 from depthprobe.probes.errors import ProbeError, suggest
 from depthprobe.probes.options import check_ranges, coerce
 from depthprobe.probes.registry import Registry
@@ -86,17 +88,8 @@ class Examples(list):
         self.skipped = skipped
         self.why = why
 
-    def head(self, n: int | None) -> "Examples":
+    def head(self, n: int | None) -> Examples:
         return self if n is None else Examples(self[:n], self.skipped, self.why)
-
-
-@dataclass
-class Batch:
-    """Padded model input for one forward pass plus whatever the task needs to score it."""
-
-    input_ids: torch.Tensor  # [batch, pos]
-    attention_mask: torch.Tensor  # [batch, pos], 1 for real tokens
-    items: Sequence[Any]  # the task's examples in this batch, in row order
 
 
 @dataclass
@@ -117,24 +110,36 @@ class Output:
     files: dict[str, bytes] = field(default_factory=dict)  # extra artifact files
 
 
-class Task:
+class Configurable:
+    """A named plugin with a frozen ``Options`` dataclass, set with ``--option key=value``."""
+
     name: ClassVar[str]
     description: ClassVar[str]
     Options: ClassVar[type] = NoOptions
+
+    def parse_options(self, options: dict[str, Any]) -> Any:
+        fields = {f.name: f for f in dataclasses.fields(self.Options)}
+        for key in options:
+            if key not in fields:
+                hint = suggest(key, fields)
+                known = ", ".join(fields) or "none"
+                raise ProbeError(f"task {self.name!r} has no option {key!r}{hint}; its options: {known}")
+        kwargs = {k: coerce(v, str(fields[k].type), f"task {self.name!r} option {k}") for k, v in options.items()}
+        return check_ranges(self.Options(**kwargs), f"{self.name}: option")
+
+
+class Task(Configurable):
     needs_text: ClassVar[bool] = True
-    needs_logits: ClassVar[bool] = False
 
     def wants_logits(self, model: Any) -> bool:
         """Whether forward passes must run to the logits (else they stop at the last hook)."""
-        return self.needs_logits
+        return False
 
     def load(self, model: Any, ctx: Context) -> Examples:
         raise NotImplementedError
 
     def batches(self, model: Any, examples: list[Any], ctx: Context) -> Iterator[Batch]:
         """Default: the examples are token-id sequences, padded and batched by length."""
-        from depthprobe.probes.batching import length_batches
-
         return length_batches(examples, examples, ctx.config.batch_size, model.pad_id)
 
     def hook_names(self, model: Any, ctx: Context) -> list[str]:
@@ -149,31 +154,61 @@ class Task:
     def finalize(self, state: Any, ctx: Context) -> Output:
         raise NotImplementedError
 
-    def parse_options(self, options: dict[str, Any]) -> Any:
-        fields = {f.name: f for f in dataclasses.fields(self.Options)}
-        for key in options:
-            if key not in fields:
-                hint = suggest(key, fields)
-                known = ", ".join(fields) or "none"
-                raise ProbeError(f"task {self.name!r} has no option {key!r}{hint}; its options: {known}")
-        kwargs = {k: coerce(v, str(fields[k].type), f"task {self.name!r} option {k}") for k, v in options.items()}
-        return check_ranges(self.Options(**kwargs), f"{self.name}: option")
-
 
 TASKS: Registry[Task] = Registry("task")
 register = TASKS.register_class  # @register on a Task subclass adds it to the library
 
 
 def get_task(name: str) -> Task:
-    from depthprobe import tasks  # noqa: F401  (registers the task library)
-
     return TASKS.get(name)
 
 
 def task_names() -> list[str]:
-    from depthprobe import tasks  # noqa: F401
-
     return TASKS.names()
+
+
+@dataclass(frozen=True)
+class SweepConfig:
+    task: str
+    depths: tuple[int, ...]
+    seed: int = 0
+    device: str | None = None
+    options: tuple[tuple[str, Any], ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.depths:
+            raise ProbeError("--depths needs at least one depth, e.g. --depths 1,2,4")
+        if any(d < 1 for d in self.depths):
+            raise ProbeError(f"--depths must be positive integers, got {list(self.depths)}")
+
+    def as_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["options"] = dict(self.options)
+        return d
+
+
+class Sweep(Configurable):
+    """A depth sweep (``probe sweep --task NAME``): one model per depth, identical settings and
+    seeds; ``run`` gets the depths and its parsed options and returns an :class:`Output`."""
+
+    def run(self, config: SweepConfig, options: Any, progress: bool) -> Output:
+        raise NotImplementedError
+
+
+SWEEPS: Registry[Sweep] = Registry("sweep task")
+register_sweep = SWEEPS.register_class  # @register_sweep on a Sweep subclass
+
+
+def get_sweep(name: str) -> Sweep:
+    return SWEEPS.get(name)
+
+
+def parse_depths(text: str) -> tuple[int, ...]:
+    try:
+        depths = tuple(int(p) for p in text.split(",") if p.strip())
+    except ValueError:
+        raise ProbeError(f"--depths expects comma-separated integers like 1,2,4, got {text!r}") from None
+    return depths
 
 
 def tidy(rows: Iterable[dict[str, Any]], model: str, task: str) -> pd.DataFrame:

@@ -19,6 +19,7 @@ atomic rename. An interrupt at any moment leaves the previous checkpoint whole a
 ``OUT/loss.csv`` is a copy of the log for reading. A resumed run continues from the saved step
 with bit-identical weights.
 """
+
 from __future__ import annotations
 
 import csv
@@ -26,7 +27,6 @@ import dataclasses
 import io
 import json
 import math
-import os
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -38,12 +38,12 @@ import torch
 import torch.nn.functional as F
 
 from depthprobe.probes import synthetic
+from depthprobe.probes.artifacts import replace_file
 from depthprobe.probes.errors import ProbeError
 from depthprobe.probes.models import (
     CHECKPOINT_CONFIG,
     Model,
     NativeConfig,
-    atomic_write_text,
     check_size,
     checkpoint_files,
     load,
@@ -101,14 +101,15 @@ class TrainConfig:
 # ----------------------------------------------------------------------------- fast forward
 
 
-def inner(module: torch.nn.Module) -> torch.nn.Module:
-    """The innermost original module under TransformerLens bridge wrappers."""
+def inner(module: Any) -> Any:
+    """The innermost original module under TransformerLens bridge wrappers (duck-typed: the
+    modules' attributes are TransformerLens internals)."""
     while "_original_component" in module._modules:
         module = module._modules["_original_component"]
     return module
 
 
-def _attention(attn: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+def _attention(attn: Any, x: torch.Tensor) -> torch.Tensor:
     """NativeAttention's function without its pattern output. x: [batch, pos, d_model]."""
     b, t, _ = x.shape
     h, dh = attn.n_heads, attn.d_head
@@ -179,10 +180,9 @@ def save_optimizer(opt: torch.optim.Optimizer, directory: Path, step: int) -> No
                 tensors[f"state.{idx}.{key}"] = value.detach().cpu().contiguous()
             else:
                 scalars.setdefault(str(idx), {})[key] = value
-    _atomic(directory / OPTIMIZER_WEIGHTS, lambda p: save_safetensors(save_file, tensors, p))
-    meta = {"format": "depthprobe-adamw/1", "step": step, "param_groups": sd["param_groups"],
-            "scalars": scalars}
-    _atomic(directory / OPTIMIZER_STATE, lambda p: p.write_text(json.dumps(meta, indent=2)))
+    replace_file(directory / OPTIMIZER_WEIGHTS, lambda p: save_safetensors(save_file, tensors, p))
+    meta = {"format": "depthprobe-adamw/1", "step": step, "param_groups": sd["param_groups"], "scalars": scalars}
+    replace_file(directory / OPTIMIZER_STATE, lambda p: p.write_text(json.dumps(meta, indent=2)))
 
 
 def load_optimizer(opt: torch.optim.Optimizer, directory: Path) -> int:
@@ -194,8 +194,9 @@ def load_optimizer(opt: torch.optim.Optimizer, directory: Path) -> int:
         meta = json.loads((directory / OPTIMIZER_STATE).read_text())
         tensors = load_file(str(directory / OPTIMIZER_WEIGHTS))
     except Exception as exc:  # SafetensorError is not an OSError
-        raise ProbeError(f"cannot resume from {directory}: optimizer state unreadable ({exc}); "
-                         "train afresh with a new --out") from None
+        raise ProbeError(
+            f"cannot resume from {directory}: optimizer state unreadable ({exc}); train afresh with a new --out"
+        ) from None
     state: dict[int, dict[str, Any]] = {}
     for name, value in tensors.items():
         _, idx, key = name.split(".", 2)
@@ -205,15 +206,6 @@ def load_optimizer(opt: torch.optim.Optimizer, directory: Path) -> int:
     groups = [{**g, "betas": tuple(g["betas"])} if "betas" in g else g for g in meta["param_groups"]]
     opt.load_state_dict({"state": state, "param_groups": groups})
     return int(meta["step"])
-
-
-def _atomic(path: Path, write: Callable[[Path], Any]) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
 
 
 # ----------------------------------------------------------------------------- loss log
@@ -234,7 +226,7 @@ def write_loss_log(directory: Path, rows: list[dict[str, float]]) -> None:
     writer.writeheader()
     for r in rows:
         writer.writerow({"step": int(r["step"]), **{k: f"{r[k]:.6g}" for k in LOSS_COLUMNS[1:]}})
-    _atomic(directory / LOSS_LOG, lambda p: p.write_text(buf.getvalue()))
+    replace_file(directory / LOSS_LOG, lambda p: p.write_text(buf.getvalue()))
 
 
 # ----------------------------------------------------------------------------- the loop
@@ -255,17 +247,35 @@ class Trained:
 Callback = Callable[[int, Model], None]
 
 
-def training_meta(native: NativeConfig, data: DataConfig, cfg: TrainConfig, step: int,
-                  loss: float | None) -> dict[str, Any]:
-    return {"training": {"step": step, "loss": loss, "bos": synthetic.BOS, "objective": "next-token",
-                         "train": dataclasses.asdict(cfg), "data": dataclasses.asdict(data),
-                         "native": dataclasses.asdict(native)}}
+def training_meta(
+    native: NativeConfig, data: DataConfig, cfg: TrainConfig, step: int, loss: float | None
+) -> dict[str, Any]:
+    return {
+        "training": {
+            "step": step,
+            "loss": loss,
+            "bos": synthetic.BOS,
+            "objective": "next-token",
+            "train": dataclasses.asdict(cfg),
+            "data": dataclasses.asdict(data),
+            "native": dataclasses.asdict(native),
+        }
+    }
 
 
-def save(model: Model, opt: torch.optim.Optimizer, directory: Path, native: NativeConfig,
-         data: DataConfig, cfg: TrainConfig, step: int, losses: list[dict[str, float]]) -> None:
+def save(
+    model: Model,
+    opt: torch.optim.Optimizer,
+    directory: Path,
+    native: NativeConfig,
+    data: DataConfig,
+    cfg: TrainConfig,
+    step: int,
+    losses: list[dict[str, float]],
+) -> None:
     """Weights, optimizer state, loss log and config into one new folder, then one atomic switch
     (see :func:`probes.models.save_checkpoint`); then the readable copy ``OUT/loss.csv``."""
+
     def write_more(folder: Path) -> None:
         save_optimizer(opt, folder, step)
         write_loss_log(folder, losses)
@@ -281,8 +291,10 @@ def read_training(directory: Path) -> dict[str, Any]:
         meta = json.loads((directory / CHECKPOINT_CONFIG).read_text())
         return meta["training"]
     except (OSError, ValueError, KeyError):
-        raise ProbeError(f"{directory} is not a training checkpoint written by probe train "
-                         f"(no training record in {CHECKPOINT_CONFIG}); drop --resume or pick that --out") from None
+        raise ProbeError(
+            f"{directory} is not a training checkpoint written by probe train "
+            f"(no training record in {CHECKPOINT_CONFIG}); drop --resume or pick that --out"
+        ) from None
 
 
 def configs_from(record: dict[str, Any]) -> tuple[NativeConfig, DataConfig, TrainConfig]:
@@ -293,15 +305,26 @@ def configs_from(record: dict[str, Any]) -> tuple[NativeConfig, DataConfig, Trai
 
 def check_shapes(native: NativeConfig, data: DataConfig) -> None:
     if data.vocab != native.d_vocab:
-        raise ProbeError(f"data vocab {data.vocab} differs from the model's d_vocab {native.d_vocab}; "
-                         "set both to the same value (--vocab sets both)")
+        raise ProbeError(
+            f"data vocab {data.vocab} differs from the model's d_vocab {native.d_vocab}; "
+            "set both to the same value (--vocab sets both)"
+        )
     if data.seq_len > native.n_ctx:
         raise ProbeError(f"--seq-len {data.seq_len} exceeds the model context n_ctx={native.n_ctx}")
 
 
-def train(native: NativeConfig, data: DataConfig, cfg: TrainConfig, *, out: str | Path | None = None,
-          resume: bool = False, device: str | None = None, progress: bool = False,
-          every: int | None = None, callback: Callback | None = None) -> Trained:
+def train(
+    native: NativeConfig,
+    data: DataConfig,
+    cfg: TrainConfig,
+    *,
+    out: str | Path | None = None,
+    resume: bool = False,
+    device: str | None = None,
+    progress: bool = False,
+    every: int | None = None,
+    callback: Callback | None = None,
+) -> Trained:
     """Train a native model; with ``out``, checkpoint every ``cfg.save_every`` steps and at the end.
 
     ``callback(step, model)`` runs at step 0 and every ``every`` steps (and at the end), with
@@ -309,8 +332,12 @@ def train(native: NativeConfig, data: DataConfig, cfg: TrainConfig, *, out: str 
     """
     check_shapes(native, data)
     dev = resolve_device(device)
-    check_size(native.n_params(), native_bytes(native, training=True), f"native model ({native.layers} layers, "
-               f"d_model {native.d_model})", dev)
+    check_size(
+        native.n_params(),
+        native_bytes(native, training=True),
+        f"native model ({native.layers} layers, d_model {native.d_model})",
+        dev,
+    )
     path = None if out is None else Path(out)
     start, losses = 0, []
     if resume:
@@ -321,8 +348,10 @@ def train(native: NativeConfig, data: DataConfig, cfg: TrainConfig, *, out: str 
         opt = make_optimizer(model, cfg)
         start = load_optimizer(opt, path)
         if start != int(record["step"]):
-            raise ProbeError(f"{path}: optimizer state (step {start}) and weights (step {record['step']}) "
-                             "disagree, the last save was interrupted; train afresh with a new --out")
+            raise ProbeError(
+                f"{path}: optimizer state (step {start}) and weights (step {record['step']}) "
+                "disagree, the last save was interrupted; train afresh with a new --out"
+            )
         losses = read_loss_log(path, upto=start)
     else:
         if path is not None and (path / CHECKPOINT_CONFIG).exists():
@@ -347,9 +376,19 @@ def threads_for(model: Model, threads: int | None) -> Iterator[None]:
         yield
 
 
-def _loop(model: Model, opt: torch.optim.Optimizer, native: NativeConfig, data: DataConfig,
-          cfg: TrainConfig, start: int, losses: list[dict[str, float]], path: Path | None,
-          progress: bool, every: int | None, callback: Callback | None) -> Trained:
+def _loop(
+    model: Model,
+    opt: torch.optim.Optimizer,
+    native: NativeConfig,
+    data: DataConfig,
+    cfg: TrainConfig,
+    start: int,
+    losses: list[dict[str, float]],
+    path: Path | None,
+    progress: bool,
+    every: int | None,
+    callback: Callback | None,
+) -> Trained:
     params = parameters(model)
     bar = _bar(progress, start, cfg.steps)
     t0 = time.perf_counter()
@@ -374,8 +413,14 @@ def _loop(model: Model, opt: torch.optim.Optimizer, native: NativeConfig, data: 
         if done % cfg.log_every == 0 or done == cfg.steps:
             now = time.perf_counter()
             mean = float(window) / window_n
-            losses.append({"step": done, "loss": mean, "steps_per_s": window_n / max(now - window_t, 1e-9),
-                           "elapsed_s": elapsed0 + now - t0 - spent[0]})
+            losses.append(
+                {
+                    "step": done,
+                    "loss": mean,
+                    "steps_per_s": window_n / max(now - window_t, 1e-9),
+                    "elapsed_s": elapsed0 + now - t0 - spent[0],
+                }
+            )
             if bar is not None:
                 bar.set_postfix(loss=f"{mean:.3f}", steps_s=f"{losses[-1]['steps_per_s']:.1f}")
             window.zero_()
@@ -390,12 +435,19 @@ def _loop(model: Model, opt: torch.optim.Optimizer, native: NativeConfig, data: 
     if bar is not None:
         bar.close()
     model.bridge.eval()
-    return Trained(model=model, step=cfg.steps, losses=losses, path=path,
-                   seconds=time.perf_counter() - t0 - spent[0], callback_seconds=spent[0])
+    return Trained(
+        model=model,
+        step=cfg.steps,
+        losses=losses,
+        path=path,
+        seconds=time.perf_counter() - t0 - spent[0],
+        callback_seconds=spent[0],
+    )
 
 
-def _maybe_callback(model: Model, step: int, every: int | None, callback: Callback | None,
-                    force: bool, spent: list[float]) -> bool:
+def _maybe_callback(
+    model: Model, step: int, every: int | None, callback: Callback | None, force: bool, spent: list[float]
+) -> bool:
     """Run the callback when due; spent[0] accumulates its seconds, spent[1] is the last call's."""
     if callback is None or not (force or (every and step % every == 0)):
         return False
@@ -420,10 +472,25 @@ def _bar(enabled: bool, start: int, total: int):
 
 # The flat settings of `probe train` (and the induction sweep), with their defaults.
 DEFAULTS: dict[str, Any] = {
-    "layers": 2, "d_model": 64, "heads": 4, "attn_only": True, "norm": "ln", "positional": "learned",
-    "vocab": 64, "seq_len": 64, "data": "induction",
-    "steps": 3000, "batch_size": 32, "lr": 1e-3, "weight_decay": 0.01, "warmup": 100, "grad_clip": 1.0,
-    "seed": 0, "save_every": 500, "log_every": 50, "threads": 1,
+    "layers": 2,
+    "d_model": 64,
+    "heads": 4,
+    "attn_only": True,
+    "norm": "ln",
+    "positional": "learned",
+    "vocab": 64,
+    "seq_len": 64,
+    "data": "induction",
+    "steps": 3000,
+    "batch_size": 32,
+    "lr": 1e-3,
+    "weight_decay": 0.01,
+    "warmup": 100,
+    "grad_clip": 1.0,
+    "seed": 0,
+    "save_every": 500,
+    "log_every": 50,
+    "threads": 1,
 }
 # settings a resumed run may change: they do not alter the computation of any step
 RESUMABLE = ("steps", "save_every", "log_every", "threads")
@@ -436,26 +503,61 @@ def build_configs(**settings: Any) -> tuple[NativeConfig, DataConfig, TrainConfi
         raise ProbeError(f"unknown training setting(s) {sorted(unknown_keys)}; known: {', '.join(DEFAULTS)}")
     s = {**DEFAULTS, **settings}
     check_seed(s["seed"])
-    native = NativeConfig(layers=s["layers"], d_model=s["d_model"], heads=s["heads"], d_vocab=s["vocab"],
-                          n_ctx=s["seq_len"], attn_only=s["attn_only"], norm=s["norm"],
-                          positional=s["positional"], seed=s["seed"])
+    native = NativeConfig(
+        layers=s["layers"],
+        d_model=s["d_model"],
+        heads=s["heads"],
+        d_vocab=s["vocab"],
+        n_ctx=s["seq_len"],
+        attn_only=s["attn_only"],
+        norm=s["norm"],
+        positional=s["positional"],
+        seed=s["seed"],
+    )
     data = DataConfig(kind=s["data"], seq_len=s["seq_len"], vocab=s["vocab"])
-    cfg = TrainConfig(steps=s["steps"], batch_size=s["batch_size"], lr=s["lr"], weight_decay=s["weight_decay"],
-                      warmup=s["warmup"], grad_clip=s["grad_clip"], seed=s["seed"], save_every=s["save_every"],
-                      log_every=s["log_every"], threads=s["threads"])
-    check_size(native.n_params(), native_bytes(native, training=True),
-               f"native model ({native.layers} layers, d_model {native.d_model})")
+    cfg = TrainConfig(
+        steps=s["steps"],
+        batch_size=s["batch_size"],
+        lr=s["lr"],
+        weight_decay=s["weight_decay"],
+        warmup=s["warmup"],
+        grad_clip=s["grad_clip"],
+        seed=s["seed"],
+        save_every=s["save_every"],
+        log_every=s["log_every"],
+        threads=s["threads"],
+    )
+    check_size(
+        native.n_params(),
+        native_bytes(native, training=True),
+        f"native model ({native.layers} layers, d_model {native.d_model})",
+    )
     return native, data, cfg
 
 
 def flat_settings(native: NativeConfig, data: DataConfig, cfg: TrainConfig) -> dict[str, Any]:
     """The inverse of :func:`build_configs`."""
-    return {"layers": native.layers, "d_model": native.d_model, "heads": native.heads,
-            "attn_only": native.attn_only, "norm": native.norm, "positional": native.positional,
-            "vocab": data.vocab, "seq_len": data.seq_len, "data": data.kind, "steps": cfg.steps,
-            "batch_size": cfg.batch_size, "lr": cfg.lr, "weight_decay": cfg.weight_decay, "warmup": cfg.warmup,
-            "grad_clip": cfg.grad_clip, "seed": cfg.seed, "save_every": cfg.save_every, "log_every": cfg.log_every,
-            "threads": cfg.threads}
+    return {
+        "layers": native.layers,
+        "d_model": native.d_model,
+        "heads": native.heads,
+        "attn_only": native.attn_only,
+        "norm": native.norm,
+        "positional": native.positional,
+        "vocab": data.vocab,
+        "seq_len": data.seq_len,
+        "data": data.kind,
+        "steps": cfg.steps,
+        "batch_size": cfg.batch_size,
+        "lr": cfg.lr,
+        "weight_decay": cfg.weight_decay,
+        "warmup": cfg.warmup,
+        "grad_clip": cfg.grad_clip,
+        "seed": cfg.seed,
+        "save_every": cfg.save_every,
+        "log_every": cfg.log_every,
+        "threads": cfg.threads,
+    }
 
 
 def resume_configs(directory: str | Path, **given: Any) -> tuple[NativeConfig, DataConfig, TrainConfig]:
@@ -464,6 +566,7 @@ def resume_configs(directory: str | Path, **given: Any) -> tuple[NativeConfig, D
     clash = {k: (saved[k], v) for k, v in given.items() if k not in RESUMABLE and saved.get(k) != v}
     if clash:
         what = ", ".join(f"--{k.replace('_', '-')} {new} (saved: {old})" for k, (old, new) in clash.items())
-        raise ProbeError(f"--resume continues the saved run, but {what} differ; drop those options "
-                         "or train afresh with a new --out")
+        raise ProbeError(
+            f"--resume continues the saved run, but {what} differ; drop those options or train afresh with a new --out"
+        )
     return build_configs(**{**saved, **{k: v for k, v in given.items() if k in RESUMABLE}})

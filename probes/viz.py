@@ -17,6 +17,7 @@ and ``&`` (and U+2028/U+2029) are ``\\u`` escapes, so ``</script>`` or ``<!--`` 
 appear in a script block, and circuitsvis (React) writes it as text nodes or onto a canvas.
 Control characters and bidirectional overrides are shown as visible ``<U+202E>`` marks.
 """
+
 from __future__ import annotations
 
 import base64
@@ -34,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from depthprobe.probes.artifacts import umask, write_error
+from depthprobe.probes.artifacts import replace_file, write_error
 from depthprobe.probes.errors import ProbeError
 
 MAX_TOKENS = 512  # default token limit of a view; longer inputs are cut and the page says so
@@ -54,6 +55,7 @@ _BIDI = {0x061C, 0x200E, 0x200F, *range(0x202A, 0x202F), *range(0x2066, 0x206A)}
 # ----------------------------------------------------------------------------------------------
 # escaping
 # ----------------------------------------------------------------------------------------------
+
 
 def _visible(ch: str) -> str:
     if ch == "\n":
@@ -87,8 +89,7 @@ def script_json(obj: Any) -> str:
     so ``</script>`` and ``<!--`` cannot appear; U+2028/U+2029 are escaped for old JS parsers.
     """
     text = json.dumps(obj, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
-    for ch, rep in (("<", "\\u003c"), (">", "\\u003e"), ("&", "\\u0026"),
-                    ("\u2028", "\\u2028"), ("\u2029", "\\u2029")):
+    for ch, rep in (("<", "\\u003c"), (">", "\\u003e"), ("&", "\\u0026"), ("\u2028", "\\u2028"), ("\u2029", "\\u2029")):
         text = text.replace(ch, rep)
     return text
 
@@ -97,7 +98,7 @@ def display_token(token: Any) -> str:
     """A token as it is shown in a view: controls visible, very long ones shortened."""
     s = clean(token)
     if len(s) > MAX_TOKEN_CHARS:
-        s = f"{s[:MAX_TOKEN_CHARS - 12]}…(+{len(s) - MAX_TOKEN_CHARS + 12} chars)"
+        s = f"{s[: MAX_TOKEN_CHARS - 12]}…(+{len(s) - MAX_TOKEN_CHARS + 12} chars)"
     return s
 
 
@@ -110,8 +111,9 @@ def bundle_js() -> str:
     try:
         js = path.read_text(encoding="utf-8")
     except OSError:
-        raise ProbeError(f"circuitsvis bundle {path} is missing; reinstall it: pip install --force-reinstall "
-                         "circuitsvis") from None
+        raise ProbeError(
+            f"circuitsvis bundle {path} is missing; reinstall it: pip install --force-reinstall circuitsvis"
+        ) from None
     js = re.sub(r"^//# sourceMappingURL=.*$", "", js, flags=re.M)
     # both sequences occur (if at all) only inside JS string literals, where the escape is harmless
     js = re.sub(r"</(script)", r"<\\/\1", js, flags=re.I).replace("<!--", "<\\!--")
@@ -126,6 +128,7 @@ def _sha256(text: str) -> str:
 # views: validation, cutting and compact encoding
 # ----------------------------------------------------------------------------------------------
 
+
 def encode_pattern(pattern: np.ndarray, scale: int = SCALE) -> dict[str, Any]:
     """[head, query, key] floats -> {"shape", "dtype", "scale", "data"} (deflated base64 ints)."""
     a = np.nan_to_num(np.asarray(pattern, dtype=np.float64), nan=0.0, posinf=0.0, neginf=0.0)
@@ -135,8 +138,12 @@ def encode_pattern(pattern: np.ndarray, scale: int = SCALE) -> dict[str, Any]:
     else:
         info = np.iinfo(np.int32)
         raw, dtype = np.clip(q, info.min, info.max).astype("<i4").tobytes(), "i4"
-    return {"shape": list(a.shape), "dtype": dtype, "scale": scale,
-            "data": base64.b64encode(zlib.compress(raw, 9)).decode("ascii")}
+    return {
+        "shape": list(a.shape),
+        "dtype": dtype,
+        "scale": scale,
+        "data": base64.b64encode(zlib.compress(raw, 9)).decode("ascii"),
+    }
 
 
 def decode_pattern(enc: dict[str, Any]) -> np.ndarray:
@@ -158,7 +165,7 @@ class View:
     notes: list[str] = field(default_factory=list)
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "View":
+    def from_dict(cls, d: dict[str, Any]) -> View:
         """A view as tasks write it (views.json); shape errors raise ValueError with the reason."""
         tokens = [str(t) for t in d.get("tokens", [])]
         pattern = np.asarray(d.get("pattern", []), dtype=np.float64)
@@ -172,17 +179,29 @@ class View:
         heads = [str(h) for h in d.get("heads") or [f"head {i}" for i in range(n_heads)]]
         if len(heads) != n_heads:
             raise ValueError(f"{len(heads)} head labels for {n_heads} heads")
-        return cls(str(d.get("title", "")), tokens, pattern, heads, bool(d.get("causal", False)),
-                   [str(n) for n in d.get("notes", [])])
+        return cls(
+            str(d.get("title", "")),
+            tokens,
+            pattern,
+            heads,
+            bool(d.get("causal", False)),
+            [str(n) for n in d.get("notes", [])],
+        )
 
-    def cut(self, max_tokens: int) -> "View":
+    def cut(self, max_tokens: int) -> View:
         """The first ``max_tokens`` tokens only, with a note saying what was cut."""
         n = len(self.tokens)
         if n <= max_tokens:
             return self
         note = f"showing the first {max_tokens} of {n} tokens ({n - max_tokens} cut; limit {max_tokens})"
-        return View(self.title, self.tokens[:max_tokens], self.pattern[:, :max_tokens, :max_tokens],
-                    self.heads, self.causal, [*self.notes, note])
+        return View(
+            self.title,
+            self.tokens[:max_tokens],
+            self.pattern[:, :max_tokens, :max_tokens],
+            self.heads,
+            self.causal,
+            [*self.notes, note],
+        )
 
     def payload(self) -> dict[str, Any]:
         tokens = [display_token(t) for t in self.tokens]
@@ -195,8 +214,14 @@ class View:
         if mode != "heads" and len(self.heads) > 1:
             notes.append("a long input: one head at a time (pick it with the buttons)")
         scale = SCALE if mode == "heads" else LONG_SCALE
-        return {"tokens": tokens, "heads": [clean(h) for h in self.heads], "causal": self.causal,
-                "mode": mode, "pattern": encode_pattern(self.pattern, scale), "notes": notes}
+        return {
+            "tokens": tokens,
+            "heads": [clean(h) for h in self.heads],
+            "causal": self.causal,
+            "mode": mode,
+            "pattern": encode_pattern(self.pattern, scale),
+            "notes": notes,
+        }
 
 
 # ----------------------------------------------------------------------------------------------
@@ -323,7 +348,9 @@ LOADER = r"""
     var bar = headButtons(v, function (h) {
       var m = attention[h], d = img.data;
       head = h; top = 0;
-      for (var q = 0; q < T; q++) { for (var k = 0; k < T; k++) { if (!masked(q, k) && m[q][k] > top) { top = m[q][k]; } } }
+      for (var q = 0; q < T; q++) {
+        for (var k = 0; k < T; k++) { if (!masked(q, k) && m[q][k] > top) { top = m[q][k]; } }
+      }
       for (q = 0; q < T; q++) {
         for (k = 0; k < T; k++) {
           var o = 4 * (q * T + k), x = top > 0 ? Math.sqrt(Math.max(0, m[q][k]) / top) : 0;
@@ -377,7 +404,9 @@ LOADER = r"""
   }
   function want(i) {
     var el = doc.getElementById("dp-view-" + i);
-    if (el && el.getAttribute("data-state") === "waiting") { el.setAttribute("data-state", "queued"); queue.push(i); pump(); }
+    if (el && el.getAttribute("data-state") === "waiting") {
+      el.setAttribute("data-state", "queued"); queue.push(i); pump();
+    }
   }
   function all() { views.forEach(function (v, i) { want(i); }); }
   attr("total", views.length);
@@ -410,13 +439,16 @@ def views_html(views: Sequence[View], max_tokens: int = MAX_TOKENS) -> tuple[str
         payload = view.payload()
         title = f"<h3>{esc(view.title)}</h3>" if view.title else ""
         notes = "".join(f"<p class='cut'>{esc(n)}</p>" for n in payload.pop("notes"))
-        size = f"{len(view.heads)} head(s), {len(view.tokens)} tokens" + (", causal" if view.causal else
-                                                                             ", bidirectional (shown whole)")
+        size = f"{len(view.heads)} head(s), {len(view.tokens)} tokens" + (
+            ", causal" if view.causal else ", bidirectional (shown whole)"
+        )
         toks = "".join(f"<span title='{k}'>{esc(t)}</span>" for k, t in enumerate(payload["tokens"]))
-        parts.append(f"<section class='attention'>{title}<p class='meta'>{esc(size)}</p>{notes}"
-                     f"<div class='view' id='dp-view-{i}' data-index='{i}' data-state='waiting'></div>"
-                     f"<details class='tokens'><summary>tokens</summary><div class='toks'>{toks}</div></details>"
-                     "</section>")
+        parts.append(
+            f"<section class='attention'>{title}<p class='meta'>{esc(size)}</p>{notes}"
+            f"<div class='view' id='dp-view-{i}' data-index='{i}' data-state='waiting'></div>"
+            f"<details class='tokens'><summary>tokens</summary><div class='toks'>{toks}</div></details>"
+            "</section>"
+        )
         payloads.append(payload)
     return "".join(parts), payloads
 
@@ -430,24 +462,37 @@ def page(title: str, body: str, payloads: Sequence[dict[str, Any]] = ()) -> str:
     if payloads:
         bundle, loader = bundle_js(), LOADER
         hashes = [_sha256(bundle), _sha256(loader)]
-        scripts = (f"<script type='application/json' id='dp-views-data'>{script_json(list(payloads))}</script>"
-                   f"<script>{bundle}</script><script>{loader}</script>")
+        scripts = (
+            f"<script type='application/json' id='dp-views-data'>{script_json(list(payloads))}</script>"
+            f"<script>{bundle}</script><script>{loader}</script>"
+        )
     script_src = " ".join(hashes) if hashes else "'none'"
-    csp = (f"default-src 'none'; script-src {script_src}; style-src 'unsafe-inline'; img-src data:; "
-           "font-src 'none'; connect-src 'none'; base-uri 'none'; form-action 'none'")
-    status = ("<p id='dp-status' class='meta'><span id='dp-status-text' aria-live='polite'>"
-              "attention views need JavaScript</span> <button type='button' id='dp-draw-all' hidden>"
-              "draw all now</button></p>") if payloads else ""
-    return ("<!doctype html>\n<html lang='en'><head><meta charset='utf-8'>"
-            f"<meta http-equiv='Content-Security-Policy' content=\"{csp}\">"
-            "<meta name='viewport' content='width=device-width, initial-scale=1'>"
-            f"<meta name='referrer' content='no-referrer'><title>{esc(title)}</title>"
-            f"<style>{STYLE}</style></head>\n<body>{status}\n{body}\n{scripts}</body></html>\n")
+    csp = (
+        f"default-src 'none'; script-src {script_src}; style-src 'unsafe-inline'; img-src data:; "
+        "font-src 'none'; connect-src 'none'; base-uri 'none'; form-action 'none'"
+    )
+    status = (
+        (
+            "<p id='dp-status' class='meta'><span id='dp-status-text' aria-live='polite'>"
+            "attention views need JavaScript</span> <button type='button' id='dp-draw-all' hidden>"
+            "draw all now</button></p>"
+        )
+        if payloads
+        else ""
+    )
+    return (
+        "<!doctype html>\n<html lang='en'><head><meta charset='utf-8'>"
+        f"<meta http-equiv='Content-Security-Policy' content=\"{csp}\">"
+        "<meta name='viewport' content='width=device-width, initial-scale=1'>"
+        f"<meta name='referrer' content='no-referrer'><title>{esc(title)}</title>"
+        f"<style>{STYLE}</style></head>\n<body>{status}\n{body}\n{scripts}</body></html>\n"
+    )
 
 
 # ----------------------------------------------------------------------------------------------
 # attention views of a model on a text (probe viz)
 # ----------------------------------------------------------------------------------------------
+
 
 def index_ranges(spec: str | None, what: str) -> list[tuple[int, int]]:
     """'0,3' / '0-2,5' -> [(0, 0), (3, 3)] / [(0, 2), (5, 5)], syntax checked, nothing expanded."""
@@ -473,18 +518,16 @@ def parse_indices(spec: str | None, n: int, what: str) -> list[int] | None:
     if spec is None or not str(spec).strip():
         return None
     ranges = index_ranges(spec, what)
-    bad = [f"{lo}" if lo == hi else f"{lo}-{hi}" for lo, hi in ranges
-           if lo <= hi and not (0 <= lo and hi < n)]
+    bad = [f"{lo}" if lo == hi else f"{lo}-{hi}" for lo, hi in ranges if lo <= hi and not (lo >= 0 and hi < n)]
     if bad:
-        raise ProbeError(f"--{what} {', '.join(bad)} out of range: the model has {n} {what} "
-                         f"(0-indexed: 0..{n - 1})")
+        raise ProbeError(f"--{what} {', '.join(bad)} out of range: the model has {n} {what} (0-indexed: 0..{n - 1})")
     out = sorted({i for lo, hi in ranges for i in range(lo, hi + 1)})
     if not out:
         raise ProbeError(f"--{what} {spec!r} names no {what}; e.g. --{what} 0,3")
     return out
 
 
-_WORD = re.compile(r"\w+(?:['’]\w+)*|[^\w\s]", re.UNICODE)
+_WORD = re.compile(r"\w+(?:['’]\w+)*|[^\w\s]", re.UNICODE)  # noqa: RUF001 (the typographic apostrophe)
 
 
 def split_words(text: str) -> list[str]:
@@ -527,8 +570,10 @@ def piece_input(model: Any, text: str, limit: int) -> Input:
     room = limit - len(head) - len(tail)
     notes = []
     if len(pieces) > room:
-        notes.append(f"the text has {len(pieces)} pieces; showing the first {room} ({len(pieces) - room} cut) "
-                     f"so that the input with its special tokens fits {limit} tokens {_why(model, limit)}")
+        notes.append(
+            f"the text has {len(pieces)} pieces; showing the first {room} ({len(pieces) - room} cut) "
+            f"so that the input with its special tokens fits {limit} tokens {_why(model, limit)}"
+        )
         pieces = pieces[:room]
     ids = head + pieces + tail
     return Input(ids, _piece_labels(tok, ids), None, notes)
@@ -546,18 +591,27 @@ def word_input(model: Any, text: str, limit: int) -> Input:
         keep += 1
     notes = []
     if keep < len(words):
-        notes.append(f"the text has {len(words)} words ({sum(lengths)} pieces); showing the first {keep} "
-                     f"({len(words) - keep} cut) so that the input fits {limit} tokens {_why(model, limit)}")
+        notes.append(
+            f"the text has {len(words)} words ({sum(lengths)} pieces); showing the first {keep} "
+            f"({len(words) - keep} cut) so that the input fits {limit} tokens {_why(model, limit)}"
+        )
     enc = encode_words(model, words[:keep])
     tok = model.tokenizer
-    labels = ([_piece_labels(tok, head)[0]] if head else []) + words[:keep] + (
-        [_piece_labels(tok, tail)[0]] if tail else [])
+    labels = (
+        ([_piece_labels(tok, head)[0]] if head else []) + words[:keep] + ([_piece_labels(tok, tail)[0]] if tail else [])
+    )
     return Input(list(enc.ids), labels, enc, notes)
 
 
-def model_views(model: Any, text: str, *, layers: Sequence[int] | None = None,
-                heads: Sequence[int] | None = None, words: bool = False,
-                max_tokens: int = MAX_TOKENS) -> tuple[list[View], list[str]]:
+def model_views(
+    model: Any,
+    text: str,
+    *,
+    layers: Sequence[int] | None = None,
+    heads: Sequence[int] | None = None,
+    words: bool = False,
+    max_tokens: int = MAX_TOKENS,
+) -> tuple[list[View], list[str]]:
     """One :class:`View` per layer (the chosen heads) of ``model`` on ``text``, plus page notes."""
     import torch
 
@@ -569,7 +623,7 @@ def model_views(model: Any, text: str, *, layers: Sequence[int] | None = None,
     if max_tokens < 3:
         raise ProbeError(f"--max-tokens must be at least 3, got {max_tokens}")
     if not text or not text.strip():
-        raise ProbeError("the text is empty; pass --text \"...\" or a non-empty --file")
+        raise ProbeError('the text is empty; pass --text "..." or a non-empty --file')
     layers = list(range(info.n_layers)) if layers is None else list(layers)
     heads = list(range(info.n_heads)) if heads is None else list(heads)
     notes: list[str] = []
@@ -582,66 +636,93 @@ def model_views(model: Any, text: str, *, layers: Sequence[int] | None = None,
     names = [f"blocks.{layer}.attn.hook_pattern" for layer in layers]
     acts = forward(model, ids, torch.ones_like(ids), names)
     views = []
-    for layer, name in zip(layers, names):
+    for layer, name in zip(layers, names, strict=True):
         pat = acts[name][:, heads].to(torch.float64).cpu()  # [1, head, query, key]
         if words:
             units = unit_matrix([inp.encoded], ids.shape[1])  # [1, unit, pos]
             pat = word_attention(pat, units)  # [1, head, unit, unit]
         unit = "word" if words else "piece"
-        views.append(View(title=f"layer {layer} ({unit} level)", tokens=list(inp.labels),
-                          pattern=pat[0].numpy(), heads=[f"L{layer}H{h}" for h in heads],
-                          causal=info.causal))
+        views.append(
+            View(
+                title=f"layer {layer} ({unit} level)",
+                tokens=list(inp.labels),
+                pattern=pat[0].numpy(),
+                heads=[f"L{layer}H{h}" for h in heads],
+                causal=info.causal,
+            )
+        )
     if words:
-        notes.append("word level (Clark et al. 2019): attention TO a word is the sum over its pieces, "
-                     "FROM a word the mean over its pieces; special tokens stay separate")
+        notes.append(
+            "word level (Clark et al. 2019): attention TO a word is the sum over its pieces, "
+            "FROM a word the mean over its pieces; special tokens stay separate"
+        )
     return views, notes
 
 
-def viz_page(model: Any, text: str, *, source: str, layers: Sequence[int] | None = None,
-             heads: Sequence[int] | None = None, words: bool = False,
-             max_tokens: int = MAX_TOKENS) -> str:
+def viz_page(
+    model: Any,
+    text: str,
+    *,
+    source: str,
+    layers: Sequence[int] | None = None,
+    heads: Sequence[int] | None = None,
+    words: bool = False,
+    max_tokens: int = MAX_TOKENS,
+) -> str:
     """The whole `probe viz` page for ``model`` on ``text`` (``source`` says where it came from)."""
     views, notes = model_views(model, text, layers=layers, heads=heads, words=words, max_tokens=max_tokens)
     info = model.info
-    kind = "decoder (causal: the upper triangle is masked)" if info.causal else \
-        "encoder (bidirectional: patterns shown whole)"
-    meta = (f"model <b>{esc(info.name)}</b> ({esc(info.resolved)}), {info.n_layers} layers x {info.n_heads} heads, "
-            f"{esc(kind)}; text from {esc(source)}")
+    kind = (
+        "decoder (causal: the upper triangle is masked)"
+        if info.causal
+        else "encoder (bidirectional: patterns shown whole)"
+    )
+    meta = (
+        f"model <b>{esc(info.name)}</b> ({esc(info.resolved)}), {info.n_layers} layers x {info.n_heads} heads, "
+        f"{esc(kind)}; text from {esc(source)}"
+    )
     cuts = "".join(f"<p class='cut'>{esc(n)}</p>" for n in notes)
     body, payloads = views_html(views, max_tokens=max_tokens)
     preview = text if len(text) <= 2000 else text[:2000] + f" … (+{len(text) - 2000} characters)"
-    head = (f"<h1>Attention: {esc(info.name)}</h1><p class='meta'>{meta}</p>{cuts}"
-            f"<details><summary>text</summary><pre>{esc(preview)}</pre></details>"
-            "<p class='meta'>Click a head thumbnail to enlarge it; hover a cell or a token to see "
-            "the attention values. Rows are queries (attending from), columns keys (attended to).</p>")
+    head = (
+        f"<h1>Attention: {esc(info.name)}</h1><p class='meta'>{meta}</p>{cuts}"
+        f"<details><summary>text</summary><pre>{esc(preview)}</pre></details>"
+        "<p class='meta'>Click a head thumbnail to enlarge it; hover a cell or a token to see "
+        "the attention values. Rows are queries (attending from), columns keys (attended to).</p>"
+    )
     return page(f"depthprobe attention: {info.name}", head + body, payloads)
 
 
 def write_atomic(path: Path, text: str) -> Path:
     """Write ``text`` to ``path`` via a temporary sibling file (never a half-written page)."""
-    import os
-    import tempfile
-
     path = Path(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".partial", dir=path.parent)
     except OSError as exc:
         raise ProbeError(f"cannot write {path}: {exc.strerror}; choose another --out") from None
     try:
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as fh:
-                fh.write(text)
-            os.chmod(tmp, 0o666 & ~umask())  # mkstemp makes 0600; a page is as readable as any file
-            os.replace(tmp, path)
-        except OSError as exc:
-            raise write_error(exc, path) from None
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+        return replace_file(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
+    except OSError as exc:
+        raise write_error(exc, path) from None
 
 
-__all__ = ["MAX_TOKENS", "View", "bundle_js", "clean", "decode_pattern", "display_token", "encode_pattern",
-           "esc", "model_views", "page", "parse_indices", "script_json", "split_words", "viz_page",
-           "views_html", "write_atomic", "index_ranges", "plot_text"]
+__all__ = [
+    "MAX_TOKENS",
+    "View",
+    "bundle_js",
+    "clean",
+    "decode_pattern",
+    "display_token",
+    "encode_pattern",
+    "esc",
+    "index_ranges",
+    "model_views",
+    "page",
+    "parse_indices",
+    "plot_text",
+    "script_json",
+    "split_words",
+    "views_html",
+    "viz_page",
+    "write_atomic",
+]

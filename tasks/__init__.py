@@ -1,6 +1,19 @@
-"""The task library. Importing this package registers every task (one module per task)."""
-from depthprobe.tasks import attention_stats  # noqa: F401
-from depthprobe.tasks import coref  # noqa: F401
-from depthprobe.tasks import kernels  # noqa: F401
-from depthprobe.tasks import syntax  # noqa: F401
-from depthprobe.tasks import induction  # noqa: F401
+"""The task library: one module per task, registered lazily by name.
+
+``TASKS`` and ``SWEEPS`` map a name to ``"module:Class"``. The API layer hands these tables to the
+core's registries, which import a task's module only when the task is first used, so listing the
+names or suggesting a close match imports no task. A new task adds one line here.
+"""
+
+TASKS = {
+    "attention-stats": "depthprobe.tasks.attention_stats:AttentionStats",
+    "coref": "depthprobe.tasks.coref:Coref",
+    "induction": "depthprobe.tasks.induction:Induction",
+    "kernels": "depthprobe.tasks.kernels:Kernels",
+    "syntax": "depthprobe.tasks.syntax:Syntax",
+}
+
+SWEEPS = {
+    "induction": "depthprobe.tasks.induction:InductionSweep",
+    "kernels": "depthprobe.tasks.kernels:KernelSweep",
+}

@@ -13,6 +13,7 @@ attention row in nats. Two protocols (``-O protocol=``):
 
 Input: the built-in sample, or a UTF-8 text file with one example per non-empty line.
 """
+
 from __future__ import annotations
 
 import unicodedata
@@ -25,18 +26,23 @@ import torch
 
 from depthprobe.probes.capture import pattern_names
 from depthprobe.probes.errors import ProbeError, suggest
-from depthprobe.probes.metrics import (attention_stat_sums, clark_stat_sums, js_distance_mean,
-                            uniform_entropy_sum)
+from depthprobe.probes.metrics import attention_stat_sums, clark_stat_sums, js_distance_mean, uniform_entropy_sum
+from depthprobe.probes.models import Model
 from depthprobe.probes.options import ranged
-from depthprobe.probes.task import Context, Examples, Output, Task, register, tidy
+from depthprobe.probes.task import Context, Examples, Output, Task, tidy
+from depthprobe.probes.text import read_lines
 
 SAMPLE = Path(__file__).parent / "data" / "sample.txt"
 
 
 PROTOCOLS = ("pooled", "clark")
-TITLES = {"entropy": "entropy (nats)", "entropy_cls": "entropy from [CLS] (nats)",
-          "sep_to_sep": "attention [SEP] to [SEP]", "other_to_sep": "attention other to [SEP]",
-          "js_distance_mean": "mean JS distance to the other heads (nats)"}
+TITLES = {
+    "entropy": "entropy (nats)",
+    "entropy_cls": "entropy from [CLS] (nats)",
+    "sep_to_sep": "attention [SEP] to [SEP]",
+    "other_to_sep": "attention other to [SEP]",
+    "js_distance_mean": "mean JS distance to the other heads (nats)",
+}
 CLARK_PUNCT = frozenset({".", ","})  # General_Analysis: token == "." or token == ","
 
 
@@ -47,24 +53,10 @@ class Options:
 
     def __post_init__(self) -> None:
         if self.protocol not in PROTOCOLS:
-            raise ProbeError(f"attention-stats: unknown protocol {self.protocol!r}{suggest(self.protocol, PROTOCOLS)}; "
-                             f"use -O protocol=pooled or -O protocol=clark")
-
-
-def read_lines(path: Path) -> list[str]:
-    """Non-empty lines of a UTF-8 text file; bad files fail with a one-line reason."""
-    if path.is_dir():
-        raise ProbeError(f"{path} is a directory; attention-stats reads one text file (one example per line)")
-    try:
-        text = path.read_text(encoding="utf-8-sig")
-    except UnicodeDecodeError as exc:
-        raise ProbeError(f"{path}: not UTF-8 text (byte {exc.start}); re-save the file as UTF-8") from None
-    except OSError as exc:
-        raise ProbeError(f"cannot read {path}: {exc.strerror}") from None
-    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
-    if not lines:
-        raise ProbeError(f"{path} is empty; give a text file with one example per line")
-    return lines
+            raise ProbeError(
+                f"attention-stats: unknown protocol {self.protocol!r}{suggest(self.protocol, PROTOCOLS)}; "
+                f"use -O protocol=pooled or -O protocol=clark"
+            )
 
 
 def is_punct(token: str, protocol: str = "pooled") -> bool:
@@ -84,13 +76,14 @@ def punct_ids(tokenizer, protocol: str = "pooled") -> frozenset[int]:
     """Vocabulary ids of punctuation tokens under ``protocol`` (special tokens never count)."""
     specials = set(tokenizer.all_special_ids)
     tokens = tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))
-    return frozenset(i for i, tok in enumerate(tokens)
-                     if i not in specials and tok is not None and is_punct(tok, protocol))
+    return frozenset(
+        i for i, tok in enumerate(tokens) if i not in specials and tok is not None and is_punct(tok, protocol)
+    )
 
 
 @dataclass
 class State:
-    model: object
+    model: Model
     punct: torch.Tensor  # vocabulary ids of punctuation tokens
     protocol: str = "pooled"
     sums: dict[str, torch.Tensor] = field(default_factory=dict)
@@ -100,7 +93,6 @@ class State:
     js: torch.Tensor | None = None  # clark: sum over lines of [head, head] JS distances
 
 
-@register
 class AttentionStats(Task):
     name = "attention-stats"
     description = "Per-head attention to [CLS]/BOS, [SEP], punctuation, previous/next token, self; entropy"
@@ -110,13 +102,14 @@ class AttentionStats(Task):
         lines = read_lines(ctx.data) if ctx.data else read_lines(SAMPLE)
         tok = model.tokenizer
         pieces = tok(lines, add_special_tokens=False)["input_ids"]
-        tail = [model.sep_id] if model.sep_id is not None else []
-        seqs = [tuple([model.cls_id, *p, *tail]) for p in pieces]
-        limit = min(ctx.config.max_len, model.info.max_len)
+        seqs = [model.frame(p) for p in pieces]
+        limit = model.input_limit(ctx.config.max_len)
         kept = [s for s in seqs if len(s) <= limit]
         if not kept:
-            raise ProbeError(f"every example is longer than --max-len {limit} pieces; raise --max-len "
-                             f"(model limit {model.info.max_len}) or split the lines")
+            raise ProbeError(
+                f"every example is longer than --max-len {limit} pieces; raise --max-len "
+                f"(model limit {model.info.max_len}) or split the lines"
+            )
         return Examples(kept, skipped=len(seqs) - len(kept), why=f"longer than {limit} pieces")
 
     def hook_names(self, model, ctx):
@@ -139,8 +132,9 @@ class AttentionStats(Task):
         for layer, name in enumerate(names):
             a = acts[name]  # [b, head, q, k]; one layer at a time, no stacked copy
             dev = a.device
-            sums = stat_sums(a[:, None], mask.to(dev), first.to(dev),
-                             None if sep is None else sep.to(dev), punct.to(dev))
+            sums = stat_sums(
+                a[:, None], mask.to(dev), first.to(dev), None if sep is None else sep.to(dev), punct.to(dev)
+            )
             for k, v in sums.items():  # v: [1, head]
                 state.sums.setdefault(k, torch.zeros(model.info.n_layers, v.shape[1], dtype=torch.float64))
                 state.sums[k][layer] += v[0].cpu()
@@ -172,12 +166,15 @@ class AttentionStats(Task):
         scores = tidy(rows, ctx.config.model, self.name)
         summary = self._summary(scores, ctx.options.top)
         if clark:
-            notes = [f"protocol clark: per-line means over {state.tokens} tokens, then the plain mean over "
-                     f"{state.sentences} lines; punctuation = '.' and ','; smoothed entropy",
-                     "js_distances.csv: Jensen-Shannon distance (nats) between every pair of heads"]
+            notes = [
+                f"protocol clark: per-line means over {state.tokens} tokens, then the plain mean over "
+                f"{state.sentences} lines; punctuation = '.' and ','; smoothed entropy",
+                "js_distances.csv: Jensen-Shannon distance (nats) between every pair of heads",
+            ]
         else:
-            notes = [f"protocol pooled: {state.tokens} tokens averaged (every real token is a query, "
-                     "specials included)"]
+            notes = [
+                f"protocol pooled: {state.tokens} tokens averaged (every real token is a query, specials included)"
+            ]
         headline = {"protocol": state.protocol, "n_tokens": state.tokens, "n_lines": state.sentences}
         if clark:
             headline["uniform_entropy"] = round(state.uniform / max(state.sentences, 1), 4)
@@ -185,10 +182,10 @@ class AttentionStats(Task):
         if "to_sep" in means:
             by_layer = means["to_sep"].mean(1)
             headline["to_sep_by_layer"] = [round(float(x), 4) for x in by_layer]
-        heatmaps = [{"title": TITLES.get(m, f"attention {m.replace('_', ' ')}"), "metric": m, "where": {}}
-                    for m in means]
-        return Output(scores=scores, summary=summary, notes=notes, headline=headline, heatmaps=heatmaps,
-                      files=files)
+        heatmaps = [
+            {"title": TITLES.get(m, f"attention {m.replace('_', ' ')}"), "metric": m, "where": {}} for m in means
+        ]
+        return Output(scores=scores, summary=summary, notes=notes, headline=headline, heatmaps=heatmaps, files=files)
 
     @staticmethod
     def _summary(scores: pd.DataFrame, top: int) -> pd.DataFrame:
@@ -196,12 +193,14 @@ class AttentionStats(Task):
         out = []
         for metric, g in scores.groupby("metric", sort=False):
             best = g.nlargest(top, "value")
-            out.append({
-                "metric": metric,
-                "mean": round(g["value"].mean(), 4),
-                "heads_over_0.5": int((g["value"] > 0.5).sum()),
-                "top_heads": ", ".join(f"{r.layer}-{r.head} ({r.value:.2f})" for r in best.itertuples()),
-            })
+            out.append(
+                {
+                    "metric": metric,
+                    "mean": round(g["value"].mean(), 4),
+                    "heads_over_0.5": int((g["value"] > 0.5).sum()),
+                    "top_heads": ", ".join(f"{r.layer}-{r.head} ({r.value:.2f})" for r in best.itertuples()),
+                }
+            )
         return pd.DataFrame(out)
 
 
@@ -210,7 +209,13 @@ def _js_csv(js: torch.Tensor, n_heads: int) -> str:
     n = js.shape[0]
     idx = torch.arange(n)
     li, lj = torch.meshgrid(idx, idx, indexing="ij")
-    df = pd.DataFrame({"layer": (li // n_heads).flatten().numpy(), "head": (li % n_heads).flatten().numpy(),
-                       "other_layer": (lj // n_heads).flatten().numpy(), "other_head": (lj % n_heads).flatten().numpy(),
-                       "js_distance": js.flatten().numpy()})
+    df = pd.DataFrame(
+        {
+            "layer": (li // n_heads).flatten().numpy(),
+            "head": (li % n_heads).flatten().numpy(),
+            "other_layer": (lj // n_heads).flatten().numpy(),
+            "other_head": (lj % n_heads).flatten().numpy(),
+            "js_distance": js.flatten().numpy(),
+        }
+    )
     return df.to_csv(index=False)

@@ -1,6 +1,6 @@
 """coref (Clark et al. 2019, Table 2; GAP): which heads attend from a mention to its antecedent.
 
-Chains (CoNLL-U ``Entity=`` / CoNLL-2012, DESIGN §3.4): documents are cut into windows of
+Chains (CoNLL-U ``Entity=`` / CoNLL-2012, docs/coref.md): documents are cut into windows of
 consecutive whole sentences (greedy, at most ``--max-len`` pieces with specials; a longer
 sentence is skipped and ends the window), one forward pass per window. A mention M of a window
 (whole span inside) is evaluated when an earlier mention of its chain (strictly earlier start)
@@ -12,16 +12,18 @@ word (ties: the nearer); correct when the candidate's span belongs to M's chain.
 GAP (``--data file.tsv``, detected by extension or header): one pass over the whole text,
 attention from the pronoun to A and to B (pieces by character overlap), the larger wins.
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 import torch
 
-from depthprobe.probes import coref_data as cd
+from depthprobe.probes import coref_data
 from depthprobe.probes.align import (
     Encoded,
     encode_pieces,
@@ -34,15 +36,19 @@ from depthprobe.probes.capture import pattern_names
 from depthprobe.probes.errors import ProbeError
 from depthprobe.probes.options import ranged
 from depthprobe.probes.runtime import torch_threads
-from depthprobe.probes.task import Batch, Context, Examples, Output, Task, register, tidy
+from depthprobe.probes.task import Batch, Context, Examples, Output, Task, tidy
 
 SAMPLE = Path(__file__).parent / "data" / "sample_coref.conllu"
 TYPES = ("pronoun", "proper", "nominal")
 GENDERS = ("masculine", "feminine", "other")
 BASELINES = ("nearest", "head match", "rule-based")
 # Clark et al. 2019 Table 2, BERT-base on CoNLL-2012: All / Pronoun / Proper / Nominal (%)
-CLARK = {"head 5-4": (65, 64, 73, 58), "nearest": (27, 29, 29, 19), "head match": (52, 47, 67, 40),
-         "rule-based": (69, 70, 77, 60)}
+CLARK = {
+    "head 5-4": (65, 64, 73, 58),
+    "nearest": (27, 29, 29, 19),
+    "head match": (52, 47, 67, 40),
+    "rule-based": (69, 70, 77, 60),
+}
 PATTERN_BUDGET = 1 << 30  # bytes of float32 attention patterns held for one batch
 
 
@@ -60,11 +66,12 @@ class CorefExamples(Examples):
         super().__init__(items, skipped, why)
         self.kind, self.counts = kind, counts
 
-    def head(self, n: int | None) -> "CorefExamples":
+    def head(self, n: int | None) -> CorefExamples:
         return self if n is None else CorefExamples(self[:n], self.skipped, self.why, self.kind, self.counts)
 
 
 # ---------------------------------------------------------------- chains: queries and baselines
+
 
 @dataclass(frozen=True)
 class Cand:
@@ -84,7 +91,7 @@ class Query:
     kind: int  # index into TYPES
     cands: tuple[Cand, ...]
     correct: tuple[bool, ...]  # per candidate: in M's chain
-    baselines: tuple[bool, bool, bool]  # nearest, head match, rule-based correct
+    baselines: tuple[bool, ...]  # nearest, head match, rule-based: correct
 
 
 @dataclass(frozen=True)
@@ -102,8 +109,8 @@ def mention_type(upos: str) -> int:
 def agreement(token) -> tuple[str, str, str]:
     """(Number, Gender, Person) of a head word: the pronoun table for pronouns it lists, else the
     token's morphology; non-pronouns are third person. '' = unknown (agrees with anything)."""
-    if token.pos_ == "PRON" and token.text.lower() in cd.PRONOUNS:
-        return cd.PRONOUNS[token.text.lower()]
+    if token.pos_ == "PRON" and token.text.lower() in coref_data.PRONOUNS:
+        return coref_data.PRONOUNS[token.text.lower()]
     m = token.morph
 
     def first(key: str) -> str:
@@ -115,20 +122,22 @@ def agreement(token) -> tuple[str, str, str]:
 
 
 def compatible(a: tuple[str, ...], b: tuple[str, ...]) -> bool:
-    return all(x == "" or y == "" or x == y for x, y in zip(a, b))
+    return all(x == "" or y == "" or x == y for x, y in zip(a, b, strict=False))
 
 
 def nearest_first(cands: Sequence[Cand]) -> list[Cand]:
     return sorted(cands, key=lambda c: (-c.start, -c.end))
 
 
-def baseline_picks(doc, lo: int, m: cd.Mention, cands: Sequence[Cand]) -> tuple[int | None, int | None, int | None]:
+def baseline_picks(
+    doc, lo: int, m: coref_data.Mention, cands: Sequence[Cand]
+) -> tuple[int | None, int | None, int | None]:
     """Indices (into the nearest-first candidates) chosen by nearest, head match and the sieve."""
     if not cands:
         return None, None, None
 
     def words(s: int, e: int) -> tuple[str, ...]:
-        return tuple(t.text.lower() for t in doc[lo + s:lo + e + 1])
+        return tuple(t.text.lower() for t in doc[lo + s : lo + e + 1])
 
     head = doc[m.head].text.lower()
     same_head = next((i for i, c in enumerate(cands) if doc[lo + c.head].text.lower() == head), None)
@@ -141,14 +150,16 @@ def baseline_picks(doc, lo: int, m: cd.Mention, cands: Sequence[Cand]) -> tuple[
     return 0, head_match, sieve
 
 
-def window_queries(doc, ms: Sequence[cd.Mention], lo: int, hi: int) -> tuple[Query, ...]:
+def window_queries(doc, ms: Sequence[coref_data.Mention], lo: int, hi: int) -> tuple[Query, ...]:
     """Evaluated mentions of the window of words [lo, hi)."""
     inside = [m for m in ms if lo <= m.start and m.end < hi]
     spans: dict[tuple[int, int], set[str]] = {}
     for m in inside:
         spans.setdefault((m.start, m.end), set()).add(m.chain)
-    all_cands = [Cand(s - lo, e - lo, doc.user_data["coref_heads"][(s, e + 1)] - lo, frozenset(ch))
-                 for (s, e), ch in spans.items()]
+    all_cands = [
+        Cand(s - lo, e - lo, doc.user_data["coref_heads"][(s, e + 1)] - lo, frozenset(ch))
+        for (s, e), ch in spans.items()
+    ]
     out = []
     for m in inside:
         if not any(o.chain == m.chain and lo <= o.start < m.start for o in ms):
@@ -157,8 +168,9 @@ def window_queries(doc, ms: Sequence[cd.Mention], lo: int, hi: int) -> tuple[Que
         picks = baseline_picks(doc, lo, m, cands)
         correct = tuple(m.chain in c.chains for c in cands)
         base = tuple(p is not None and correct[p] for p in picks)
-        out.append(Query(m.start - lo, m.end - lo, m.head - lo, mention_type(doc[m.head].pos_), tuple(cands),
-                         correct, base))
+        out.append(
+            Query(m.start - lo, m.end - lo, m.head - lo, mention_type(doc[m.head].pos_), tuple(cands), correct, base)
+        )
     return tuple(out)
 
 
@@ -189,10 +201,10 @@ def chain_windows(model, docs, limit: int) -> tuple[list[Window], dict[str, int]
     n_special = 1 + (model.sep_id is not None)
     out, counts = [], {"windows": 0, "sentences_skipped": 0, "mentions": 0}
     for doc in docs:
-        ms = cd.mentions(doc)
+        ms = coref_data.mentions(doc)
         counts["mentions"] += len(ms)
         pieces = word_pieces(model, [t.text for t in doc])
-        bounds = cd.sentence_bounds(doc)
+        bounds = coref_data.sentence_bounds(doc)
         spans, skipped = doc_windows([sum(len(p) for p in pieces[s:e]) for s, e in bounds], n_special, limit)
         counts["sentences_skipped"] += skipped
         counts["windows"] += len(spans)
@@ -201,12 +213,14 @@ def chain_windows(model, docs, limit: int) -> tuple[list[Window], dict[str, int]
             lo, hi = bounds[a][0], bounds[b - 1][1]
             queries = window_queries(doc, ms, lo, hi)
             if queries:
-                out.append(Window(str(name), tuple(t.text for t in doc[lo:hi]), encode_pieces(model, pieces[lo:hi]),
-                                  queries))
+                out.append(
+                    Window(str(name), tuple(t.text for t in doc[lo:hi]), encode_pieces(model, pieces[lo:hi]), queries)
+                )
     return out, counts
 
 
 # ---------------------------------------------------------------- GAP examples
+
 
 @dataclass(frozen=True)
 class GapItem:
@@ -222,7 +236,7 @@ class GapItem:
     line: int
 
 
-def gap_nearest(ex: cd.GapExample) -> int:
+def gap_nearest(ex: coref_data.GapExample) -> int:
     """0 (A) or 1 (B): the candidate whose span boundary is closer to the pronoun's; ties -> the
     candidate appearing first in the text."""
     sp = ex.spans()
@@ -237,35 +251,49 @@ def gap_nearest(ex: cd.GapExample) -> int:
     return 0 if ex.a_offset <= ex.b_offset else 1
 
 
-def gap_items(model, examples: Sequence[cd.GapExample], limit: int, path: Path) -> tuple[list[GapItem], dict[str, int]]:
+def gap_items(
+    model, examples: Sequence[coref_data.GapExample], limit: int, path: Path
+) -> tuple[list[GapItem], dict[str, int]]:
     tok = model.require_tokenizer("coref (GAP)")
     if not getattr(tok, "is_fast", False):
         raise ProbeError("GAP needs a fast tokenizer (character offsets); use a model with tokenizer.json")
     usable = [ex for ex in examples if ex.answerable]
     enc = tok([ex.text for ex in usable], add_special_tokens=False, return_offsets_mapping=True)
-    head = [model.cls_id]
-    tail = [model.sep_id] if model.sep_id is not None else []
+    n_head = 0 if model.cls_id is None else 1  # [CLS] or BOS before the text
     items, too_long = [], 0
-    for ex, ids, offsets in zip(usable, enc["input_ids"], enc["offset_mapping"]):
-        seq = tuple(head + list(ids) + tail)
+    for ex, ids, offsets in zip(usable, enc["input_ids"], enc["offset_mapping"], strict=True):
+        seq = model.frame(ids)
         if len(seq) > limit:
             too_long += 1
             continue
         pos = {}
         for key, (s, e) in ex.spans().items():
-            pos[key] = tuple(len(head) + t for t, (ps, pe) in enumerate(offsets) if ps < e and pe > s)
+            pos[key] = tuple(n_head + t for t, (ps, pe) in enumerate(offsets) if ps < e and pe > s)
             if not pos[key]:
                 raise ProbeError(f"{ex.path or path}:{ex.line}: {key} span [{s}, {e}) covers no token of the text")
-        items.append(GapItem(ex.id, (ex.pronoun, ex.a, ex.b), seq, pos["pronoun"], pos["A"], pos["B"],
-                             0 if ex.a_coref else 1,
-                             GENDERS.index(ex.gender), gap_nearest(ex), ex.line))
+        items.append(
+            GapItem(
+                ex.id,
+                (ex.pronoun, ex.a, ex.b),
+                seq,
+                pos["pronoun"],
+                pos["A"],
+                pos["B"],
+                0 if ex.a_coref else 1,
+                GENDERS.index(ex.gender),
+                gap_nearest(ex),
+                ex.line,
+            )
+        )
     return items, {"rows": len(examples), "unanswerable": len(examples) - len(usable), "too_long": too_long}
 
 
 # ---------------------------------------------------------------- batching
 
-def budget_batches(items: Sequence, seqs: Sequence[Sequence[int]], batch_size: int, pad_id: int,
-                   per_token_pair: int) -> Iterator[Batch]:
+
+def budget_batches(
+    items: Sequence, seqs: Sequence[Sequence[int]], batch_size: int, pad_id: int, per_token_pair: int
+) -> Iterator[Batch]:
     """Length-sorted batches of at most ``batch_size`` rows whose attention patterns
     (rows x T x T x ``per_token_pair`` bytes) fit in PATTERN_BUDGET."""
     order = [i for group in by_length([len(s) for s in seqs], len(seqs) or 1) for i in group]
@@ -273,7 +301,7 @@ def budget_batches(items: Sequence, seqs: Sequence[Sequence[int]], batch_size: i
     while k < len(order):
         t = len(seqs[order[k]])  # longest of this batch (sorted longest first)
         rows = max(1, min(batch_size, PATTERN_BUDGET // max(1, t * t * per_token_pair)))
-        idx = order[k:k + rows]
+        idx = order[k : k + rows]
         ids, mask = pad([seqs[i] for i in idx], pad_id)
         yield Batch(ids, mask, [items[i] for i in idx])
         k += rows
@@ -281,12 +309,15 @@ def budget_batches(items: Sequence, seqs: Sequence[Sequence[int]], batch_size: i
 
 # ---------------------------------------------------------------- state
 
+
 @dataclass
 class ChainState:
     n_layers: int
     n_heads: int
     views_wanted: int
-    correct: torch.Tensor = None  # [type, layer, head] int64
+    counts: dict[str, Any] = field(default_factory=dict)  # what loading counted
+    kind: str = "chains"
+    correct: torch.Tensor = field(init=False)  # [type, layer, head] int64
     n_windows: int = 0
     n: list[int] = field(default_factory=lambda: [0, 0, 0])
     base: list[list[int]] = field(default_factory=lambda: [[0, 0, 0] for _ in BASELINES])  # [baseline][type]
@@ -301,11 +332,12 @@ class GapState:
     n_layers: int
     n_heads: int
     views_wanted: int
-    correct: torch.Tensor = None  # [gender, layer, head]
+    counts: dict[str, Any] = field(default_factory=dict)  # what loading counted
+    kind: str = "gap"
+    correct: torch.Tensor = field(init=False)  # [gender, layer, head]
     n: list[int] = field(default_factory=lambda: [0, 0, 0])
     base: list[list[int]] = field(default_factory=lambda: [[0, 0, 0], [0, 0, 0]])  # nearest, first
     views: list[dict] = field(default_factory=list)
-    counts: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.correct = torch.zeros(len(GENDERS), self.n_layers, self.n_heads, dtype=torch.long)
@@ -313,7 +345,8 @@ class GapState:
 
 # ---------------------------------------------------------------- scoring one batch
 
-def query_index(windows: Sequence[Window], n_pos: int) -> dict[str, torch.Tensor]:
+
+def query_index(windows: Sequence[Window], n_pos: int) -> dict[str, Any]:
     """Index tensors over every query of a batch. Each window's distinct query head words get a
     slot; ``pieces`` [batch, r] are those words' piece positions, ``slot_of`` [batch, r] their
     slot and ``weight`` [batch, r] 1/(pieces of the word) (0 for padding); ``unit_of`` [batch, pos]
@@ -323,16 +356,16 @@ def query_index(windows: Sequence[Window], n_pos: int) -> dict[str, torch.Tensor
     n_units = max(w.encoded.n_units for w in windows)
     unit_of = torch.full((len(windows), n_pos), n_units, dtype=torch.long)
     picked = []
-    for b, (w, s) in enumerate(zip(windows, slots)):
-        unit_of[b, :len(w.encoded)] = torch.tensor(w.encoded.unit_of_piece)
+    for b, (w, s) in enumerate(zip(windows, slots, strict=True)):
+        unit_of[b, : len(w.encoded)] = torch.tensor(w.encoded.unit_of_piece)
         pos = [[p for p, u in enumerate(w.encoded.unit_of_piece) if u == unit] for unit in s]
         picked.append([(p, k, 1.0 / len(ps)) for k, ps in enumerate(pos) for p in ps])
     n_r = max(len(p) for p in picked)
     pieces = torch.zeros(len(windows), n_r, dtype=torch.long)
     slot_of = torch.zeros(len(windows), n_r, dtype=torch.long)
     weight = torch.zeros(len(windows), n_r, dtype=torch.float64)
-    for b, rows in enumerate(picked):
-        for r, (p, k, wt) in enumerate(rows):
+    for b, picks in enumerate(picked):
+        for r, (p, k, wt) in enumerate(picks):
             pieces[b, r], slot_of[b, r], weight[b, r] = p, k, wt
     width = max([len(q.cands) for _, q in qs] + [1])
     rows, slot, cands, valid, correct, kind = [], [], [], [], [], []
@@ -344,14 +377,24 @@ def query_index(windows: Sequence[Window], n_pos: int) -> dict[str, torch.Tensor
         valid.append([True] * len(q.cands) + [False] * pad_n)
         correct.append(list(q.correct) + [False] * pad_n)
         kind.append(q.kind)
-    return {"row": torch.tensor(rows), "slot": torch.tensor(slot), "cands": torch.tensor(cands),
-            "valid": torch.tensor(valid), "correct": torch.tensor(correct), "kind": torch.tensor(kind),
-            "pieces": pieces, "slot_of": slot_of, "weight": weight, "unit_of": unit_of,
-            "n_slots": max(len(s) for s in slots), "n_units": n_units}
+    return {
+        "row": torch.tensor(rows),
+        "slot": torch.tensor(slot),
+        "cands": torch.tensor(cands),
+        "valid": torch.tensor(valid),
+        "correct": torch.tensor(correct),
+        "kind": torch.tensor(kind),
+        "pieces": pieces,
+        "slot_of": slot_of,
+        "weight": weight,
+        "unit_of": unit_of,
+        "n_slots": max(len(s) for s in slots),
+        "n_units": n_units,
+    }
 
 
 def query_attention(patterns: Sequence[torch.Tensor], ix: dict) -> torch.Tensor:
-    """Word-level attention (DESIGN §3.1, float64) from the query head words only.
+    """Word-level attention (docs/syntax.md, float64) from the query head words only.
     patterns: per layer [batch, head, q, k]. Returns [batch, layer, head, slot, unit]: rows are
     the mean over the word's pieces, columns the sum over the word's pieces (padding dropped)."""
     b, h, _, k = patterns[0].shape
@@ -405,7 +448,7 @@ def chain_accumulate(state: ChainState, batch: Batch, acts, names: list[str]) ->
 
 def _view_targets(state: ChainState, windows: Sequence[Window]) -> list[tuple[int, Query]]:
     """Up to the wanted number of (row, query) pairs: the first query with 2+ candidates per window."""
-    out = []
+    out: list[tuple[int, Query]] = []
     for b, w in enumerate(windows):
         if len(state.views) + len(out) >= state.views_wanted:
             break
@@ -420,12 +463,19 @@ def _chain_view(w: Window, q: Query, wa: torch.Tensor) -> dict:
     head is chosen in finalize. wa: [layer, head, unit, unit]."""
     lo = min(c.start for c in q.cands)
     hi = q.end + 1
-    sub = wa[:, :, lo + 1:hi + 1, lo + 1:hi + 1]  # [layer, head, word, word] of words lo..hi-1
-    return {"doc": w.doc, "tokens": list(w.words[lo:hi]), "query": q.head - lo,
-            "mention": " ".join(w.words[q.start:q.end + 1]), "type": TYPES[q.kind],
-            "candidates": [{"text": " ".join(w.words[c.start:c.end + 1]), "head": c.head - lo, "in_chain": ok}
-                           for c, ok in zip(q.cands, q.correct)],
-            "_all": sub}
+    sub = wa[:, :, lo + 1 : hi + 1, lo + 1 : hi + 1]  # [layer, head, word, word] of words lo..hi-1
+    return {
+        "doc": w.doc,
+        "tokens": list(w.words[lo:hi]),
+        "query": q.head - lo,
+        "mention": " ".join(w.words[q.start : q.end + 1]),
+        "type": TYPES[q.kind],
+        "candidates": [
+            {"text": " ".join(w.words[c.start : c.end + 1]), "head": c.head - lo, "in_chain": ok}
+            for c, ok in zip(q.cands, q.correct, strict=True)
+        ],
+        "_all": sub,
+    }
 
 
 def gap_scores(pattern: torch.Tensor, rows: torch.Tensor, weights: torch.Tensor, to: torch.Tensor) -> torch.Tensor:
@@ -447,15 +497,16 @@ def gap_accumulate(state: GapState, batch: Batch, acts, names: list[str]) -> Non
     weights = torch.zeros(len(items), width, dtype=torch.float64)
     to = torch.zeros(len(items), 2, n_pos, dtype=torch.float64)  # A, B piece indicators
     for b, it in enumerate(items):
-        rows[b, :len(it.pronoun)] = torch.tensor(it.pronoun)
-        weights[b, :len(it.pronoun)] = 1.0 / len(it.pronoun)
+        rows[b, : len(it.pronoun)] = torch.tensor(it.pronoun)
+        weights[b, : len(it.pronoun)] = 1.0 / len(it.pronoun)
         to[b, 0, list(it.a)] = 1.0
         to[b, 1, list(it.b)] = 1.0
     att = torch.stack([gap_scores(acts[n].cpu(), rows, weights, to) for n in names], 1)  # [batch, layer, head, cand]
     label = torch.tensor([it.label for it in items])
     nearest = torch.tensor([it.nearest for it in items])
-    pred = torch.where(att[..., 1] > att[..., 0], 1, torch.where(att[..., 0] > att[..., 1], 0,
-                                                                 nearest[:, None, None]))  # [b, l, h]
+    pred = torch.where(
+        att[..., 1] > att[..., 0], 1, torch.where(att[..., 0] > att[..., 1], 0, nearest[:, None, None])
+    )  # [b, l, h]
     ok = (pred == label[:, None, None]).long()
     gender = torch.tensor([it.gender for it in items])
     state.correct.index_add_(0, gender, ok)
@@ -471,6 +522,7 @@ def gap_accumulate(state: GapState, batch: Batch, acts, names: list[str]) -> Non
 
 # ---------------------------------------------------------------- finalize helpers
 
+
 def best_head(correct: torch.Tensor) -> tuple[int, int]:
     """(layer, head) with the most correct answers; ties -> lowest layer, then lowest head."""
     flat = correct.reshape(-1)  # [layer * head], layer-major
@@ -482,8 +534,8 @@ def pct(k: int | float, n: int) -> float | None:
     return None if n == 0 else round(100.0 * k / n, 2)
 
 
-def clark(l: int, h: int) -> str:
-    return f"{l + 1}-{h + 1}"
+def clark(layer_idx: int, h: int) -> str:
+    return f"{layer_idx + 1}-{h + 1}"
 
 
 def heatmap_rows(correct: torch.Tensor, n: Sequence[int], labels: Sequence[str], column: str) -> list[dict]:
@@ -494,19 +546,29 @@ def heatmap_rows(correct: torch.Tensor, n: Sequence[int], labels: Sequence[str],
     for label, c, k in groups:
         for layer in range(c.shape[0]):
             for head in range(c.shape[1]):
-                rows.append({"layer": layer, "head": head, "metric": "accuracy",
-                             "value": float(c[layer, head]) / k if k else float("nan"),
-                             column: label, "n": k, "clark_head": clark(layer, head)})
+                rows.append(
+                    {
+                        "layer": layer,
+                        "head": head,
+                        "metric": "accuracy",
+                        "value": float(c[layer, head]) / k if k else float("nan"),
+                        column: label,
+                        "n": k,
+                        "clark_head": clark(layer, head),
+                    }
+                )
     return rows
 
 
 # ---------------------------------------------------------------- the task
 
-@register
+
 class Coref(Task):
     name = "coref"
-    description = ("Antecedent selection by attention (Clark Table 2): CoNLL-U Entity chains, "
-                   "CoNLL-2012 *_conll, or GAP TSV; best head vs nearest / head-match / rule-based")
+    description = (
+        "Antecedent selection by attention (Clark Table 2): CoNLL-U Entity chains, "
+        "CoNLL-2012 *_conll, or GAP TSV; best head vs nearest / head-match / rule-based"
+    )
     Options = Options
 
     def _format(self, ctx: Context) -> str:
@@ -518,12 +580,15 @@ class Coref(Task):
         if ctx.data is None:
             return "conllu"
         if ctx.data.is_dir():
-            kinds = {cd.sniff(f) for f in ctx.data.iterdir() if f.is_file() and
-                     (f.suffix in (".conllu", ".tsv") or cd.is_conll2012(f))}
+            kinds = {
+                coref_data.sniff(f)
+                for f in ctx.data.iterdir()
+                if f.is_file() and (f.suffix in (".conllu", ".tsv") or coref_data.is_conll2012(f))
+            }
             if kinds == {"gap"}:
                 return "gap"
             return "chains"
-        return cd.sniff(ctx.data)
+        return coref_data.sniff(ctx.data)
 
     def load(self, model, ctx: Context) -> Examples:
         if ctx.options.views < 0:
@@ -531,20 +596,29 @@ class Coref(Task):
         fmt = self._format(ctx)
         if fmt == "gap":
             return self._load_gap(model, ctx)
-        docs = cd.read_chain_docs(ctx.data or SAMPLE, kind=fmt if fmt in ("conllu", "conll2012") else None)
-        limit = min(ctx.config.max_len, model.info.max_len)
+        docs = coref_data.read_chain_docs(ctx.data or SAMPLE, kind=fmt if fmt in ("conllu", "conll2012") else None)
+        limit = model.input_limit(ctx.config.max_len)
         windows, counts = chain_windows(model, docs, limit)
         if not windows:
-            raise ProbeError(f"{ctx.data or SAMPLE}: no mention has an earlier mention of its chain within "
-                             f"one window of {limit} pieces; give documents with coreference chains")
-        return CorefExamples(windows, counts["sentences_skipped"], f"sentences longer than {limit} pieces",
-                             "chains", {**counts, "documents": len(docs)})
+            raise ProbeError(
+                f"{ctx.data or SAMPLE}: no mention has an earlier mention of its chain within "
+                f"one window of {limit} pieces; give documents with coreference chains"
+            )
+        return CorefExamples(
+            windows,
+            counts["sentences_skipped"],
+            f"sentences longer than {limit} pieces",
+            "chains",
+            {**counts, "documents": len(docs)},
+        )
 
     def _load_gap(self, model, ctx: Context) -> Examples:
         path = ctx.data
+        if path is None:
+            raise ValueError("_load_gap needs a data path")
         files = sorted(f for f in path.iterdir() if f.suffix == ".tsv") if path.is_dir() else [path]
-        rows = [ex for f in files for ex in cd.read_gap(f)]
-        limit = min(ctx.options.gap_max_len, model.info.max_len)
+        rows = [ex for f in files for ex in coref_data.read_gap(f)]
+        limit = model.input_limit(ctx.options.gap_max_len)
         items, counts = gap_items(model, rows, limit, path)
         if not items:
             raise ProbeError(f"{path}: no GAP example with exactly one true candidate fits in {limit} pieces")
@@ -561,9 +635,7 @@ class Coref(Task):
     def start(self, model, ctx, examples):
         kind = getattr(examples, "kind", "chains")
         cls = GapState if kind == "gap" else ChainState
-        state = cls(model.info.n_layers, model.info.n_heads, ctx.options.views)
-        state.kind, state.counts = kind, getattr(examples, "counts", {})
-        return state
+        return cls(model.info.n_layers, model.info.n_heads, ctx.options.views, getattr(examples, "counts", {}))
 
     def accumulate(self, state, batch, acts) -> None:
         names = pattern_names(state.n_layers)
@@ -579,43 +651,83 @@ class Coref(Task):
 
 # ---------------------------------------------------------------- outputs
 
+
 def chain_output(state: ChainState, ctx: Context) -> Output:
     n, total = state.n, sum(state.n)
     layer, head = best_head(state.correct.sum(0))
     best = [int(state.correct.sum(0)[layer, head])] + [int(state.correct[k, layer, head]) for k in range(3)]
-    rows = [{"method": "mentions evaluated", "head": "", "clark_head": "", "all": total,
-             "pronoun": n[0], "proper": n[1], "nominal": n[2], "clark_et_al": "All/Pron/Prop/Nom"}]
-    rows.append({"method": "best head", "head": f"{layer}-{head}", "clark_head": clark(layer, head),
-                 "all": pct(best[0], total), **{t: pct(best[k + 1], n[k]) for k, t in enumerate(TYPES)},
-                 "clark_et_al": "head 5-4: " + "/".join(map(str, CLARK["head 5-4"]))})
+    rows = [
+        {
+            "method": "mentions evaluated",
+            "head": "",
+            "clark_head": "",
+            "all": total,
+            "pronoun": n[0],
+            "proper": n[1],
+            "nominal": n[2],
+            "clark_et_al": "All/Pron/Prop/Nom",
+        }
+    ]
+    rows.append(
+        {
+            "method": "best head",
+            "head": f"{layer}-{head}",
+            "clark_head": clark(layer, head),
+            "all": pct(best[0], total),
+            **{t: pct(best[k + 1], n[k]) for k, t in enumerate(TYPES)},
+            "clark_et_al": "head 5-4: " + "/".join(map(str, CLARK["head 5-4"])),
+        }
+    )
     for i, name in enumerate(BASELINES):
         b = state.base[i]
-        rows.append({"method": name, "head": "", "clark_head": "", "all": pct(sum(b), total),
-                     **{t: pct(b[k], n[k]) for k, t in enumerate(TYPES)},
-                     "clark_et_al": "/".join(map(str, CLARK[name]))})
+        rows.append(
+            {
+                "method": name,
+                "head": "",
+                "clark_head": "",
+                "all": pct(sum(b), total),
+                **{t: pct(b[k], n[k]) for k, t in enumerate(TYPES)},
+                "clark_et_al": "/".join(map(str, CLARK[name])),
+            }
+        )
     scores = tidy(heatmap_rows(state.correct, n, TYPES, "type"), ctx.config.model, "coref")
     c = state.counts
-    notes = [f"{total} mentions evaluated ({n[0]} pronoun, {n[1]} proper, {n[2]} nominal) of "
-             f"{c.get('mentions', 0)} in {c.get('documents', 0)} documents; {c.get('windows', 0)} windows, "
-             f"{state.n_windows} of them with an evaluated mention (only those are run)",
-             f"best head {layer}-{head} (0-indexed; Clark's 1-indexed layer-head {clark(layer, head)}): "
-             f"{pct(best[0], total)}% vs nearest {pct(sum(state.base[0]), total)}%, head match "
-             f"{pct(sum(state.base[1]), total)}%, rule-based {pct(sum(state.base[2]), total)}%",
-             "Clark et al. 2019 (BERT-base, CoNLL-2012), All/Pronoun/Proper/Nominal: head 5-4 65/64/73/58; "
-             "nearest 27/29/29/19; head match 52/47/67/40; rule-based 69/70/77/60"]
-    headline = {"n_mentions": total, "n_by_type": dict(zip(TYPES, n)), "best_head": [layer, head],
-                "best_head_clark": clark(layer, head), "accuracy": pct(best[0], total),
-                "accuracy_by_type": {t: pct(best[k + 1], n[k]) for k, t in enumerate(TYPES)},
-                "baselines": {name: {"all": pct(sum(state.base[i]), total),
-                                     **{t: pct(state.base[i][k], n[k]) for k, t in enumerate(TYPES)}}
-                              for i, name in enumerate(BASELINES)},
-                "clark_et_al": {k: dict(zip(("all", *TYPES), v)) for k, v in CLARK.items()}}
+    notes = [
+        f"{total} mentions evaluated ({n[0]} pronoun, {n[1]} proper, {n[2]} nominal) of "
+        f"{c.get('mentions', 0)} in {c.get('documents', 0)} documents; {c.get('windows', 0)} windows, "
+        f"{state.n_windows} of them with an evaluated mention (only those are run)",
+        f"best head {layer}-{head} (0-indexed; Clark's 1-indexed layer-head {clark(layer, head)}): "
+        f"{pct(best[0], total)}% vs nearest {pct(sum(state.base[0]), total)}%, head match "
+        f"{pct(sum(state.base[1]), total)}%, rule-based {pct(sum(state.base[2]), total)}%",
+        "Clark et al. 2019 (BERT-base, CoNLL-2012), All/Pronoun/Proper/Nominal: head 5-4 65/64/73/58; "
+        "nearest 27/29/29/19; head match 52/47/67/40; rule-based 69/70/77/60",
+    ]
+    headline = {
+        "n_mentions": total,
+        "n_by_type": dict(zip(TYPES, n, strict=False)),
+        "best_head": [layer, head],
+        "best_head_clark": clark(layer, head),
+        "accuracy": pct(best[0], total),
+        "accuracy_by_type": {t: pct(best[k + 1], n[k]) for k, t in enumerate(TYPES)},
+        "baselines": {
+            name: {
+                "all": pct(sum(state.base[i]), total),
+                **{t: pct(state.base[i][k], n[k]) for k, t in enumerate(TYPES)},
+            }
+            for i, name in enumerate(BASELINES)
+        },
+        "clark_et_al": {k: dict(zip(("all", *TYPES), v, strict=False)) for k, v in CLARK.items()},
+    }
     heatmaps = [{"title": "antecedent accuracy, all mentions", "metric": "accuracy", "where": {"type": "all"}}]
-    heatmaps += [{"title": f"antecedent accuracy, {t}s", "metric": "accuracy", "where": {"type": t}}
-                 for k, t in enumerate(TYPES) if n[k]]
+    heatmaps += [
+        {"title": f"antecedent accuracy, {t}s", "metric": "accuracy", "where": {"type": t}}
+        for k, t in enumerate(TYPES)
+        if n[k]
+    ]
     views = [_finish_chain_view(v, layer, head) for v in state.views]
-    return Output(scores=scores, summary=pd.DataFrame(rows), notes=notes, headline=headline,
-                  heatmaps=heatmaps, views=views)
+    return Output(
+        scores=scores, summary=pd.DataFrame(rows), notes=notes, headline=headline, heatmaps=heatmaps, views=views
+    )
 
 
 def _finish_chain_view(v: dict, layer: int, head: int) -> dict:
@@ -624,10 +736,16 @@ def _finish_chain_view(v: dict, layer: int, head: int) -> dict:
     cands = [{**c, "attention": round(float(row[c["head"]]), 4)} for c in v["candidates"]]
     top = max(range(len(cands)), key=lambda i: (cands[i]["attention"], -i))
     pick = cands[top]
-    return {"title": f"{v['doc']}: \"{v['mention']}\" ({v['type']}) -> \"{pick['text']}\" "
-                     f"({'correct' if pick['in_chain'] else 'wrong'}), head {layer}-{head}",
-            "tokens": v["tokens"], "pattern": [m.tolist()], "heads": [f"{layer}-{head} (Clark {clark(layer, head)})"],
-            "causal": False, "query": v["query"], "candidates": cands}
+    return {
+        "title": f'{v["doc"]}: "{v["mention"]}" ({v["type"]}) -> "{pick["text"]}" '
+        f"({'correct' if pick['in_chain'] else 'wrong'}), head {layer}-{head}",
+        "tokens": v["tokens"],
+        "pattern": [m.tolist()],
+        "heads": [f"{layer}-{head} (Clark {clark(layer, head)})"],
+        "causal": False,
+        "query": v["query"],
+        "candidates": cands,
+    }
 
 
 def gap_output(state: GapState, ctx: Context) -> Output:
@@ -639,27 +757,51 @@ def gap_output(state: GapState, ctx: Context) -> Output:
 
     def line(method: str, hd: str, all_k: int, by: Sequence[int]) -> dict:
         acc_m, acc_f = pct(by[m_i], n[m_i]), pct(by[f_i], n[f_i])
-        return {"method": method, "head": hd, "clark_head": clark(layer, head) if hd else "",
-                "all": pct(all_k, total), "masculine": acc_m, "feminine": acc_f,
-                "F/M": round(acc_f / acc_m, 3) if acc_m and acc_f is not None else None}
+        return {
+            "method": method,
+            "head": hd,
+            "clark_head": clark(layer, head) if hd else "",
+            "all": pct(all_k, total),
+            "masculine": acc_m,
+            "feminine": acc_f,
+            "F/M": round(acc_f / acc_m, 3) if acc_m and acc_f is not None else None,
+        }
 
-    rows = [{"method": "examples", "head": "", "clark_head": "", "all": total, "masculine": n[m_i],
-             "feminine": n[f_i], "F/M": None}]
+    rows = [
+        {
+            "method": "examples",
+            "head": "",
+            "clark_head": "",
+            "all": total,
+            "masculine": n[m_i],
+            "feminine": n[f_i],
+            "F/M": None,
+        }
+    ]
     rows.append(line("best head", f"{layer}-{head}", int(tot[layer, head]), state.correct[:, layer, head].tolist()))
     for i, name in enumerate(("nearest", "first candidate")):
         rows.append(line(name, "", sum(state.base[i]), state.base[i]))
     summary = pd.DataFrame(rows)
     scores = tidy(heatmap_rows(state.correct, n, GENDERS, "gender"), ctx.config.model, "coref")
     c = state.counts
-    notes = [f"GAP: {total} examples with exactly one true candidate ({n[m_i]} masculine, {n[f_i]} feminine); "
-             f"{c.get('unanswerable', 0)} of {c.get('rows', 0)} rows have no or two true candidates and are not used",
-             f"best head {layer}-{head} (Clark {clark(layer, head)}): {pct(int(tot[layer, head]), total)}% vs "
-             f"nearest {pct(sum(state.base[0]), total)}%, first candidate {pct(sum(state.base[1]), total)}%"]
-    headline = {"n_examples": total, "best_head": [layer, head], "best_head_clark": clark(layer, head),
-                "gap": {r["method"]: {k: r[k] for k in ("all", "masculine", "feminine", "F/M")} for r in rows[1:]}}
+    notes = [
+        f"GAP: {total} examples with exactly one true candidate ({n[m_i]} masculine, {n[f_i]} feminine); "
+        f"{c.get('unanswerable', 0)} of {c.get('rows', 0)} rows have no or two true candidates and are not used",
+        f"best head {layer}-{head} (Clark {clark(layer, head)}): {pct(int(tot[layer, head]), total)}% vs "
+        f"nearest {pct(sum(state.base[0]), total)}%, first candidate {pct(sum(state.base[1]), total)}%",
+    ]
+    headline = {
+        "n_examples": total,
+        "best_head": [layer, head],
+        "best_head_clark": clark(layer, head),
+        "gap": {r["method"]: {k: r[k] for k in ("all", "masculine", "feminine", "F/M")} for r in rows[1:]},
+    }
     heatmaps = [{"title": "GAP accuracy, all", "metric": "accuracy", "where": {"gender": "all"}}]
-    heatmaps += [{"title": f"GAP accuracy, {g}", "metric": "accuracy", "where": {"gender": g}}
-                 for k, g in enumerate(GENDERS) if n[k]]
+    heatmaps += [
+        {"title": f"GAP accuracy, {g}", "metric": "accuracy", "where": {"gender": g}}
+        for k, g in enumerate(GENDERS)
+        if n[k]
+    ]
     views = [_gap_view(v, layer, head) for v in state.views]
     return Output(scores=scores, summary=summary, notes=notes, headline=headline, heatmaps=heatmaps, views=views)
 
@@ -667,8 +809,11 @@ def gap_output(state: GapState, ctx: Context) -> Output:
 def _gap_view(v: dict, layer: int, head: int) -> dict:
     it: GapItem = v["item"]
     att = v["att"][layer, head]
-    return {"title": f"GAP {it.id}: pronoun -> A {att[0]:.3f}, B {att[1]:.3f}; true {'AB'[it.label]}",
-            "tokens": [f"{it.names[0]} (pronoun)", f"{it.names[1]} (A)", f"{it.names[2]} (B)"],
-            # one head; only the pronoun's row is meaningful: attention to A and to B
-            "pattern": [[[0.0, float(att[0]), float(att[1])], [0.0] * 3, [0.0] * 3]],
-            "heads": [f"{layer}-{head} (Clark {clark(layer, head)})"], "causal": False}
+    return {
+        "title": f"GAP {it.id}: pronoun -> A {att[0]:.3f}, B {att[1]:.3f}; true {'AB'[it.label]}",
+        "tokens": [f"{it.names[0]} (pronoun)", f"{it.names[1]} (A)", f"{it.names[2]} (B)"],
+        # one head; only the pronoun's row is meaningful: attention to A and to B
+        "pattern": [[[0.0, float(att[0]), float(att[1])], [0.0] * 3, [0.0] * 3]],
+        "heads": [f"{layer}-{head} (Clark {clark(layer, head)})"],
+        "causal": False,
+    }

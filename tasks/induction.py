@@ -1,4 +1,4 @@
-"""induction (DESIGN §3.5; Olsson et al. 2022; Elhage et al. 2021): copying heads on repeated
+"""induction (docs/induction.md; Olsson et al. 2022; Elhage et al. 2021): copying heads on repeated
 random tokens.
 
 Input: ``n_seqs`` sequences ``[BOS] r r`` (encoders: ``[CLS] r r [SEP]``), ``r`` of length
@@ -32,6 +32,7 @@ models with a tokenizer get Olsson et al.'s in-context-learning score on natural
 (``icl_score``, :func:`icl_positions`): loss at token 500 minus loss at token 50 of 512-token
 windows (shorter contexts scale both positions).
 """
+
 from __future__ import annotations
 
 import io
@@ -40,6 +41,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 import torch
@@ -51,11 +53,9 @@ from depthprobe.probes.errors import ProbeError
 from depthprobe.probes.metrics import diagonal
 from depthprobe.probes.models import Model
 from depthprobe.probes.options import ranged
-from depthprobe.probes.sweep import Sweep, SweepConfig, register_sweep
-from depthprobe.probes.task import Context, Examples, Output, Task, register, tidy
+from depthprobe.probes.task import Context, Examples, Output, Sweep, SweepConfig, Task, tidy
 from depthprobe.probes.viz import plot_text
 
-HEAD_METRICS = ("induction", "previous_token", "duplicate_token")
 ICL_TEXT = Path(__file__).parent / "data" / "tinyshakespeare.txt"  # built-in natural text
 ICL_CONTEXT = 512  # Olsson et al.'s documents: at least 512 tokens
 ICL_EARLY, ICL_LATE = 50, 500  # token positions compared at a 512-token context
@@ -100,11 +100,15 @@ def chance_levels(repeat_len: int, prefix: int = 1, suffix: int = 0, causal: boo
     are those :func:`head_score_sums` averages over.
     """
     s, p = repeat_len, prefix
-    queries = {"induction": range(p + s, p + 2 * s), "duplicate_token": range(p + s, p + 2 * s),
-               "previous_token": range(p + 1, p + 2 * s)}
+    queries = {
+        "induction": range(p + s, p + 2 * s),
+        "duplicate_token": range(p + s, p + 2 * s),
+        "previous_token": range(p + 1, p + 2 * s),
+    }
     total = p + 2 * s + suffix
-    return {k: sum((Fraction(1, i + 1 if causal else total) for i in q), Fraction(0)) / len(q)
-            for k, q in queries.items()}
+    return {
+        k: sum((Fraction(1, i + 1 if causal else total) for i in q), Fraction(0)) / len(q) for k, q in queries.items()
+    }
 
 
 def icl_positions(context: int) -> tuple[int, int]:
@@ -140,12 +144,13 @@ def token_losses(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
     return flat.view(tokens.shape[0], -1)  # [b * (t-1)] -> [b, t-1]
 
 
-def copy_losses(logits: torch.Tensor, tokens: torch.Tensor, repeat_len: int,
-                prefix: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+def copy_losses(
+    logits: torch.Tensor, tokens: torch.Tensor, repeat_len: int, prefix: int = 1
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-sequence mean loss predicting r_1..r_{S-1} in the first copy and in the second. [batch] each."""
     s, p = repeat_len, prefix
     loss = token_losses(logits, tokens).double()
-    return loss[:, p:p + s - 1].mean(-1), loss[:, p + s:p + 2 * s - 1].mean(-1)
+    return loss[:, p : p + s - 1].mean(-1), loss[:, p + s : p + 2 * s - 1].mean(-1)
 
 
 def copying_scores(model: Model) -> torch.Tensor:
@@ -194,8 +199,7 @@ def frame(model: Model) -> tuple[tuple[int, ...], tuple[int, ...]]:
 def sequences(model: Model, repeat_len: int, n: int, seed: int) -> torch.Tensor:
     """[n, p + 2S + suffix] repeated sequences for ``model``, seeded by (seed, S)."""
     prefix, suffix = frame(model)
-    return synthetic.repeated(n, repeat_len, ordinary_ids(model), synthetic.generator(seed, repeat_len),
-                              prefix, suffix)
+    return synthetic.repeated(n, repeat_len, ordinary_ids(model), synthetic.generator(seed, repeat_len), prefix, suffix)
 
 
 def text_windows(ids: Sequence[int], context: int, bos: int | None, limit: int) -> torch.Tensor:
@@ -206,7 +210,7 @@ def text_windows(ids: Sequence[int], context: int, bos: int | None, limit: int) 
     n = min(context, ICL_CONTEXT)
     body = n - (bos is not None)
     count = len(ids) // body
-    t = torch.as_tensor(list(ids[:count * body]), dtype=torch.long).view(count, body)
+    t = torch.as_tensor(list(ids[: count * body]), dtype=torch.long).view(count, body)
     k = min(limit, count)
     t = t[[j * count // k for j in range(k)]] if k else t[:0]
     if bos is not None:
@@ -218,13 +222,16 @@ def read_icl_text(path: str | None) -> str:
     """The ICL text: ``path`` (a UTF-8 file) or the built-in Tiny Shakespeare."""
     f = ICL_TEXT if path is None else Path(path)
     if not f.is_file():
-        raise ProbeError(f"induction: icl_text {path} is not a file; give a UTF-8 text file "
-                         "(or drop -O icl_text for the built-in Tiny Shakespeare)")
+        raise ProbeError(
+            f"induction: icl_text {path} is not a file; give a UTF-8 text file "
+            "(or drop -O icl_text for the built-in Tiny Shakespeare)"
+        )
     try:
         text = f.read_text(encoding="utf-8")
     except UnicodeDecodeError as e:
-        raise ProbeError(f"induction: icl_text {path} is not UTF-8 (byte {e.start}); "
-                         "convert it to UTF-8 or give another file") from None
+        raise ProbeError(
+            f"induction: icl_text {path} is not UTF-8 (byte {e.start}); convert it to UTF-8 or give another file"
+        ) from None
     if not text.strip():
         raise ProbeError(f"induction: icl_text {path} is empty; give a file with text")
     return text
@@ -239,8 +246,10 @@ def icl_windows(model: Model, o: Options) -> torch.Tensor | None:
     windows = text_windows(ids, model.info.max_len, model.cls_id, o.icl_windows)
     if len(windows) == 0:
         n = min(model.info.max_len, ICL_CONTEXT)
-        raise ProbeError(f"induction: icl_text has {len(ids)} tokens, fewer than one {n}-token window; "
-                         "give a longer text or -O icl_windows=0")
+        raise ProbeError(
+            f"induction: icl_text has {len(ids)} tokens, fewer than one {n}-token window; "
+            "give a longer text or -O icl_windows=0"
+        )
     return windows
 
 
@@ -283,15 +292,15 @@ class State:
     icl: torch.Tensor | None = None  # [K, n] natural-text windows for the ICL score
 
 
-@register
 class Induction(Task):
     name = "induction"
-    description = ("Per-head induction, previous-token and duplicate-token scores on repeated random "
-                   "tokens with chance levels; repeat copying and ICL scores (causal); copying and "
-                   "K-composition, trained and at init (native)")
+    description = (
+        "Per-head induction, previous-token and duplicate-token scores on repeated random "
+        "tokens with chance levels; repeat copying and ICL scores (causal); copying and "
+        "K-composition, trained and at init (native)"
+    )
     Options = Options
     needs_text = False
-    needs_logits = True
 
     def wants_logits(self, model) -> bool:  # the ICL score is defined for causal models only
         return model.info.causal
@@ -305,18 +314,22 @@ class Induction(Task):
         if o.n_seqs < 1:
             raise ProbeError(f"induction: n_seqs must be at least 1, got {o.n_seqs}")
         prefix, suffix = frame(model)
-        limit = min(ctx.config.max_len, model.info.max_len)
+        limit = model.input_limit(ctx.config.max_len)
         total = len(prefix) + 2 * o.repeat_len + len(suffix)
         if total > limit:
             fit = (limit - len(prefix) - len(suffix)) // 2
-            raise ProbeError(f"induction: repeat_len={o.repeat_len} makes {total} tokens, over the limit "
-                             f"{limit} (--max-len / model context); use --option repeat_len={fit} or less")
+            raise ProbeError(
+                f"induction: repeat_len={o.repeat_len} makes {total} tokens, over the limit "
+                f"{limit} (--max-len / model context); use --option repeat_len={fit} or less"
+            )
         usable = len(ordinary_ids(model))
         if usable < 2:
             raise ProbeError(f"model {model.name!r} has fewer than 2 ordinary tokens to repeat")
         if o.repeat_len > usable:
-            raise ProbeError(f"induction: repeat_len={o.repeat_len} needs that many distinct tokens, but model "
-                             f"{model.name!r} has {usable} ordinary tokens; use --option repeat_len={usable} or less")
+            raise ProbeError(
+                f"induction: repeat_len={o.repeat_len} needs that many distinct tokens, but model "
+                f"{model.name!r} has {usable} ordinary tokens; use --option repeat_len={usable} or less"
+            )
         if o.icl_windows < 0:
             raise ProbeError(f"induction: icl_windows must be 0 (no ICL score) or more, got {o.icl_windows}")
         if o.icl_text is not None:
@@ -328,8 +341,12 @@ class Induction(Task):
         return pattern_names(model.info.n_layers)
 
     def start(self, model, ctx, examples):
-        return State(model=model, repeat_len=ctx.options.repeat_len, prefix=len(frame(model)[0]),
-                     icl=icl_windows(model, ctx.options))
+        return State(
+            model=model,
+            repeat_len=ctx.options.repeat_len,
+            prefix=len(frame(model)[0]),
+            icl=icl_windows(model, ctx.options),
+        )
 
     def accumulate(self, state: State, batch, acts) -> None:
         names = pattern_names(state.model.info.n_layers)
@@ -348,8 +365,9 @@ class Induction(Task):
         model = state.model
         means = {k: v / state.n for k, v in state.sums.items()}
         prefix, suffix = frame(model)
-        chance = {k: float(v) for k, v in
-                  chance_levels(state.repeat_len, len(prefix), len(suffix), model.info.causal).items()}
+        chance = {
+            k: float(v) for k, v in chance_levels(state.repeat_len, len(prefix), len(suffix), model.info.causal).items()
+        }
         files: dict[str, bytes] = {}
         if model.info.native is not None:
             means["copying"] = copying_scores(model).cpu()
@@ -358,47 +376,80 @@ class Induction(Task):
                 means["k_composition_max"] = comp.amax(dim=(0, 1))  # [l2, h2] best earlier partner
                 means["k_composition_max_init"] = k_composition(at_init(model)).amax(dim=(0, 1))
                 files["k_composition.csv"] = _composition_csv(comp).encode()
-        rows = [{"layer": l, "head": h, "metric": metric, "value": float(m[l, h]), "chance": chance.get(metric)}
-                for metric, m in means.items() for l in range(m.shape[0]) for h in range(m.shape[1])]
+        rows = [
+            {
+                "layer": layer_idx,
+                "head": h,
+                "metric": metric,
+                "value": float(m[layer_idx, h]),
+                "chance": chance.get(metric),
+            }
+            for metric, m in means.items()
+            for layer_idx in range(m.shape[0])
+            for h in range(m.shape[1])
+        ]
         scores = tidy(rows, ctx.config.model, self.name)
         model_level: dict[str, float] = {}
         if model.info.causal:
             early, late = state.loss_first / state.n, state.loss_second / state.n
             model_level = {"repeat_copying_score": late - early, "loss_first_copy": early, "loss_repeated": late}
-        icl: dict[str, float | int] = {}
+        icl: dict[str, Any] = {}
         if state.icl is not None:
             pos = icl_positions(model.info.max_len)
             score, se, at_early, at_late = icl_from_losses(icl_losses(model, state.icl, ctx.config.batch_size), *pos)
             model_level.update({"icl_score": score, "icl_loss_early": at_early, "icl_loss_late": at_late})
-            icl = {"icl_score_se": round(se, 4), "icl_windows": len(state.icl), "icl_context": state.icl.shape[1],
-                   "icl_positions": list(pos)}
+            icl = {
+                "icl_score_se": round(se, 4),
+                "icl_windows": len(state.icl),
+                "icl_context": state.icl.shape[1],
+                "icl_positions": list(pos),
+            }
         summary = summarise(scores, ctx.options.top, model_level)
         best = scores[scores.metric == "induction"].nlargest(1, "value").iloc[0]
-        headline = {"best_induction_head": f"{int(best['layer'])}.{int(best['head'])}",
-                    "best_induction_score": round(float(best["value"]), 4),
-                    "induction_chance": round(chance["induction"], 4), "n_sequences": state.n,
-                    "repeat_len": state.repeat_len, **{k: round(v, 4) for k, v in model_level.items()}, **icl}
-        notes = [f"{state.n} sequences of {'[BOS] r r' if model.info.causal else '[CLS] r r [SEP]'} with "
-                 f"|r| = {state.repeat_len} distinct random ordinary tokens; heads are layer.head, 0-indexed",
-                 "chance (1 / attendable positions, averaged over the scored queries): "
-                 + ", ".join(f"{k} {v:.4f}" for k, v in chance.items())]
+        headline = {
+            "best_induction_head": f"{int(best['layer'])}.{int(best['head'])}",
+            "best_induction_score": round(float(best["value"]), 4),
+            "induction_chance": round(chance["induction"], 4),
+            "n_sequences": state.n,
+            "repeat_len": state.repeat_len,
+            **{k: round(v, 4) for k, v in model_level.items()},
+            **icl,
+        }
+        notes = [
+            f"{state.n} sequences of {'[BOS] r r' if model.info.causal else '[CLS] r r [SEP]'} with "
+            f"|r| = {state.repeat_len} distinct random ordinary tokens; heads are layer.head, 0-indexed",
+            "chance (1 / attendable positions, averaged over the scored queries): "
+            + ", ".join(f"{k} {v:.4f}" for k, v in chance.items()),
+        ]
         if "k_composition_max_init" in means:
             trained, init = means["k_composition_max"][1:], means["k_composition_max_init"][1:]
-            notes.append(f"K-composition with the best earlier head, layers 1+: trained {float(trained.min()):.3f}-"
-                         f"{float(trained.max()):.3f} (mean {float(trained.mean()):.3f}); the same architecture at "
-                         f"initialisation (seed {model.info.native['seed']}) {float(init.min()):.3f}-"
-                         f"{float(init.max()):.3f} (mean {float(init.mean()):.3f})")
+            notes.append(
+                f"K-composition with the best earlier head, layers 1+: trained {float(trained.min()):.3f}-"
+                f"{float(trained.max()):.3f} (mean {float(trained.mean()):.3f}); the same architecture at "
+                f"initialisation (seed {(model.info.native or {}).get('seed')}) {float(init.min()):.3f}-"
+                f"{float(init.max()):.3f} (mean {float(init.mean()):.3f})"
+            )
         if model.info.causal:
-            notes.append(f"repeat copying score (loss on the second copy minus the first): "
-                         f"{model_level['repeat_copying_score']:.3f} nats")
+            notes.append(
+                f"repeat copying score (loss on the second copy minus the first): "
+                f"{model_level['repeat_copying_score']:.3f} nats"
+            )
         notes.append(_icl_note(model, ctx.options, model_level, icl))
-        return Output(scores=scores, summary=summary, notes=notes, headline=headline,
-                      heatmaps=[{"title": TITLES[m], "metric": m, "where": {}} for m in means],
-                      views=[self._view(state, scores)], files=files)
+        return Output(
+            scores=scores,
+            summary=summary,
+            notes=notes,
+            headline=headline,
+            heatmaps=[{"title": TITLES[m], "metric": m, "where": {}} for m in means],
+            views=[self._view(state, scores)],
+            files=files,
+        )
 
     @staticmethod
     def _view(state: State, scores: pd.DataFrame) -> dict:
         """The best induction head (and the best previous-token head) on one repeated sequence."""
+        if state.example is None:
+            raise ValueError("_view needs the example kept by accumulate")
         ids, pattern = state.example
         picks = [("induction", scores[scores.metric == "induction"])]
         prev = scores[(scores.metric == "previous_token")]
@@ -411,10 +462,13 @@ class Induction(Task):
             layer, head = int(r["layer"]), int(r["head"])
             heads.append(pattern[layer, head])
             labels.append(f"{layer}.{head} best {metric} ({r['value']:.2f})")
-        return {"title": f"best induction head on one repeated sequence (|r| = {state.repeat_len})",
-                "tokens": token_strings(state.model, ids),
-                "pattern": torch.stack(heads).numpy().round(4).tolist(),
-                "heads": labels, "causal": state.model.info.causal}
+        return {
+            "title": f"best induction head on one repeated sequence (|r| = {state.repeat_len})",
+            "tokens": token_strings(state.model, ids),
+            "pattern": torch.stack(heads).numpy().round(4).tolist(),
+            "heads": labels,
+            "causal": state.model.info.causal,
+        }
 
 
 TITLES = {
@@ -433,6 +487,8 @@ def at_init(model: Model) -> Model:
     its step-0 weights."""
     from depthprobe.probes.models import NativeConfig, load
 
+    if model.info.native is None:
+        raise ValueError(f"at_init needs a native model, got {model.info.name!r}")
     with torch.random.fork_rng(devices=[]):
         return load(NativeConfig(**model.info.native), device="cpu")
 
@@ -441,9 +497,11 @@ def _icl_note(model: Model, o: Options, level: dict[str, float], icl: dict) -> s
     if "icl_score" in level:
         early, late = icl["icl_positions"]
         source = "Tiny Shakespeare (built in)" if o.icl_text is None else o.icl_text
-        return (f"ICL score (Olsson et al.): loss at token {late} minus loss at token {early} = "
-                f"{level['icl_score']:.3f} +- {icl['icl_score_se']:.3f} nats, {icl['icl_windows']} windows of "
-                f"{icl['icl_context']} tokens of {source}")
+        return (
+            f"ICL score (Olsson et al.): loss at token {late} minus loss at token {early} = "
+            f"{level['icl_score']:.3f} +- {icl['icl_score_se']:.3f} nats, {icl['icl_windows']} windows of "
+            f"{icl['icl_context']} tokens of {source}"
+        )
     if not model.info.causal:
         return "no ICL score: an encoder sees both sides of every token, so it has no next-token loss to compare"
     if model.tokenizer is None:
@@ -459,13 +517,17 @@ def summarise(scores: pd.DataFrame, top: int, model_level: dict[str, float]) -> 
     for metric, g in scores.groupby("metric", sort=False):
         best = g.nlargest(top, "value")
         chance = g["chance"].iloc[0]
-        out.append({"metric": metric, "mean": round(float(g["value"].mean()), 4),
-                    "chance": None if pd.isna(chance) else round(float(chance), 4),
-                    "heads_over_0.5": int((g["value"] > 0.5).sum()),
-                    "top_heads": ", ".join(f"{r.layer}.{r.head} ({r.value:.2f})" for r in best.itertuples())})
+        out.append(
+            {
+                "metric": metric,
+                "mean": round(float(g["value"].mean()), 4),
+                "chance": None if pd.isna(chance) else round(float(chance), 4),
+                "heads_over_0.5": int((g["value"] > 0.5).sum()),
+                "top_heads": ", ".join(f"{r.layer}.{r.head} ({r.value:.2f})" for r in best.itertuples()),
+            }
+        )
     for metric, value in model_level.items():
-        out.append({"metric": metric, "mean": round(value, 4), "chance": None, "heads_over_0.5": None,
-                    "top_heads": ""})
+        out.append({"metric": metric, "mean": round(value, 4), "chance": None, "heads_over_0.5": None, "top_heads": ""})
     df = pd.DataFrame(out)
     df["heads_over_0.5"] = df["heads_over_0.5"].astype("Int64")  # counts stay integers beside the blanks
     return df
@@ -473,8 +535,13 @@ def summarise(scores: pd.DataFrame, top: int, model_level: dict[str, float]) -> 
 
 def _composition_csv(comp: torch.Tensor) -> str:
     n_l, n_h = comp.shape[0], comp.shape[1]
-    rows = [{"src_layer": l1, "src_head": h1, "layer": l2, "head": h2, "k_composition": float(comp[l1, h1, l2, h2])}
-            for l1 in range(n_l) for h1 in range(n_h) for l2 in range(l1 + 1, n_l) for h2 in range(n_h)]
+    rows = [
+        {"src_layer": l1, "src_head": h1, "layer": l2, "head": h2, "k_composition": float(comp[l1, h1, l2, h2])}
+        for l1 in range(n_l)
+        for h1 in range(n_h)
+        for l2 in range(l1 + 1, n_l)
+        for h2 in range(n_h)
+    ]
     buf = io.StringIO()
     pd.DataFrame(rows).to_csv(buf, index=False)
     return buf.getvalue()
@@ -496,8 +563,7 @@ class Evaluation:
         return float(self.induction[layer, head]), layer, head
 
 
-def evaluate(model: Model, lengths: Sequence[int], n_seqs: int = 32, seed: int = 0,
-             batch_size: int = 64) -> Evaluation:
+def evaluate(model: Model, lengths: Sequence[int], n_seqs: int = 32, seed: int = 0, batch_size: int = 64) -> Evaluation:
     """Induction scores and repeated-half loss of a causal model, averaged over repeat lengths
     (each length weighs the same). Used by the depth sweep on held-out lengths."""
     names = pattern_names(model.info.n_layers)
@@ -538,11 +604,12 @@ class SweepOptions:
     threads: int = ranged(1, min=1)  # CPU threads while training (see probes.train.threads_for)
 
 
-@register_sweep
 class InductionSweep(Sweep):
     name = "induction"
-    description = ("Train one attention-only model per depth on repeated random tokens; best induction "
-                   "score on held-out repeat lengths vs training step")
+    description = (
+        "Train one attention-only model per depth on repeated random tokens; best induction "
+        "score on held-out repeat lengths vs training step"
+    )
     Options = SweepOptions
 
     def run(self, config: SweepConfig, options: SweepOptions, progress: bool) -> Output:
@@ -551,46 +618,78 @@ class InductionSweep(Sweep):
         o = options
         if o.eval_every < 1 or o.n_seqs < 1:
             raise ProbeError("induction sweep: eval_every and n_seqs must be at least 1")
-        settings = {"d_model": o.width, "heads": o.heads, "attn_only": o.attn_only, "norm": o.norm,
-                    "positional": o.positional, "vocab": o.vocab, "seq_len": o.seq_len, "steps": o.steps,
-                    "batch_size": o.batch_size, "lr": o.lr, "weight_decay": o.weight_decay,
-                    "seed": config.seed, "log_every": min(50, o.steps), "threads": o.threads}
+        settings = {
+            "d_model": o.width,
+            "heads": o.heads,
+            "attn_only": o.attn_only,
+            "norm": o.norm,
+            "positional": o.positional,
+            "vocab": o.vocab,
+            "seq_len": o.seq_len,
+            "steps": o.steps,
+            "batch_size": o.batch_size,
+            "lr": o.lr,
+            "weight_decay": o.weight_decay,
+            "seed": config.seed,
+            "log_every": min(50, o.steps),
+            "threads": o.threads,
+        }
         plans = {depth: build_configs(layers=depth, **settings) for depth in config.depths}  # validates first
         lengths = next(iter(plans.values()))[1].eval_lengths
         if not lengths:
             raise ProbeError(f"induction sweep: no held-out repeat length fits in seq_len={o.seq_len}; raise --seq-len")
         if max(lengths) > o.vocab - 1:
-            raise ProbeError(f"induction sweep: held-out repeat length {max(lengths)} needs that many distinct "
-                             f"tokens but vocab={o.vocab} has {o.vocab - 1}; use --option vocab={max(lengths) + 1} "
-                             "or more, or a shorter --seq-len")
-        rows, summary, losses = [], [], []
+            raise ProbeError(
+                f"induction sweep: held-out repeat length {max(lengths)} needs that many distinct "
+                f"tokens but vocab={o.vocab} has {o.vocab - 1}; use --option vocab={max(lengths) + 1} "
+                "or more, or a shorter --seq-len"
+            )
+        rows: list[dict[str, Any]] = []
+        summary: list[dict[str, Any]] = []
+        losses: list[dict[str, Any]] = []
         for depth, (native, data, cfg) in plans.items():
             curve: list[dict] = []
 
             def record(step: int, model: Model, depth: int = depth, curve: list = curve) -> None:
                 ev = evaluate(model, lengths, o.n_seqs, seed=config.seed + 1)
                 score, layer, head = ev.best
-                curve.append({"depth": depth, "step": step, "best_induction": round(score, 5),
-                              "best_head": f"{layer}.{head}", "loss_repeated": round(ev.loss_repeated, 5),
-                              "repeat_copying_score": round(ev.loss_repeated - ev.loss_first, 5)})
+                curve.append(
+                    {
+                        "depth": depth,
+                        "step": step,
+                        "best_induction": round(score, 5),
+                        "best_head": f"{layer}.{head}",
+                        "loss_repeated": round(ev.loss_repeated, 5),
+                        "repeat_copying_score": round(ev.loss_repeated - ev.loss_first, 5),
+                    }
+                )
 
             out = None if o.save_models is None else Path(o.save_models) / f"depth-{depth}"
-            done = train(native, data, cfg, out=out, device=config.device, progress=progress,
-                         every=o.eval_every, callback=record)
+            done = train(
+                native, data, cfg, out=out, device=config.device, progress=progress, every=o.eval_every, callback=record
+            )
             rows.extend(curve)
             losses.extend({"depth": depth, **r} for r in done.losses)
             summary.append(_depth_summary(depth, curve, done, o.threshold))
         table = pd.DataFrame(rows)
         summary_df = pd.DataFrame(summary)
         return Output(
-            scores=table, summary=summary_df, notes=_sweep_notes(summary_df, lengths, o),
-            headline={"phase_change_step": {str(r["depth"]): r["phase_change_step"] for r in summary},
-                      "induction_chance": round(mean_chance(lengths), 4),
-                      "final_best_induction": {str(r["depth"]): r["best_induction"] for r in summary},
-                      "threshold": o.threshold, "held_out_lengths": list(lengths)},
-            plots={"induction_vs_step": line_plot(table, "best_induction", "best induction score (held-out lengths)",
-                                                  o.threshold),
-                   "loss_repeated_vs_step": line_plot(table, "loss_repeated", "loss on the repeated half (nats)")},
+            scores=table,
+            summary=summary_df,
+            notes=_sweep_notes(summary_df, lengths, o),
+            headline={
+                "phase_change_step": {str(r["depth"]): r["phase_change_step"] for r in summary},
+                "induction_chance": round(mean_chance(lengths), 4),
+                "final_best_induction": {str(r["depth"]): r["best_induction"] for r in summary},
+                "threshold": o.threshold,
+                "held_out_lengths": list(lengths),
+            },
+            plots={
+                "induction_vs_step": line_plot(
+                    table, "best_induction", "best induction score (held-out lengths)", o.threshold
+                ),
+                "loss_repeated_vs_step": line_plot(table, "loss_repeated", "loss on the repeated half (nats)"),
+            },
             files={"train_loss.csv": pd.DataFrame(losses).to_csv(index=False).encode()},
         )
 
@@ -603,22 +702,36 @@ def mean_chance(lengths: Sequence[int]) -> float:
 def _depth_summary(depth: int, curve: list[dict], done, threshold: float) -> dict:
     last = curve[-1]
     crossed = [r["step"] for r in curve if r["best_induction"] >= threshold]
-    return {"depth": depth, "steps": last["step"], "best_induction": last["best_induction"],
-            "best_head": last["best_head"], "max_best_induction": max(r["best_induction"] for r in curve),
-            "phase_change_step": crossed[0] if crossed else None, "loss_repeated": last["loss_repeated"],
-            "train_loss": round(done.losses[-1]["loss"], 4) if done.losses else None,
-            "train_seconds": round(done.seconds, 1), "steps_per_s": round(done.step / max(done.seconds, 1e-9), 1)}
+    return {
+        "depth": depth,
+        "steps": last["step"],
+        "best_induction": last["best_induction"],
+        "best_head": last["best_head"],
+        "max_best_induction": max(r["best_induction"] for r in curve),
+        "phase_change_step": crossed[0] if crossed else None,
+        "loss_repeated": last["loss_repeated"],
+        "train_loss": round(done.losses[-1]["loss"], 4) if done.losses else None,
+        "train_seconds": round(done.seconds, 1),
+        "steps_per_s": round(done.step / max(done.seconds, 1e-9), 1),
+    }
 
 
 def _sweep_notes(summary: pd.DataFrame, lengths: Sequence[int], o: SweepOptions) -> list[str]:
-    notes = [f"induction scored on held-out repeat lengths {list(lengths)} (never seen in training), "
-             f"{o.n_seqs} sequences each, every {o.eval_every} steps; chance level of that average "
-             f"{mean_chance(lengths):.4f}"]
+    notes = [
+        f"induction scored on held-out repeat lengths {list(lengths)} (never seen in training), "
+        f"{o.n_seqs} sequences each, every {o.eval_every} steps; chance level of that average "
+        f"{mean_chance(lengths):.4f}"
+    ]
     for r in summary.itertuples():
-        when = (f"first reached {o.threshold} at step {int(r.phase_change_step)} (phase change)"
-                if pd.notna(r.phase_change_step) else f"never reached {o.threshold}")
-        notes.append(f"{r.depth} layer(s): best induction {r.best_induction:.3f} (head {r.best_head}) after "
-                     f"{r.steps} steps; {when}")
+        when = (
+            f"first reached {o.threshold} at step {int(r.phase_change_step)} (phase change)"
+            if pd.notna(r.phase_change_step)
+            else f"never reached {o.threshold}"
+        )
+        notes.append(
+            f"{r.depth} layer(s): best induction {r.best_induction:.3f} (head {r.best_head}) after "
+            f"{r.steps} steps; {when}"
+        )
     return notes
 
 
@@ -632,8 +745,13 @@ def line_plot(table: pd.DataFrame, column: str, ylabel: str, hline: float | None
     with matplotlib.rc_context({"svg.hashsalt": "depthprobe", "svg.fonttype": "none"}):
         fig, ax = plt.subplots(figsize=(6.4, 4.0))
         for depth, g in table.groupby("depth"):
-            ax.plot(g["step"], g[column], marker="o", markersize=3,
-                    label=plot_text(f"{depth} layer{'s' if depth > 1 else ''}"))
+            ax.plot(
+                g["step"],
+                g[column],
+                marker="o",
+                markersize=3,
+                label=plot_text(f"{depth} layer{'s' if depth > 1 else ''}"),
+            )
         if hline is not None:
             ax.axhline(hline, color="grey", linestyle=":", linewidth=1)
         ax.set_xlabel("training step")

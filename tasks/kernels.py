@@ -1,4 +1,4 @@
-"""kernels (DESIGN.md §3.6): signal propagation through depth, on any model, and the depth sweep.
+"""kernels (docs/kernels.md): signal propagation through depth, on any model, and the depth sweep.
 
 ``probe run --task kernels`` captures the residual stream at the embeddings (layer 0 =
 ``blocks.0.hook_resid_pre``, the input of the first block) and after every block (layer l =
@@ -14,35 +14,47 @@ Models without a tokenizer get sequences of distinct random token ids. Models fr
 ``probe sweep --task kernels`` builds one ``probes.spa`` model per variant and depth (optionally
 trains it) and writes one table: variant, depth, layer, metric, value, theory.
 """
+
 from __future__ import annotations
 
 import io
 import math
 import sys
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
 import torch
 
-from depthprobe.probes import kernels as K
-from depthprobe.probes import spa
-from depthprobe.probes.levine import threshold
+from depthprobe.probes import kernels, spa
 from depthprobe.probes.capture import capture
 from depthprobe.probes.errors import ProbeError, suggest
+from depthprobe.probes.levine import threshold
 from depthprobe.probes.options import ranged
 from depthprobe.probes.runtime import torch_threads
-from depthprobe.probes.sweep import Sweep, SweepConfig, register_sweep
-from depthprobe.probes.task import Context, Examples, Output, Task, register, tidy
+from depthprobe.probes.task import Context, Examples, Output, Sweep, SweepConfig, Task, tidy
+from depthprobe.probes.text import read_lines
 from depthprobe.probes.viz import plot_text
 
-ACCUMULATED = ("mean_cosine", "resid_ratio_fro", "resid_ratio_l1inf", "effective_rank_centred",
-               "effective_rank_uncentred")  # per sequence, averaged over sequences
+ACCUMULATED = (
+    "mean_cosine",
+    "resid_ratio_fro",
+    "resid_ratio_l1inf",
+    "effective_rank_centred",
+    "effective_rank_uncentred",
+)  # per sequence, averaged over sequences
 CONTRACTION = "contraction_exponent"  # log(r_l) / log(r_{l-1}) of the mean resid_ratio_fro; layer 0: NaN
 METRICS = (*ACCUMULATED, CONTRACTION)
-THEORY_METRICS = ("mean_cosine", "resid_ratio_fro", "effective_rank_centred", "effective_rank_uncentred",
-                  CONTRACTION)  # what a kernel alone fixes
+THEORY_METRICS = (
+    "mean_cosine",
+    "resid_ratio_fro",
+    "effective_rank_centred",
+    "effective_rank_uncentred",
+    CONTRACTION,
+)  # what a kernel alone fixes
+SAMPLE = Path(__file__).parent / "data" / "sample.txt"  # the same sample text as attention-stats
 COLLAPSED = 0.99  # mean cosine at which we call the representation rank-collapsed
 
 
@@ -53,10 +65,11 @@ def resid_names(n_layers: int) -> list[str]:
 
 def with_contraction(per_layer: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Add the contraction exponent of ``resid_ratio_fro`` (layer l: that of block l-1, which produced it)."""
-    return {**per_layer, CONTRACTION: K.contraction_exponents(per_layer["resid_ratio_fro"])}
+    return {**per_layer, CONTRACTION: kernels.contraction_exponents(per_layer["resid_ratio_fro"])}
 
 
 # ----------------------------------------------------------------------------- accumulation
+
 
 def compact(c: torch.Tensor, keep: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Move kept tokens to the front (order preserved): C [B, T, T], keep [B, T] -> both permuted."""
@@ -89,7 +102,7 @@ class Accumulator:
 
     def add(self, layer: int, x: torch.Tensor, keep: torch.Tensor) -> None:
         """Fold one layer of one batch in. x [B, T, d], keep [B, T] bool."""
-        stats, c = K.sequence_stats(x, keep)
+        stats, c = kernels.sequence_stats(x, keep)
         for i, name in enumerate(ACCUMULATED):
             v = stats[name].cpu()
             ok = ~torch.isnan(v)
@@ -125,11 +138,12 @@ def theory_rows(sigmas: torch.Tensor | None) -> dict[str, np.ndarray]:
     """Per-layer theory metrics from kernels [L+1, T, T]; NaN everywhere without a theory."""
     if sigmas is None:
         return {}
-    per = [K.kernel_stats(s) for s in sigmas]
+    per = [kernels.kernel_stats(s) for s in sigmas]
     return with_contraction({m: np.array([p[m] for p in per]) for m in per[0]})
 
 
 # ----------------------------------------------------------------------------- plots
+
 
 def _svg(fig) -> str:
     import matplotlib.pyplot as plt
@@ -160,8 +174,10 @@ def plot_layers(means: dict[str, np.ndarray], theory: dict[str, np.ndarray], tit
         ax.plot(layers, theory["mean_cosine"], "k--", lw=1, label="mean_cosine (theory)")
     ax.set(xlabel="layer (0 = embeddings)", ylabel="value", title=plot_text(title))
     ax.legend(fontsize=7)
-    for name, style, label in (("effective_rank_centred", "o-", "centred X (spread)"),
-                               ("effective_rank_uncentred", "s-", "uncentred X (1 = collapsed)")):
+    for name, style, label in (
+        ("effective_rank_centred", "o-", "centred X (spread)"),
+        ("effective_rank_uncentred", "s-", "uncentred X (1 = collapsed)"),
+    ):
         bx.plot(layers, means[name], style, ms=3, label=label)
         if name in theory:
             bx.plot(layers, theory[name], "k--", lw=1)
@@ -177,12 +193,12 @@ def plot_heatmaps(panels: list[tuple[str, np.ndarray]], ncols: int, title: str) 
     fig, axes = plt.subplots(nrows, ncols, figsize=(2.6 * ncols, 2.5 * nrows), squeeze=False, layout="constrained")
     lo = min([0.0] + [float(np.nanmin(c)) for _, c in panels if np.isfinite(c).any()])
     im = None
-    for ax, (label, c) in zip(axes.flat, panels):
+    for ax, (label, c) in zip(axes.flat, panels, strict=False):
         im = ax.imshow(c, vmin=lo, vmax=1.0, cmap="viridis", interpolation="nearest")
         ax.set_title(plot_text(label), fontsize=8)
         ax.set_xticks([])
         ax.set_yticks([])
-    for ax in list(axes.flat)[len(panels):]:
+    for ax in list(axes.flat)[len(panels) :]:
         ax.axis("off")
     if im is not None:
         fig.colorbar(im, ax=axes.ravel().tolist(), shrink=0.8, label="cosine")
@@ -192,11 +208,12 @@ def plot_heatmaps(panels: list[tuple[str, np.ndarray]], ncols: int, title: str) 
 
 def npz_bytes(arrays: dict[str, np.ndarray]) -> bytes:
     buf = io.BytesIO()
-    np.savez_compressed(buf, **arrays)
+    np.savez_compressed(buf, **arrays)  # type: ignore[arg-type]  # numpy's stub types **kwds as allow_pickle
     return buf.getvalue()
 
 
 # ----------------------------------------------------------------------------- the task
+
 
 @dataclass(frozen=True)
 class Options:
@@ -223,53 +240,62 @@ def default_layers(n_layers: int) -> list[int]:
     return sorted({round(x) for x in np.linspace(0, n_layers, 4)})
 
 
-@register
 class Kernels(Task):
     name = "kernels"
-    description = "Signal propagation per layer: mean cosine, residual ratios, contraction exponent, effective ranks, kernel maps"
+    description = (
+        "Signal propagation per layer: mean cosine, residual ratios, contraction exponent, effective ranks, kernel maps"
+    )
     Options = Options
     needs_text = False
 
     def load(self, model, ctx: Context) -> Examples:
         opts = ctx.options
-        bad = [l for l in opts.layers if not 0 <= l <= model.info.n_layers]
+        bad = [layer_idx for layer_idx in opts.layers if not 0 <= layer_idx <= model.info.n_layers]
         if bad:
-            raise ProbeError(f"kernels: layers {bad} out of range; {model.name} has layers 0..{model.info.n_layers} "
-                             "(0 = embeddings, l = after block l-1)")
+            raise ProbeError(
+                f"kernels: layers {bad} out of range; {model.name} has layers 0..{model.info.n_layers} "
+                "(0 = embeddings, l = after block l-1)"
+            )
         if opts.kernel_len < 2 or opts.n_random < 1:
             raise ProbeError("kernels: kernel_len must be at least 2 and n_random at least 1")
         if model.tokenizer is not None and model.info.causal and opts.exclude_special is not None:
-            raise ProbeError("kernels: exclude_special is for encoders' [CLS]/[SEP]; a decoder's BOS is left out of "
-                             "the kernel by default, -O include_bos=true keeps it")
+            raise ProbeError(
+                "kernels: exclude_special is for encoders' [CLS]/[SEP]; a decoder's BOS is left out of "
+                "the kernel by default, -O include_bos=true keeps it"
+            )
         if model.tokenizer is not None and not model.info.causal and opts.include_bos is not None:
-            raise ProbeError("kernels: include_bos is for decoders; to keep an encoder's [CLS]/[SEP] in the kernel "
-                             "use -O exclude_special=false")
+            raise ProbeError(
+                "kernels: include_bos is for decoders; to keep an encoder's [CLS]/[SEP] in the kernel "
+                "use -O exclude_special=false"
+            )
         if model.tokenizer is None:
             return self._random(model, ctx)
-        from depthprobe.tasks.attention_stats import SAMPLE, read_lines
-
         if opts.seq_len is not None:
             raise ProbeError("kernels: seq_len applies to models without a tokenizer; use --max-len for text")
         lines = read_lines(ctx.data) if ctx.data else read_lines(SAMPLE)
         pieces = model.tokenizer(lines, add_special_tokens=False)["input_ids"]
-        head = [model.cls_id] if model.cls_id is not None else []
-        tail = [model.sep_id] if model.sep_id is not None else []
-        seqs = [tuple([*head, *p, *tail]) for p in pieces]
-        limit = min(ctx.config.max_len, model.info.max_len)
+        seqs = [model.frame(p) for p in pieces]
+        limit = model.input_limit(ctx.config.max_len)
         kept = [s for s in seqs if 2 <= len(s) <= limit]
         if not kept:
-            raise ProbeError(f"no input has between 2 and {limit} pieces; raise --max-len (model limit "
-                             f"{model.info.max_len}) or give longer lines")
+            raise ProbeError(
+                f"no input has between 2 and {limit} pieces; raise --max-len (model limit "
+                f"{model.info.max_len}) or give longer lines"
+            )
         return Examples(kept, skipped=len(seqs) - len(kept), why=f"shorter than 2 or longer than {limit} pieces")
 
     def _random(self, model, ctx: Context) -> Examples:
         opts = ctx.options
         if ctx.data is not None:
-            raise ProbeError(f"model {model.name!r} has no tokenizer, so kernels cannot read --data; omit it "
-                             "(random token sequences are used) or use a pretrained model")
-        t = opts.seq_len if opts.seq_len is not None else min(ctx.config.max_len, model.info.max_len)
+            raise ProbeError(
+                f"model {model.name!r} has no tokenizer, so kernels cannot read --data; omit it "
+                "(random token sequences are used) or use a pretrained model"
+            )
+        t = opts.seq_len if opts.seq_len is not None else model.input_limit(ctx.config.max_len)
         if not 2 <= t <= model.info.max_len:
-            raise ProbeError(f"kernels: seq_len must be between 2 and the model's context {model.info.max_len}, got {t}")
+            raise ProbeError(
+                f"kernels: seq_len must be between 2 and the model's context {model.info.max_len}, got {t}"
+            )
         vocab = int(model.bridge.cfg.d_vocab)
         if t <= vocab:
             ids = spa.random_tokens(opts.n_random, t, vocab, ctx.config.seed)
@@ -285,8 +311,13 @@ class Kernels(Task):
         exclude = not opts.include_bos if model.info.causal else opts.exclude_special is not False
         specials = torch.tensor(sorted({i for i in (model.cls_id, model.sep_id) if i is not None}), dtype=torch.long)
         layers = list(opts.layers) or default_layers(model.info.n_layers)
-        return State(model=model, layers=layers, exclude=exclude and model.tokenizer is not None,
-                     specials=specials, acc=Accumulator(model.info.n_layers + 1, opts.kernel_len))
+        return State(
+            model=model,
+            layers=layers,
+            exclude=exclude and model.tokenizer is not None,
+            specials=specials,
+            acc=Accumulator(model.info.n_layers + 1, opts.kernel_len),
+        )
 
     def accumulate(self, state: State, batch, acts) -> None:
         keep = batch.attention_mask.bool()
@@ -306,39 +337,62 @@ class Kernels(Task):
         means = acc.means()
         theory = self._theory(state)
         names = resid_names(model.info.n_layers)
-        rows = [{"layer": l, "hook": names[l], "metric": m, "value": float(means[m][l]),
-                 "theory": float(theory[m][l]) if m in theory else math.nan}
-                for m in METRICS for l in range(len(names))]
+        rows = [
+            {
+                "layer": layer_idx,
+                "hook": names[layer_idx],
+                "metric": m,
+                "value": float(means[m][layer_idx]),
+                "theory": float(theory[m][layer_idx]) if m in theory else math.nan,
+            }
+            for m in METRICS
+            for layer_idx in range(len(names))
+        ]
         scores = tidy(rows, ctx.config.model, self.name)
-        summary = pd.DataFrame({"layer": range(len(names)), "hook": names,
-                                **{m: np.round(means[m], 4) for m in METRICS}})
+        summary = pd.DataFrame(
+            {"layer": range(len(names)), "hook": names, **{m: np.round(means[m], 4) for m in METRICS}}
+        )
         if theory:
             summary.insert(3, "theory_cosine", np.round(theory["mean_cosine"], 4))
         kern = acc.kernels()
-        panels = [(f"layer {l}", kern[l]) for l in state.layers]
-        plots = {"kernels_vs_layer": plot_layers(means, theory, f"{model.name}: signal propagation"),
-                 "kernels_heatmaps": plot_heatmaps(panels, len(panels), f"{model.name}: mean normalised kernel")}
-        files = {"kernels.npz": npz_bytes({**{f"layer_{l}": kern[l].astype(np.float32) for l in state.layers},
-                                           "pairs": acc.kcount[0, :kern.shape[1], :kern.shape[1]].numpy().astype(np.int64),
-                                           "layers": np.array(state.layers)})}
-        collapse = next((l for l, c in enumerate(means["mean_cosine"]) if c >= COLLAPSED), None)
-        headline = {"n_sequences": acc.sequences, "n_tokens": acc.tokens,
-                    "final_mean_cosine": round(float(means["mean_cosine"][-1]), 4),
-                    "first_collapsed_layer": collapse}
-        notes = [f"{acc.sequences} sequences, {acc.tokens} tokens counted; layer 0 = embeddings "
-                 f"(blocks.0.hook_resid_pre), layer l = output of block l-1",
-                 self._special_note(state),
-                 "effective_rank_centred = effective rank of X minus its mean token (the spread; it does not "
-                 "detect collapse); effective_rank_uncentred = of X itself (1 = rank-collapsed); "
-                 "contraction_exponent at layer l = log(r_l) / log(r_(l-1)), r = resid_ratio_fro: the exponent "
-                 "of the block that produced layer l (3 for Dong et al.'s doubly exponential collapse, tending "
-                 "to 1 for a fixed rate; uninformative while r is near 1)",
-                 f"kernel matrices (kernels.npz, heatmaps) average cosines of the first {acc.kernel_len} "
-                 "counted positions over sequences"]
+        panels = [(f"layer {layer_idx}", kern[layer_idx]) for layer_idx in state.layers]
+        plots = {
+            "kernels_vs_layer": plot_layers(means, theory, f"{model.name}: signal propagation"),
+            "kernels_heatmaps": plot_heatmaps(panels, len(panels), f"{model.name}: mean normalised kernel"),
+        }
+        files = {
+            "kernels.npz": npz_bytes(
+                {
+                    **{f"layer_{layer_idx}": kern[layer_idx].astype(np.float32) for layer_idx in state.layers},
+                    "pairs": acc.kcount[0, : kern.shape[1], : kern.shape[1]].numpy().astype(np.int64),
+                    "layers": np.array(state.layers),
+                }
+            )
+        }
+        collapse = next((layer_idx for layer_idx, c in enumerate(means["mean_cosine"]) if c >= COLLAPSED), None)
+        headline = {
+            "n_sequences": acc.sequences,
+            "n_tokens": acc.tokens,
+            "final_mean_cosine": round(float(means["mean_cosine"][-1]), 4),
+            "first_collapsed_layer": collapse,
+        }
+        notes = [
+            f"{acc.sequences} sequences, {acc.tokens} tokens counted; layer 0 = embeddings "
+            f"(blocks.0.hook_resid_pre), layer l = output of block l-1",
+            self._special_note(state),
+            "effective_rank_centred = effective rank of X minus its mean token (the spread; it does not "
+            "detect collapse); effective_rank_uncentred = of X itself (1 = rank-collapsed); "
+            "contraction_exponent at layer l = log(r_l) / log(r_(l-1)), r = resid_ratio_fro: the exponent "
+            "of the block that produced layer l (3 for Dong et al.'s doubly exponential collapse, tending "
+            "to 1 for a fixed rate; uninformative while r is near 1)",
+            f"kernel matrices (kernels.npz, heatmaps) average cosines of the first {acc.kernel_len} "
+            "counted positions over sequences",
+        ]
         if theory:
             gap = float(np.nanmax(np.abs(means["mean_cosine"] - theory["mean_cosine"])))
-            notes.append(f"theory = infinite-width recursion from Sigma_0 = I; max |measured - theory| "
-                         f"mean cosine = {gap:.4f}")
+            notes.append(
+                f"theory = infinite-width recursion from Sigma_0 = I; max |measured - theory| mean cosine = {gap:.4f}"
+            )
             headline["max_theory_gap"] = round(gap, 4)
         return Output(scores=scores, summary=summary, notes=notes, headline=headline, plots=plots, files=files)
 
@@ -348,13 +402,19 @@ class Kernels(Task):
         if model.tokenizer is None:
             return "random token ids: no special tokens"
         if model.info.causal:
-            return (f"BOS excluded from the kernel ({state.excluded} positions; the model still sees it; "
-                    "-O include_bos=true keeps it)" if state.exclude else
-                    "BOS included in the kernel (include_bos=true); in trained decoders its large activations "
-                    "dominate the kernel")
-        return (f"[CLS]/[SEP] excluded from the kernel ({state.excluded} positions; the model still sees them; "
-                "-O exclude_special=false keeps them)" if state.exclude else
-                "[CLS]/[SEP] included in the kernel (exclude_special=false)")
+            return (
+                f"BOS excluded from the kernel ({state.excluded} positions; the model still sees it; "
+                "-O include_bos=true keeps it)"
+                if state.exclude
+                else "BOS included in the kernel (include_bos=true); in trained decoders its large activations "
+                "dominate the kernel"
+            )
+        return (
+            f"[CLS]/[SEP] excluded from the kernel ({state.excluded} positions; the model still sees them; "
+            "-O exclude_special=false keeps them)"
+            if state.exclude
+            else "[CLS]/[SEP] included in the kernel (exclude_special=false)"
+        )
 
     @staticmethod
     def _theory(state: State) -> dict[str, np.ndarray]:
@@ -384,8 +444,12 @@ class SweepOptions:
     rho_last: float = ranged(0.8, min=0, below=1)
     lr: float = ranged(1e-3, above=0)
     train_batch: int = ranged(16, min=1)
-    heatmap_depths: tuple[int, ...] = ranged((), min=0)  # layers of the deepest model drawn; (): smallest, middle, largest depth
-    threads: int = ranged(1, min=1)  # torch CPU threads during the sweep (2 pays off only on an idle machine; docs/kernels.md)
+    heatmap_depths: tuple[int, ...] = ranged(
+        (), min=0
+    )  # layers of the deepest model drawn; (): smallest, middle, largest depth
+    threads: int = ranged(
+        1, min=1
+    )  # torch CPU threads during the sweep (2 pays off only on an idle machine; docs/kernels.md)
     dtype: str = "float32"  # float32 or float64: the models are built and run in it
 
 
@@ -407,10 +471,21 @@ def sweep_configs(depths: tuple[int, ...], o: SweepOptions, seed: int) -> dict[t
     bad = [d for d in o.heatmap_depths if not 0 <= d <= max(depths)]
     if bad:
         raise ProbeError(f"heatmap_depths {bad} must be layers of the deepest model, 0..{max(depths)}")
-    common = dict(width=o.width, heads=o.heads, n_ctx=o.seq_len, d_vocab=max(4096, o.seq_len), causal=o.causal,
-                  mlp=not o.attn_only, gamma_last=o.gamma_last, rho_last=o.rho_last, seed=seed, dtype=o.dtype)
-    cfgs = {(v, d): spa.SPAConfig(**{**common, **spa.variant_config(v, d, o.attention)})
-            for v in o.variants for d in depths}
+    common = dict(
+        width=o.width,
+        heads=o.heads,
+        n_ctx=o.seq_len,
+        d_vocab=max(4096, o.seq_len),
+        causal=o.causal,
+        mlp=not o.attn_only,
+        gamma_last=o.gamma_last,
+        rho_last=o.rho_last,
+        seed=seed,
+        dtype=o.dtype,
+    )
+    cfgs = {
+        (v, d): spa.SPAConfig(**{**common, **spa.variant_config(v, d, o.attention)}) for v in o.variants for d in depths
+    }
     for cfg in cfgs.values():  # one model at a time is in memory: each must fit
         cfg.check_size(training=o.steps > 0)
     return cfgs
@@ -426,8 +501,17 @@ def measure(net: spa.SPATransformer, ids: torch.Tensor) -> Accumulator:
     from depthprobe.probes.models import Model, ModelInfo
 
     cfg = net.cfg
-    info = ModelInfo(name="spa", source="spa", resolved=cfg.spec(), causal=cfg.causal, n_layers=cfg.depth,
-                     n_heads=cfg.heads, d_model=cfg.width, max_len=cfg.n_ctx, weights="")
+    info = ModelInfo(
+        name="spa",
+        source="spa",
+        resolved=cfg.spec(),
+        causal=cfg.causal,
+        n_layers=cfg.depth,
+        n_heads=cfg.heads,
+        d_model=cfg.width,
+        max_len=cfg.n_ctx,
+        weights="",
+    )
     model = Model(bridge=net, tokenizer=None, info=info, device=net.W_E.device)
     names = resid_names(cfg.depth)
     layer_of = {n: i for i, n in enumerate(names)}
@@ -443,7 +527,6 @@ def measure(net: spa.SPATransformer, ids: torch.Tensor) -> Accumulator:
     return acc
 
 
-@register_sweep
 class KernelSweep(Sweep):
     name = "kernels"
     description = "Rank collapse vs depth: vanilla, skips, Value-SkipInit, U-SPA, E-SPA at init (or trained)"
@@ -458,8 +541,15 @@ class KernelSweep(Sweep):
         with torch_threads(options.threads):
             return self._run(cfgs, depths, options, config, dev, progress)
 
-    def _run(self, cfgs: dict, depths: tuple[int, ...], options: SweepOptions, config: SweepConfig,
-             dev: torch.device, progress: bool) -> Output:
+    def _run(
+        self,
+        cfgs: dict,
+        depths: tuple[int, ...],
+        options: SweepOptions,
+        config: SweepConfig,
+        dev: torch.device,
+        progress: bool,
+    ) -> Output:
         ids = spa.random_tokens(options.samples, options.seq_len, max(4096, options.seq_len), config.seed).to(dev)
         rows, summary, finals, maps = [], [], {}, {}
         shown = heatmap_layers(depths, options)
@@ -467,8 +557,9 @@ class KernelSweep(Sweep):
             if progress:
                 print(f"kernels sweep: {variant} depth {depth}", file=sys.stderr, flush=True)
             net = spa.SPATransformer(cfg).to(dev)
-            losses = spa.train_synthetic(net, options.steps, options.seq_len, options.train_batch, options.lr,
-                                         config.seed)
+            losses = spa.train_synthetic(
+                net, options.steps, options.seq_len, options.train_batch, options.lr, config.seed
+            )
             acc = measure(net.eval(), ids)
             rec = self._record(variant, depth, cfg, acc, options, losses)
             rows += rec["rows"]
@@ -476,66 +567,110 @@ class KernelSweep(Sweep):
             kern = acc.kernels()
             finals[(variant, depth)] = kern[-1]
             if depth == depths[-1]:
-                maps.update({(variant, l): kern[l] for l in shown})
+                maps.update({(variant, layer_idx): kern[layer_idx] for layer_idx in shown})
         return self._output(depths, options, rows, summary, finals, maps)
 
     @staticmethod
-    def _record(variant: str, depth: int, cfg: spa.SPAConfig, acc: Accumulator, o: SweepOptions,
-                losses: list[float]) -> dict[str, Any]:
+    def _record(
+        variant: str, depth: int, cfg: spa.SPAConfig, acc: Accumulator, o: SweepOptions, losses: list[float]
+    ) -> dict[str, Any]:
         means, kern = acc.means(), acc.kernels()
         sigmas = spa.theory_kernels(cfg, o.seq_len)
         theory = theory_rows(sigmas)
-        rows = [{"variant": variant, "depth": depth, "layer": l, "metric": m, "value": float(means[m][l]),
-                 "theory": float(theory[m][l]) if m in theory else math.nan}
-                for m in METRICS for l in range(depth + 1)]
+        rows = [
+            {
+                "variant": variant,
+                "depth": depth,
+                "layer": layer_idx,
+                "metric": m,
+                "value": float(means[m][layer_idx]),
+                "theory": float(theory[m][layer_idx]) if m in theory else math.nan,
+            }
+            for m in METRICS
+            for layer_idx in range(depth + 1)
+        ]
         target_gap = math.nan
         if cfg.attention in spa.SPA:
-            targets = K.target_kernels(cfg.attention, o.seq_len, depth, cfg.gamma_last, cfg.rho_last).numpy()
+            targets = kernels.target_kernels(cfg.attention, o.seq_len, depth, cfg.gamma_last, cfg.rho_last).numpy()
             gaps = np.nanmax(np.abs(kern - targets), axis=(1, 2))
-            rows += [{"variant": variant, "depth": depth, "layer": l, "metric": "target_max_abs",
-                      "value": float(gaps[l]), "theory": 0.0} for l in range(depth + 1)]
+            rows += [
+                {
+                    "variant": variant,
+                    "depth": depth,
+                    "layer": layer_idx,
+                    "metric": "target_max_abs",
+                    "value": float(gaps[layer_idx]),
+                    "theory": 0.0,
+                }
+                for layer_idx in range(depth + 1)
+            ]
             target_gap = float(gaps[-1])
-        gap = (float(np.nanmax(np.abs(means["mean_cosine"] - theory["mean_cosine"]))) if theory else math.nan)
-        summary = {"variant": variant, "depth": depth,
-                   "final_cosine": round(float(means["mean_cosine"][-1]), 4),
-                   "theory_cosine": round(float(theory["mean_cosine"][-1]), 4) if theory else math.nan,
-                   "max_theory_gap": round(gap, 4),
-                   "resid_ratio_fro": round(float(means["resid_ratio_fro"][-1]), 4),
-                   "effective_rank_centred": round(float(means["effective_rank_centred"][-1]), 2),
-                   "effective_rank_uncentred": round(float(means["effective_rank_uncentred"][-1]), 2),
-                   "target_max_abs": round(target_gap, 4),
-                   "L_th": round(threshold(cfg.width), 2)}
+        gap = float(np.nanmax(np.abs(means["mean_cosine"] - theory["mean_cosine"]))) if theory else math.nan
+        summary = {
+            "variant": variant,
+            "depth": depth,
+            "final_cosine": round(float(means["mean_cosine"][-1]), 4),
+            "theory_cosine": round(float(theory["mean_cosine"][-1]), 4) if theory else math.nan,
+            "max_theory_gap": round(gap, 4),
+            "resid_ratio_fro": round(float(means["resid_ratio_fro"][-1]), 4),
+            "effective_rank_centred": round(float(means["effective_rank_centred"][-1]), 2),
+            "effective_rank_uncentred": round(float(means["effective_rank_uncentred"][-1]), 2),
+            "target_max_abs": round(target_gap, 4),
+            "L_th": round(threshold(cfg.width), 2),
+        }
         if losses:
             summary["final_loss"] = round(float(np.mean(losses[-10:])), 4)
         return {"rows": rows, "summary": summary}
 
-    def _output(self, depths: tuple[int, ...], o: SweepOptions, rows: list[dict], summary: list[dict],
-                finals: dict[tuple[str, int], np.ndarray], maps: dict[tuple[str, int], np.ndarray]) -> Output:
+    def _output(
+        self,
+        depths: tuple[int, ...],
+        o: SweepOptions,
+        rows: list[dict],
+        summary: list[dict],
+        finals: dict[tuple[str, int], np.ndarray],
+        maps: dict[tuple[str, int], np.ndarray],
+    ) -> Output:
         scores = pd.DataFrame(rows)
         scores.insert(0, "task", self.name)
         table = pd.DataFrame(summary)
         shown = heatmap_layers(depths, o)
         deepest = depths[-1]
-        panels = [(f"{v}, layer {l} of {deepest}", maps[(v, l)]) for v in o.variants for l in shown]
-        plots = {"kernels_final_cosine_vs_depth": self._plot_depth(table, o),
-                 "kernels_heatmaps": plot_heatmaps(panels, len(shown), "normalised kernel at three depths of the "
-                                                   f"{deepest}-layer models (width {o.width}, T={o.seq_len})")}
+        panels = [
+            (f"{v}, layer {layer_idx} of {deepest}", maps[(v, layer_idx)]) for v in o.variants for layer_idx in shown
+        ]
+        plots = {
+            "kernels_final_cosine_vs_depth": self._plot_depth(table, o),
+            "kernels_heatmaps": plot_heatmaps(
+                panels,
+                len(shown),
+                f"normalised kernel at three depths of the {deepest}-layer models (width {o.width}, T={o.seq_len})",
+            ),
+        }
         arrays = {f"{v}/depth{d}": c for (v, d), c in finals.items()}
-        arrays.update({f"{v}/depth{deepest}/layer{l}": c for (v, l), c in maps.items()})
+        arrays.update({f"{v}/depth{deepest}/layer{layer_idx}": c for (v, layer_idx), c in maps.items()})
         files = {"kernels.npz": npz_bytes({k: c.astype(np.float32) for k, c in arrays.items()})}
-        notes = [f"inputs: {o.samples} sequences of {o.seq_len} distinct random tokens with N(0,1) embeddings "
-                 f"(Sigma_0 ~ I), width {o.width}, {o.heads} heads, {'attention only' if o.attn_only else 'with MLP'}, "
-                 f"{'causal' if o.causal else 'bidirectional'}, {o.dtype}; baselines use {o.attention} attention"
-                 + ("; dong: non-causal softmax, no skip, no MLP" if "dong" in o.variants else ""),
-                 "theory: infinite-width kernel recursion at init from Sigma_0 = I"
-                 + (" (the models were trained, so it is a reference only)" if o.steps else ""),
-                 f"L_th = log3({o.width}) = {threshold(o.width):.2f} (Levine et al.) is given as a number only: "
-                 "their theory is for trained networks with linearised attention, so random-init families get "
-                 "no regime label"]
+        notes = [
+            f"inputs: {o.samples} sequences of {o.seq_len} distinct random tokens with N(0,1) embeddings "
+            f"(Sigma_0 ~ I), width {o.width}, {o.heads} heads, {'attention only' if o.attn_only else 'with MLP'}, "
+            f"{'causal' if o.causal else 'bidirectional'}, {o.dtype}; baselines use {o.attention} attention"
+            + ("; dong: non-causal softmax, no skip, no MLP" if "dong" in o.variants else ""),
+            "theory: infinite-width kernel recursion at init from Sigma_0 = I"
+            + (" (the models were trained, so it is a reference only)" if o.steps else ""),
+            f"L_th = log3({o.width}) = {threshold(o.width):.2f} (Levine et al.) is given as a number only: "
+            "their theory is for trained networks with linearised attention, so random-init families get "
+            "no regime label",
+        ]
         notes += self._checks(table, scores, o)
-        headline = {"final_cosine": {v: {int(r.depth): r.final_cosine for r in g.itertuples()}
-                                     for v, g in table.groupby("variant", sort=False)},
-                    "max_theory_gap": float(np.nanmax(table["max_theory_gap"])) if table["max_theory_gap"].notna().any() else None}
+        headline = {
+            "final_cosine": {
+                v: {int(r.depth): r.final_cosine for r in g.itertuples()}
+                for v, g in table.groupby("variant", sort=False)
+            },
+            "max_theory_gap": float(np.nanmax(table["max_theory_gap"]))
+            if table["max_theory_gap"].notna().any()
+            else None,
+        }
         return Output(scores=scores, summary=table, notes=notes, headline=headline, plots=plots, files=files)
 
     @staticmethod
@@ -544,22 +679,29 @@ class KernelSweep(Sweep):
         by = {v: g.set_index("depth") for v, g in table.groupby("variant", sort=False)}
         if "vanilla" in by:
             hit = by["vanilla"].index[by["vanilla"]["final_cosine"] >= COLLAPSED]
-            out.append(f"vanilla: mean cosine >= {COLLAPSED} first at depth {int(hit.min())}" if len(hit)
-                       else f"vanilla: mean cosine stays below {COLLAPSED} at every depth")
+            out.append(
+                f"vanilla: mean cosine >= {COLLAPSED} first at depth {int(hit.min())}"
+                if len(hit)
+                else f"vanilla: mean cosine stays below {COLLAPSED} at every depth"
+            )
         deepest = int(table["depth"].max())
         present = [v for v in ("vanilla", "skip", "skip-scaled") if v in by]
         if present:
-            out.append(f"final-layer mean cosine at depth {deepest}: " + ", ".join(
-                f"{v} {by[v].loc[deepest, 'final_cosine']:.4f}" for v in present))
+            out.append(
+                f"final-layer mean cosine at depth {deepest}: "
+                + ", ".join(f"{v} {by[v].loc[deepest, 'final_cosine']:.4f}" for v in present)
+            )
         for v in ("e-spa", "u-spa"):
             if v in by:
                 out.append(f"{v}: max |C - target| at depth {deepest} = {by[v].loc[deepest, 'target_max_abs']:.4f}")
         if "dong" in by:
             ex = scores[(scores.variant == "dong") & (scores.depth == deepest) & (scores.metric == CONTRACTION)]
             shown = ", ".join(f"{v:.2f}" for v in ex.sort_values("layer").value.iloc[1:5])
-            out.append(f"dong, depth {deepest}, {o.dtype}: contraction exponent log(r_l)/log(r_(l-1)) at layers "
-                       f"1-4: {shown} (Dong et al.: 3 once the ratio is small"
-                       + ("; float32 stalls near 1e-7, use --dtype float64)" if o.dtype == "float32" else ")"))
+            out.append(
+                f"dong, depth {deepest}, {o.dtype}: contraction exponent log(r_l)/log(r_(l-1)) at layers "
+                f"1-4: {shown} (Dong et al.: 3 once the ratio is small"
+                + ("; float32 stalls near 1e-7, use --dtype float64)" if o.dtype == "float32" else ")")
+            )
         return out
 
     @staticmethod
@@ -572,8 +714,11 @@ class KernelSweep(Sweep):
             if g["theory_cosine"].notna().any():
                 ax.plot(g["depth"], g["theory_cosine"], "--", color=color, lw=1)
         ax.set_xscale("log", base=2)
-        ax.set(xlabel="depth L", ylabel="final-layer mean off-diagonal cosine",
-               title=f"rank collapse vs depth (width {o.width}, T={o.seq_len}; dashed: theory)")
+        ax.set(
+            xlabel="depth L",
+            ylabel="final-layer mean off-diagonal cosine",
+            title=f"rank collapse vs depth (width {o.width}, T={o.seq_len}; dashed: theory)",
+        )
         ax.axhline(COLLAPSED, color="grey", lw=0.5, ls=":")
         ax.legend(fontsize=7)
         return _svg(fig)

@@ -1,7 +1,7 @@
 """syntax (Clark et al. 2019, §4.2, Table 1): which attention heads find syntactic governors.
 
 For every word and every head, the predicted governor is the most-attended OTHER word on
-word-level attention (DESIGN §3.1): the diagonal is zeroed, [CLS]/[SEP]/BOS are excluded, so
+word-level attention (docs/syntax.md): the diagonal is zeroed, [CLS]/[SEP]/BOS are excluded, so
 ROOT is never predicted. Two directions per head:
 
 - ``dependent->head``: the argmax of the dependent's row (the word it attends to most);
@@ -17,6 +17,7 @@ nearest 0, then the leftward one.
 
 Only running counts are kept: correct[relation, direction, layer, head] and total[relation].
 """
+
 from __future__ import annotations
 
 from collections import Counter
@@ -31,7 +32,8 @@ from depthprobe.probes.align import Encoded, encode_words, unit_matrix, word_att
 from depthprobe.probes.batching import length_batches
 from depthprobe.probes.capture import pattern_names
 from depthprobe.probes.errors import ProbeError
-from depthprobe.probes.task import Context, Examples, Output, Task, register, tidy
+from depthprobe.probes.models import Model
+from depthprobe.probes.task import Context, Examples, Output, Task, tidy
 
 SAMPLE = Path(__file__).parent / "data" / "sample_syntax.conllu"
 ALL = "ALL"
@@ -39,13 +41,20 @@ DIRECTIONS = ("dependent->head", "head->dependent")
 OFFSETS = (-3, -2, -1, 0, 1, 2)
 HEATMAP_RELATIONS = ("det", "nsubj", "obj", "amod", "case", "aux", "nmod:poss", "advmod", ALL)
 # UD label -> Clark et al.'s Stanford Dependencies label
-UD_TO_CLARK = {"obj": "dobj", "compound": "nn", "aux:pass": "auxpass", "nmod:poss": "poss",
-               "compound:prt": "prt"}
+UD_TO_CLARK = {"obj": "dobj", "compound": "nn", "aux:pass": "auxpass", "nmod:poss": "poss", "compound:prt": "prt"}
 # Clark et al. 2019, Table 1 (BERT-base, WSJ, Stanford Dependencies): head (1-indexed), accuracy,
 # baseline accuracy. The heads are those printed by their public Syntax_Analysis notebook.
-CLARK_TABLE1 = {ALL: ("7-6", 34.5, 26.3), "prep": ("7-4", 66.7, 61.8), "pobj": ("9-6", 76.3, 34.6),
-                "det": ("8-11", 94.3, 51.7), "nsubj": ("8-2", 58.5, 45.5), "amod": ("4-10", 75.6, 68.3),
-                "dobj": ("8-10", 86.8, 40.0), "aux": ("4-10", 81.1, 71.5), "poss": ("7-6", 80.5, 47.7)}
+CLARK_TABLE1 = {
+    ALL: ("7-6", 34.5, 26.3),
+    "prep": ("7-4", 66.7, 61.8),
+    "pobj": ("9-6", 76.3, 34.6),
+    "det": ("8-11", 94.3, 51.7),
+    "nsubj": ("8-2", 58.5, 45.5),
+    "amod": ("4-10", 75.6, 68.3),
+    "dobj": ("8-10", 86.8, 40.0),
+    "aux": ("4-10", 81.1, 71.5),
+    "poss": ("7-6", 80.5, 47.7),
+}
 
 
 @dataclass(frozen=True)
@@ -81,11 +90,11 @@ def trees_from_doc(doc, bounds: list[tuple[int, int]] | None = None) -> list[Tre
     dep = doc.to_array("DEP")  # label hashes
     words = [t.text for t in doc]
     strings = doc.vocab.strings
-    out = []
+    out: list[Tree] = []
     for k, (start, end) in enumerate(bounds if bounds is not None else ((s.start, s.end) for s in doc.sents)):
         off = offset[start:end]
         heads = np.where(off == 0, 0, np.arange(1, end - start + 1) + off)  # CoNLL-U numbering
-        rels = tuple("root" if o == 0 else strings[int(d)] for o, d in zip(off, dep[start:end]))
+        rels = tuple("root" if o == 0 else strings[int(d)] for o, d in zip(off, dep[start:end], strict=True))
         sid = ids[k] if k < len(ids) else f"{doc.user_data.get('source', 'text')}#{len(out) + 1}"
         out.append(Tree(sid, tuple(words[start:end]), tuple(int(h) for h in heads), rels))
     return out
@@ -113,8 +122,7 @@ def read_trees(data: Path | None, parser: str | None) -> list[Tree]:
         if data is None:
             raise ProbeError("--parser parses raw text: give the text file with --data text.txt")
         if data.suffix in (".conllu", ".conll") or data.is_dir():
-            raise ProbeError(f"{data} is a treebank, which has its own trees; drop --parser "
-                             "(it is for raw text files)")
+            raise ProbeError(f"{data} is a treebank, which has its own trees; drop --parser (it is for raw text files)")
         from depthprobe.probes.parse import parse_text
 
         trees = []
@@ -123,8 +131,10 @@ def read_trees(data: Path | None, parser: str | None) -> list[Tree]:
             trees.extend(trees_from_doc(doc))
         return trees
     if data is not None and data.is_file() and data.suffix in (".txt", ".text"):
-        raise ProbeError(f"{data} is raw text; parse it with --parser NAME (an installed spaCy pipeline, "
-                         "e.g. en_core_web_sm) or give a CoNLL-U treebank")
+        raise ProbeError(
+            f"{data} is raw text; parse it with --parser NAME (an installed spaCy pipeline, "
+            "e.g. en_core_web_sm) or give a CoNLL-U treebank"
+        )
     return read_conllu_trees(data if data is not None else SAMPLE)
 
 
@@ -177,7 +187,7 @@ def best_offset(acc: np.ndarray) -> int:
 
 @dataclass
 class State:
-    model: object
+    model: Model
     relations: list[str]  # row r of the counts; the last row is ALL
     index: dict[str, int]
     baseline_root: bool
@@ -188,17 +198,19 @@ class State:
     view: dict | None = None  # word-level attention of one example sentence, for the report
 
 
-@register
 class Syntax(Task):
     name = "syntax"
-    description = ("Clark et al. Table 1: per dependency relation, the head whose attention best finds "
-                   "the governor, vs a fixed-offset baseline (CoNLL-U, or raw text with --parser)")
+    description = (
+        "Clark et al. Table 1: per dependency relation, the head whose attention best finds "
+        "the governor, vs a fixed-offset baseline (CoNLL-U, or raw text with --parser)"
+    )
     Options = Options
 
     def load(self, model, ctx: Context) -> Examples:
         trees = read_trees(ctx.data, ctx.options.parser)
-        limit = min(ctx.config.max_len, model.info.max_len)
-        kept, skipped, wanted = [], 0, ctx.config.limit
+        limit = model.input_limit(ctx.config.max_len)
+        kept: list[Example] = []
+        skipped, wanted = 0, ctx.config.limit
         for tree in trees:
             if wanted is not None and len(kept) >= wanted:
                 break
@@ -208,8 +220,10 @@ class Syntax(Task):
             else:
                 kept.append(Example(tree, enc))
         if not kept:
-            raise ProbeError(f"every sentence is longer than --max-len {limit} pieces; raise --max-len "
-                             f"(model limit {model.info.max_len})")
+            raise ProbeError(
+                f"every sentence is longer than --max-len {limit} pieces; raise --max-len "
+                f"(model limit {model.info.max_len})"
+            )
         return Examples(kept, skipped=skipped, why=f"longer than {limit} pieces incl. specials")
 
     def batches(self, model, examples, ctx):
@@ -220,13 +234,18 @@ class Syntax(Task):
 
     def start(self, model, ctx, examples) -> State:
         freq = Counter(r for e in examples for r in e.tree.rels)
-        relations = sorted(freq, key=lambda r: (-freq[r], r)) + [ALL]
+        relations = [*sorted(freq, key=lambda r: (-freq[r], r)), ALL]
         L, H, R = model.info.n_layers, model.info.n_heads, len(relations)
         f64 = dict(dtype=torch.float64, device=model.device)
-        return State(model=model, relations=relations, index={r: i for i, r in enumerate(relations)},
-                     baseline_root=ctx.options.baseline_root,
-                     correct=torch.zeros(R, len(DIRECTIONS), L, H, **f64), total=torch.zeros(R, **f64),
-                     base=torch.zeros(R, len(OFFSETS), **f64))
+        return State(
+            model=model,
+            relations=relations,
+            index={r: i for i, r in enumerate(relations)},
+            baseline_root=ctx.options.baseline_root,
+            correct=torch.zeros(R, len(DIRECTIONS), L, H, **f64),
+            total=torch.zeros(R, **f64),
+            base=torch.zeros(R, len(OFFSETS), **f64),
+        )
 
     def accumulate(self, state: State, batch, acts) -> None:
         info = state.model.info
@@ -236,19 +255,23 @@ class Syntax(Task):
         units = unit_matrix([e.enc for e in items], n_pos, dev)  # [b, unit, pos]
         n_max = max(e.enc.n_words for e in items)
         n_words = torch.tensor([e.enc.n_words for e in items], device=dev)
-        pred = torch.empty(len(items), len(DIRECTIONS), info.n_layers, info.n_heads, n_max, dtype=torch.long,
-                           device=dev)  # [b, dir, layer, head, word]: predicted governor (word index)
+        pred = torch.empty(
+            len(items), len(DIRECTIONS), info.n_layers, info.n_heads, n_max, dtype=torch.long, device=dev
+        )  # [b, dir, layer, head, word]: predicted governor (word index)
         show = self._view_row(state, items)
         shown = []
         for layer, name in enumerate(names):  # one layer at a time keeps the float64 maps small
-            w = word_attention(acts[name], units)[..., 1:n_max + 1, 1:n_max + 1]  # words: [b, h, n, n]
+            w = word_attention(acts[name], units)[..., 1 : n_max + 1, 1 : n_max + 1]  # words: [b, h, n, n]
             if show is not None:
                 n = items[show].enc.n_words
                 shown.append(w[show, :, :n, :n].to("cpu", torch.float32))  # [h, n, n]
             pred[:, 0, layer], pred[:, 1, layer] = predict_governors(w, n_words)  # [b, h, n] each
-        if shown:
-            state.view = {"words": list(items[show].tree.words), "sent_id": items[show].tree.sent_id,
-                          "w": torch.stack(shown)}  # [layer, head, n, n]
+        if show is not None and shown:
+            state.view = {
+                "words": list(items[show].tree.words),
+                "sent_id": items[show].tree.sent_id,
+                "w": torch.stack(shown),
+            }  # [layer, head, n, n]
         gold = torch.zeros(len(items), n_max, dtype=torch.long, device=dev)  # [b, n] CoNLL-U heads
         rel = torch.zeros(len(items), n_max, dtype=torch.long, device=dev)
         for b, e in enumerate(items):
@@ -258,8 +281,9 @@ class Syntax(Task):
         hit = pred + 1 == gold[:, None, None, None, :]  # predicted unit == gold unit (ROOT = 0 never)
         hit = hit.permute(0, 4, 1, 2, 3)[real]  # [b, n, dir, l, h] -> [words, dir, l, h]
         position = torch.arange(1, n_max + 1, device=dev)[None, :].expand(len(items), n_max)[real]
-        base = baseline_correct(position, n_words[:, None].expand(-1, n_max)[real], gold[real],
-                                state.baseline_root)  # [words, offset]
+        base = baseline_correct(
+            position, n_words[:, None].expand(-1, n_max)[real], gold[real], state.baseline_root
+        )  # [words, offset]
         self._add(state, rel[real], hit, base)
         state.sentences += len(items)
 
@@ -290,30 +314,58 @@ class Syntax(Task):
         base_acc = base / np.maximum(total, 1)[:, None]  # [relation, offset]
         scores = self._scores(state, acc, total, ctx)
         summary, best = self._summary(state, acc, base_acc, total)
-        baselines = pd.DataFrame([{"relation": rel, "offset": off, "count": int(total[i]),
-                                   "accuracy": float(base_acc[i, j])}
-                                  for i, rel in enumerate(state.relations) for j, off in enumerate(OFFSETS)])
-        heatmaps = [{"title": f"{rel}: {b['direction']} (best {b['best_head']}, {b['accuracy']:.1f}%)",
-                     "metric": "accuracy", "where": {"relation": rel, "direction": b["direction"]}}
-                    for rel, b in best.items() if rel in HEATMAP_RELATIONS]
-        headline = {"n_sentences": state.sentences, "n_words": int(total[-1]),
-                    "best": {rel: best[rel] for rel in HEATMAP_RELATIONS if rel in best}}
-        return Output(scores=scores, summary=summary, notes=self._notes(state, ctx), headline=headline,
-                      heatmaps=heatmaps, views=self._views(state, best, info.causal),
-                      files={"baselines.csv": baselines.to_csv(index=False).encode()})
+        baselines = pd.DataFrame(
+            [
+                {"relation": rel, "offset": off, "count": int(total[i]), "accuracy": float(base_acc[i, j])}
+                for i, rel in enumerate(state.relations)
+                for j, off in enumerate(OFFSETS)
+            ]
+        )
+        heatmaps = [
+            {
+                "title": f"{rel}: {b['direction']} (best {b['best_head']}, {b['accuracy']:.1f}%)",
+                "metric": "accuracy",
+                "where": {"relation": rel, "direction": b["direction"]},
+            }
+            for rel, b in best.items()
+            if rel in HEATMAP_RELATIONS
+        ]
+        headline = {
+            "n_sentences": state.sentences,
+            "n_words": int(total[-1]),
+            "best": {rel: best[rel] for rel in HEATMAP_RELATIONS if rel in best},
+        }
+        return Output(
+            scores=scores,
+            summary=summary,
+            notes=self._notes(state, ctx),
+            headline=headline,
+            heatmaps=heatmaps,
+            views=self._views(state, best, info.causal),
+            files={"baselines.csv": baselines.to_csv(index=False).encode()},
+        )
 
     def _scores(self, state: State, acc: np.ndarray, total: np.ndarray, ctx: Context) -> pd.DataFrame:
-        R, D, L, H = acc.shape
+        _R, _D, _L, _H = acc.shape
         r, d, layer, head = (g.reshape(-1) for g in np.meshgrid(*map(np.arange, acc.shape), indexing="ij"))
-        df = pd.DataFrame({"layer": layer, "head": head, "metric": "accuracy", "value": acc.reshape(-1),
-                           "relation": np.array(state.relations, dtype=object)[r],
-                           "direction": np.array(DIRECTIONS, dtype=object)[d], "count": total[r].astype(int)})
+        df = pd.DataFrame(
+            {
+                "layer": layer,
+                "head": head,
+                "metric": "accuracy",
+                "value": acc.reshape(-1),
+                "relation": np.array(state.relations, dtype=object)[r],
+                "direction": np.array(DIRECTIONS, dtype=object)[d],
+                "count": total[r].astype(int),
+            }
+        )
         return tidy(df.to_dict("records"), ctx.config.model, self.name)
 
-    def _summary(self, state: State, acc: np.ndarray, base_acc: np.ndarray,
-                 total: np.ndarray) -> tuple[pd.DataFrame, dict]:
+    def _summary(
+        self, state: State, acc: np.ndarray, base_acc: np.ndarray, total: np.ndarray
+    ) -> tuple[pd.DataFrame, dict]:
         rows, best = [], {}
-        order = [len(state.relations) - 1] + list(range(len(state.relations) - 1))  # ALL first
+        order = [len(state.relations) - 1, *range(len(state.relations) - 1)]  # ALL first
         for i in order:
             rel = state.relations[i]
             layer, head, d = best_head(acc[i])
@@ -321,16 +373,26 @@ class Syntax(Task):
             a, b = 100 * acc[i, d, layer, head], 100 * base_acc[i, j]
             clark = UD_TO_CLARK.get(rel, rel)
             published = CLARK_TABLE1.get(clark)
-            row = {"relation": rel, "count": int(total[i]), "best_head": f"{layer}-{head}",
-                   "clark_notation": f"{layer + 1}-{head + 1}", "direction": DIRECTIONS[d],
-                   "accuracy": round(a, 2), "baseline": round(b, 2), "offset": OFFSETS[j],
-                   "gain": round(a - b, 2), "clark_label": clark if published or rel in UD_TO_CLARK else "",
-                   "clark_head": published[0] if published else "",
-                   "clark_accuracy": published[1] if published else None,
-                   "clark_baseline": published[2] if published else None}
+            row = {
+                "relation": rel,
+                "count": int(total[i]),
+                "best_head": f"{layer}-{head}",
+                "clark_notation": f"{layer + 1}-{head + 1}",
+                "direction": DIRECTIONS[d],
+                "accuracy": round(a, 2),
+                "baseline": round(b, 2),
+                "offset": OFFSETS[j],
+                "gain": round(a - b, 2),
+                "clark_label": clark if published or rel in UD_TO_CLARK else "",
+                "clark_head": published[0] if published else "",
+                "clark_accuracy": published[1] if published else None,
+                "clark_baseline": published[2] if published else None,
+            }
             rows.append(row)
-            best[rel] = {k: row[k] for k in ("best_head", "clark_notation", "direction", "accuracy",
-                                                "baseline", "offset", "count")}
+            best[rel] = {
+                k: row[k]
+                for k in ("best_head", "clark_notation", "direction", "accuracy", "baseline", "offset", "count")
+            }
         return pd.DataFrame(rows), best
 
     @staticmethod
@@ -343,15 +405,19 @@ class Syntax(Task):
             "best head: ties go to the lowest layer, then head, then dependent->head; layer-head is 0-indexed, "
             "clark_notation is Clark et al.'s 1-indexed form",
             "baseline: best fixed offset in -3..2, predicted head = clip(position + offset, "
-            + ("0 (ROOT)" if state.baseline_root else "1") + ", n) in CoNLL-U numbering",
+            + ("0 (ROOT)" if state.baseline_root else "1")
+            + ", n) in CoNLL-U numbering",
             "Clark et al. (BERT-base, WSJ, Stanford Dependencies) beside ours: obj~dobj, compound~nn, "
             "aux:pass~auxpass, nmod:poss~poss, compound:prt~prt; UD has no pobj/prep (the preposition is a case "
             "dependent of its noun), and Clark's special case for poss + 's is not applied",
         ]
         if info.causal:
-            notes.insert(0, "causal model: a word only sees leftward words, so dependent->head cannot predict a "
-                            "rightward governor and head->dependent cannot predict a leftward one (a word with no "
-                            "visible other word falls back to the leftmost word by the tie rule)")
+            notes.insert(
+                0,
+                "causal model: a word only sees leftward words, so dependent->head cannot predict a "
+                "rightward governor and head->dependent cannot predict a leftward one (a word with no "
+                "visible other word falls back to the leftmost word by the tie rule)",
+            )
         if ctx.options.parser:
             notes.append(f"trees predicted by the spaCy pipeline {ctx.options.parser!r} (its label scheme)")
         return notes
@@ -368,5 +434,12 @@ class Syntax(Task):
                 labels.append(f"{layer}-{head} {rel} ({best[rel]['direction']})")
         w = state.view["w"]
         pattern = [w[layer, head].tolist() for layer, head in heads]
-        return [{"title": f"word-level attention of the best heads on {state.view['sent_id']}",
-                 "tokens": state.view["words"], "pattern": pattern, "heads": labels, "causal": causal}]
+        return [
+            {
+                "title": f"word-level attention of the best heads on {state.view['sent_id']}",
+                "tokens": state.view["words"],
+                "pattern": pattern,
+                "heads": labels,
+                "causal": causal,
+            }
+        ]

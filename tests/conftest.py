@@ -1,6 +1,7 @@
 """Shared fixtures: tiny random BERT- and GPT-2-style models built and saved in Hugging Face
 format (config, safetensors, a tokenizer made from a generated vocabulary), loaded through the
 same path as real models; and the real offline default model for slow tests."""
+
 from __future__ import annotations
 
 import os
@@ -41,8 +42,15 @@ def build_tiny_bert(directory: Path, seed: int = 0) -> Path:
     (directory / "vocab.txt").write_text("\n".join(vocab) + "\n")
     tok = BertTokenizerFast(vocab={w: i for i, w in enumerate(vocab)}, do_lower_case=True)
     torch.manual_seed(seed)
-    cfg = BertConfig(vocab_size=len(vocab), hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                     intermediate_size=64, max_position_embeddings=64, type_vocab_size=2)
+    cfg = BertConfig(
+        vocab_size=len(vocab),
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        max_position_embeddings=64,
+        type_vocab_size=2,
+    )
     BertForMaskedLM(cfg).save_pretrained(directory, safe_serialization=True)
     tok.save_pretrained(directory)
     return directory
@@ -56,15 +64,24 @@ def build_tiny_gpt2(directory: Path, seed: int = 0) -> Path:
     bpe = Tokenizer(models.BPE())
     bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     bpe.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<|endoftext|>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    corpus = [" ".join(WORDS[i:i + 9]) + " ." for i in range(0, len(WORDS), 3)] * 5
+    trainer = trainers.BpeTrainer(
+        vocab_size=300, special_tokens=["<|endoftext|>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
+    corpus = [" ".join(WORDS[i : i + 9]) + " ." for i in range(0, len(WORDS), 3)] * 5
     bpe.train_from_iterator(corpus, trainer)
-    tok = GPT2TokenizerFast(tokenizer_object=bpe, bos_token="<|endoftext|>", eos_token="<|endoftext|>",
-                            unk_token="<|endoftext|>")
+    tok = GPT2TokenizerFast(
+        tokenizer_object=bpe, bos_token="<|endoftext|>", eos_token="<|endoftext|>", unk_token="<|endoftext|>"
+    )
     torch.manual_seed(seed)
-    cfg = GPT2Config(vocab_size=len(tok), n_embd=32, n_layer=2, n_head=4, n_positions=64,
-                     bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id)
+    cfg = GPT2Config(
+        vocab_size=len(tok),
+        n_embd=32,
+        n_layer=2,
+        n_head=4,
+        n_positions=64,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+    )
     GPT2LMHeadModel(cfg).save_pretrained(directory, safe_serialization=True)
     tok.save_pretrained(directory)
     return directory

@@ -1,4 +1,5 @@
 """Word-level attention: sum over pieces TO a word, mean over pieces FROM a word."""
+
 import torch
 
 from depthprobe.probes.align import Encoded, encode_words, unit_matrix, word_attention
@@ -7,13 +8,16 @@ from depthprobe.probes.align import Encoded, encode_words, unit_matrix, word_att
 def test_split_word_sums_columns_and_averages_rows():
     # [CLS] w0 w1a w1b [SEP]: word 1 is split into two pieces
     enc = Encoded(ids=(1, 2, 3, 4, 5), unit_of_piece=(0, 1, 2, 2, 3), n_words=2)
-    a = torch.tensor([
-        [1.0, 0.0, 0.0, 0.0, 0.0],
-        [0.1, 0.2, 0.3, 0.4, 0.0],
-        [0.0, 1.0, 0.0, 0.0, 0.0],
-        [0.0, 0.0, 0.5, 0.0, 0.5],
-        [0.0, 0.0, 0.0, 0.0, 1.0],
-    ], dtype=torch.float64)
+    a = torch.tensor(
+        [
+            [1.0, 0.0, 0.0, 0.0, 0.0],
+            [0.1, 0.2, 0.3, 0.4, 0.0],
+            [0.0, 1.0, 0.0, 0.0, 0.0],
+            [0.0, 0.0, 0.5, 0.0, 0.5],
+            [0.0, 0.0, 0.0, 0.0, 1.0],
+        ],
+        dtype=torch.float64,
+    )
     m = unit_matrix([enc], 5)
     w = word_attention(a[None, None], m)[0, 0]  # [units, units]
     assert w.shape == (4, 4)

@@ -1,5 +1,6 @@
 """Every architecture family: word alignment from offsets, loading routes, and every read-only task
 on a tiny random model of each family (built and saved by the tests)."""
+
 import pytest
 import torch
 from typer.testing import CliRunner
@@ -18,8 +19,9 @@ TASKS = ("attention-stats", "syntax", "coref", "induction", "kernels")
 
 
 def _text_model(tok) -> Model:
-    info = ModelInfo(name="tok", source="local", resolved="-", causal=True, n_layers=1, n_heads=1, d_model=1,
-                     max_len=64, weights="-")
+    info = ModelInfo(
+        name="tok", source="local", resolved="-", causal=True, n_layers=1, n_heads=1, d_model=1, max_len=64, weights="-"
+    )
     return Model(bridge=None, tokenizer=tok, info=info, device=torch.device("cpu"))
 
 
@@ -125,10 +127,12 @@ def test_unknown_architecture_is_one_line_exit_2(tmp_path):
     from transformers import MPNetConfig, MPNetForMaskedLM
 
     d = tmp_path / "mpnet"
-    MPNetForMaskedLM(MPNetConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
-                                 intermediate_size=32)).save_pretrained(d)
-    res = CliRunner().invoke(app, ["run", "--model", str(d), "--task", "attention-stats", "--out",
-                                   str(tmp_path / "run")])
+    MPNetForMaskedLM(
+        MPNetConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32)
+    ).save_pretrained(d)
+    res = CliRunner().invoke(
+        app, ["run", "--model", str(d), "--task", "attention-stats", "--out", str(tmp_path / "run")]
+    )
     assert res.exit_code == 2, res.output
     lines = [ln for ln in res.output.splitlines() if ln.strip()]
     assert len(lines) == 1 and "architecture 'mpnet'" in lines[0] and "probe list architectures" in lines[0]
@@ -148,8 +152,9 @@ def test_list_architectures_shows_every_row():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("family", SUPPORTED + FALLBACK + tuple(f"{f}@{s}" for f in SEQ2SEQ
-                                                                for s in ("encoder", "decoder")))
+@pytest.mark.parametrize(
+    "family", SUPPORTED + FALLBACK + tuple(f"{f}@{s}" for f in SEQ2SEQ for s in ("encoder", "decoder"))
+)
 def test_every_read_only_task_runs_on_every_family(tiny_family_dir, family):
     fam, _, stack = family.partition("@")
     m = load(str(tiny_family_dir(fam)) + (f"@{stack}" if stack else ""), device="cpu")

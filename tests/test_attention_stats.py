@@ -1,19 +1,30 @@
 """attention-stats end to end on tiny models and (slow) on the real offline model; both
-protocols against the plain-numpy references in tests/reference_clark.py."""
+protocols against the plain-numpy references in tests/reference/clark.py."""
+
 import io
 
 import numpy as np
 import pandas as pd
 import pytest
 import torch
+from reference.clark import clark_reference, pooled_reference
 
 from depthprobe.probes import ProbeError, run
 from depthprobe.probes.metrics import attention_stat_sums, clark_stat_sums, js_distance_mean, uniform_entropy_sum
-from reference_clark import clark_reference, pooled_reference
 from depthprobe.tasks.attention_stats import is_punct
 
-CLARK_METRICS = ["to_cls", "to_sep", "to_punct", "to_prev", "to_next", "to_self", "entropy", "entropy_cls",
-                 "sep_to_sep", "other_to_sep"]
+CLARK_METRICS = [
+    "to_cls",
+    "to_sep",
+    "to_punct",
+    "to_prev",
+    "to_next",
+    "to_self",
+    "entropy",
+    "entropy_cls",
+    "sep_to_sep",
+    "other_to_sep",
+]
 # unequal lengths; ' ( ) are punctuation when pooled, not under Clark's protocol; the last has two [SEP]s
 HAND_TOKENS = [
     ["[CLS]", "it", "'", "s", "(", "a", ")", "dog", ".", "[SEP]"],
@@ -64,8 +75,9 @@ def test_clark_protocol_matches_the_numpy_reference_on_hand_built_maps():
     ref = clark_reference(docs)
     a, mask, first, sep, punct = _batch(docs, "clark")
     sums = clark_stat_sums(a, mask, first, sep, punct)
-    ours = {{"to_first": "to_cls", "entropy_first": "entropy_cls"}.get(k, k): v.numpy() / len(docs)
-            for k, v in sums.items()}
+    ours = {
+        {"to_first": "to_cls", "entropy_first": "entropy_cls"}.get(k, k): v.numpy() / len(docs) for k, v in sums.items()
+    }
     assert set(ours) == set(CLARK_METRICS)
     for metric in CLARK_METRICS:
         np.testing.assert_allclose(ours[metric], ref[metric], rtol=0, atol=1e-6, err_msg=metric)
@@ -118,8 +130,9 @@ def _check_against_reference(result, docs, atol):
     js = pd.read_csv(io.BytesIO(result.files["js_distances.csv"]))
     n_heads = ref["js_distances"].shape[0]
     assert len(js) == n_heads * n_heads
-    np.testing.assert_allclose(js["js_distance"].to_numpy().reshape(n_heads, n_heads), ref["js_distances"],
-                               rtol=0, atol=atol)
+    np.testing.assert_allclose(
+        js["js_distance"].to_numpy().reshape(n_heads, n_heads), ref["js_distances"], rtol=0, atol=atol
+    )
     mean_js = ref["js_distances"].sum(1) / (n_heads - 1)
     np.testing.assert_allclose(_grid(result, "js_distance_mean").ravel(), mean_js, rtol=0, atol=atol)
     assert result.headline["uniform_entropy"] == pytest.approx(ref["uniform_entropy"], abs=1e-4)
@@ -130,7 +143,7 @@ UNEQUAL = ["the dog ran .", "mary ' s old ( red ) car , the big house and the bl
 
 def test_clark_end_to_end_matches_the_reference_on_a_tiny_bert(tiny_bert, tiny_bert_dir, tmp_path):
     f = tmp_path / "in.txt"
-    f.write_text("\n".join(UNEQUAL + ["she said : ( yes ) , it ' s red ."]) + "\n")
+    f.write_text("\n".join([*UNEQUAL, "she said : ( yes ) , it ' s red ."]) + "\n")
     r = run(tiny_bert, "attention-stats", f, batch_size=2, protocol="clark")
     _check_against_reference(r, _hf_docs(tiny_bert_dir, f.read_text().splitlines()), atol=1e-6)
     assert r.headline["protocol"] == "clark" and r.headline["n_lines"] == 3
@@ -173,13 +186,20 @@ def test_clark_extras_and_decoder_analogues(tiny_bert, tiny_gpt2):
     assert set(r.scores.metric) == set(CLARK_METRICS) | {"js_distance_mean"}
     assert {"js_distances.csv"} == set(r.files)
     g = run(tiny_gpt2, "attention-stats", protocol="clark", limit=6)
-    assert set(g.scores.metric) == {"to_bos", "to_punct", "to_prev", "to_next", "to_self", "entropy",
-                                    "js_distance_mean"}
+    assert set(g.scores.metric) == {
+        "to_bos",
+        "to_punct",
+        "to_prev",
+        "to_next",
+        "to_self",
+        "entropy",
+        "js_distance_mean",
+    }
     assert (_grid(g, "to_next") == 0).all()
     n = [len(s) for s in _task_examples(tiny_gpt2, 6)]
     causal_uniform = np.mean([np.log(np.arange(1, k + 1)).mean() for k in n])
     assert g.headline["uniform_entropy"] == pytest.approx(causal_uniform, abs=1e-4)
-    with pytest.raises(ProbeError, match="unknown protocol 'clarke'.*did you mean 'clark'"):
+    with pytest.raises(ProbeError, match=r"unknown protocol 'clarke'.*did you mean 'clark'"):
         run(tiny_bert, "attention-stats", protocol="clarke")
 
 
@@ -232,7 +252,7 @@ def test_text_file_input_and_errors(tiny_bert, tmp_path):
     binary.write_bytes(b"\xff\xfe\x00bad")
     with pytest.raises(ProbeError, match="not UTF-8"):
         run(tiny_bert, "attention-stats", binary)
-    with pytest.raises(ProbeError, match="no option 'topp'.*did you mean 'top'"):
+    with pytest.raises(ProbeError, match=r"no option 'topp'.*did you mean 'top'"):
         run(tiny_bert, "attention-stats", topp=3)
 
 

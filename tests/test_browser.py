@@ -8,9 +8,11 @@ injected) with and without the page's Content-Security-Policy, and a screenshot 
 Chromium comes from ``scripts/install-chromium.sh`` (the Makefile's test target runs it); when
 it is missing the fixture runs that script once, and skips with the reason if it still fails.
 """
+
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
 import shutil
@@ -29,21 +31,44 @@ from depthprobe.probes.viz import MAX_TOKEN_CHARS, View, page, views_html
 
 REPO = Path(__file__).resolve().parent.parent
 CHROMIUM = Path(os.environ.get("DEPTHPROBE_CHROMIUM", "/usr/bin/chromium"))
-FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync",
-         "--disable-default-apps", "--disable-extensions", "--no-default-browser-check", "--mute-audio",
-         "--hide-scrollbars", "--host-resolver-rules=MAP * ~NOTFOUND", "--remote-debugging-pipe"]
+FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--disable-default-apps",
+    "--disable-extensions",
+    "--no-default-browser-check",
+    "--mute-audio",
+    "--hide-scrollbars",
+    "--host-resolver-rules=MAP * ~NOTFOUND",
+    "--remote-debugging-pipe",
+]
 LOCAL_SCHEMES = ("file:", "data:")  # the page itself and its embedded images
 
 HOSTILE = [
     "</script><img src=x onerror=alert(1)>",
-    "<img src=x onerror=\"window.__pwned=(window.__pwned||0)+1\">",
+    '<img src=x onerror="window.__pwned=(window.__pwned||0)+1">',
     "</script><script>window.__pwned=(window.__pwned||0)+1</script>",
-    "<!--", "<!-- <script>", "-->", "]]>",
-    "\" onmouseover=\"window.__pwned=1\" x=\"", "' onfocus='window.__pwned=1' autofocus x='",
-    "<svg onload=window.__pwned=1>", "<iframe srcdoc='<script>parent.__pwned=1</script>'>",
-    "javascript:window.__pwned=1", "&lt;b&gt;&amp;", "\u2028\u2029", "\u202eevil\u202c", "\u2066rtl\u2069",
-    "\x00\x07\x1b[31m", "W" * 5000,
+    "<!--",
+    "<!-- <script>",
+    "-->",
+    "]]>",
+    '" onmouseover="window.__pwned=1" x="',
+    "' onfocus='window.__pwned=1' autofocus x='",
+    "<svg onload=window.__pwned=1>",
+    "<iframe srcdoc='<script>parent.__pwned=1</script>'>",
+    "javascript:window.__pwned=1",
+    "&lt;b&gt;&amp;",
+    "\u2028\u2029",
+    "\u202eevil\u202c",
+    "\u2066rtl\u2069",
+    "\x00\x07\x1b[31m",
+    "W" * 5000,
 ]
 
 
@@ -51,15 +76,20 @@ HOSTILE = [
 # a minimal DevTools-protocol client over the pipe (fd 3: commands in, fd 4: replies out)
 # ----------------------------------------------------------------------------------------------
 
+
 class Browser:
     def __init__(self, exe: Path) -> None:
         self.profile = tempfile.mkdtemp(prefix="depthprobe-chromium-")
         cmd_r, cmd_w = os.pipe()
         res_r, res_w = os.pipe()
         shell = f'exec "$@" 3<&{cmd_r} 4>&{res_w}'  # bash: dash only knows one-digit fds
-        self.proc = subprocess.Popen(["bash", "-c", shell, "bash", str(exe), *FLAGS, f"--user-data-dir={self.profile}"],
-                                     pass_fds=(cmd_r, res_w), stdin=subprocess.DEVNULL,
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.proc = subprocess.Popen(
+            ["bash", "-c", shell, "bash", str(exe), *FLAGS, f"--user-data-dir={self.profile}"],
+            pass_fds=(cmd_r, res_w),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         os.close(cmd_r)
         os.close(res_w)
         self._out = os.fdopen(cmd_w, "wb", buffering=0)
@@ -99,10 +129,8 @@ class Browser:
         return reply["result"]
 
     def close(self) -> None:
-        try:
+        with contextlib.suppress(Exception):
             self.send("Browser.close", timeout=5)
-        except Exception:
-            pass
         try:
             self.proc.wait(5)
         except subprocess.TimeoutExpired:
@@ -114,11 +142,22 @@ class Browser:
 class Page:
     """One tab: navigate to a file, wait for a condition, evaluate JS, collect its events."""
 
-    SENTINEL = ("window.__pwned = 0; window.alert = window.confirm = window.prompt = "
-                "function () { window.__pwned = (window.__pwned || 0) + 1; };")
+    SENTINEL = (
+        "window.__pwned = 0; window.alert = window.confirm = window.prompt = "
+        "function () { window.__pwned = (window.__pwned || 0) + 1; };"
+    )
 
-    def __init__(self, browser: Browser, path: Path, *, until: str, width: int = 1280, height: int = 900,
-                 fragment: str = "", timeout: float = 30) -> None:
+    def __init__(
+        self,
+        browser: Browser,
+        path: Path,
+        *,
+        until: str,
+        width: int = 1280,
+        height: int = 900,
+        fragment: str = "",
+        timeout: float = 30,
+    ) -> None:
         self.browser = browser
         self.target = browser.send("Target.createTarget", {"url": "about:blank"})["targetId"]
         self.session = browser.send("Target.attachToTarget", {"targetId": self.target, "flatten": True})["sessionId"]
@@ -126,8 +165,10 @@ class Page:
         for domain in ("Network", "Page", "Runtime", "Log"):
             self.send(f"{domain}.enable")
         self.send("Page.addScriptToEvaluateOnNewDocument", {"source": self.SENTINEL})
-        self.send("Emulation.setDeviceMetricsOverride",
-                  {"width": width, "height": height, "deviceScaleFactor": 1, "mobile": False})
+        self.send(
+            "Emulation.setDeviceMetricsOverride",
+            {"width": width, "height": height, "deviceScaleFactor": 1, "mobile": False},
+        )
         self.send("Page.navigate", {"url": path.resolve().as_uri() + fragment})
         end = time.monotonic() + timeout
         while not self.eval(f"document.readyState === 'complete' && !!({until})"):
@@ -145,12 +186,17 @@ class Page:
         return res["result"].get("value")
 
     def state(self) -> dict:
-        return self.eval("({views: Object.assign({}, document.body && document.body.dataset), "
-                         "states: Array.from(document.querySelectorAll('.view')).map(e => e.dataset.state)})")
+        return self.eval(
+            "({views: Object.assign({}, document.body && document.body.dataset), "
+            "states: Array.from(document.querySelectorAll('.view')).map(e => e.dataset.state)})"
+        )
 
     def events(self, *methods: str) -> list[dict]:
-        return [e for e in self.browser.events[self._first_event:]
-                if e.get("sessionId") == self.session and e["method"] in methods]
+        return [
+            e
+            for e in self.browser.events[self._first_event :]
+            if e.get("sessionId") == self.session and e["method"] in methods
+        ]
 
     def requests(self) -> list[str]:
         return [e["params"]["request"]["url"] for e in self.events("Network.requestWillBeSent")]
@@ -161,10 +207,16 @@ class Page:
     def problems(self) -> list[str]:
         """Exceptions, console errors/warnings and CSP violations the page produced."""
         out = [json.dumps(e["params"]["exceptionDetails"])[:300] for e in self.events("Runtime.exceptionThrown")]
-        out += [e["params"]["entry"]["text"][:300] for e in self.events("Log.entryAdded")
-                if e["params"]["entry"]["level"] in ("error", "warning")]
-        out += [json.dumps(e["params"]["args"])[:300] for e in self.events("Runtime.consoleAPICalled")
-                if e["params"]["type"] in ("error", "warning", "assert")]
+        out += [
+            e["params"]["entry"]["text"][:300]
+            for e in self.events("Log.entryAdded")
+            if e["params"]["entry"]["level"] in ("error", "warning")
+        ]
+        out += [
+            json.dumps(e["params"]["args"])[:300]
+            for e in self.events("Runtime.consoleAPICalled")
+            if e["params"]["type"] in ("error", "warning", "assert")
+        ]
         out += ["dialog: " + e["params"]["message"] for e in self.events("Page.javascriptDialogOpening")]
         return out
 
@@ -232,30 +284,54 @@ def _hostile_run(tmp_path: Path) -> RunData:
 
     evil = HOSTILE[0]
     tokens = ["[CLS]", *HOSTILE, "[SEP]"]
-    views = [{"title": f"view {evil}", "tokens": tokens, "pattern": _pattern(2, len(tokens), c, i).tolist(),
-              "heads": [f"h{evil}", "h<!--"], "causal": c} for i, c in enumerate([False, True])]
-    rows = [{"model": evil, "task": "t", "layer": layer, "head": head, "metric": f"m{evil}", "value": layer + head / 10}
-            for layer in range(2) for head in range(3)]
-    plot = ("<svg xmlns='http://www.w3.org/2000/svg' width='40' height='20'><script>parent.__pwned=1</script>"
-            "<image href='http://example.com/x.png' width='10' height='10'/><rect width='40' height='20' "
-            "fill='teal' onload='parent.__pwned=1'/></svg>")
+    views = [
+        {
+            "title": f"view {evil}",
+            "tokens": tokens,
+            "pattern": _pattern(2, len(tokens), c, i).tolist(),
+            "heads": [f"h{evil}", "h<!--"],
+            "causal": c,
+        }
+        for i, c in enumerate([False, True])
+    ]
+    rows = [
+        {"model": evil, "task": "t", "layer": layer, "head": head, "metric": f"m{evil}", "value": layer + head / 10}
+        for layer in range(2)
+        for head in range(3)
+    ]
+    plot = (
+        "<svg xmlns='http://www.w3.org/2000/svg' width='40' height='20'><script>parent.__pwned=1</script>"
+        "<image href='http://example.com/x.png' width='10' height='10'/><rect width='40' height='20' "
+        "fill='teal' onload='parent.__pwned=1'/></svg>"
+    )
     return RunData(
-        summary={"task": f"task {evil}", "model": f"model {HOSTILE[1]}", "notes": HOSTILE[:6],
-                 "summary": [{"metric": h, evil: h} for h in HOSTILE[:5]],
-                 "headline": {evil: HOSTILE[3]}, "heatmaps": [{"title": evil, "metric": f"m{evil}", "where": {}}]},
-        scores=pd.DataFrame(rows), views=views, plots={f"plot {evil}": plot},
+        summary={
+            "task": f"task {evil}",
+            "model": f"model {HOSTILE[1]}",
+            "notes": HOSTILE[:6],
+            "summary": [{"metric": h, evil: h} for h in HOSTILE[:5]],
+            "headline": {evil: HOSTILE[3]},
+            "heatmaps": [{"title": evil, "metric": f"m{evil}", "where": {}}],
+        },
+        scores=pd.DataFrame(rows),
+        views=views,
+        plots={f"plot {evil}": plot},
         manifest={"model": {"resolved": evil, "causal": False, "n_layers": 2, "n_heads": 3}, "created": evil},
-        files=[(f"{evil}.txt", 3)])
+        files=[(f"{evil}.txt", 3)],
+    )
 
 
 # ----------------------------------------------------------------------------------------------
 # tests
 # ----------------------------------------------------------------------------------------------
 
+
 def test_views_draw_with_circuitsvis(browser, tmp_path):
-    views = [View("encoder", [f"w{i}" for i in range(10)], _pattern(3, 10, False), ["a", "b", "c"], False),
-             View("decoder", [f"w{i}" for i in range(8)], _pattern(2, 8, True), ["x", "y"], True),
-             View("longer", [f"w{i}" for i in range(130)], _pattern(4, 130, False), list("pqrs"), False)]
+    views = [
+        View("encoder", [f"w{i}" for i in range(10)], _pattern(3, 10, False), ["a", "b", "c"], False),
+        View("decoder", [f"w{i}" for i in range(8)], _pattern(2, 8, True), ["x", "y"], True),
+        View("longer", [f"w{i}" for i in range(130)], _pattern(4, 130, False), list("pqrs"), False),
+    ]
     body, payloads = views_html(views)
     assert [p["mode"] for p in payloads] == ["heads", "heads", "pattern"]
     path = _write(tmp_path, "views.html", page("views", body, payloads))
@@ -263,7 +339,9 @@ def test_views_draw_with_circuitsvis(browser, tmp_path):
     try:
         assert tab.state()["states"] == ["drawn"] * 3
         # AttentionHeads: one thumbnail canvas per head plus the zoomed head; pattern mode: one canvas
-        counts = tab.eval("Array.from(document.querySelectorAll('.view')).map(e => e.querySelectorAll('canvas').length)")
+        counts = tab.eval(
+            "Array.from(document.querySelectorAll('.view')).map(e => e.querySelectorAll('canvas').length)"
+        )
         assert counts == [3 + 1, 2 + 1, 1]
         assert tab.eval("document.querySelector('#dp-view-0 h4').textContent") == "a"  # head labels
         assert tab.eval("document.querySelectorAll('.toks')[0].textContent") == "".join(f"w{i}" for i in range(10))
@@ -286,11 +364,14 @@ def test_long_views_draw_one_pixel_per_cell(browser, tmp_path):
     body, payloads = views_html([View("long", [f"t{i}" for i in range(n)], pattern, ["self", "first"], True)])
     assert payloads[0]["mode"] == "raster"
     tab = Page(browser, _write(tmp_path, "long.html", page("long", body, payloads)), until=DRAWN)
-    pixel = ("(q, k) => Array.from(document.querySelector('#dp-view-0 canvas').getContext('2d')"
-             ".getImageData(k, q, 1, 1).data.slice(0, 3))")
+    pixel = (
+        "(q, k) => Array.from(document.querySelector('#dp-view-0 canvas').getContext('2d')"
+        ".getImageData(k, q, 1, 1).data.slice(0, 3))"
+    )
     try:
-        assert tab.eval("[document.querySelector('#dp-view-0 canvas').width, "
-                        "document.querySelector('#dp-view-0 canvas').height]") == [n, n]
+        assert tab.eval(
+            "[document.querySelector('#dp-view-0 canvas').width, document.querySelector('#dp-view-0 canvas').height]"
+        ) == [n, n]
         assert tab.eval(f"({pixel})(5, 5)") == [68, 20, 220]  # the largest value: darkest
         assert tab.eval(f"({pixel})(5, 0)") == [255, 255, 255]  # zero: white
         assert tab.eval(f"({pixel})(5, 6)") == [215, 215, 215]  # causal: the upper triangle is masked
@@ -328,8 +409,12 @@ def test_views_draw_lazily_when_scrolled_to(browser, tmp_path):
 
 def test_detector_sees_network_requests(browser, tmp_path):
     """The check below can fail: a page that does reach out is caught (name resolution is off)."""
-    path = _write(tmp_path, "leaky.html", "<!doctype html><img src='http://depthprobe.invalid/x.png'>"
-                  "<script>fetch('https://cdn.depthprobe.invalid/a.js').catch(function(){})</script>")
+    path = _write(
+        tmp_path,
+        "leaky.html",
+        "<!doctype html><img src='http://depthprobe.invalid/x.png'>"
+        "<script>fetch('https://cdn.depthprobe.invalid/a.js').catch(function(){})</script>",
+    )
     tab = Page(browser, path, until="true")
     try:
         time.sleep(0.3)
@@ -343,7 +428,7 @@ def test_hostile_text_stays_text(browser, tmp_path, csp):
     html = render(_hostile_run(tmp_path))
     if not csp:  # the escaping must hold on its own, without the policy's second line of defence
         start = html.index("<meta http-equiv='Content-Security-Policy'")
-        html = html[:start] + html[html.index(">", start) + 1:]
+        html = html[:start] + html[html.index(">", start) + 1 :]
         assert "Content-Security-Policy" not in html
     path = _write(tmp_path, "hostile.html", html)
     tab = Page(browser, path, until=DRAWN, fragment="#all")
@@ -356,8 +441,13 @@ def test_hostile_text_stays_text(browser, tmp_path, csp):
         assert tab.eval("Array.from(document.images).every(i => i.src.startsWith('data:image/svg+xml;base64,'))")
         assert tab.eval("document.images.length") == 2
         assert tab.eval("document.querySelectorAll('iframe, object, embed, body > svg').length") == 0
-        assert tab.eval("Array.from(document.querySelectorAll('*')).filter(e => "
-                        "Array.from(e.attributes).some(a => a.name.startsWith('on'))).length") == 0
+        assert (
+            tab.eval(
+                "Array.from(document.querySelectorAll('*')).filter(e => "
+                "Array.from(e.attributes).some(a => a.name.startsWith('on'))).length"
+            )
+            == 0
+        )
         text = tab.eval("document.body.innerText")
         for token in HOSTILE[:6]:  # notes, table cells: verbatim text
             assert token in text, token

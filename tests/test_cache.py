@@ -1,4 +1,5 @@
 """run_with_cache, Model.encode and Model.to_str_tokens, checked against plain transformers."""
+
 import pytest
 import torch
 import transformers
@@ -24,9 +25,13 @@ def test_logits_and_cache_match_plain_transformers(tiny_gpt2, tiny_gpt2_dir):
     assert (patterns[1] - ref.attentions[1])[qk.expand_as(patterns[1])].abs().max() < 1e-6
     acc = cache.accumulated_resid()
     assert acc.shape == (3, *cache["blocks.0.hook_resid_pre"].shape)
-    assert torch.equal(acc[0], cache["blocks.0.hook_resid_pre"]) and torch.equal(acc[2], cache["blocks.1.hook_resid_post"])
+    assert torch.equal(acc[0], cache["blocks.0.hook_resid_pre"]) and torch.equal(
+        acc[2], cache["blocks.1.hook_resid_post"]
+    )
     moved = cache.to("cpu")
-    assert isinstance(moved, Cache) and torch.equal(moved["blocks.1.hook_resid_post"], cache["blocks.1.hook_resid_post"])
+    assert isinstance(moved, Cache) and torch.equal(
+        moved["blocks.1.hook_resid_post"], cache["blocks.1.hook_resid_post"]
+    )
 
 
 def test_the_cache_holds_clones(tiny_gpt2):
@@ -38,8 +43,9 @@ def test_the_cache_holds_clones(tiny_gpt2):
     def zero_in_place(t, hook):
         t.mul_(0)
 
-    logits, cache = run_with_cache(tiny_gpt2, ids, names={"blocks.0.hook_resid_post": lambda t, h: None,
-                                                          "blocks.1.hook_resid_pre": zero_in_place})
+    logits, cache = run_with_cache(
+        tiny_gpt2, ids, names={"blocks.0.hook_resid_post": lambda t, h: None, "blocks.1.hook_resid_pre": zero_in_place}
+    )
     assert (logits - clean_logits).abs().max() > 1e-4  # the edit took effect
     assert torch.equal(cache["blocks.0.hook_resid_post"], clean["blocks.0.hook_resid_post"])
     assert torch.count_nonzero(cache["blocks.1.hook_resid_pre"]) == 0

@@ -1,4 +1,5 @@
 """The scoped capture primitive: names, globs, custom hooks, cleanup on error, early stop."""
+
 import pytest
 import torch
 
@@ -13,7 +14,7 @@ def _n_hooks(model):
 def test_globs_expand_and_unknown_names_suggest(tiny_bert):
     names = resolve_names(tiny_bert, ["blocks.*.attn.hook_pattern"])
     assert names == ["blocks.0.attn.hook_pattern", "blocks.1.attn.hook_pattern"]
-    with pytest.raises(ProbeError, match="did you mean 'blocks.0.attn.hook_pattern'"):
+    with pytest.raises(ProbeError, match=r"did you mean 'blocks\.0\.attn\.hook_pattern'"):
         resolve_names(tiny_bert, ["blocks.0.attn.hook_patern"])
     with pytest.raises(ProbeError, match="matches no hook"):
         resolve_names(tiny_bert, ["blocks.*.nothing_*"])
@@ -21,10 +22,9 @@ def test_globs_expand_and_unknown_names_suggest(tiny_bert):
 
 def test_hooks_are_removed_even_when_the_body_raises(tiny_bert):
     before = _n_hooks(tiny_bert)
-    with pytest.raises(RuntimeError):
-        with capture(tiny_bert, ["blocks.*.hook_resid_post"]):
-            assert _n_hooks(tiny_bert) > before
-            raise RuntimeError("boom")
+    with pytest.raises(RuntimeError), capture(tiny_bert, ["blocks.*.hook_resid_post"]):
+        assert _n_hooks(tiny_bert) > before
+        raise RuntimeError("boom")
     assert _n_hooks(tiny_bert) == before
 
 
@@ -70,8 +70,12 @@ def test_a_dict_gives_each_hook_its_own_function(tiny_gpt2):
         t[:, :, 1] = 0
         return t
 
-    with torch.no_grad(), capture(tiny_gpt2, {"blocks.0.attn.hook_z": zero_head_1,
-                                              "blocks.*.hook_resid_post": lambda t, h: t * 0}) as acts:
+    with (
+        torch.no_grad(),
+        capture(
+            tiny_gpt2, {"blocks.0.attn.hook_z": zero_head_1, "blocks.*.hook_resid_post": lambda t, h: t * 0}
+        ) as acts,
+    ):
         tiny_gpt2.bridge(ids)
     z = acts["blocks.0.attn.hook_z"]  # [batch, pos, head, d_head]
     assert torch.count_nonzero(z[:, :, 1]) == 0 and torch.count_nonzero(z[:, :, 0]) > 0

@@ -1,7 +1,9 @@
 """The `probe` CLI through typer's runner: success, and one clear line + exit 2 for bad input."""
+
 import json
 
 import pytest
+from helpers import one_line_error
 from typer.testing import CliRunner
 
 from depthprobe.cli.main import app
@@ -13,19 +15,25 @@ def invoke(*args):
     return runner.invoke(app, list(args))
 
 
-def assert_user_error(result, *fragments):
-    assert result.exit_code == 2, result.output
-    lines = [ln for ln in result.output.splitlines() if ln.strip()]
-    assert len(lines) == 1 and lines[0].startswith("error: "), result.output
-    assert "Traceback" not in result.output
-    for f in fragments:
-        assert f in lines[0]
-
-
 def test_run_writes_artifacts_and_prints_summary(tiny_bert_dir, tmp_path):
     out = tmp_path / "run"
-    res = invoke("run", "--model", str(tiny_bert_dir), "--task", "attention-stats", "--out", str(out),
-                 "--limit", "3", "--batch-size", "2", "--seed", "1", "-O", "top=2")
+    res = invoke(
+        "run",
+        "--model",
+        str(tiny_bert_dir),
+        "--task",
+        "attention-stats",
+        "--out",
+        str(out),
+        "--limit",
+        "3",
+        "--batch-size",
+        "2",
+        "--seed",
+        "1",
+        "-O",
+        "top=2",
+    )
     assert res.exit_code == 0, res.output
     assert "to_sep" in res.output and f"wrote {out}" in res.output
     manifest = json.loads((out / "manifest.json").read_text())
@@ -34,46 +42,48 @@ def test_run_writes_artifacts_and_prints_summary(tiny_bert_dir, tmp_path):
 
 
 def test_unknown_task_suggests(tiny_bert_dir):
-    assert_user_error(invoke("run", "--model", str(tiny_bert_dir), "--task", "atention-stats"),
-                      "unknown task", "attention-stats")
+    one_line_error(
+        invoke("run", "--model", str(tiny_bert_dir), "--task", "atention-stats"), "unknown task", "attention-stats"
+    )
 
 
 def test_unknown_model_suggests_alias():
-    assert_user_error(invoke("run", "--model", "minlm"), "did you mean 'minilm'")
+    one_line_error(invoke("run", "--model", "minlm"), "did you mean 'minilm'")
 
 
 def test_uncached_model_names_the_fix(monkeypatch, tmp_path):
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
-    assert_user_error(invoke("run", "--model", "bert-base", "--task", "attention-stats"),
-                      "bert-base-cased", "not in the local cache")
+    one_line_error(
+        invoke("run", "--model", "bert-base", "--task", "attention-stats"), "bert-base-cased", "not in the local cache"
+    )
 
 
 def test_missing_and_empty_data(tiny_bert_dir, tmp_path):
-    assert_user_error(invoke("run", "--model", str(tiny_bert_dir), "--data", str(tmp_path / "nope.txt")),
-                      "does not exist")
+    one_line_error(invoke("run", "--model", str(tiny_bert_dir), "--data", str(tmp_path / "nope.txt")), "does not exist")
     empty = tmp_path / "empty.txt"
     empty.write_text("")
-    assert_user_error(invoke("run", "--model", str(tiny_bert_dir), "--data", str(empty)), "empty")
+    one_line_error(invoke("run", "--model", str(tiny_bert_dir), "--data", str(empty)), "empty")
     assert not (tmp_path / "run").exists()
 
 
 def test_bad_device_and_bad_numbers(tiny_bert_dir):
-    assert_user_error(invoke("run", "--model", str(tiny_bert_dir), "--device", "gpu0"), "--device")
-    assert_user_error(invoke("run", "--model", str(tiny_bert_dir), "--batch-size", "0"), "--batch-size")
-    assert_user_error(invoke("run", "--model", str(tiny_bert_dir), "-O", "top"), "key=value")
+    one_line_error(invoke("run", "--model", str(tiny_bert_dir), "--device", "gpu0"), "--device")
+    one_line_error(invoke("run", "--model", str(tiny_bert_dir), "--batch-size", "0"), "--batch-size")
+    one_line_error(invoke("run", "--model", str(tiny_bert_dir), "-O", "top"), "key=value")
 
 
 def test_every_example_too_long(tiny_bert_dir, tmp_path):
     f = tmp_path / "long.txt"
     f.write_text(" ".join(["the dog"] * 50) + "\n")
-    assert_user_error(invoke("run", "--model", str(tiny_bert_dir), "--data", str(f), "--max-len", "16"),
-                      "longer than --max-len")
+    one_line_error(
+        invoke("run", "--model", str(tiny_bert_dir), "--data", str(f), "--max-len", "16"), "longer than --max-len"
+    )
 
 
 def test_existing_out_dir_is_refused(tiny_bert_dir, tmp_path):
     out = tmp_path / "exists"
     out.mkdir()
-    assert_user_error(invoke("run", "--model", str(tiny_bert_dir), "--out", str(out)), "already exists")
+    one_line_error(invoke("run", "--model", str(tiny_bert_dir), "--out", str(out)), "already exists")
 
 
 def test_list_tasks_and_models():
@@ -88,8 +98,9 @@ def test_list_tasks_and_models():
 
 
 def test_native_model_needs_no_tokenizer_tasks_only():
-    assert_user_error(invoke("run", "--model", "native:layers=1,d_model=16,heads=2", "--task", "attention-stats"),
-                      "has no tokenizer")
+    one_line_error(
+        invoke("run", "--model", "native:layers=1,d_model=16,heads=2", "--task", "attention-stats"), "has no tokenizer"
+    )
 
 
 @pytest.mark.slow
@@ -101,8 +112,12 @@ def test_console_script_runs_on_the_default_model(tmp_path):
 
     exe = shutil.which("probe") or str(Path(sys.executable).parent / "probe")
     out = tmp_path / "run"
-    res = subprocess.run([exe, "run", "--task", "attention-stats", "--limit", "4", "--out", str(out)],
-                         capture_output=True, text=True, timeout=300)
+    res = subprocess.run(
+        [exe, "run", "--task", "attention-stats", "--limit", "4", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert res.returncode == 0, res.stderr
     assert "depth L=6" in res.stdout and (out / "report.html").exists()
     bad = subprocess.run([exe, "run", "--task", "nope"], capture_output=True, text=True, timeout=300)

@@ -1,10 +1,12 @@
 """probe compare: run folders of one task on one relative-depth axis (hand-built runs with known
 answers, real runs of tiny models, and the CLI's one-line errors)."""
+
 import json
 import math
 
 import pandas as pd
 import pytest
+from helpers import one_line_error
 from typer.testing import CliRunner
 
 from depthprobe.cli.main import app
@@ -18,9 +20,21 @@ runner = CliRunner()
 def write_run(path, task, model, n_layers, d_model, rows, n_heads=2, summary=None, files=None):
     """A run folder as probe run writes it: manifest.json, scores.csv, summary.json (+ files)."""
     path.mkdir(parents=True)
-    (path / "manifest.json").write_text(json.dumps({
-        "tool": "depthprobe", "config": {"task": task, "model": model},
-        "model": {"name": model, "source": "native", "n_layers": n_layers, "n_heads": n_heads, "d_model": d_model}}))
+    (path / "manifest.json").write_text(
+        json.dumps(
+            {
+                "tool": "depthprobe",
+                "config": {"task": task, "model": model},
+                "model": {
+                    "name": model,
+                    "source": "native",
+                    "n_layers": n_layers,
+                    "n_heads": n_heads,
+                    "d_model": d_model,
+                },
+            }
+        )
+    )
     df = pd.DataFrame(rows)
     df.insert(0, "model", model)
     df.insert(1, "task", task)
@@ -33,18 +47,33 @@ def write_run(path, task, model, n_layers, d_model, rows, n_heads=2, summary=Non
 
 def head_rows(metric, grid):
     """grid[layer][head] -> tidy rows."""
-    return [{"layer": l, "head": h, "metric": metric, "value": v}
-            for l, row in enumerate(grid) for h, v in enumerate(row)]
+    return [
+        {"layer": layer_idx, "head": h, "metric": metric, "value": v}
+        for layer_idx, row in enumerate(grid)
+        for h, v in enumerate(row)
+    ]
 
 
 @pytest.fixture
 def two_depths(tmp_path):
     """A: 2 layers x 2 heads; B: 4 layers x 2 heads (attention-stats-like metrics)."""
-    a = write_run(tmp_path / "a", "attention-stats", "model-a", 2, 8,
-                  head_rows("to_sep", [[0.1, 0.3], [0.7, 0.5]]) + head_rows("entropy", [[2.0, 1.0], [0.5, 3.0]]))
-    b = write_run(tmp_path / "b", "attention-stats", "model-b", 4, 16,
-                  head_rows("to_sep", [[0.2, 0.0], [0.1, 0.9], [0.4, 0.4], [0.1, 0.05]])
-                  + head_rows("entropy", [[1.0, 1.0], [2.0, 2.0], [3.0, 3.0], [4.0, 4.0]]))
+    a = write_run(
+        tmp_path / "a",
+        "attention-stats",
+        "model-a",
+        2,
+        8,
+        head_rows("to_sep", [[0.1, 0.3], [0.7, 0.5]]) + head_rows("entropy", [[2.0, 1.0], [0.5, 3.0]]),
+    )
+    b = write_run(
+        tmp_path / "b",
+        "attention-stats",
+        "model-b",
+        4,
+        16,
+        head_rows("to_sep", [[0.2, 0.0], [0.1, 0.9], [0.4, 0.4], [0.1, 0.05]])
+        + head_rows("entropy", [[1.0, 1.0], [2.0, 2.0], [3.0, 3.0], [4.0, 4.0]]),
+    )
     return a, b
 
 
@@ -88,9 +117,12 @@ def test_metric_filter_and_unknown_metric(two_depths):
 
 def test_residual_positions_sit_between_blocks(tmp_path):
     """Kernels rows are hooks resid_pre/resid_post: embeddings at 0, the last block's output at 1."""
-    rows = [{"layer": l, "metric": "mean_cosine", "value": v, "hook": h, "theory": float("nan")}
-            for l, (v, h) in enumerate([(0.0, "blocks.0.hook_resid_pre"), (0.5, "blocks.0.hook_resid_post"),
-                                        (0.9, "blocks.1.hook_resid_post")])]
+    rows = [
+        {"layer": layer_idx, "metric": "mean_cosine", "value": v, "hook": h, "theory": float("nan")}
+        for layer_idx, (v, h) in enumerate(
+            [(0.0, "blocks.0.hook_resid_pre"), (0.5, "blocks.0.hook_resid_post"), (0.9, "blocks.1.hook_resid_post")]
+        )
+    ]
     run = write_run(tmp_path / "k", "kernels", "spa:variant=vanilla,depth=2,width=8", 2, 8, rows)
     t = compare([run])
     assert t.relative_depth.tolist() == [0.0, 0.5, 1.0]
@@ -104,16 +136,23 @@ def test_syntax_selectors_baseline_and_margin(tmp_path):
     rows = []
     for rel, grid in (("det", [[0.6, 0.8]]), ("nsubj", [[0.4, 0.2]])):
         for d in ("dependent->head", "head->dependent"):
-            rows += [{**r, "relation": rel, "direction": d, "count": 10}
-                     for r in head_rows("accuracy", [[v / (2 if d[0] == "h" else 1) for v in grid[0]]])]
+            rows += [
+                {**r, "relation": rel, "direction": d, "count": 10}
+                for r in head_rows("accuracy", [[v / (2 if d[0] == "h" else 1) for v in grid[0]]])
+            ]
     offsets = [-3, -2, -1, 0, 1, 2]
     base = {"det": [0.1, 0.2, 0.5, 0.0, 0.5, 0.3], "nsubj": [0.1, 0.1, 0.1, 0.1, 0.1, 0.25]}
     csv = "relation,offset,count,accuracy\n" + "".join(
-        f"{rel},{o},10,{a}\n" for rel, accs in base.items() for o, a in zip(offsets, accs))
+        f"{rel},{o},10,{a}\n" for rel, accs in base.items() for o, a in zip(offsets, accs, strict=True)
+    )
     run = write_run(tmp_path / "s", "syntax", "m", 1, 8, rows, files={"baselines.csv": csv})
     t = compare([run]).set_index("metric")
-    assert {"accuracy/det/dependent->head", "accuracy/det/head->dependent", "accuracy/nsubj/dependent->head",
-            "accuracy/nsubj/head->dependent"} == set(t.index)
+    assert {
+        "accuracy/det/dependent->head",
+        "accuracy/det/head->dependent",
+        "accuracy/nsubj/dependent->head",
+        "accuracy/nsubj/head->dependent",
+    } == set(t.index)
     det = t.loc["accuracy/det/dependent->head"]
     # offsets -1 and +1 tie at 0.5: nearest 0, then the leftward one
     assert (det.relation, det.direction, det.better) == ("det", "dependent->head", "higher")
@@ -126,13 +165,18 @@ def test_syntax_selectors_baseline_and_margin(tmp_path):
 
 
 def test_coref_margin_over_the_strongest_baseline(tmp_path):
-    rows = [{**r, "type": ty, "n": 5, "clark_head": f"1-{r['head'] + 1}"}
-            for ty, g in (("all", [[0.4, 0.8]]), ("pronoun", [[0.9, 0.1]])) for r in head_rows("accuracy", g)]
-    summary = [{"method": "mentions evaluated", "all": 10, "pronoun": 5},
-               {"method": "best head", "all": 80.0, "pronoun": 90.0},
-               {"method": "nearest", "all": 27.0, "pronoun": 95.0},
-               {"method": "head match", "all": 52.0, "pronoun": 47.0},
-               {"method": "rule-based", "all": 69.0, "pronoun": 70.0}]
+    rows = [
+        {**r, "type": ty, "n": 5, "clark_head": f"1-{r['head'] + 1}"}
+        for ty, g in (("all", [[0.4, 0.8]]), ("pronoun", [[0.9, 0.1]]))
+        for r in head_rows("accuracy", g)
+    ]
+    summary = [
+        {"method": "mentions evaluated", "all": 10, "pronoun": 5},
+        {"method": "best head", "all": 80.0, "pronoun": 90.0},
+        {"method": "nearest", "all": 27.0, "pronoun": 95.0},
+        {"method": "head match", "all": 52.0, "pronoun": 47.0},
+        {"method": "rule-based", "all": 69.0, "pronoun": 70.0},
+    ]
     run = write_run(tmp_path / "c", "coref", "m", 1, 8, rows, summary=summary)
     t = compare([run]).set_index("metric")
     assert set(t.index) == {"accuracy/all", "accuracy/pronoun"}  # clark_head follows the head: no selector
@@ -150,13 +194,25 @@ def test_study_folder_means_its_members(two_depths, tmp_path):
         dst.parent.mkdir(parents=True)
         src.rename(dst)
     (study / "members" / "L2" / "checkpoint").mkdir()  # no run here
-    write_run(study / "members" / "L4" / ".x.partial", "kernels", "half-written", 4, 16,
-              [{"layer": 0, "metric": "mean_cosine", "value": 0.0}])  # hidden: skipped
+    write_run(
+        study / "members" / "L4" / ".x.partial",
+        "kernels",
+        "half-written",
+        4,
+        16,
+        [{"layer": 0, "metric": "mean_cosine", "value": 0.0}],
+    )  # hidden: skipped
     (study / "study.csv").write_text("member\nL2\nL4\n")
     t = compare(study)
     assert set(t.model) == {"model-a", "model-b"}
-    write_run(study / "members" / "L4" / "runs" / "kernels", "kernels", "model-b", 4, 16,
-              [{"layer": 0, "metric": "mean_cosine", "value": 0.0}])
+    write_run(
+        study / "members" / "L4" / "runs" / "kernels",
+        "kernels",
+        "model-b",
+        4,
+        16,
+        [{"layer": 0, "metric": "mean_cosine", "value": 0.0}],
+    )
     with pytest.raises(ProbeError, match=r"runs of different tasks: attention-stats \(2 runs\), kernels \(1 run\)"):
         compare(study)
     assert set(compare(study, task="kernels").model) == {"model-b"}
@@ -164,8 +220,14 @@ def test_study_folder_means_its_members(two_depths, tmp_path):
 
 def test_save_writes_csvs_and_an_escaped_report(two_depths, tmp_path):
     a, _ = two_depths
-    evil = write_run(tmp_path / "evil", "attention-stats", "<img src=x onerror=alert(1)>&m", 3, 8,
-                     head_rows("to_sep", [[0.1, 0.2], [0.3, 0.4], [0.5, 0.6]]))
+    evil = write_run(
+        tmp_path / "evil",
+        "attention-stats",
+        "<img src=x onerror=alert(1)>&m",
+        3,
+        8,
+        head_rows("to_sep", [[0.1, 0.2], [0.3, 0.4], [0.5, 0.6]]),
+    )
     t = compare([a, evil])
     out = save(t, tmp_path / "cmp")
     assert sorted(p.name for p in out.iterdir()) == ["compare.csv", "compare.json", "peaks.csv", "report.html"]
@@ -199,15 +261,18 @@ def test_bad_manifest_fails_clearly(tmp_path):
 
 # ---------------------------------------------------------------- real runs of tiny models
 
+
 def test_real_runs_of_two_depths(tmp_path):
     """Induction on native models of depth 1 and 3: relative depths and peaks from their scores.csv."""
     from depthprobe.probes import run
 
-    dirs = [run(f"native:layers={n},d_model=16,heads=2", "induction", limit=4, device="cpu").save(tmp_path / f"L{n}")
-            for n in (1, 3)]
+    dirs = [
+        run(f"native:layers={n},d_model=16,heads=2", "induction", limit=4, device="cpu").save(tmp_path / f"L{n}")
+        for n in (1, 3)
+    ]
     t = compare(dirs, metrics=["induction", "previous_token"])
     p = peaks(t).set_index(["n_layers", "metric"])
-    for d, n in zip(dirs, (1, 3)):
+    for d, n in zip(dirs, (1, 3), strict=True):
         rows = t[t.n_layers == n]
         assert sorted(set(rows.relative_depth)) == pytest.approx([(k + 0.5) / n for k in range(n)])
         scores = pd.read_csv(d / "scores.csv")
@@ -250,13 +315,6 @@ def test_real_syntax_and_coref_runs_agree_with_their_summaries(tiny_bert, tmp_pa
 
 # ---------------------------------------------------------------- the CLI
 
-def assert_user_error(result, *fragments):
-    assert result.exit_code == 2, result.output
-    lines = [ln for ln in result.output.splitlines() if ln.strip()]
-    assert len(lines) == 1 and lines[0].startswith("error: "), result.output
-    for f in fragments:
-        assert f in lines[0], lines[0]
-
 
 def test_cli_compare_writes_report(two_depths, tmp_path):
     out = tmp_path / "cmp"
@@ -272,13 +330,17 @@ def test_cli_one_line_errors(two_depths, tmp_path):
     a, _ = two_depths
     other = write_run(tmp_path / "k", "kernels", "m", 2, 8, [{"layer": 0, "metric": "mean_cosine", "value": 0.1}])
     out = tmp_path / "cmp"
-    assert_user_error(runner.invoke(app, ["compare", str(a), str(other), "--out", str(out)]),
-                      "runs of different tasks", "attention-stats", "kernels")
-    assert_user_error(runner.invoke(app, ["compare", "--out", str(out)]), "no run folders given")
-    assert_user_error(runner.invoke(app, ["compare", str(a), str(tmp_path / "nope")]), "nope does not exist")
+    one_line_error(
+        runner.invoke(app, ["compare", str(a), str(other), "--out", str(out)]),
+        "runs of different tasks",
+        "attention-stats",
+        "kernels",
+    )
+    one_line_error(runner.invoke(app, ["compare", "--out", str(out)]), "no run folders given")
+    one_line_error(runner.invoke(app, ["compare", str(a), str(tmp_path / "nope")]), "nope does not exist")
     (tmp_path / "empty").mkdir()
-    assert_user_error(runner.invoke(app, ["compare", str(tmp_path / "empty")]), "holds no run folders")
-    assert_user_error(runner.invoke(app, ["compare", str(a), "--metric", "to_sp"]), "did you mean 'to_sep'")
+    one_line_error(runner.invoke(app, ["compare", str(tmp_path / "empty")]), "holds no run folders")
+    one_line_error(runner.invoke(app, ["compare", str(a), "--metric", "to_sp"]), "did you mean 'to_sep'")
     assert not out.exists()
 
 

@@ -1,16 +1,16 @@
 """coref: readers (Entity brackets, CoNLL-2012, GAP), windows, baselines on hand-built documents,
 padding invariance, and the task against an independent plain-Python reference implementation
-of DESIGN §3.4 on real model output (tiny BERT; slow: minilm on an OntoGUM document and GAP)."""
+of docs/coref.md on real model output (tiny BERT; slow: minilm on an OntoGUM document and GAP)."""
+
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import pytest
 import torch
+from reference.coref import ref_chains
 
-from depthprobe.probes import ProbeError, run
-from depthprobe.probes import coref_data as cd
+from depthprobe.probes import ProbeError, coref_data, run
 from depthprobe.probes.capture import forward, pattern_names
 from depthprobe.tasks import coref as cr
 
@@ -28,8 +28,22 @@ def conllu(docs: dict[str, list[str]]) -> str:
             for i, row in enumerate(r.strip() for r in sent.split(";")):
                 form, upos, feats, head, dep, ent = row.split()
                 misc = f"Entity={ent}" if ent != "-" else "_"
-                out.append("\t".join([str(i + 1), form, form.lower(), upos, "_", feats if feats != "-" else "_",
-                                      head, dep, "_", misc]))
+                out.append(
+                    "\t".join(
+                        [
+                            str(i + 1),
+                            form,
+                            form.lower(),
+                            upos,
+                            "_",
+                            feats if feats != "-" else "_",
+                            head,
+                            dep,
+                            "_",
+                            misc,
+                        ]
+                    )
+                )
             out.append("")
     return "\n".join(out) + "\n"
 
@@ -43,65 +57,83 @@ def write(tmp_path: Path, name: str, text: str) -> Path:
 def queries_of(path: Path) -> list[tuple[str, cr.Query, tuple[str, ...]]]:
     """Every evaluated mention of each document, one window per document (no model needed)."""
     out = []
-    for doc in cd.read_chain_docs(path):
+    for doc in coref_data.read_chain_docs(path):
         words = tuple(t.text for t in doc)
-        for q in cr.window_queries(doc, cd.mentions(doc), 0, len(doc)):
-            out.append((" ".join(words[q.start:q.end + 1]), q, words))
+        for q in cr.window_queries(doc, coref_data.mentions(doc), 0, len(doc)):
+            out.append((" ".join(words[q.start : q.end + 1]), q, words))
     return out
 
 
 def text(words, c) -> str:
-    return " ".join(words[c.start:c.end + 1])
+    return " ".join(words[c.start : c.end + 1])
 
 
 # ---------------------------------------------------------------- Entity brackets
 
+
 def test_brackets_read_left_to_right_with_corefud_ids():
-    assert cd.parse_brackets("(13(3(14)", "f", 1) == [("open", "13"), ("open", "3"), ("single", "14")]
-    assert cd.parse_brackets("1)13)14)", "f", 1) == [("close", "1"), ("close", "13"), ("close", "14")]
-    assert cd.parse_brackets("(e12-person-1-new)e3)", "f", 1) == [("single", "e12"), ("close", "e3")]
-    assert cd.parse_brackets("(e5[1/2]-place-2", "f", 1) == [("open", "e5")]
-    assert cd.parse_brackets("(12|12)|(7)", "f", 1) == [("open", "12"), ("close", "12"), ("single", "7")]
+    assert coref_data.parse_brackets("(13(3(14)", "f", 1) == [("open", "13"), ("open", "3"), ("single", "14")]
+    assert coref_data.parse_brackets("1)13)14)", "f", 1) == [("close", "1"), ("close", "13"), ("close", "14")]
+    assert coref_data.parse_brackets("(e12-person-1-new)e3)", "f", 1) == [("single", "e12"), ("close", "e3")]
+    assert coref_data.parse_brackets("(e5[1/2]-place-2", "f", 1) == [("open", "e5")]
+    assert coref_data.parse_brackets("(12|12)|(7)", "f", 1) == [("open", "12"), ("close", "12"), ("single", "7")]
 
 
 def test_nested_mentions_and_closing_the_latest_open(tmp_path):
     # "[[his] mother] saw [[the man] near [the man]]": entity 2 nested in entity 2 closes innermost first
-    text_ = conllu({"d": [
-        "his PRON Gender=Masc|Number=Sing|Person=3 2 nmod:poss (1(3);"
-        "mother NOUN Number=Sing 3 nsubj 1);"
-        "saw VERB - 0 root -;"
-        "the DET - 5 det (2(2;"
-        "man NOUN Number=Sing 3 obj 2);"
-        "near ADP - 8 case -;"
-        "the DET - 8 det (2;"
-        "man NOUN Number=Sing 5 nmod 2)2)"]})
-    doc = cd.read_chain_docs(write(tmp_path, "n.conllu", text_))[0]
-    got = [(m.start, m.end, m.chain, doc[m.head].text) for m in cd.mentions(doc)]
-    assert got == [(0, 0, "3", "his"), (0, 1, "1", "mother"), (3, 4, "2", "man"), (3, 7, "2", "man"),
-                   (6, 7, "2", "man")]
+    text_ = conllu(
+        {
+            "d": [
+                "his PRON Gender=Masc|Number=Sing|Person=3 2 nmod:poss (1(3);"
+                "mother NOUN Number=Sing 3 nsubj 1);"
+                "saw VERB - 0 root -;"
+                "the DET - 5 det (2(2;"
+                "man NOUN Number=Sing 3 obj 2);"
+                "near ADP - 8 case -;"
+                "the DET - 8 det (2;"
+                "man NOUN Number=Sing 5 nmod 2)2)"
+            ]
+        }
+    )
+    doc = coref_data.read_chain_docs(write(tmp_path, "n.conllu", text_))[0]
+    got = [(m.start, m.end, m.chain, doc[m.head].text) for m in coref_data.mentions(doc)]
+    assert got == [
+        (0, 0, "3", "his"),
+        (0, 1, "1", "mother"),
+        (3, 4, "2", "man"),
+        (3, 7, "2", "man"),
+        (6, 7, "2", "man"),
+    ]
     assert sorted(doc.spans) == ["coref_1", "coref_2", "coref_3"]
     assert [s.text for s in doc.spans["coref_2"]] == ["the man", "the man near the man", "the man"]
     assert doc.user_data["coref_heads"][(3, 8)] == 4  # first word whose head leaves the span
 
 
 def test_chain_ids_are_per_document(tmp_path):
-    text_ = conllu({"a": ["John PROPN - 2 nsubj (1);ran VERB - 0 root -", "He PRON - 2 nsubj (1);left VERB - 0 root -"],
-                    "b": ["Mary PROPN - 2 nsubj (1);ran VERB - 0 root -", "She PRON - 2 nsubj (1);left VERB - 0 root -"]})
-    docs = cd.read_chain_docs(write(tmp_path, "two.conllu", text_))
+    text_ = conllu(
+        {
+            "a": ["John PROPN - 2 nsubj (1);ran VERB - 0 root -", "He PRON - 2 nsubj (1);left VERB - 0 root -"],
+            "b": ["Mary PROPN - 2 nsubj (1);ran VERB - 0 root -", "She PRON - 2 nsubj (1);left VERB - 0 root -"],
+        }
+    )
+    docs = coref_data.read_chain_docs(write(tmp_path, "two.conllu", text_))
     assert [d.user_data["doc_id"] for d in docs] == ["a", "b"]
-    assert [[m.start for m in cd.mentions(d)] for d in docs] == [[0, 2], [0, 2]]
+    assert [[m.start for m in coref_data.mentions(d)] for d in docs] == [[0, 2], [0, 2]]
 
 
-@pytest.mark.parametrize("entity, line, what", [
-    ("(1", 3, "never closed"),  # opened on the first word, never closed
-    ("2)", 3, "no open mention"),
-    ("1)x", 3, "cannot read"),
-    ("()", 3, "without an entity id"),
-])
+@pytest.mark.parametrize(
+    "entity, line, what",
+    [
+        ("(1", 3, "never closed"),  # opened on the first word, never closed
+        ("2)", 3, "no open mention"),
+        ("1)x", 3, "cannot read"),
+        ("()", 3, "without an entity id"),
+    ],
+)
 def test_bad_brackets_fail_with_file_and_line(tmp_path, entity, line, what):
     p = write(tmp_path, "bad.conllu", conllu({"d": [f"John PROPN - 2 nsubj {entity};ran VERB - 0 root -"]}))
     with pytest.raises(ProbeError, match=rf"bad.conllu:{line}: .*{what}"):
-        cd.read_chain_docs(p)
+        coref_data.read_chain_docs(p)
 
 
 # ---------------------------------------------------------------- CoNLL-2012
@@ -134,40 +166,48 @@ doc2 0 1 sleep VBP (VP*) - - - - * -
 
 
 def test_conll2012_reader_chains_heads_and_types(tmp_path):
-    docs = cd.read_chain_docs(write(tmp_path, "x.v4_gold_conll", CONLL12))
+    docs = coref_data.read_chain_docs(write(tmp_path, "x.v4_gold_conll", CONLL12))
     assert [d.user_data["doc_id"] for d in docs] == ["(test/doc1); part 000", "(test/doc2); part 000"]
     d = docs[0]
     assert [s.text for s in d.sents] == ["John saw the president of the company .", "He met her ."]
-    got = [(d[m.start:m.end + 1].text, m.chain, d[m.head].text, d[m.head].pos_) for m in cd.mentions(d)]
-    assert got == [("John", "0", "John", "PROPN"), ("the president of the company", "1", "president", "NOUN"),
-                   ("the company", "2", "company", "NOUN"), ("He", "0", "He", "PRON"), ("her", "1", "her", "PRON")]
+    got = [(d[m.start : m.end + 1].text, m.chain, d[m.head].text, d[m.head].pos_) for m in coref_data.mentions(d)]
+    assert got == [
+        ("John", "0", "John", "PROPN"),
+        ("the president of the company", "1", "president", "NOUN"),
+        ("the company", "2", "company", "NOUN"),
+        ("He", "0", "He", "PRON"),
+        ("her", "1", "her", "PRON"),
+    ]
     assert str(d[8].morph) == "Gender=Masc|Number=Sing|Person=3"
-    assert [m.chain for m in cd.mentions(docs[1])] == ["0", "0"]  # chain ids restart per document
+    assert [m.chain for m in coref_data.mentions(docs[1])] == ["0", "0"]  # chain ids restart per document
 
 
 def test_ptb_head_rule():
-    assert cd.ptb_head(["DT", "NN", "IN", "DT", "NN"]) == 1  # the president of the company
-    assert cd.ptb_head(["PRP$", "NN"]) == 1  # his mother
-    assert cd.ptb_head(["NNP", "POS", "NN"]) == 2  # John 's dog
-    assert cd.ptb_head(["DT", "JJ"]) == 1  # no noun: the last word before any post-modifier
-    assert cd.ptb_head(["NNP", "CC", "NNP"]) == 0  # John and Mary: the first conjunct
+    assert coref_data.ptb_head(["DT", "NN", "IN", "DT", "NN"]) == 1  # the president of the company
+    assert coref_data.ptb_head(["PRP$", "NN"]) == 1  # his mother
+    assert coref_data.ptb_head(["NNP", "POS", "NN"]) == 2  # John 's dog
+    assert coref_data.ptb_head(["DT", "JJ"]) == 1  # no noun: the last word before any post-modifier
+    assert coref_data.ptb_head(["NNP", "CC", "NNP"]) == 0  # John and Mary: the first conjunct
 
 
-@pytest.mark.parametrize("text_, line, what", [
-    ("doc 0 0 John NNP * (0)\n", 1, "outside #begin document"),
-    ("#begin document (a); part 000\ndoc 0 0 John NNP * (0\n#end document\n", 2, "never closed"),
-    ("#begin document (a); part 000\ndoc 0 0 John NNP * 0)\n#end document\n", 2, "no open mention"),
-    ("#begin document (a); part 000\ndoc 0 0 John NNP * (0)\n", 1, "no #end document"),
-    ("#begin document (a); part 000\ndoc 0 John\n#end document\n", 2, "at least 5 columns"),
-])
+@pytest.mark.parametrize(
+    "text_, line, what",
+    [
+        ("doc 0 0 John NNP * (0)\n", 1, "outside #begin document"),
+        ("#begin document (a); part 000\ndoc 0 0 John NNP * (0\n#end document\n", 2, "never closed"),
+        ("#begin document (a); part 000\ndoc 0 0 John NNP * 0)\n#end document\n", 2, "no open mention"),
+        ("#begin document (a); part 000\ndoc 0 0 John NNP * (0)\n", 1, "no #end document"),
+        ("#begin document (a); part 000\ndoc 0 John\n#end document\n", 2, "at least 5 columns"),
+    ],
+)
 def test_conll2012_errors(tmp_path, text_, line, what):
     with pytest.raises(ProbeError, match=rf"bad_conll:{line}: .*{what}"):
-        cd.read_chain_docs(write(tmp_path, "bad_conll", text_))
+        coref_data.read_chain_docs(write(tmp_path, "bad_conll", text_))
 
 
 # ---------------------------------------------------------------- GAP
 
-GAP_HEADER = "\t".join(cd.GAP_COLUMNS)
+GAP_HEADER = "\t".join(coref_data.GAP_COLUMNS)
 
 
 def gap_row(i: int, text_: str, pron: str, a: str, a_ok: bool, b: str, b_ok: bool, pron_n: int = 1) -> str:
@@ -176,8 +216,22 @@ def gap_row(i: int, text_: str, pron: str, a: str, a_ok: bool, b: str, b_ok: boo
         for _ in range(n):
             k = text_.index(s, k + 1)
         return k
-    return "\t".join([f"t-{i}", text_, pron, str(off(pron, pron_n)), a, str(off(a)), str(a_ok).upper(), b,
-                      str(off(b)), str(b_ok).upper(), "http://example.org"])
+
+    return "\t".join(
+        [
+            f"t-{i}",
+            text_,
+            pron,
+            str(off(pron, pron_n)),
+            a,
+            str(off(a)),
+            str(a_ok).upper(),
+            b,
+            str(off(b)),
+            str(b_ok).upper(),
+            "http://example.org",
+        ]
+    )
 
 
 GAP_ROWS = [
@@ -190,15 +244,15 @@ GAP_ROWS = [
 ]
 
 
-def test_gap_reader_and_doc(tmp_path):
+def test_gap_reader(tmp_path):
     p = write(tmp_path, "g.tsv", GAP_HEADER + "\n" + "\n".join(GAP_ROWS) + "\n")
-    rows = cd.read_gap(p)
+    rows = coref_data.read_gap(p)
     assert [r.line for r in rows] == [2, 3, 4, 5, 6, 7]
     assert [r.gender for r in rows[:3]] == ["feminine", "masculine", "masculine"]
     assert [r.answerable for r in rows] == [True] * 5 + [False]
-    doc = cd.gap_doc(rows[0])
-    assert [s.text for s in doc.spans["coref_gold"]] == ["mary", "she"]
-    assert [s.text for s in doc.spans["gap_candidates"]] == ["john", "mary"]
+    spans = rows[0].spans()
+    assert [rows[0].text[s:e] for s, e in (spans["pronoun"], spans["A"], spans["B"])] == ["she", "john", "mary"]
+    assert (rows[0].a_coref, rows[0].b_coref) == (False, True)
 
 
 def test_gap_bad_offsets_name_the_line(tmp_path):
@@ -206,27 +260,28 @@ def test_gap_bad_offsets_name_the_line(tmp_path):
     bad[5] = "3"  # A-offset no longer points at "mary"
     p = write(tmp_path, "g.tsv", GAP_HEADER + "\n" + GAP_ROWS[0] + "\n" + "\t".join(bad) + "\n")
     with pytest.raises(ProbeError, match=r"g.tsv:3: A-offset 3 does not point at 'mary'"):
-        cd.read_gap(p)
+        coref_data.read_gap(p)
     bad[5], bad[9] = bad[5].replace("3", "0"), "maybe"
     p.write_text(GAP_HEADER + "\n" + "\t".join(bad) + "\n")
     with pytest.raises(ProbeError, match=r"g.tsv:2: B-coref is 'maybe'"):
-        cd.read_gap(p)
+        coref_data.read_gap(p)
     p.write_text("ID\tText\n1\tx\n")
     with pytest.raises(ProbeError, match=r"g.tsv:1: not a GAP header"):
-        cd.read_gap(p)
+        coref_data.read_gap(p)
 
 
 def test_gap_nearest_baseline_distance_and_ties():
     base = dict(id="x", pronoun_offset=10, pronoun="he", a_coref=True, b_coref=False, line=2, text="")
     # A ends 2 before the pronoun, B starts 3 after it
-    assert cr.gap_nearest(cd.GapExample(a="ab", a_offset=6, b="cd", b_offset=15, **base)) == 0
+    assert cr.gap_nearest(coref_data.GapExample(a="ab", a_offset=6, b="cd", b_offset=15, **base)) == 0
     # A ends 4 before, B starts 1 after: B is nearer
-    assert cr.gap_nearest(cd.GapExample(a="ab", a_offset=4, b="cd", b_offset=13, **base)) == 1
+    assert cr.gap_nearest(coref_data.GapExample(a="ab", a_offset=4, b="cd", b_offset=13, **base)) == 1
     # equal gaps: the candidate appearing first wins
-    assert cr.gap_nearest(cd.GapExample(a="ab", a_offset=6, b="cd", b_offset=14, **base)) == 0
+    assert cr.gap_nearest(coref_data.GapExample(a="ab", a_offset=6, b="cd", b_offset=14, **base)) == 0
 
 
 # ---------------------------------------------------------------- windows
+
 
 def test_windows_pack_whole_sentences_and_a_long_one_ends_the_window():
     spans, skipped = cr.doc_windows([10, 200, 5, 5, 120, 3], n_special=2, limit=128)
@@ -237,12 +292,17 @@ def test_windows_pack_whole_sentences_and_a_long_one_ends_the_window():
 
 def test_window_membership_and_evaluated_mentions(tmp_path):
     # chain 1: John (s1) ... he (s2) ... him (s3); chain 2 spans sentences 2-3 in one mention
-    text_ = conllu({"d": [
-        "John PROPN - 2 nsubj (1);ran VERB - 0 root -",
-        "Then ADV - 3 advmod -;he PRON - 3 nsubj (1);left VERB - 0 root (2",
-        "Bill PROPN - 2 nsubj -;saw VERB - 0 root 2);him PRON - 2 obj (1)"]})
-    doc = cd.read_chain_docs(write(tmp_path, "w.conllu", text_))[0]
-    ms = cd.mentions(doc)
+    text_ = conllu(
+        {
+            "d": [
+                "John PROPN - 2 nsubj (1);ran VERB - 0 root -",
+                "Then ADV - 3 advmod -;he PRON - 3 nsubj (1);left VERB - 0 root (2",
+                "Bill PROPN - 2 nsubj -;saw VERB - 0 root 2);him PRON - 2 obj (1)",
+            ]
+        }
+    )
+    doc = coref_data.read_chain_docs(write(tmp_path, "w.conllu", text_))[0]
+    ms = coref_data.mentions(doc)
     # window = sentences 2-3 only: "he" has no earlier chain-mate starting inside; "him" does
     qs = cr.window_queries(doc, ms, 2, 8)
     assert [(q.start, q.end) for q in qs] == [(5, 5)]  # "him" (window-relative 7 - 2)
@@ -253,11 +313,16 @@ def test_window_membership_and_evaluated_mentions(tmp_path):
 
 def test_mention_whose_only_earlier_mate_contains_it_is_evaluated_and_wrong(tmp_path):
     # "[the dog that bit [the dog]]" with both in chain 1 (contrived, but it happens in real data)
-    text_ = conllu({"d": [
-        "the DET - 2 det (1;dog NOUN Number=Sing 0 root -;that PRON - 4 nsubj -;bit VERB - 2 acl -;"
-        "the DET - 6 det (1;dog NOUN Number=Sing 4 obj 1)1)"]})
-    doc = cd.read_chain_docs(write(tmp_path, "c.conllu", text_))[0]
-    qs = cr.window_queries(doc, cd.mentions(doc), 0, len(doc))
+    text_ = conllu(
+        {
+            "d": [
+                "the DET - 2 det (1;dog NOUN Number=Sing 0 root -;that PRON - 4 nsubj -;bit VERB - 2 acl -;"
+                "the DET - 6 det (1;dog NOUN Number=Sing 4 obj 1)1)"
+            ]
+        }
+    )
+    doc = coref_data.read_chain_docs(write(tmp_path, "c.conllu", text_))[0]
+    qs = cr.window_queries(doc, coref_data.mentions(doc), 0, len(doc))
     assert len(qs) == 1 and (qs[0].start, qs[0].end) == (4, 5)
     assert qs[0].cands == () and qs[0].baselines == (False, False, False)
 
@@ -266,39 +331,48 @@ def test_mention_whose_only_earlier_mate_contains_it_is_evaluated_and_wrong(tmp_
 
 BASELINE_DOCS = {
     # M = "The dog": nearest is "a cat" (wrong), head match "The old dog" (right)
-    "headmatch": ["The DET - 3 det (1;old ADJ - 3 amod -;dog NOUN Number=Sing 4 nsubj 1);barked VERB - 0 root -;"
-                  "at ADP - 7 case -;a DET - 7 det (2;cat NOUN Number=Sing 4 obl 2)",
-                  "The DET - 2 det (1;dog NOUN Number=Sing 3 nsubj 1);ran VERB - 0 root -"],
+    "headmatch": [
+        "The DET - 3 det (1;old ADJ - 3 amod -;dog NOUN Number=Sing 4 nsubj 1);barked VERB - 0 root -;"
+        "at ADP - 7 case -;a DET - 7 det (2;cat NOUN Number=Sing 4 obl 2)",
+        "The DET - 2 det (1;dog NOUN Number=Sing 3 nsubj 1);ran VERB - 0 root -",
+    ],
     # M = "the red car": exact string beats the nearer head match "a car"
-    "exact": ["the DET - 3 det (1;red ADJ - 3 amod -;car NOUN Number=Sing 4 nsubj 1);stopped VERB - 0 root -",
-              "A DET - 2 det (2;car NOUN Number=Sing 3 nsubj 2);passed VERB - 0 root -",
-              "the DET - 3 det (1;red ADJ - 3 amod -;car NOUN Number=Sing 4 nsubj 1);left VERB - 0 root -"],
+    "exact": [
+        "the DET - 3 det (1;red ADJ - 3 amod -;car NOUN Number=Sing 4 nsubj 1);stopped VERB - 0 root -",
+        "A DET - 2 det (2;car NOUN Number=Sing 3 nsubj 2);passed VERB - 0 root -",
+        "the DET - 3 det (1;red ADJ - 3 amod -;car NOUN Number=Sing 4 nsubj 1);left VERB - 0 root -",
+    ],
     # M = "she": "the boys" is nearest but plural, "Mary" agrees; the sieve skips past "the boys"
-    "agree": ["Mary PROPN Number=Sing 2 nsubj (1);met VERB - 0 root -;the DET - 4 det (2;"
-              "boys NOUN Number=Plur 2 obj 2)",
-              "she PRON Case=Nom|Gender=Fem|Number=Sing|Person=3 2 nsubj (1);smiled VERB - 0 root -"],
+    "agree": [
+        "Mary PROPN Number=Sing 2 nsubj (1);met VERB - 0 root -;the DET - 4 det (2;boys NOUN Number=Plur 2 obj 2)",
+        "she PRON Case=Nom|Gender=Fem|Number=Sing|Person=3 2 nsubj (1);smiled VERB - 0 root -",
+    ],
     # M = "I": third-person "John" is nearest; first-person "me" agrees
-    "person": ["me PRON Number=Sing|Person=1 2 nsubj (1);waited VERB - 0 root -",
-               "John PROPN Number=Sing 2 nsubj (2);called VERB - 0 root -",
-               "I PRON Number=Sing|Person=1 2 nsubj (1);answered VERB - 0 root -"],
+    "person": [
+        "me PRON Number=Sing|Person=1 2 nsubj (1);waited VERB - 0 root -",
+        "John PROPN Number=Sing 2 nsubj (2);called VERB - 0 root -",
+        "I PRON Number=Sing|Person=1 2 nsubj (1);answered VERB - 0 root -",
+    ],
     # M = "it": nested candidates sharing a start: "[[his] mother]" -> the longer one is nearer
-    "nested": ["his PRON Gender=Masc|Number=Sing|Person=3 2 nmod:poss (2(3);mother NOUN Number=Sing 3 nsubj 2);"
-               "sang VERB - 0 root -",
-               "She PRON Gender=Fem|Number=Sing|Person=3 2 nsubj (2);smiled VERB - 0 root -"],
+    "nested": [
+        "his PRON Gender=Masc|Number=Sing|Person=3 2 nmod:poss (2(3);mother NOUN Number=Sing 3 nsubj 2);"
+        "sang VERB - 0 root -",
+        "She PRON Gender=Fem|Number=Sing|Person=3 2 nsubj (2);smiled VERB - 0 root -",
+    ],
 }
 
 
 def test_baselines_choose_the_known_answers(tmp_path):
     p = write(tmp_path, "b.conllu", conllu(BASELINE_DOCS))
-    docs = {d.user_data["doc_id"]: d for d in cd.read_chain_docs(p)}
+    docs = {d.user_data["doc_id"]: d for d in coref_data.read_chain_docs(p)}
 
     def choices(name: str) -> tuple[str, list[str]]:
         doc = docs[name]
         words = [t.text for t in doc]
-        m = cd.mentions(doc)[-1]  # the last mention is M
-        q = next(q for q in cr.window_queries(doc, cd.mentions(doc), 0, len(doc)) if q.start == m.start)
+        m = coref_data.mentions(doc)[-1]  # the last mention is M
+        q = next(q for q in cr.window_queries(doc, coref_data.mentions(doc), 0, len(doc)) if q.start == m.start)
         idx = cr.baseline_picks(doc, 0, m, q.cands)
-        return " ".join(words[m.start:m.end + 1]), [text(words, q.cands[i]) for i in idx]
+        return " ".join(words[m.start : m.end + 1]), [text(words, q.cands[i]) for i in idx]
 
     assert choices("headmatch") == ("The dog", ["a cat", "The old dog", "The old dog"])
     assert choices("exact") == ("the red car", ["A car", "A car", "the red car"])
@@ -307,7 +381,7 @@ def test_baselines_choose_the_known_answers(tmp_path):
     m_text, picked = choices("nested")
     assert m_text == "She" and picked[0] == "his mother"  # nearest = the longer of the nested pair
     # correctness flags follow the chains: "his mother" is chain 2 like "She"
-    q = cr.window_queries(docs["nested"], cd.mentions(docs["nested"]), 0, len(docs["nested"]))[-1]
+    q = cr.window_queries(docs["nested"], coref_data.mentions(docs["nested"]), 0, len(docs["nested"]))[-1]
     assert q.baselines[0] is True
 
 
@@ -316,161 +390,6 @@ def test_types_follow_the_head_upos(tmp_path):
     kinds = {(name, cr.TYPES[q.kind]) for name, q, _ in queries_of(p)}
     assert ("The dog", "nominal") in kinds and ("she", "pronoun") in kinds
     assert cr.mention_type("PROPN") == 1 and cr.mention_type("NUM") == 2
-
-
-# ---------------------------------------------------------------- independent reference
-
-BRACKET = re.compile(r"\(([^()|]+)\)|\(([^()|]+)|([^()|]+)\)")
-PRON = {"he": ("Sing", "Masc", "3"), "him": ("Sing", "Masc", "3"), "his": ("Sing", "Masc", "3"),
-        "himself": ("Sing", "Masc", "3")}
-
-
-def ref_documents(path: Path) -> list[dict]:
-    """Plain reading of a CoNLL-U file: words, UPOS, FEATS, doc-level heads, sentences, mentions."""
-    docs, sent = [], []
-
-    def new_doc():
-        docs.append({"words": [], "upos": [], "feats": [], "head": [], "sents": [], "mentions": [],
-                     "open": {}})
-
-    def close_sent():
-        nonlocal sent
-        if not sent:
-            return
-        if not docs:
-            new_doc()
-        d = docs[-1]
-        base = len(d["words"])
-        for cols in sent:
-            i = len(d["words"])
-            d["words"].append(cols[1])
-            d["upos"].append(cols[3])
-            d["feats"].append(dict(kv.split("=") for kv in cols[5].split("|")) if cols[5] != "_" else {})
-            h = int(cols[6])
-            d["head"].append(base + h - 1 if h else None)
-            for item in cols[9].split("|"):
-                if not item.startswith("Entity="):
-                    continue
-                for single, opening, closing in BRACKET.findall(item[7:]):
-                    if single:
-                        d["mentions"].append((i, i, single.split("-")[0]))
-                    elif opening:
-                        d["open"].setdefault(opening.split("-")[0], []).append(i)
-                    else:
-                        ident = closing.split("-")[0]
-                        d["mentions"].append((d["open"][ident].pop(), i, ident))
-        d["sents"].append((base, len(d["words"])))
-        sent = []
-
-    for line in path.read_text(encoding="utf-8").split("\n"):
-        if line.startswith("# newdoc"):
-            close_sent()
-            new_doc()
-        elif line.startswith("#"):
-            continue
-        elif not line.strip():
-            close_sent()
-        else:
-            cols = line.split("\t")
-            if cols[0].isdigit():
-                sent.append(cols)
-    close_sent()
-    return docs
-
-
-def ref_head(d: dict, s: int, e: int) -> int:
-    for i in range(s, e + 1):
-        h = d["head"][i]
-        if h is None or h < s or h > e:
-            return i
-    raise AssertionError("no head")
-
-
-def ref_agree(d: dict, i: int) -> tuple[str, str, str]:
-    w = d["words"][i].lower()
-    if d["upos"][i] == "PRON" and w in cd.PRONOUNS:
-        return cd.PRONOUNS[w]
-    f = d["feats"][i]
-    person = f.get("Person", "" if d["upos"][i] == "PRON" else "3")
-    return f.get("Number", ""), f.get("Gender", ""), person
-
-
-def ref_chains(model, path: Path, max_len: int) -> dict:
-    """DESIGN §3.4 with plain loops: counts[(type, layer, head)] correct, n[type], baselines."""
-    tok = model.tokenizer
-    L, H = model.info.n_layers, model.info.n_heads
-    correct = {(t, l, h): 0 for t in cr.TYPES for l in range(L) for h in range(H)}
-    n = dict.fromkeys(cr.TYPES, 0)
-    base = {(b, t): 0 for b in cr.BASELINES for t in cr.TYPES}
-    for d in ref_documents(path):
-        pieces = []
-        for w in d["words"]:
-            p = tok(w, add_special_tokens=False)["input_ids"]
-            pieces.append(p or [tok.unk_token_id])
-        windows, cur, size = [], None, 2
-        for s, e in d["sents"]:
-            k = sum(len(pieces[i]) for i in range(s, e))
-            if k + 2 > max_len:
-                if cur:
-                    windows.append(cur)
-                cur, size = None, 2
-                continue
-            if cur and size + k > max_len:
-                windows.append(cur)
-                cur, size = None, 2
-            cur = (cur[0], e) if cur else (s, e)
-            size += k
-        if cur:
-            windows.append(cur)
-        for lo, hi in windows:
-            inside = [m for m in d["mentions"] if lo <= m[0] and m[1] < hi]
-            evaluated = [m for m in inside
-                         if any(o[2] == m[2] and lo <= o[0] < m[0] for o in d["mentions"])]
-            if not evaluated:
-                continue
-            ids, owner = [model.cls_id], [None]
-            for i in range(lo, hi):
-                ids += pieces[i]
-                owner += [i] * len(pieces[i])
-            ids.append(model.sep_id)
-            owner.append(None)
-            acts = forward(model, torch.tensor([ids]), None, pattern_names(L))
-            att = [[acts[name][0, h].tolist() for h in range(H)] for name in pattern_names(L)]
-            pos = {i: [p for p, o in enumerate(owner) if o == i] for i in range(lo, hi)}
-
-            def word_att(l, h, frm, to):
-                rows = pos[frm]
-                return sum(sum(att[l][h][r][c] for c in pos[to]) for r in rows) / len(rows)
-
-            spans = {}
-            for s, e, ch in inside:
-                spans.setdefault((s, e), set()).add(ch)
-            for s, e, ch in evaluated:
-                hd = ref_head(d, s, e)
-                kind = "pronoun" if d["upos"][hd] == "PRON" else "proper" if d["upos"][hd] == "PROPN" else "nominal"
-                n[kind] += 1
-                cands = sorted([c for c in spans if c[1] < s], key=lambda c: (-c[0], -c[1]))
-                ok = [ch in spans[c] for c in cands]
-                heads = [ref_head(d, *c) for c in cands]
-                for l in range(L):
-                    for h in range(H):
-                        best, best_v = None, None
-                        for j, c in enumerate(cands):
-                            v = word_att(l, h, hd, heads[j])
-                            if best_v is None or v > best_v:
-                                best, best_v = j, v
-                        correct[(kind, l, h)] += int(best is not None and ok[best])
-                if not cands:
-                    continue
-                low = [w.lower() for w in d["words"]]
-                hm = [j for j, c in enumerate(cands) if low[heads[j]] == low[hd]]
-                ex = [j for j, c in enumerate(cands) if low[c[0]:c[1] + 1] == low[s:e + 1]]
-                ag = [j for j, c in enumerate(cands)
-                      if all(x == "" or y == "" or x == y for x, y in zip(ref_agree(d, hd), ref_agree(d, heads[j])))]
-                base[("nearest", kind)] += ok[0]
-                base[("head match", kind)] += ok[hm[0] if hm else 0]
-                base[("rule-based", kind)] += ok[(ex or hm or ag or [0])[0]]
-    return {"correct": correct, "n": n, "base": base}
 
 
 def assert_matches_reference(result, ref: dict) -> None:
@@ -575,7 +494,8 @@ def test_no_evaluable_mentions_is_an_error(tiny_bert, tmp_path):
 
 # ---------------------------------------------------------------- GAP end to end
 
-def ref_gap(model, rows: list[cd.GapExample], limit: int) -> dict:
+
+def ref_gap(model, rows: list[coref_data.GapExample], limit: int) -> dict:
     tok = model.tokenizer
     L, H = model.info.n_layers, model.info.n_heads
     out = {"n": {}, "correct": {}, "nearest": {}, "first": {}}
@@ -588,27 +508,39 @@ def ref_gap(model, rows: list[cd.GapExample], limit: int) -> dict:
             continue
         offs = [None] + enc["offset_mapping"] + [None]
 
-        def pieces(start, length):
+        def pieces(start, length, offs=offs):
             return [i for i, o in enumerate(offs) if o and o[0] < start + length and o[1] > start]
 
-        pr, pa, pb = pieces(ex.pronoun_offset, len(ex.pronoun)), pieces(ex.a_offset, len(ex.a)), pieces(ex.b_offset, len(ex.b))
+        pr, pa, pb = (
+            pieces(ex.pronoun_offset, len(ex.pronoun)),
+            pieces(ex.a_offset, len(ex.a)),
+            pieces(ex.b_offset, len(ex.b)),
+        )
         acts = forward(model, torch.tensor([ids]), None, pattern_names(L))
         g = ex.gender
         label = 0 if ex.a_coref else 1
         pe = ex.pronoun_offset + len(ex.pronoun)
-        da = ex.pronoun_offset - (ex.a_offset + len(ex.a)) if ex.a_offset + len(ex.a) <= ex.pronoun_offset else ex.a_offset - pe
-        db = ex.pronoun_offset - (ex.b_offset + len(ex.b)) if ex.b_offset + len(ex.b) <= ex.pronoun_offset else ex.b_offset - pe
+        da = (
+            ex.pronoun_offset - (ex.a_offset + len(ex.a))
+            if ex.a_offset + len(ex.a) <= ex.pronoun_offset
+            else ex.a_offset - pe
+        )
+        db = (
+            ex.pronoun_offset - (ex.b_offset + len(ex.b))
+            if ex.b_offset + len(ex.b) <= ex.pronoun_offset
+            else ex.b_offset - pe
+        )
         near = 0 if da < db or (da == db and ex.a_offset <= ex.b_offset) else 1
         out["n"][g] = out["n"].get(g, 0) + 1
         out["nearest"][g] = out["nearest"].get(g, 0) + int(near == label)
         out["first"][g] = out["first"].get(g, 0) + int(label == 0)
-        for l, name in enumerate(pattern_names(L)):
+        for layer_idx, name in enumerate(pattern_names(L)):
             a = acts[name][0].tolist()
             for h in range(H):
                 to_a = sum(sum(a[h][r][c] for c in pa) for r in pr) / len(pr)
                 to_b = sum(sum(a[h][r][c] for c in pb) for r in pr) / len(pr)
                 pred = 1 if to_b > to_a else 0 if to_a > to_b else near
-                out["correct"][(g, l, h)] = out["correct"].get((g, l, h), 0) + int(pred == label)
+                out["correct"][(g, layer_idx, h)] = out["correct"].get((g, layer_idx, h), 0) + int(pred == label)
     return out
 
 
@@ -630,7 +562,7 @@ def check_gap(r, ref: dict) -> None:
 def test_gap_end_to_end_equals_reference(tiny_bert, tmp_path):
     p = write(tmp_path, "g.tsv", GAP_HEADER + "\n" + "\n".join(GAP_ROWS) + "\n")
     r = run(tiny_bert, "coref", p, batch_size=2)
-    check_gap(r, ref_gap(tiny_bert, cd.read_gap(p), 64))
+    check_gap(r, ref_gap(tiny_bert, coref_data.read_gap(p), 64))
     assert r.headline["n_examples"] == 5
     assert list(r.summary["method"]) == ["examples", "best head", "nearest", "first candidate"]
     assert {"masculine", "feminine", "F/M"} <= set(r.summary.columns)
@@ -641,6 +573,7 @@ def test_gap_end_to_end_equals_reference(tiny_bert, tmp_path):
 
 
 # ---------------------------------------------------------------- slow: the real offline model
+
 
 @pytest.mark.slow
 def test_minilm_equals_reference_on_an_ontogum_document(minilm, shared_data):
@@ -656,10 +589,11 @@ def test_minilm_gap_equals_reference(minilm, shared_data, tmp_path):
     lines = src.read_text(encoding="utf-8").split("\n")
     p = write(tmp_path, "gap.tsv", "\n".join(lines[:61]) + "\n")
     r = run(minilm, "coref", p)
-    check_gap(r, ref_gap(minilm, cd.read_gap(p), 512))
+    check_gap(r, ref_gap(minilm, coref_data.read_gap(p), 512))
 
 
 # ---------------------------------------------------------------- CLI, decoders, bert-base
+
 
 def test_cli_run_and_bad_data(tiny_bert_dir, tmp_path):
     import json
@@ -670,8 +604,22 @@ def test_cli_run_and_bad_data(tiny_bert_dir, tmp_path):
 
     runner = CliRunner()
     out = tmp_path / "run"
-    res = runner.invoke(app, ["run", "--model", str(tiny_bert_dir), "--task", "coref", "--max-len", "64",
-                              "--out", str(out), "-O", "views=1"])
+    res = runner.invoke(
+        app,
+        [
+            "run",
+            "--model",
+            str(tiny_bert_dir),
+            "--task",
+            "coref",
+            "--max-len",
+            "64",
+            "--out",
+            str(out),
+            "-O",
+            "views=1",
+        ],
+    )
     assert res.exit_code == 0, res.output
     assert "best head" in res.output and "rule-based" in res.output and "Clark" in res.output
     assert {"scores.csv", "summary.csv", "views.json", "manifest.json"} <= {p.name for p in out.iterdir()}
@@ -681,14 +629,28 @@ def test_cli_run_and_bad_data(tiny_bert_dir, tmp_path):
     assert res.exit_code == 2 and "bad.conllu:3:" in res.output and "never closed" in res.output
 
 
-def test_decoder_windows_have_no_sep(tiny_gpt2):
+def test_decoder_windows_have_no_sep(tiny_gpt2, tiny_bert):
+    from depthprobe.probes.task import Context, RunConfig, get_task
+
+    task = get_task("coref")
+    for model, has_sep in ((tiny_gpt2, False), (tiny_bert, True)):  # the encoder shows the check can fail
+        ctx = Context(RunConfig(model=model.name, task="coref", max_len=64), task.parse_options({}))
+        windows = task.load(model, ctx)
+        assert windows
+        sep = model.tokenizer.sep_token_id
+        for w in windows:
+            ids, units, n = w.encoded.ids, w.encoded.unit_of_piece, w.encoded.n_words
+            assert ids[0] == model.cls_id and units[0] == 0
+            assert (sep is not None and sep in ids) == has_sep  # [SEP] nowhere in a decoder's window
+            assert (units[-1] == n + 1) == has_sep  # no unit after the last word
+            assert max(units) == n + has_sep
     r = run(tiny_gpt2, "coref", max_len=64)
     assert r.headline["n_mentions"] > 0 and len(r.scores) == 4 * 2 * 4
 
 
 def test_bert_base_without_a_cache_names_the_fix(monkeypatch, tmp_path):
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
-    with pytest.raises(ProbeError, match="bert-base-cased.*not in the local cache"):
+    with pytest.raises(ProbeError, match=r"bert-base-cased.*not in the local cache"):
         run("bert-base", "coref")
 
 

@@ -6,6 +6,7 @@ with plain transformers (eager attention) where the same edit is made by hand: t
 values z_h = P'_h @ v_h are computed from the module's own value projection and written into the
 input of its output projection. Known answers, tolerance 1e-5.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -32,26 +33,59 @@ def build_family(kind: str, directory: Path, tiny_gpt2_dir: Path) -> Path:
     V, tok = len(gtok), gtok
     torch.manual_seed(1)
     if kind == "roberta":
-        cfg = transformers.RobertaConfig(vocab_size=V, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                                         intermediate_size=64, max_position_embeddings=70, pad_token_id=0,
-                                         bos_token_id=0, eos_token_id=0)
+        cfg = transformers.RobertaConfig(
+            vocab_size=V,
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            intermediate_size=64,
+            max_position_embeddings=70,
+            pad_token_id=0,
+            bos_token_id=0,
+            eos_token_id=0,
+        )
         model = transformers.RobertaForMaskedLM(cfg)
         b = gtok.bos_token
-        tok = transformers.RobertaTokenizerFast(tokenizer_object=gtok.backend_tokenizer, bos_token=b, eos_token=b,
-                                                unk_token=b, pad_token=b, cls_token=b, sep_token=b, mask_token=b)
+        tok = transformers.RobertaTokenizerFast(
+            tokenizer_object=gtok.backend_tokenizer,
+            bos_token=b,
+            eos_token=b,
+            unk_token=b,
+            pad_token=b,
+            cls_token=b,
+            sep_token=b,
+            mask_token=b,
+        )
     elif kind == "opt":
-        cfg = transformers.OPTConfig(vocab_size=V, hidden_size=32, num_hidden_layers=2, ffn_dim=64,
-                                     num_attention_heads=4, max_position_embeddings=64, word_embed_proj_dim=32,
-                                     pad_token_id=0, bos_token_id=0, eos_token_id=0)
+        cfg = transformers.OPTConfig(
+            vocab_size=V,
+            hidden_size=32,
+            num_hidden_layers=2,
+            ffn_dim=64,
+            num_attention_heads=4,
+            max_position_embeddings=64,
+            word_embed_proj_dim=32,
+            pad_token_id=0,
+            bos_token_id=0,
+            eos_token_id=0,
+        )
         model = transformers.OPTForCausalLM(cfg)
     elif kind == "gptj":
-        cfg = transformers.GPTJConfig(vocab_size=V, n_embd=32, n_layer=2, n_head=4, n_positions=64, rotary_dim=4,
-                                      bos_token_id=0, eos_token_id=0)
+        cfg = transformers.GPTJConfig(
+            vocab_size=V, n_embd=32, n_layer=2, n_head=4, n_positions=64, rotary_dim=4, bos_token_id=0, eos_token_id=0
+        )
         model = transformers.GPTJForCausalLM(cfg)
     elif kind == "gptneo":
-        cfg = transformers.GPTNeoConfig(vocab_size=V, hidden_size=32, num_layers=2, num_heads=4,
-                                        attention_types=[[["global", "local"], 1]], max_position_embeddings=64,
-                                        bos_token_id=0, eos_token_id=0)
+        cfg = transformers.GPTNeoConfig(
+            vocab_size=V,
+            hidden_size=32,
+            num_layers=2,
+            num_heads=4,
+            attention_types=[[["global", "local"], 1]],
+            max_position_embeddings=64,
+            bos_token_id=0,
+            eos_token_id=0,
+        )
         model = transformers.GPTNeoForCausalLM(cfg)
     else:
         raise ValueError(kind)
@@ -68,14 +102,25 @@ class Family:
 
 
 FAMILIES = {
-    "bert": Family(transformers.AutoModelForMaskedLM, "bert.encoder.layer.{l}.attention.self.value",
-                   "bert.encoder.layer.{l}.attention.output.dense"),
-    "roberta": Family(transformers.AutoModelForMaskedLM, "roberta.encoder.layer.{l}.attention.self.value",
-                      "roberta.encoder.layer.{l}.attention.output.dense"),
+    "bert": Family(
+        transformers.AutoModelForMaskedLM,
+        "bert.encoder.layer.{l}.attention.self.value",
+        "bert.encoder.layer.{l}.attention.output.dense",
+    ),
+    "roberta": Family(
+        transformers.AutoModelForMaskedLM,
+        "roberta.encoder.layer.{l}.attention.self.value",
+        "roberta.encoder.layer.{l}.attention.output.dense",
+    ),
     "gpt2": Family(transformers.AutoModelForCausalLM, "transformer.h.{l}.attn.c_attn", "transformer.h.{l}.attn.c_proj"),
-    "opt": Family(transformers.AutoModelForCausalLM, "model.decoder.layers.{l}.self_attn.v_proj",
-                  "model.decoder.layers.{l}.self_attn.out_proj"),
-    "gptj": Family(transformers.AutoModelForCausalLM, "transformer.h.{l}.attn.v_proj", "transformer.h.{l}.attn.out_proj"),
+    "opt": Family(
+        transformers.AutoModelForCausalLM,
+        "model.decoder.layers.{l}.self_attn.v_proj",
+        "model.decoder.layers.{l}.self_attn.out_proj",
+    ),
+    "gptj": Family(
+        transformers.AutoModelForCausalLM, "transformer.h.{l}.attn.v_proj", "transformer.h.{l}.attn.out_proj"
+    ),
 }
 
 
@@ -122,7 +167,7 @@ class Reference:
             return out.logits, out.attentions[LAYER]
         v = store["v"]
         d = v.shape[-1] // (3 if self.kind == "gpt2" else 1)
-        v = v[..., 2 * d:] if self.kind == "gpt2" else v
+        v = v[..., 2 * d :] if self.kind == "gpt2" else v
         b, t, _ = v.shape
         v_h = v.view(b, t, N_HEADS, -1)[:, :, HEAD]  # [b, pos, d_head]
         if zero:
@@ -168,6 +213,7 @@ def _edit_pattern(fn):
         t = t.clone()
         t[:, HEAD] = fn(t[:, HEAD])
         return t
+
     return hook
 
 
@@ -185,7 +231,10 @@ def test_attention_edits_match_plain_transformers(family_dir):
     clean, attn = ref.run(ids, mask)
     _close(_bridge_logits(model, ids, mask), clean, mask)
     # reads: the captured pattern is the eager softmax; the scores are what it was taken of
-    with torch.no_grad(), capture(model, [f"blocks.{LAYER}.attn.hook_pattern", f"blocks.{LAYER}.attn.hook_attn_scores"]) as acts:
+    with (
+        torch.no_grad(),
+        capture(model, [f"blocks.{LAYER}.attn.hook_pattern", f"blocks.{LAYER}.attn.hook_attn_scores"]) as acts,
+    ):
         model.bridge(ids, attention_mask=mask)
     pattern = acts[f"blocks.{LAYER}.attn.hook_pattern"]
     keep = mask.bool()
@@ -202,6 +251,7 @@ def test_attention_edits_match_plain_transformers(family_dir):
         t = t.clone()
         t[:, :, HEAD] = 0
         return t
+
     _close(_bridge_logits(model, ids, mask, z, zero_z), zero_ref, mask)
 
     first_ref, _ = ref.run(ids, mask, new_pattern=_first_token)
@@ -211,6 +261,7 @@ def test_attention_edits_match_plain_transformers(family_dir):
         t = t.clone()
         t[:, HEAD, :, 0] += 3.0
         return t
+
     boost_ref, _ = ref.run(ids, mask, new_pattern=_boost_first)
     assert (boost_ref - clean)[keep].abs().max() > 1e-5
     _close(_bridge_logits(model, ids, mask, scores, boost_scores), boost_ref, mask)

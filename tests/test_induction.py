@@ -1,4 +1,5 @@
 """The induction task: scores on hand-built attention patterns, inputs, and whole runs."""
+
 from __future__ import annotations
 
 import math
@@ -12,8 +13,20 @@ from typer.testing import CliRunner
 from depthprobe.cli.main import app
 from depthprobe.probes import NativeConfig, ProbeError, load, run, synthetic
 from depthprobe.probes.sweep import sweep
-from depthprobe.tasks.induction import (chance_levels, copy_losses, copying_scores, frame, head_score_sums, icl_from_losses,
-                             icl_positions, k_composition, ordinary_ids, sequences, text_windows, token_losses)
+from depthprobe.tasks.induction import (
+    chance_levels,
+    copy_losses,
+    copying_scores,
+    frame,
+    head_score_sums,
+    icl_from_losses,
+    icl_positions,
+    k_composition,
+    ordinary_ids,
+    sequences,
+    text_windows,
+    token_losses,
+)
 
 S = 5  # repeat length of the hand-built patterns
 
@@ -116,7 +129,10 @@ def test_inputs_use_ordinary_tokens_and_the_right_frame(tiny_bert, tiny_gpt2, na
     seqs = sequences(tiny_bert, 6, 20, seed=0)
     body = seqs[:, 1:-1]
     assert (seqs[:, 0] == cls).all() and (seqs[:, -1] == sep).all()
-    assert torch.equal(body[:, :6], body[:, 6:]) and not torch.isin(body, torch.tensor(sorted(tiny_bert.special_ids))).any()
+    assert (
+        torch.equal(body[:, :6], body[:, 6:])
+        and not torch.isin(body, torch.tensor(sorted(tiny_bert.special_ids))).any()
+    )
     assert frame(tiny_gpt2) == ((tiny_gpt2.cls_id,), ())
     assert torch.equal(sequences(tiny_gpt2, 6, 4, seed=1), sequences(tiny_gpt2, 6, 4, seed=1))
 
@@ -198,8 +214,11 @@ def test_repeat_len_over_the_vocabulary_is_refused():
 def test_chance_levels_of_a_small_case():
     # [BOS] r r, S = 2: second copy at 3, 4 -> (1/4 + 1/5) / 2; previous-token queries 2..4
     got = chance_levels(2, prefix=1, suffix=0, causal=True)
-    assert got == {"induction": Fraction(9, 40), "duplicate_token": Fraction(9, 40),
-                   "previous_token": Fraction(47, 180)}
+    assert got == {
+        "induction": Fraction(9, 40),
+        "duplicate_token": Fraction(9, 40),
+        "previous_token": Fraction(47, 180),
+    }
     assert set(chance_levels(2, 1, 1, causal=False).values()) == {Fraction(1, 6)}  # [CLS] r r [SEP]
     s25 = chance_levels(25)["induction"]
     assert s25 == sum(Fraction(1, k) for k in range(27, 52)) / 25 and round(float(s25), 3) == 0.027
@@ -236,8 +255,19 @@ def test_chance_in_the_table_and_summary(native2):
 def test_k_composition_at_init_is_the_models_own_initialisation(tmp_path):
     from depthprobe.probes.train import build_configs, train
 
-    native, data, cfg = build_configs(layers=2, d_model=16, heads=2, vocab=16, seq_len=24, steps=30,
-                                      batch_size=8, lr=1e-2, seed=3, log_every=10, save_every=30)
+    native, data, cfg = build_configs(
+        layers=2,
+        d_model=16,
+        heads=2,
+        vocab=16,
+        seq_len=24,
+        steps=30,
+        batch_size=8,
+        lr=1e-2,
+        seed=3,
+        log_every=10,
+        save_every=30,
+    )
     train(native, data, cfg, out=tmp_path / "m")
     trained = load(str(tmp_path / "m"), device="cpu")
     res = run(trained, "induction", repeat_len=8, n_seqs=4)
@@ -254,8 +284,10 @@ def test_k_composition_at_init_is_the_models_own_initialisation(tmp_path):
 # ----------------------------------------------------------------------------- Olsson's ICL score
 
 
-@pytest.mark.parametrize("context, expected", [(512, (50, 500)), (1024, (50, 500)), (256, (25, 250)),
-                                                (64, (6, 63)), (100, (10, 98)), (8, (1, 7))])
+@pytest.mark.parametrize(
+    "context, expected",
+    [(512, (50, 500)), (1024, (50, 500)), (256, (25, 250)), (64, (6, 63)), (100, (10, 98)), (8, (1, 7))],
+)
 def test_icl_positions_scale_with_the_context(context, expected):
     assert icl_positions(context) == expected
 
@@ -272,7 +304,7 @@ def test_icl_from_a_hand_built_loss_sequence():
 def test_text_windows_cut_back_to_back_and_spread_evenly():
     ids = list(range(100))
     w = text_windows(ids, 11, bos=999, limit=3)  # 10 text tokens per window, 10 windows, keep 0, 3, 6
-    assert w.tolist() == [[999] + list(range(s, s + 10)) for s in (0, 30, 60)]
+    assert w.tolist() == [[999, *list(range(s, s + 10))] for s in (0, 30, 60)]
     assert text_windows(ids, 11, bos=None, limit=50).tolist() == [list(range(s, s + 11)) for s in range(0, 99, 11)]
     assert text_windows(list(range(600)), 1024, bos=None, limit=5).shape == (1, 512)
 
@@ -291,18 +323,23 @@ def test_icl_score_matches_hugging_face_losses(tiny_gpt2, tiny_gpt2_dir, tmp_pat
     picks = [j * count // 3 for j in range(3)]
     diffs = []
     for j in picks:
-        window = torch.tensor([[tok.bos_token_id] + ids[j * 63:(j + 1) * 63]])
+        window = torch.tensor([[tok.bos_token_id, *ids[j * 63 : (j + 1) * 63]]])
         with torch.no_grad():
             logp = torch.log_softmax(hf(window).logits[0].double(), -1)
-        loss = lambda k: -logp[k - 1, window[0, k]].item()  # noqa: E731 (loss predicting position k)
+
+        def loss(k, logp=logp, window=window):  # loss predicting position k
+            return -logp[k - 1, window[0, k]].item()
+
         diffs.append(loss(63) - loss(6))
     assert res.headline["icl_windows"] == 3
     row = res.summary.set_index("metric").loc["icl_score"]
     assert row["mean"] == pytest.approx(sum(diffs) / 3, abs=2e-4)
 
 
-@pytest.mark.parametrize("content, fragment", [(None, "is not a file"), (b"\xff\xfe bad", "is not UTF-8"),
-                                               (b"too short", "fewer than one 64-token window")])
+@pytest.mark.parametrize(
+    "content, fragment",
+    [(None, "is not a file"), (b"\xff\xfe bad", "is not UTF-8"), (b"too short", "fewer than one 64-token window")],
+)
 def test_bad_icl_text(tiny_gpt2, tmp_path, content, fragment):
     f = tmp_path / "t.txt"
     if content is not None:
@@ -319,12 +356,15 @@ def test_token_losses_index_positions():
     assert got[0, 0].item() == pytest.approx(0.0, abs=1e-6) and got[0, 1].item() == pytest.approx(math.log(3))
 
 
-@pytest.mark.parametrize("options, fragment", [
-    (dict(repeat_len=40), "repeat_len=15 or less"),
-    (dict(repeat_len=1), "at least 2"),
-    (dict(n_seqs=0), "n_seqs must be at least 1"),
-    (dict(repeat_lenght=5), "did you mean 'repeat_len'"),
-])
+@pytest.mark.parametrize(
+    "options, fragment",
+    [
+        (dict(repeat_len=40), "repeat_len=15 or less"),
+        (dict(repeat_len=1), "at least 2"),
+        (dict(n_seqs=0), "n_seqs must be at least 1"),
+        (dict(repeat_lenght=5), "did you mean 'repeat_len'"),
+    ],
+)
 def test_bad_options_fail_before_any_forward_pass(native2, options, fragment):
     with pytest.raises(ProbeError, match=fragment):
         run(native2, "induction", **options)
@@ -358,14 +398,48 @@ def test_sweep_bad_option():
 
 def test_cli_run_and_sweep(tmp_path):
     runner = CliRunner()
-    res = runner.invoke(app, ["run", "--model", "native:layers=2,d_model=16,heads=2,d_vocab=12,n_ctx=32",
-                              "--task", "induction", "-O", "repeat_len=6", "-O", "n_seqs=3",
-                              "--out", str(tmp_path / "r")])
+    res = runner.invoke(
+        app,
+        [
+            "run",
+            "--model",
+            "native:layers=2,d_model=16,heads=2,d_vocab=12,n_ctx=32",
+            "--task",
+            "induction",
+            "-O",
+            "repeat_len=6",
+            "-O",
+            "n_seqs=3",
+            "--out",
+            str(tmp_path / "r"),
+        ],
+    )
     assert res.exit_code == 0, res.output
     assert "top_heads" in res.output
-    res = runner.invoke(app, ["sweep", "--task", "induction", "--layers", "1", "--steps", "4", "--width", "16",
-                              "--heads", "2", "--seq-len", "24", "-O", "eval_every=2", "-O", "n_seqs=2",
-                              "--out", str(tmp_path / "s")])
+    res = runner.invoke(
+        app,
+        [
+            "sweep",
+            "--task",
+            "induction",
+            "--layers",
+            "1",
+            "--steps",
+            "4",
+            "--width",
+            "16",
+            "--heads",
+            "2",
+            "--seq-len",
+            "24",
+            "-O",
+            "eval_every=2",
+            "-O",
+            "n_seqs=2",
+            "--out",
+            str(tmp_path / "s"),
+        ],
+    )
     assert res.exit_code == 0, res.output
     assert (tmp_path / "s" / "plots" / "induction_vs_step.svg").exists()
     res = runner.invoke(app, ["run", "--model", "native:layers=1,n_ctx=32", "--task", "induction"])
@@ -383,7 +457,19 @@ def test_minilm_encoder_run_is_seeded(minilm):
 
 
 def test_cli_bad_icl_text_is_one_line(tiny_gpt2_dir, tmp_path):
-    res = CliRunner().invoke(app, ["run", "--model", str(tiny_gpt2_dir), "--task", "induction",
-                                   "-O", f"icl_text={tmp_path / 'missing.txt'}", "--out", str(tmp_path / "r")])
+    res = CliRunner().invoke(
+        app,
+        [
+            "run",
+            "--model",
+            str(tiny_gpt2_dir),
+            "--task",
+            "induction",
+            "-O",
+            f"icl_text={tmp_path / 'missing.txt'}",
+            "--out",
+            str(tmp_path / "r"),
+        ],
+    )
     assert res.exit_code == 2 and "is not a file" in res.output
     assert "Traceback" not in res.output and not (tmp_path / "r").exists()

@@ -1,4 +1,5 @@
 """Head ablation and activation patching, with known answers."""
+
 import pytest
 import torch
 
@@ -33,6 +34,7 @@ def test_zero_ablation_is_zeroing_the_heads_pattern(tiny_bert):
             t = t.clone()
             t[:, 2] = 0
             return t
+
         with capture(tiny_bert, "blocks.1.attn.hook_pattern", zero):
             by_pattern = tiny_bert.bridge(ids, attention_mask=mask)
     keep = mask.bool()
@@ -84,6 +86,7 @@ def test_patching_per_head_matches_a_hand_made_patch(native):
         t = t.clone()
         t[:, :, 1] = cache["blocks.1.attn.hook_z"][:, :, 1]
         return t
+
     with torch.no_grad(), capture(native, "blocks.1.attn.hook_z", put):
         want = native.bridge(corrupt)[0, -1].logsumexp(-1).item()
     got = df[(df.layer == 1) & (df["head"] == 1)]["value"].item()

@@ -1,17 +1,19 @@
 """Signal-propagation kernels: metrics on matrices with known kernels, the E-SPA/U-SPA
 construction, the infinite-width recursion against finite-width Monte Carlo, the SPA model
 family, the kernels task (tiny models, SPA models, minilm) and the sweep, and CLI bad inputs."""
+
 import io
 import math
 
 import numpy as np
 import pytest
 import torch
+from helpers import cli_error
+from reference.kernels import uniform_recursion
 from typer.testing import CliRunner
 
 from depthprobe.cli.main import app
-from depthprobe.probes import kernels as K
-from depthprobe.probes import spa
+from depthprobe.probes import kernels, spa
 from depthprobe.probes.api import run
 from depthprobe.probes.capture import forward
 from depthprobe.probes.errors import ProbeError
@@ -29,36 +31,29 @@ def one_thread():
     torch.set_num_threads(n)
 
 
-def user_error(*args):
-    res = runner.invoke(app, list(args))
-    assert res.exit_code == 2, res.output
-    lines = [ln for ln in res.output.splitlines() if ln.strip()]
-    assert len(lines) == 1 and lines[0].startswith("error: "), res.output
-    return lines[0]
-
-
 # ----------------------------------------------------------------------------- metrics
+
 
 def test_identical_tokens_collapse_completely():
     x = torch.randn(1, 32).repeat(10, 1)  # [T=10, d=32], every row the same
-    assert K.mean_offdiag_cosine(x) == pytest.approx(1.0, abs=1e-12)
-    assert K.residual_ratio(x, norm="fro") == 0.0
-    assert K.residual_ratio(x, norm="l1inf") == 0.0
-    assert K.effective_rank(x) == 0.0
-    assert K.effective_rank_uncentred(x) == pytest.approx(1.0, abs=1e-12)  # rank one: exactly 1
-    c = K.normalised(K.kernel(x))
+    assert kernels.mean_offdiag_cosine(x) == pytest.approx(1.0, abs=1e-12)
+    assert kernels.residual_ratio(x, norm="fro") == 0.0
+    assert kernels.residual_ratio(x, norm="l1inf") == 0.0
+    assert kernels.effective_rank(x) == 0.0
+    assert kernels.effective_rank_uncentred(x) == pytest.approx(1.0, abs=1e-12)  # rank one: exactly 1
+    c = kernels.normalised(kernels.kernel(x))
     assert torch.allclose(c, torch.ones(10, 10, dtype=torch.float64))
 
 
 def test_orthogonal_tokens_have_zero_cosine_and_full_rank():
     t, d = 12, 20
     x = math.sqrt(d) * torch.eye(d)[:t]  # orthogonal rows, each of squared norm d
-    assert torch.allclose(K.kernel(x), torch.eye(t, dtype=torch.float64))
-    assert K.mean_offdiag_cosine(x) == pytest.approx(0.0, abs=1e-12)
+    assert torch.allclose(kernels.kernel(x), torch.eye(t, dtype=torch.float64))
+    assert kernels.mean_offdiag_cosine(x) == pytest.approx(0.0, abs=1e-12)
     # centring removes one direction: full rank of the centred X is T - 1, all singular values equal
-    assert K.effective_rank(x) == pytest.approx(t - 1, abs=1e-9)
-    assert K.effective_rank_uncentred(x) == pytest.approx(t, abs=1e-9)  # T equal singular values
-    assert K.residual_ratio(x) == pytest.approx(math.sqrt((t - 1) / t), abs=1e-12)
+    assert kernels.effective_rank(x) == pytest.approx(t - 1, abs=1e-9)
+    assert kernels.effective_rank_uncentred(x) == pytest.approx(t, abs=1e-9)  # T equal singular values
+    assert kernels.residual_ratio(x) == pytest.approx(math.sqrt((t - 1) / t), abs=1e-12)
 
 
 def test_uncentred_effective_rank_detects_collapse_that_the_centred_one_misses():
@@ -71,98 +66,101 @@ def test_uncentred_effective_rank_detects_collapse_that_the_centred_one_misses()
     un = []
     for eps in (1e-1, 1e-3, 1e-5):
         x = common + eps * noise
-        assert K.effective_rank(x) > 10
-        un.append(float(K.effective_rank_uncentred(x)))
+        assert kernels.effective_rank(x) > 10
+        un.append(float(kernels.effective_rank_uncentred(x)))
     assert un[0] > un[1] > un[2] and un[1] < 1.05 and un[2] == pytest.approx(1.0, abs=1e-3)
     # two orthogonal directions with singular values 3 and 1: exp(entropy of (3/4, 1/4))
     y = torch.tensor([[3.0, 0.0], [0.0, 1.0]])
     p = torch.tensor([0.75, 0.25], dtype=torch.float64)
-    assert K.effective_rank_uncentred(y) == pytest.approx(float(torch.exp(-(p * p.log()).sum())), abs=1e-9)
+    assert kernels.effective_rank_uncentred(y) == pytest.approx(float(torch.exp(-(p * p.log()).sum())), abs=1e-9)
 
 
 def test_contraction_exponents_of_geometric_and_cubic_sequences():
     geo = 0.5 ** np.arange(6, dtype=float)  # r_l = 2^-l: exponent l / (l - 1), layer 0 and 1 undefined
-    e = K.contraction_exponents(geo)
+    e = kernels.contraction_exponents(geo)
     assert np.isnan(e[0]) and np.isnan(e[1])  # log r_0 = 0
     assert e[2:] == pytest.approx([2 / 1, 3 / 2, 4 / 3, 5 / 4])
     cubic = 0.5 ** (3.0 ** np.arange(5))  # r_l = r_{l-1}^3
-    assert K.contraction_exponents(cubic)[1:] == pytest.approx([3.0] * 4)
-    assert np.isnan(K.contraction_exponents([0.5, 0.0, 0.1])[1:]).all()  # log 0 undefined
+    assert kernels.contraction_exponents(cubic)[1:] == pytest.approx([3.0] * 4)
+    assert np.isnan(kernels.contraction_exponents([0.5, 0.0, 0.1])[1:]).all()  # log 0 undefined
 
 
 def test_effective_rank_of_known_spectrum():
     a, b = 3.0, 1.0  # centred X with singular values sqrt(2) a and sqrt(2) b
     x = torch.tensor([[a, 0.0], [-a, 0.0], [0.0, b], [0.0, -b]])
     p = torch.tensor([a, b], dtype=torch.float64) / (a + b)
-    assert K.effective_rank(x) == pytest.approx(float(torch.exp(-(p * p.log()).sum())), abs=1e-9)
+    assert kernels.effective_rank(x) == pytest.approx(float(torch.exp(-(p * p.log()).sum())), abs=1e-9)
 
 
 def test_composite_norm_is_max_column_sum_times_max_row_sum():
     m = torch.tensor([[1.0, -2.0], [3.0, 4.0]])  # column sums 4, 6; row sums 3, 7
-    assert K.composite_norm(m) == pytest.approx(math.sqrt(6 * 7))
+    assert kernels.composite_norm(m) == pytest.approx(math.sqrt(6 * 7))
 
 
 def test_masked_rows_do_not_count():
     x = torch.randn(2, 6, 16)
     mask = torch.tensor([[1, 1, 1, 1, 0, 0], [1, 1, 1, 1, 1, 1]], dtype=torch.bool)
-    stats, c = K.sequence_stats(x, mask)
-    alone, _ = K.sequence_stats(x[:1, :4], None)
+    stats, c = kernels.sequence_stats(x, mask)
+    alone, _ = kernels.sequence_stats(x[:1, :4], None)
     for name in stats:
         assert stats[name][0] == pytest.approx(float(alone[name][0]), abs=1e-9), name
     assert torch.all(c[0, 4:] == 0) and torch.all(c[0, :, 4:] == 0)
-    assert K.mean_offdiag_cosine(x[0, :1]) != K.mean_offdiag_cosine(x[0, :1])  # one token: NaN
+    assert kernels.mean_offdiag_cosine(x[0, :1]) != kernels.mean_offdiag_cosine(x[0, :1])  # one token: NaN
 
 
 def test_batched_equals_single():
     x = torch.randn(3, 7, 9)
     for b in range(3):
-        assert K.effective_rank(x)[b] == pytest.approx(float(K.effective_rank(x[b])), abs=1e-9)
-        assert K.residual_ratio(x, norm="l1inf")[b] == pytest.approx(float(K.residual_ratio(x[b], norm="l1inf")))
+        assert kernels.effective_rank(x)[b] == pytest.approx(float(kernels.effective_rank(x[b])), abs=1e-9)
+        assert kernels.residual_ratio(x, norm="l1inf")[b] == pytest.approx(
+            float(kernels.residual_ratio(x[b], norm="l1inf"))
+        )
 
 
 def test_centred_gram_equals_gram_of_centred_rows():
     x = torch.randn(2, 7, 5, dtype=torch.float64)
     m = torch.tensor([[1, 1, 1, 1, 1, 0, 0], [1] * 7], dtype=torch.bool)
     xm = x * m[..., None]
-    explicit = K.centred(xm, m) @ K.centred(xm, m).transpose(-1, -2)
-    assert torch.allclose(K.centred_gram(xm @ xm.transpose(-1, -2), m), explicit, atol=1e-12)
+    explicit = kernels.centred(xm, m) @ kernels.centred(xm, m).transpose(-1, -2)
+    assert torch.allclose(kernels.centred_gram(xm @ xm.transpose(-1, -2), m), explicit, atol=1e-12)
 
 
 def test_kernel_stats_match_measurement_of_the_same_matrix():
     x = torch.randn(10, 40, dtype=torch.float64)
-    th = K.kernel_stats(K.kernel(x))
-    assert th["mean_cosine"] == pytest.approx(float(K.mean_offdiag_cosine(x)), abs=1e-12)
-    assert th["resid_ratio_fro"] == pytest.approx(float(K.residual_ratio(x)), abs=1e-12)
-    assert th["effective_rank_centred"] == pytest.approx(float(K.effective_rank(x)), abs=1e-9)
-    assert th["effective_rank_uncentred"] == pytest.approx(float(K.effective_rank_uncentred(x)), abs=1e-9)
+    th = kernels.kernel_stats(kernels.kernel(x))
+    assert th["mean_cosine"] == pytest.approx(float(kernels.mean_offdiag_cosine(x)), abs=1e-12)
+    assert th["resid_ratio_fro"] == pytest.approx(float(kernels.residual_ratio(x)), abs=1e-12)
+    assert th["effective_rank_centred"] == pytest.approx(float(kernels.effective_rank(x)), abs=1e-9)
+    assert th["effective_rank_uncentred"] == pytest.approx(float(kernels.effective_rank_uncentred(x)), abs=1e-9)
 
 
 def test_bad_metric_inputs():
-    with pytest.raises(ProbeError, match="norm"):
-        K.residual_ratio(torch.randn(3, 4), norm="l2")
-    with pytest.raises(ProbeError, match=r"\[T, d\]"):
-        K.mean_offdiag_cosine(torch.randn(4))
+    with pytest.raises(ValueError, match="norm"):
+        kernels.residual_ratio(torch.randn(3, 4), norm="l2")
+    with pytest.raises(ValueError, match=r"\[T, d\]"):
+        kernels.mean_offdiag_cosine(torch.randn(4))
 
 
 # ----------------------------------------------------------------------------- theory
 
+
 def test_uniform_causal_reference_values():
-    s = K.uniform_recursion(128, 8)
-    got = [float(K.mean_offdiag(K.normalised(s[l]))) for l in (1, 2, 4, 8)]
+    s = uniform_recursion(128, 8)
+    got = [float(kernels.mean_offdiag(kernels.normalised(s[layer_idx]))) for layer_idx in (1, 2, 4, 8)]
     assert got == pytest.approx([0.67, 0.90, 0.975, 0.9985], abs=0.005)
     assert got == sorted(got)
 
 
 def test_bidirectional_uniform_collapses_in_one_layer_and_skip_by_hand():
-    s = K.uniform_recursion(5, 1, causal=False)
-    assert torch.allclose(K.normalised(s[1]), torch.ones(5, 5, dtype=torch.float64))
-    a = K.uniform_attention(2)  # [[1, 0], [.5, .5]]
-    got = K.attention_step(torch.eye(2, dtype=torch.float64), a, skip=True, alpha=1.0)
+    s = uniform_recursion(5, 1, causal=False)
+    assert torch.allclose(kernels.normalised(s[1]), torch.ones(5, 5, dtype=torch.float64))
+    a = kernels.uniform_attention(2)  # [[1, 0], [.5, .5]]
+    got = kernels.attention_step(torch.eye(2, dtype=torch.float64), a, skip=True, alpha=1.0)
     assert torch.allclose(got, torch.tensor([[2.0, 0.5], [0.5, 1.5]], dtype=torch.float64))
 
 
 def test_relu_map_preserves_norms_and_maps_orthogonal_to_one_over_pi():
-    out = K.relu_step(torch.eye(3, dtype=torch.float64) * 2.0)
+    out = kernels.relu_step(torch.eye(3, dtype=torch.float64) * 2.0)
     assert torch.allclose(torch.diagonal(out), torch.full((3,), 2.0, dtype=torch.float64))
     assert float(out[0, 1]) == pytest.approx(2.0 / math.pi)
 
@@ -171,8 +169,8 @@ def test_relu_map_preserves_norms_and_maps_orthogonal_to_one_over_pi():
 @pytest.mark.parametrize("depth", [1, 8, 64])
 def test_spa_construction_hits_every_target(kind, depth):
     t = 48
-    targets = K.target_kernels(kind, t, depth)  # [L+1, T, T]
-    attn = K.spa_attentions(kind, t, depth)  # [L, T, T]
+    targets = kernels.target_kernels(kind, t, depth)  # [L+1, T, T]
+    attn = kernels.spa_attentions(kind, t, depth)  # [L, T, T]
     assert torch.equal(targets[0], torch.eye(t, dtype=torch.float64))
     rebuilt = attn @ targets[:-1] @ attn.transpose(-1, -2)  # A_l Sigma_{l-1} A_l^T for every l
     assert float((rebuilt - targets[1:]).abs().max()) < 1e-6
@@ -185,22 +183,16 @@ def test_spa_construction_hits_every_target(kind, depth):
 
 
 def test_espa_schedule_formula():
-    for l in (1, 5, 16):
-        g = K.espa_gamma(l, 16, 0.005)
-        assert 1 - math.exp(-2 * g) == pytest.approx((1 - math.exp(-0.01)) ** (l / 16))
-    assert math.isinf(K.espa_gamma(0, 16)) and K.espa_gamma(16, 16) == pytest.approx(0.005)
-    assert K.uspa_rho(0, 8) == 0.0 and K.uspa_rho(8, 8) == pytest.approx(0.8)
-
-
-def test_cholesky_attention_single_pair_float64():
-    s0, s1 = K.espa_kernel(32, 0.3), K.espa_kernel(32, 0.1)
-    a = K.cholesky_attention(s0, s1)
-    assert torch.allclose(a @ s0 @ a.T, s1, atol=1e-6, rtol=0)
+    for layer_idx in (1, 5, 16):
+        g = kernels.espa_gamma(layer_idx, 16, 0.005)
+        assert 1 - math.exp(-2 * g) == pytest.approx((1 - math.exp(-0.01)) ** (layer_idx / 16))
+    assert math.isinf(kernels.espa_gamma(0, 16)) and kernels.espa_gamma(16, 16) == pytest.approx(0.005)
+    assert kernels.uspa_rho(0, 8) == 0.0 and kernels.uspa_rho(8, 8) == pytest.approx(0.8)
 
 
 def test_softmax_realisation_reproduces_attention_without_nan():
-    a = K.spa_attentions("e-spa", 128, 64)[0]  # first layer: entries down to ~1e-75
-    bias, d = K.softmax_realisation(a)
+    a = kernels.spa_attentions("e-spa", 128, 64)[0]  # first layer: entries down to ~1e-75
+    bias, d = kernels.softmax_realisation(a)
     assert float(bias.min()) >= -80.0 and torch.isfinite(bias).all()
     causal = torch.tril(torch.ones(128, 128, dtype=torch.bool))
     for dtype, tol in ((torch.float64, 1e-10), (torch.float32, 1e-5)):
@@ -209,7 +201,7 @@ def test_softmax_realisation_reproduces_attention_without_nan():
         assert torch.isfinite(rebuilt).all()
         assert torch.allclose(rebuilt.double(), a, atol=tol, rtol=0)
     with pytest.raises(ProbeError, match="negative"):
-        K.softmax_realisation(torch.tensor([[1.0, 0.0], [-0.5, 1.0]]))
+        kernels.softmax_realisation(torch.tensor([[1.0, 0.0], [-0.5, 1.0]]))
 
 
 def test_recursion_matches_finite_width_monte_carlo():
@@ -217,9 +209,9 @@ def test_recursion_matches_finite_width_monte_carlo():
     S + A S A^T (skip) up to O(1/sqrt(width)) fluctuations, averaged over draws."""
     gen = torch.Generator().manual_seed(0)
     t, d, depth, draws = 10, 256, 3, 40
-    a = K.uniform_attention(t)
+    a = kernels.uniform_attention(t)
     for skip in (False, True):
-        theory = K.uniform_recursion(t, depth, skip=skip)[-1]
+        theory = uniform_recursion(t, depth, skip=skip)[-1]
         est = torch.zeros(t, t, dtype=torch.float64)
         for _ in range(draws):
             x = torch.randn(t, d, generator=gen, dtype=torch.float64)
@@ -227,15 +219,16 @@ def test_recursion_matches_finite_width_monte_carlo():
                 w = torch.randn(d, d, generator=gen, dtype=torch.float64) / math.sqrt(d)
                 y = a @ x @ w
                 x = x + y if skip else y
-            est += K.kernel(x) / draws
-        c_est, c_th = K.normalised(est), K.normalised(theory)
+            est += kernels.kernel(x) / draws
+        c_est, c_th = kernels.normalised(est), kernels.normalised(theory)
         assert float((c_est - c_th).abs().max()) < 0.06
-        assert abs(float(K.mean_offdiag(c_est) - K.mean_offdiag(c_th))) < 0.02
-        other = K.normalised(K.uniform_recursion(t, depth, skip=not skip)[-1])  # the wrong theory is far off
-        assert abs(float(K.mean_offdiag(c_est) - K.mean_offdiag(other))) > 0.2
+        assert abs(float(kernels.mean_offdiag(c_est) - kernels.mean_offdiag(c_th))) < 0.02
+        other = kernels.normalised(uniform_recursion(t, depth, skip=not skip)[-1])  # the wrong theory is far off
+        assert abs(float(kernels.mean_offdiag(c_est) - kernels.mean_offdiag(other))) > 0.2
 
 
 # ----------------------------------------------------------------------------- the model family
+
 
 def tiny(variant="vanilla", depth=3, **kw):
     fields = {"width": 64, "heads": 4, "n_ctx": 16, "d_vocab": 64, **spa.variant_config(variant, depth), **kw}
@@ -245,9 +238,17 @@ def tiny(variant="vanilla", depth=3, **kw):
 def test_hook_points_and_shapes():
     m = tiny("vanilla", 2, mlp=True, norm="pre", skip=True)
     hooks = set(m.bridge.hook_dict)
-    for name in ("hook_embed", "blocks.0.hook_resid_pre", "blocks.1.hook_resid_post", "blocks.0.attn.hook_pattern",
-                 "blocks.0.hook_attn_out", "blocks.0.hook_mlp_out", "blocks.0.hook_resid_mid",
-                 "blocks.0.ln1.hook_normalized", "blocks.1.attn.hook_z"):
+    for name in (
+        "hook_embed",
+        "blocks.0.hook_resid_pre",
+        "blocks.1.hook_resid_post",
+        "blocks.0.attn.hook_pattern",
+        "blocks.0.hook_attn_out",
+        "blocks.0.hook_mlp_out",
+        "blocks.0.hook_resid_mid",
+        "blocks.0.ln1.hook_normalized",
+        "blocks.1.attn.hook_z",
+    ):
         assert name in hooks, name
     ids = spa.random_tokens(2, 10, 64)
     acts = forward(m, ids, torch.ones_like(ids), ["blocks.*.attn.hook_pattern", "blocks.1.hook_resid_post"])
@@ -259,15 +260,15 @@ def test_attention_variants_at_init():
     ids = spa.random_tokens(1, 8, 64)
     names = ["blocks.0.attn.hook_pattern"]
     uni = forward(tiny("vanilla"), ids, None, names)[names[0]][0, 0].double()
-    assert torch.allclose(uni, K.uniform_attention(8), atol=1e-6)
+    assert torch.allclose(uni, kernels.uniform_attention(8), atol=1e-6)
     vsi = forward(tiny("value-skipinit"), ids, None, names)[names[0]][0, 0]
     assert torch.allclose(vsi, torch.eye(8), atol=1e-7)
     soft = forward(tiny("vanilla", attention="softmax"), ids, None, names)[names[0]][0, 0]
-    assert not torch.allclose(soft.double(), K.uniform_attention(8), atol=1e-3)
+    assert not torch.allclose(soft.double(), kernels.uniform_attention(8), atol=1e-3)
     m = tiny("e-spa", 4)
     p = forward(m, ids, None, names)[names[0]][0, 0].double()
     mix = m.bridge.blocks[0].attn.spa_scale[:8, None].double() * p  # D * softmax = A_1
-    assert torch.allclose(mix, K.spa_attentions("e-spa", 16, 4)[0][:8, :8], atol=1e-5)
+    assert torch.allclose(mix, kernels.spa_attentions("e-spa", 16, 4)[0][:8, :8], atol=1e-5)
 
 
 def test_orthogonal_layers_follow_the_recursion_exactly_from_the_measured_input():
@@ -277,9 +278,9 @@ def test_orthogonal_layers_follow_the_recursion_exactly_from_the_measured_input(
     ids = spa.random_tokens(1, 16, 64)
     names = ["blocks.0.hook_resid_pre", "blocks.3.hook_resid_post"]
     acts = forward(m, ids, None, names)
-    s0 = K.kernel(acts[names[0]][0])
+    s0 = kernels.kernel(acts[names[0]][0])
     theory = spa.theory_kernels(m.bridge.cfg, 16, sigma0=s0)[-1]
-    assert torch.allclose(K.kernel(acts[names[1]][0]), theory, atol=1e-4 * float(theory.abs().max()))
+    assert torch.allclose(kernels.kernel(acts[names[1]][0]), theory, atol=1e-4 * float(theory.abs().max()))
 
 
 def test_padding_does_not_change_real_tokens():
@@ -325,6 +326,7 @@ def test_training_changes_weights_and_reduces_loss():
 
 # ----------------------------------------------------------------------------- the task
 
+
 def test_task_on_spa_model_reports_theory_and_files():
     m = tiny("vanilla", 4)
     res = run(m, "kernels", n_random=6, seq_len=16, batch_size=4)
@@ -357,11 +359,11 @@ def _reference_stats(model, lines, drop_first):
     for line in lines:
         ids = torch.tensor([[model.cls_id, *model.tokenizer(line, add_special_tokens=False)["input_ids"]]])
         acts = forward(model, ids, torch.ones_like(ids), names)
-        for l, name in enumerate(names):
+        for layer_idx, name in enumerate(names):
             x = acts[name][0, 1:] if drop_first else acts[name][0]
-            stats, _ = K.sequence_stats(x[None])
+            stats, _ = kernels.sequence_stats(x[None])
             for m, v in stats.items():
-                out.setdefault((l, m), []).append(float(v[0]))
+                out.setdefault((layer_idx, m), []).append(float(v[0]))
     return {k: np.mean(v) for k, v in out.items()}
 
 
@@ -378,8 +380,8 @@ def test_decoder_bos_is_left_out_of_the_kernel_unless_asked(tiny_gpt2):
     for res, drop in ((dec, True), (kept, False)):
         ref = _reference_stats(tiny_gpt2, lines, drop_first=drop)
         got = res.scores.set_index(["layer", "metric"]).value
-        for (l, m), v in ref.items():
-            assert got[l, m] == pytest.approx(v, abs=1e-6), (drop, l, m)
+        for (layer_idx, m), v in ref.items():
+            assert got[layer_idx, m] == pytest.approx(v, abs=1e-6), (drop, layer_idx, m)
     a = dec.scores.set_index(["layer", "metric"]).value
     b = kept.scores.set_index(["layer", "metric"]).value
     assert float((a - b).abs().max()) > 0.1  # BOS changes the kernel metrics
@@ -411,17 +413,18 @@ def test_task_on_minilm(minilm):
     assert list(m.index) == list(range(7))
     assert ((m.mean_cosine > -1) & (m.mean_cosine < 1)).all()
     # golden values on the built-in sample (30 lines, [CLS]/[SEP] excluded), measured once
-    assert m.mean_cosine.round(3).tolist() == pytest.approx([0.070, 0.176, 0.230, 0.275, 0.302, 0.317, 0.400],
-                                                            abs=2e-3)
+    assert m.mean_cosine.round(3).tolist() == pytest.approx([0.070, 0.176, 0.230, 0.275, 0.302, 0.317, 0.400], abs=2e-3)
     assert m.effective_rank_centred[0] == pytest.approx(11.47, abs=0.05)
     assert res.headline["n_sequences"] == 30
 
 
 # ----------------------------------------------------------------------------- the sweep
 
+
 def test_sweep_table_plots_and_claims(tmp_path):
-    res = sweep("kernels", (1, 2, 8), variants=("vanilla", "skip", "skip-scaled", "e-spa"), width=64,
-                seq_len=32, samples=4)
+    res = sweep(
+        "kernels", (1, 2, 8), variants=("vanilla", "skip", "skip-scaled", "e-spa"), width=64, seq_len=32, samples=4
+    )
     s = res.scores
     assert list(s.columns[:7]) == ["task", "variant", "depth", "layer", "metric", "value", "theory"]
     assert len(s[(s.variant == "vanilla") & (s.depth == 8) & (s.metric == "mean_cosine")]) == 9
@@ -441,26 +444,31 @@ def test_sweep_table_plots_and_claims(tmp_path):
 
 
 def test_sweep_bad_inputs_fail_before_work():
-    assert "did you mean 'vanilla'" in user_error("sweep", "--task", "kernels", "--depths", "1,2",
-                                                  "--variants", "vanila")
-    assert "divisible" in user_error("sweep", "--task", "kernels", "--depths", "1", "--width", "10", "--heads", "3")
-    assert "uniform or softmax" in user_error("sweep", "--task", "kernels", "--depths", "1", "-O", "attention=relu")
-    assert "heatmap_depths" in user_error("sweep", "--task", "kernels", "--depths", "1,2", "-O", "heatmap_depths=4")
-    assert "threads" in user_error("sweep", "--task", "kernels", "--depths", "1", "-O", "threads=0")
-    assert "positive" in user_error("sweep", "--task", "kernels", "--depths", "0,1")
-    assert "causal" in user_error("sweep", "--task", "kernels", "--depths", "1", "--variants", "e-spa",
-                                  "-O", "causal=false")
+    assert "did you mean 'vanilla'" in cli_error(
+        ["sweep", "--task", "kernels", "--depths", "1,2", "--variants", "vanila"]
+    )
+    assert "divisible" in cli_error(["sweep", "--task", "kernels", "--depths", "1", "--width", "10", "--heads", "3"])
+    assert "uniform or softmax" in cli_error(["sweep", "--task", "kernels", "--depths", "1", "-O", "attention=relu"])
+    assert "heatmap_depths" in cli_error(["sweep", "--task", "kernels", "--depths", "1,2", "-O", "heatmap_depths=4"])
+    assert "threads" in cli_error(["sweep", "--task", "kernels", "--depths", "1", "-O", "threads=0"])
+    assert "positive" in cli_error(["sweep", "--task", "kernels", "--depths", "0,1"])
+    assert "causal" in cli_error(
+        ["sweep", "--task", "kernels", "--depths", "1", "--variants", "e-spa", "-O", "causal=false"]
+    )
 
 
 def test_cli_run_bad_inputs():
-    assert "did you mean" in user_error("run", "--model", "spa:variant=vanila", "--task", "kernels")
-    assert "out of range" in user_error("run", "--model", "spa:depth=2,width=16,heads=2,n_ctx=8", "--task",
-                                        "kernels", "-O", "layers=5")
-    assert "did you mean 'exclude_special'" in user_error("run", "--model", "spa:depth=1,width=16,heads=2",
-                                                          "--task", "kernels", "-O", "exclude=true")
+    assert "did you mean" in cli_error(["run", "--model", "spa:variant=vanila", "--task", "kernels"])
+    assert "out of range" in cli_error(
+        ["run", "--model", "spa:depth=2,width=16,heads=2,n_ctx=8", "--task", "kernels", "-O", "layers=5"]
+    )
+    assert "did you mean 'exclude_special'" in cli_error(
+        ["run", "--model", "spa:depth=1,width=16,heads=2", "--task", "kernels", "-O", "exclude=true"]
+    )
 
 
 # ----------------------------------------------------------------------------- dtype, the dong preset, refusals
+
 
 def test_float64_model_runs_in_float64_with_the_same_weights():
     m32, m64 = tiny("e-spa", 3), tiny("e-spa", 3, dtype="float64")
@@ -482,8 +490,8 @@ def test_dong_preset_collapses_doubly_exponentially_in_float64(tmp_path):
     float64 follows it to ~1e-10, where float32 has hit its floor."""
     res = sweep("kernels", (5,), variants=("dong",), width=64, seq_len=32, samples=4, dtype="float64")
     s = res.scores.set_index(["layer", "metric"]).value
-    r = [s[l, "resid_ratio_fro"] for l in range(6)]
-    e = [s[l, "contraction_exponent"] for l in range(6)]
+    r = [s[layer_idx, "resid_ratio_fro"] for layer_idx in range(6)]
+    e = [s[layer_idx, "contraction_exponent"] for layer_idx in range(6)]
     assert np.isnan(e[0]) and all(x > 2 for x in e[1:4]), e
     assert r[3] < 1e-5 and r[2] ** 2 > r[3]  # faster than squaring by layer 3
     assert s[3, "effective_rank_uncentred"] == pytest.approx(1.0, abs=1e-3)
@@ -497,9 +505,9 @@ def test_dong_preset_collapses_doubly_exponentially_in_float64(tmp_path):
 
 def test_uniform_causal_collapse_is_plain_exponential():
     """Default causal uniform attention: r roughly halves per layer, exponents tend to 1."""
-    r = [K.kernel_stats(s)["resid_ratio_fro"] for s in K.uniform_recursion(128, 24)]
-    assert r[24] / r[16] == pytest.approx(0.5 ** 8, rel=0.5)
-    e = K.contraction_exponents(r)
+    r = [kernels.kernel_stats(s)["resid_ratio_fro"] for s in uniform_recursion(128, 24)]
+    assert r[24] / r[16] == pytest.approx(0.5**8, rel=0.5)
+    e = kernels.contraction_exponents(r)
     assert 1.0 < e[24] < 1.1
 
 
@@ -511,11 +519,29 @@ def test_kernel_controlled_attention_with_mlp_is_refused(attention):
 
 
 def test_cli_dtype_dong_and_refusals(tmp_path):
-    res = runner.invoke(app, ["sweep", "--task", "kernels", "--depths", "3", "--variants", "dong", "--width", "32",
-                              "--seq-len", "16", "--dtype", "float64", "--out", str(tmp_path / "d")])
+    res = runner.invoke(
+        app,
+        [
+            "sweep",
+            "--task",
+            "kernels",
+            "--depths",
+            "3",
+            "--variants",
+            "dong",
+            "--width",
+            "32",
+            "--seq-len",
+            "16",
+            "--dtype",
+            "float64",
+            "--out",
+            str(tmp_path / "d"),
+        ],
+    )
     assert res.exit_code == 0, res.output
     assert "contraction exponent" in res.output
-    assert "float32 or float64" in user_error("sweep", "--task", "kernels", "--depths", "1", "--dtype", "float16")
-    line = user_error("sweep", "--task", "kernels", "--depths", "1", "--variants", "e-spa", "--mlp")
+    assert "float32 or float64" in cli_error(["sweep", "--task", "kernels", "--depths", "1", "--dtype", "float16"])
+    line = cli_error(["sweep", "--task", "kernels", "--depths", "1", "--variants", "e-spa", "--mlp"])
     assert "TAT-style leaky-ReLU" in line and "--attn-only" in line
-    assert "TAT-style" in user_error("run", "--model", "spa:variant=u-spa,mlp=true", "--task", "kernels")
+    assert "TAT-style" in cli_error(["run", "--model", "spa:variant=u-spa,mlp=true", "--task", "kernels"])

@@ -1,21 +1,16 @@
 """Attention-statistics metrics on hand-built attention patterns with known answers."""
+
 import math
 
 import torch
 
-from depthprobe.probes.metrics import attention_stat_sums, diagonal, row_entropy
+from depthprobe.probes.metrics import attention_stat_sums, diagonal
 
 
 def _one_hot_rows(targets, n):
     a = torch.zeros(n, n)
     a[torch.arange(n), torch.tensor(targets)] = 1.0
     return a
-
-
-def test_entropy_of_uniform_and_one_hot_rows():
-    uniform = torch.full((3, 4), 0.25)
-    assert torch.allclose(row_entropy(uniform), torch.full((3,), math.log(4), dtype=torch.float64))
-    assert torch.equal(row_entropy(_one_hot_rows([0, 1, 2], 3)), torch.zeros(3, dtype=torch.float64))
 
 
 def test_diagonal_offsets_pad_with_zero():
@@ -26,8 +21,9 @@ def test_diagonal_offsets_pad_with_zero():
 
 
 def _stats(pattern, mask, first, sep, punct):
-    sums = attention_stat_sums(pattern[None, None, None], mask[None], first[None],
-                               None if sep is None else sep[None], punct[None])
+    sums = attention_stat_sums(
+        pattern[None, None, None], mask[None], first[None], None if sep is None else sep[None], punct[None]
+    )
     n = mask.sum()
     return {k: float(v[0, 0] / n) for k, v in sums.items()}
 

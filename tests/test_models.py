@@ -1,8 +1,10 @@
 """Loading: local HF directories, aliases, the offline error, native specs and checkpoints."""
+
 import json
 
 import pytest
 import torch
+from helpers import cli_error
 
 from depthprobe.probes import NativeConfig, ProbeError, load, load_checkpoint, save_checkpoint
 from depthprobe.probes.models import resolve_device
@@ -22,8 +24,9 @@ def test_bridge_attention_equals_hf_eager_attention_with_padding(tiny_bert_dir, 
     from depthprobe.probes.capture import forward, pattern_names
 
     hf = AutoModel.from_pretrained(tiny_bert_dir, attn_implementation="eager").eval()
-    enc = tiny_bert.tokenizer(["the dog ran", "the old man gave the red book to mary"], padding=True,
-                              return_tensors="pt")
+    enc = tiny_bert.tokenizer(
+        ["the dog ran", "the old man gave the red book to mary"], padding=True, return_tensors="pt"
+    )
     with torch.no_grad():
         ref = hf(**enc, output_attentions=True).attentions
     acts = forward(tiny_bert, enc["input_ids"], enc["attention_mask"], pattern_names(2))
@@ -47,7 +50,7 @@ def test_alias_typo_suggests_the_alias():
 
 
 def test_directory_without_model_files_is_explained(tmp_path):
-    with pytest.raises(ProbeError, match="neither config.json"):
+    with pytest.raises(ProbeError, match=r"neither config\.json"):
         load(str(tmp_path))
     with pytest.raises(ProbeError, match="does not exist"):
         load(str(tmp_path / "missing" / "model"))
@@ -96,7 +99,7 @@ def test_different_seeds_give_different_native_weights():
 
 def test_checkpoint_without_weights_is_explained(tmp_path):
     (tmp_path / "depthprobe.json").write_text(json.dumps({"native": {"layers": 1}}))
-    with pytest.raises(ProbeError, match="has no model.safetensors"):
+    with pytest.raises(ProbeError, match=r"has no model\.safetensors"):
         load_checkpoint(tmp_path)
 
 
@@ -108,17 +111,6 @@ from depthprobe.cli.main import app  # noqa: E402
 
 runner = CliRunner()
 INDUCTION = ["--task", "induction", "-O", "repeat_len=6", "-O", "n_seqs=2"]
-
-
-def user_error(args, *fragments):
-    """Exit 2 with exactly one line, 'error: ...', holding every fragment; returns that line."""
-    res = runner.invoke(app, args)
-    assert res.exit_code == 2, res.output
-    lines = [ln for ln in res.output.splitlines() if ln.strip()]
-    assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in res.output, res.output
-    for f in fragments:
-        assert f in lines[0], lines[0]
-    return lines[0]
 
 
 def small_checkpoint(directory, d_model=16):
@@ -138,51 +130,66 @@ def test_existing_folder_named_native_wins_over_the_spec(tmp_path, monkeypatch):
     assert manifest["model"]["source"] == "checkpoint" and manifest["model"]["d_model"] == 16
 
 
-@pytest.mark.parametrize("name, hint", [
-    ("native;layers=6", "did you mean native:layers=6 or ./native;layers=6?"),
-    ("nativelayers=2", "did you mean native:layers=2 or ./nativelayers=2?"),
-    ("native-run2", "did you mean native:layers=2,d_model=64,heads=4 or ./native-run2?"),
-    ("native", "neither an existing folder nor a native spec"),
-])
+@pytest.mark.parametrize(
+    "name, hint",
+    [
+        ("native;layers=6", "did you mean native:layers=6 or ./native;layers=6?"),
+        ("nativelayers=2", "did you mean native:layers=2 or ./nativelayers=2?"),
+        ("native-run2", "did you mean native:layers=2,d_model=64,heads=4 or ./native-run2?"),
+        ("native", "neither an existing folder nor a native spec"),
+    ],
+)
 def test_names_starting_with_native_are_a_folder_or_a_spec(tmp_path, monkeypatch, name, hint):
     monkeypatch.chdir(tmp_path)
-    user_error(["run", "-m", name, *INDUCTION], hint)
+    cli_error(["run", "-m", name, *INDUCTION], hint)
 
 
 def test_empty_model_name_has_its_own_message():
-    line = user_error(["run", "-m", "", *INDUCTION])
+    line = cli_error(["run", "-m", "", *INDUCTION])
     assert line == "error: --model is empty: give an alias, a Hugging Face id, a folder or native:..."
 
 
-@pytest.mark.parametrize("args, fragment", [
-    (["run", "-m", "native:layers=100000,d_model=64,heads=4", *INDUCTION], "1,676,824,704 parameters"),
-    (["run", "-m", "native:layers=1,d_model=100000,heads=1", *INDUCTION], "40,039,200,000 parameters"),
-    (["sweep", "--task", "kernels", "--depths", "100000"], "spa model (depth 100000, width 256)"),
-    (["sweep", "--task", "induction", "--depths", "1,100000"], "native model (100000 layers"),
-    (["train", "--layers", "100000"], "native model (100000 layers"),
-])
+@pytest.mark.parametrize(
+    "args, fragment",
+    [
+        (["run", "-m", "native:layers=100000,d_model=64,heads=4", *INDUCTION], "1,676,824,704 parameters"),
+        (["run", "-m", "native:layers=1,d_model=100000,heads=1", *INDUCTION], "40,039,200,000 parameters"),
+        (["sweep", "--task", "kernels", "--depths", "100000"], "spa model (depth 100000, width 256)"),
+        (["sweep", "--task", "induction", "--depths", "1,100000"], "native model (100000 layers"),
+        (["train", "--layers", "100000"], "native model (100000 layers"),
+    ],
+)
 def test_models_too_big_for_the_machine_are_refused_before_building(monkeypatch, tmp_path, args, fragment):
     import depthprobe.probes.models as probe_models
+
     monkeypatch.setattr(probe_models, "available_memory", lambda dev=None: 8 * 10**9)  # an 8 GB machine
-    user_error([*args, "--out", str(tmp_path / "o")], fragment, "8GB available")
+    cli_error([*args, "--out", str(tmp_path / "o")], fragment, "8GB available")
     assert not (tmp_path / "o").exists()
 
 
 def test_parameter_counts_are_exact_and_max_params_refuses(tmp_path):
     from depthprobe.probes.spa import SPAConfig, SPATransformer
 
-    for spec in ("native:layers=3,d_model=48,heads=4,attn_only=false",
-                 "native:layers=2,d_model=32,heads=4,positional=rotary,norm=none,attn_only=false,d_mlp=50"):
+    for spec in (
+        "native:layers=3,d_model=48,heads=4,attn_only=false",
+        "native:layers=2,d_model=32,heads=4,positional=rotary,norm=none,attn_only=false,d_mlp=50",
+    ):
         model = load(spec, device="cpu")
         assert NativeConfig.parse(spec).n_params() == sum(p.numel() for p in model.bridge.original_model.parameters())
-    for cfg in (SPAConfig(attention="value-skipinit", mlp=False, norm="pre", depth=3, width=32, d_vocab=100, n_ctx=16),
-                SPAConfig(attention="softmax", mlp=True, norm="pre", depth=3, width=32, d_vocab=100, n_ctx=16)):
+    for cfg in (
+        SPAConfig(attention="value-skipinit", mlp=False, norm="pre", depth=3, width=32, d_vocab=100, n_ctx=16),
+        SPAConfig(attention="softmax", mlp=True, norm="pre", depth=3, width=32, d_vocab=100, n_ctx=16),
+    ):
         assert cfg.n_params() == sum(p.numel() for p in SPATransformer(cfg).parameters())
-    user_error(["run", "-m", "native:layers=2", "--max-params", "1000", *INDUCTION],
-               "58,240 parameters, above --max-params 1,000")
-    user_error(["sweep", "--task", "kernels", "--depths", "3", "--max-params", "1000", "--out", str(tmp_path / "s")],
-               "above --max-params 1,000")
-    user_error(["train", "--max-params", "1000", "--out", str(tmp_path / "t")], "above --max-params 1,000")
+    cli_error(
+        ["run", "-m", "native:layers=2", "--max-params", "1000", *INDUCTION],
+        "58,240 parameters, above --max-params 1,000",
+    )
+    cli_error(
+        ["sweep", "--task", "kernels", "--depths", "3", "--max-params", "1000", "--out", str(tmp_path / "s")],
+        "above --max-params 1,000",
+    )
+    cli_error(["train", "--max-params", "1000", "--out", str(tmp_path / "t")], "above --max-params 1,000")
     assert not (tmp_path / "s").exists() and not (tmp_path / "t").exists()
 
 
@@ -198,14 +205,19 @@ def test_pickle_weights_and_custom_code_are_refused(tiny_bert_dir, tmp_path):
     for p in pick.glob("*.safetensors"):
         p.unlink()
     (pick / "pytorch_model.bin").write_bytes(b"\x80\x04not really a pickle")
-    user_error(["run", "-m", str(pick), "--out", str(tmp_path / "r")],
-               "pytorch_model.bin", "loads only safetensors", "never runs custom code",
-               "save_pretrained(", "safe_serialization=True")
+    cli_error(
+        ["run", "-m", str(pick), "--out", str(tmp_path / "r")],
+        "pytorch_model.bin",
+        "loads only safetensors",
+        "never runs custom code",
+        "save_pretrained(",
+        "safe_serialization=True",
+    )
     custom = _hf_copy(tiny_bert_dir, tmp_path / "custom")
     cfg = json.loads((custom / "config.json").read_text())
     cfg["auto_map"] = {"AutoModel": "modeling_evil.EvilModel"}
     (custom / "config.json").write_text(json.dumps(cfg))
-    user_error(["run", "-m", str(custom), "--out", str(tmp_path / "r")], "auto_map", "never runs custom code")
+    cli_error(["run", "-m", str(custom), "--out", str(tmp_path / "r")], "auto_map", "never runs custom code")
     assert not (tmp_path / "r").exists()
 
 
@@ -217,7 +229,7 @@ def test_corrupt_checkpoint_weights_name_the_file(tmp_path, damage):
     weights = checkpoint_files(tmp_path / "ck") / "model.safetensors"
     data = weights.read_bytes()
     weights.write_bytes(data[: len(data) // 2] if damage == "truncate" else bytes(range(256)) * 40)
-    user_error(["run", "-m", str(tmp_path / "ck"), *INDUCTION], str(weights), "not a readable safetensors file")
+    cli_error(["run", "-m", str(tmp_path / "ck"), *INDUCTION], str(weights), "not a readable safetensors file")
 
 
 def test_checkpoint_config_that_disagrees_with_the_weights_names_the_mismatch(tmp_path):
@@ -225,18 +237,22 @@ def test_checkpoint_config_that_disagrees_with_the_weights_names_the_mismatch(tm
     meta = json.loads((tmp_path / "ck" / "depthprobe.json").read_text())
     meta["native"]["d_model"] = 32
     (tmp_path / "ck" / "depthprobe.json").write_text(json.dumps(meta))
-    line = user_error(["run", "-m", str(tmp_path / "ck"), *INDUCTION], str(tmp_path / "ck" / "depthprobe.json"),
-                      "does not match")
+    line = cli_error(
+        ["run", "-m", str(tmp_path / "ck"), *INDUCTION], str(tmp_path / "ck" / "depthprobe.json"), "does not match"
+    )
     assert "should be [20, 32] by the config but is [20, 16] in the weights" in line
 
 
 def test_device_without_support_and_seed_out_of_range():
     if not torch.backends.mps.is_available():
-        user_error(["run", "-m", "native:layers=1", "--device", "mps", *INDUCTION],
-                   "no MPS", "available devices: cpu")
-    for cmd in (["run", "-m", "native:layers=1", *INDUCTION], ["train"], ["sweep", "--task", "kernels", "--depths", "1"]):
-        user_error([*cmd, "--seed", "99999999999999999999999"], "--seed must be an integer from 0 to 4294967295")
-    user_error(["run", "-m", "native:layers=1", "--seed", "-1", *INDUCTION], "from 0 to 4294967295")
+        cli_error(["run", "-m", "native:layers=1", "--device", "mps", *INDUCTION], "no MPS", "available devices: cpu")
+    for cmd in (
+        ["run", "-m", "native:layers=1", *INDUCTION],
+        ["train"],
+        ["sweep", "--task", "kernels", "--depths", "1"],
+    ):
+        cli_error([*cmd, "--seed", "99999999999999999999999"], "--seed must be an integer from 0 to 4294967295")
+    cli_error(["run", "-m", "native:layers=1", "--seed", "-1", *INDUCTION], "from 0 to 4294967295")
 
 
 @pytest.mark.parametrize("umask, file_mode, dir_mode", [(0o022, 0o644, 0o755), (0o027, 0o640, 0o750)])
@@ -248,8 +264,10 @@ def test_checkpoint_files_follow_the_umask(tmp_path, umask, file_mode, dir_mode)
 
     old = os.umask(umask)
     try:
-        train(*build_configs(layers=1, d_model=16, heads=2, vocab=16, seq_len=12, steps=2, batch_size=2,
-                             save_every=1), out=tmp_path / "m")
+        train(
+            *build_configs(layers=1, d_model=16, heads=2, vocab=16, seq_len=12, steps=2, batch_size=2, save_every=1),
+            out=tmp_path / "m",
+        )
     finally:
         os.umask(old)
     found = list((tmp_path / "m").rglob("*"))

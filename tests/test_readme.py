@@ -1,4 +1,5 @@
 """The README's examples work as written: its Python blocks run, its commands parse."""
+
 import re
 import shlex
 from pathlib import Path
@@ -29,8 +30,11 @@ def test_every_probe_command_names_a_real_command_and_options():
     commands = []
     for block in blocks("bash", DOCS) + blocks("sh", DOCS):
         text = block.replace("\\\n", " ")
-        commands += [ln.split(" #")[0].strip() for ln in text.splitlines()
-                     if ln.strip().startswith((".venv/bin/probe ", "probe "))]
+        commands += [
+            ln.split(" #")[0].strip()
+            for ln in text.splitlines()
+            if ln.strip().startswith((".venv/bin/probe ", "probe "))
+        ]
     assert len(commands) > 20, "the README and docs show probe commands"
     root = typer.main.get_command(app)
     for cmd in commands:

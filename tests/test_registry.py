@@ -1,4 +1,5 @@
 """The registry refuses duplicates and suggests close matches."""
+
 import pytest
 
 from depthprobe.probes import ProbeError
@@ -38,8 +39,9 @@ def test_a_users_own_tasks_probes_and_cli_modules_change_nothing(tmp_path):
         (tmp_path / name).write_text("raise RuntimeError('the user module was imported')\n")
     (tmp_path / "cli").mkdir()
     (tmp_path / "cli" / "__init__.py").write_text("raise RuntimeError('the user package was imported')\n")
-    code = ("from depthprobe.probes import get_task, task_names; "
-            "print(get_task('attention-stats').name, len(task_names()))")
+    code = (
+        "from depthprobe.probes import get_task, task_names; print(get_task('attention-stats').name, len(task_names()))"
+    )
     res = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr
     assert res.stdout.split() == ["attention-stats", "5"]
@@ -47,3 +49,65 @@ def test_a_users_own_tasks_probes_and_cli_modules_change_nothing(tmp_path):
     res = subprocess.run([exe, "list", "tasks"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr
     assert "attention-stats" in res.stdout and "kernels" in res.stdout
+
+
+def test_lazy_entries_resolve_on_first_use_and_a_module_may_register_its_own_entry(tmp_path, monkeypatch):
+    (tmp_path / "widgets_lazy.py").write_text(
+        "class Plain:\n    name = 'plain'\n\n"
+        "class SelfRegistered:\n    name = 'self'\n\n"
+        "import sys\nsys.modules['widget_registry'].register_class(SelfRegistered)\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    reg = Registry("widget")
+    monkeypatch.setitem(__import__("sys").modules, "widget_registry", reg)
+    reg.register_lazy({"plain": "widgets_lazy:Plain", "self": "widgets_lazy:SelfRegistered"})
+    assert reg.names() == ["plain", "self"] and "plain" in reg and len(reg) == 2
+    assert "widgets_lazy" not in __import__("sys").modules
+    plain = reg.get("plain")
+    assert type(plain).__name__ == "Plain" and reg.get("plain") is plain  # instantiated once
+    assert type(reg.get("self")).__name__ == "SelfRegistered"
+    with pytest.raises(ValueError, match="already registered"):
+        reg.register_lazy({"plain": "elsewhere:Plain"})
+    with pytest.raises(ValueError, match="not 'module:object'"):
+        reg.register_lazy({"other": "widgets_lazy.Plain"})
+
+
+def test_a_users_task_registers_and_runs_and_cannot_take_a_library_name(tmp_path):
+    from depthprobe import probes
+    from depthprobe.probes.task import TASKS, Output, Task
+
+    class Twice(Task):
+        name = "user-twice"
+        description = "counts examples"
+        needs_text = False
+
+        def load(self, model, ctx):
+            return probes.Examples([[1, 2, 3], [4, 5]])
+
+        def hook_names(self, model, ctx):
+            return ["blocks.0.hook_resid_post"]
+
+        def start(self, model, ctx, examples):
+            return {"n": 0}
+
+        def accumulate(self, state, batch, acts):
+            state["n"] += int(batch.attention_mask.sum())
+
+        def finalize(self, state, ctx):
+            import pandas as pd
+
+            return Output(scores=pd.DataFrame(), summary=pd.DataFrame([{"tokens": state["n"]}]))
+
+    probes.register(Twice)
+    try:
+        assert "user-twice" in probes.task_names()
+        model = probes.load("native:layers=1,d_model=16,heads=2,d_vocab=8,n_ctx=8,attn_only=true")
+        assert probes.run(model, "user-twice").summary["tokens"].tolist() == [5]
+
+        class Clash(Twice):
+            name = "syntax"
+
+        with pytest.raises(ValueError, match="task 'syntax' is already registered"):
+            probes.register(Clash)
+    finally:
+        TASKS._items.pop("user-twice", None)

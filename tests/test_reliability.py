@@ -1,5 +1,6 @@
 """Hostile inputs and situations: each ends with exit 2 and one line naming the fix (or succeeds),
 never a traceback, and never leaves a half-written output behind."""
+
 from __future__ import annotations
 
 import os
@@ -11,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import one_line_error
 from typer.testing import CliRunner
 
 from depthprobe.cli.main import app
@@ -24,16 +26,6 @@ def invoke(*args):
     return runner.invoke(app, [str(a) for a in args])
 
 
-def one_line_error(result, *fragments, code: int = 2) -> str:
-    assert result.exit_code == code, result.output
-    lines = [ln for ln in result.output.splitlines() if ln.strip()]
-    assert len(lines) == 1 and lines[0].startswith("error: "), result.output
-    assert "Traceback" not in result.output
-    for f in fragments:
-        assert f in lines[0], lines[0]
-    return lines[0]
-
-
 def leftovers(folder: Path) -> list[str]:
     return sorted(p.name for p in folder.iterdir() if p.name.endswith(".partial"))
 
@@ -43,8 +35,10 @@ def tiny_fs(tmp_path):
     """A real 64 KiB file system (tmpfs), to fill up; skipped where mounting is not allowed."""
     mnt = tmp_path / "tiny"
     mnt.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mnt)],
-                      capture_output=True).returncode != 0:
+    if (
+        subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mnt)], capture_output=True).returncode
+        != 0
+    ):
         pytest.skip("cannot mount a tmpfs here (needs root)")
     yield mnt
     subprocess.run(["umount", str(mnt)], check=True)
@@ -54,14 +48,17 @@ def tiny_fs(tmp_path):
 def read_only_dir(tmp_path):
     mnt = tmp_path / "ro"
     mnt.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=16k", "tmpfs", str(mnt)],
-                      capture_output=True).returncode != 0:
+    if (
+        subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=16k", "tmpfs", str(mnt)], capture_output=True).returncode
+        != 0
+    ):
         pytest.skip("cannot mount a tmpfs here (needs root)")
     yield mnt
     subprocess.run(["umount", str(mnt)], check=True)
 
 
 # ---------------------------------------------------------------- output locations, before any work
+
 
 def test_run_refuses_an_existing_out_before_loading_the_model(tmp_path):
     out = tmp_path / "exists"
@@ -85,24 +82,27 @@ def test_out_under_a_file_is_refused_first_for_run_sweep_train(tmp_path):
 def test_sweep_refuses_an_existing_out_before_training(tmp_path):
     out = tmp_path / "sweep"
     out.mkdir()
-    one_line_error(invoke("sweep", "--task", "induction", "--depths", "1", "-O", "bogus=1", "--out", out),
-                   "already exists")
+    one_line_error(
+        invoke("sweep", "--task", "induction", "--depths", "1", "-O", "bogus=1", "--out", out), "already exists"
+    )
 
 
 def test_unwritable_out_is_refused(read_only_dir, tmp_path):
-    one_line_error(invoke("run", "--model", tmp_path / "no-model", "--out", read_only_dir / "run"),
-                   "is not writable")
+    one_line_error(invoke("run", "--model", tmp_path / "no-model", "--out", read_only_dir / "run"), "is not writable")
 
 
 def test_viz_out_that_is_an_existing_folder(tmp_path):
     folder = tmp_path / "pages"
     folder.mkdir()
-    line = one_line_error(invoke("viz", "--text", "hi", "--model", tmp_path / "no-model", "--out", f"{folder}/"),
-                          "is a folder; give a file name")
+    line = one_line_error(
+        invoke("viz", "--text", "hi", "--model", tmp_path / "no-model", "--out", f"{folder}/"),
+        "is a folder; give a file name",
+    )
     assert str(folder / "attention.html") in line
 
 
 # ---------------------------------------------------------------- atomic run folders
+
 
 def test_run_folder_follows_the_umask(tiny_bert_dir, tmp_path):
     modes = {}
@@ -160,9 +160,25 @@ app()
 def test_sigterm_during_save_cleans_up_like_ctrl_c(tiny_bert_dir, tmp_path):
     out = tmp_path / "run"
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    res = subprocess.run([sys.executable, "-c", SIGTERM_DURING_SAVE, "run", "--model", str(tiny_bert_dir),
-                          "--limit", "2", "--out", str(out)], capture_output=True, text=True, env=env,
-                         timeout=600, cwd=tmp_path)
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            SIGTERM_DURING_SAVE,
+            "run",
+            "--model",
+            str(tiny_bert_dir),
+            "--limit",
+            "2",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+        cwd=tmp_path,
+    )
     assert res.returncode == 128 + signal.SIGTERM, res.stderr
     assert res.stderr.strip() == "error: terminated by signal 15; nothing was written"
     assert not out.exists() and leftovers(tmp_path) == []
@@ -197,42 +213,56 @@ def test_stale_partial_folders_in_the_default_run_root_are_removed(tiny_bert_dir
 
 # ---------------------------------------------------------------- usage errors
 
-@pytest.mark.parametrize("args, expected", [
-    (["run", "--limit", "abc"], "error: invalid value for '--limit': 'abc' is not an integer. Try 'probe run --help'."),
-    (["list", "bogus"], "error: no such command 'bogus'. Try 'probe list --help'."),
-    (["lst", "tasks"], "error: no such command 'lst'. Did you mean 'list'? Try 'probe --help'."),
-    (["run", "--limt", "3"], "error: no such option: --limt (Possible options: --limit). Try 'probe run --help'."),
-    (["report"], "error: missing argument 'run_dir'. Try 'probe report --help'."),
-])
+
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        (
+            ["run", "--limit", "abc"],
+            "error: invalid value for '--limit': 'abc' is not an integer. Try 'probe run --help'.",
+        ),
+        (["list", "bogus"], "error: no such command 'bogus'. Try 'probe list --help'."),
+        (["lst", "tasks"], "error: no such command 'lst'. Did you mean 'list'? Try 'probe --help'."),
+        (["run", "--limt", "3"], "error: no such option: --limt (Possible options: --limit). Try 'probe run --help'."),
+        (["report"], "error: missing argument 'run_dir'. Try 'probe report --help'."),
+    ],
+)
 def test_usage_errors_are_one_line_with_the_help_hint(args, expected):
     res = invoke(*args)
     assert one_line_error(res) == expected
 
 
 def test_option_ranges_are_checked():
-    one_line_error(invoke("run", "-O", "top=-5"),
-                   "attention-stats: option top=-5 is out of range: top must be at least 1")
-    one_line_error(invoke("sweep", "--task", "kernels", "--depths", "1", "-O", "rho_last=1"),
-                   "rho_last must be in [0, 1)")
+    one_line_error(
+        invoke("run", "-O", "top=-5"), "attention-stats: option top=-5 is out of range: top must be at least 1"
+    )
+    one_line_error(
+        invoke("sweep", "--task", "kernels", "--depths", "1", "-O", "rho_last=1"), "rho_last must be in [0, 1)"
+    )
     one_line_error(invoke("run", "--task", "kernels", "-O", "layers=0,-2"), "each value of layers must be at least 0")
 
 
 def test_viz_layer_range_is_checked_before_it_is_expanded(tiny_bert_dir, tmp_path):
     for spec in ("0-5000000", "0-900000000"):
-        line = one_line_error(invoke("viz", "--model", tiny_bert_dir, "--text", "the dog ran", "--layers", spec,
-                                     "--out", tmp_path / "a.html"),
-                              f"--layers {spec} out of range: the model has 2 layers")
+        line = one_line_error(
+            invoke(
+                "viz", "--model", tiny_bert_dir, "--text", "the dog ran", "--layers", spec, "--out", tmp_path / "a.html"
+            ),
+            f"--layers {spec} out of range: the model has 2 layers",
+        )
         assert len(line) < 120
     assert not (tmp_path / "a.html").exists()
 
 
 # ---------------------------------------------------------------- input readers
 
+
 def test_conllu_with_a_byte_order_mark_is_read(tiny_bert_dir, tmp_path):
     bom = tmp_path / "bom.conllu"
     bom.write_bytes(b"\xef\xbb\xbf" + SAMPLE_CONLLU.read_bytes())
-    res = invoke("run", "--model", tiny_bert_dir, "--task", "syntax", "-d", bom, "--limit", "3",
-                 "--out", tmp_path / "run")
+    res = invoke(
+        "run", "--model", tiny_bert_dir, "--task", "syntax", "-d", bom, "--limit", "3", "--out", tmp_path / "run"
+    )
     assert res.exit_code == 0, res.output
     from depthprobe.probes.conllu import read_conllu
 
@@ -241,10 +271,10 @@ def test_conllu_with_a_byte_order_mark_is_read(tiny_bert_dir, tmp_path):
 
 def test_conllu_empty_form_names_file_and_line(tiny_bert_dir, tmp_path):
     bad = tmp_path / "empty-form.conllu"
-    bad.write_text("# sent_id = s1\n1\tThe\tthe\tDET\tDT\t_\t2\tdet\t_\t_\n"
-                   "2\t\tdog\tNOUN\tNN\t_\t0\troot\t_\t_\n\n")
-    one_line_error(invoke("run", "--model", tiny_bert_dir, "--task", "syntax", "-d", bad),
-                   f"{bad}:3: FORM (column 2) is empty")
+    bad.write_text("# sent_id = s1\n1\tThe\tthe\tDET\tDT\t_\t2\tdet\t_\t_\n2\t\tdog\tNOUN\tNN\t_\t0\troot\t_\t_\n\n")
+    one_line_error(
+        invoke("run", "--model", tiny_bert_dir, "--task", "syntax", "-d", bad), f"{bad}:3: FORM (column 2) is empty"
+    )
 
 
 def test_data_that_is_a_device_is_refused(tiny_bert_dir):
@@ -262,8 +292,23 @@ GAP_ROWS = [
 def gap_text() -> str:
     rows = [GAP_HEADER]
     for i, (t, p, a, a_ok, b, b_ok) in enumerate(GAP_ROWS):
-        rows.append("\t".join([f"t-{i}", t, p, str(t.index(p)), a, str(t.index(a)), str(a_ok).upper(),
-                               b, str(t.index(b)), str(b_ok).upper(), "http://example.org"]))
+        rows.append(
+            "\t".join(
+                [
+                    f"t-{i}",
+                    t,
+                    p,
+                    str(t.index(p)),
+                    a,
+                    str(t.index(a)),
+                    str(a_ok).upper(),
+                    b,
+                    str(t.index(b)),
+                    str(b_ok).upper(),
+                    "http://example.org",
+                ]
+            )
+        )
     return "\n".join(rows) + "\n"
 
 
@@ -273,8 +318,13 @@ def test_coref_data_from_a_pipe(tiny_bert_dir, tmp_path):
     exe = shutil.which("probe") or str(Path(sys.executable).parent / "probe")
     out = tmp_path / "run"
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    res = subprocess.run(["bash", "-c", f'"{exe}" run -m "{tiny_bert_dir}" --task coref -d <(cat "{gap}") '
-                                        f'--out "{out}"'], capture_output=True, text=True, env=env, timeout=600)
+    res = subprocess.run(
+        ["bash", "-c", f'"{exe}" run -m "{tiny_bert_dir}" --task coref -d <(cat "{gap}") --out "{out}"'],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
     assert res.returncode == 0, res.stderr
     import json
 
@@ -282,6 +332,7 @@ def test_coref_data_from_a_pipe(tiny_bert_dir, tmp_path):
 
 
 # ---------------------------------------------------------------- plots and the Python API
+
 
 def test_model_name_with_mathtext_characters_is_drawn_as_written(tiny_gpt2_dir, tmp_path):
     odd = tmp_path / "ckpt" / "run$\\bad{$"

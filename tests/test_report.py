@@ -1,6 +1,7 @@
 """Reports and attention pages without a browser: escaping, encoding, panels, size, CLI, API.
 
 (tests/test_browser.py renders the same pages in headless chromium.)"""
+
 from __future__ import annotations
 
 import html.parser
@@ -15,9 +16,23 @@ from typer.testing import CliRunner
 
 from depthprobe.probes.errors import ProbeError
 from depthprobe.probes.report import RunData, default_panels, panel_matrix, render, write_report
-from depthprobe.probes.viz import (MAX_TOKEN_CHARS, SCALE, View, bundle_js, clean, decode_pattern, display_token,
-                        encode_pattern, esc, model_views, page, parse_indices, script_json, split_words,
-                        views_html)
+from depthprobe.probes.viz import (
+    MAX_TOKEN_CHARS,
+    SCALE,
+    View,
+    bundle_js,
+    clean,
+    decode_pattern,
+    display_token,
+    encode_pattern,
+    esc,
+    model_views,
+    page,
+    parse_indices,
+    script_json,
+    split_words,
+    views_html,
+)
 
 EVIL = "</script><img src=x onerror=alert(1)>"
 
@@ -54,6 +69,7 @@ def _softmax(heads: int, n: int, seed: int = 0) -> np.ndarray:
 
 # ------------------------------------------------------------------ escaping
 
+
 def test_script_json_cannot_close_a_script_and_round_trips():
     obj = {"t": [EVIL, "<!--", "-->", "a & b", "\u2028\u2029", "'\"", "</SCRIPT >"], EVIL: 1}
     text = script_json(obj)
@@ -76,6 +92,7 @@ def test_bundle_is_safe_to_inline():
 
 
 # ------------------------------------------------------------------ pattern encoding
+
 
 def test_pattern_round_trip_to_four_decimals():
     p = _softmax(3, 17)
@@ -102,6 +119,7 @@ def test_view_validation_and_cut():
 
 
 # ------------------------------------------------------------------ page assembly
+
 
 def test_bundle_inlined_once_and_only_own_scripts_run():
     views = [View(f"v{i}", ["a", EVIL, "c"], _softmax(2, 3, i), ["h0", "h1"], i % 2 == 1) for i in range(5)]
@@ -141,8 +159,16 @@ def test_no_external_reference_outside_scripts(tmp_path):
 
 def test_24_views_stay_under_3mb():
     """24 views of 12 heads over 48 tokens (the patterns of noisy random softmaxes compress worst)."""
-    views = [{"title": f"view {i}", "tokens": [f"tok{j}" for j in range(48)], "pattern": _softmax(12, 48, i).tolist(),
-              "heads": [f"L{i % 6}H{h}" for h in range(12)], "causal": False} for i in range(24)]
+    views = [
+        {
+            "title": f"view {i}",
+            "tokens": [f"tok{j}" for j in range(48)],
+            "pattern": _softmax(12, 48, i).tolist(),
+            "heads": [f"L{i % 6}H{h}" for h in range(12)],
+            "causal": False,
+        }
+        for i in range(24)
+    ]
     text = render(RunData(summary={"task": "t", "model": "m", "summary": []}, views=views))
     size = len(text.encode("utf-8"))
     assert text.count("var CircuitsVis=") == 1 and text.count("class='view'") == 24
@@ -151,24 +177,58 @@ def test_24_views_stay_under_3mb():
 
 # ------------------------------------------------------------------ heatmap panels
 
+
 def _scores() -> pd.DataFrame:
     rows = []
     for layer in range(2):
         for head in range(3):
-            rows.append({"model": "m", "task": "t", "layer": layer, "head": head, "metric": "acc",
-                         "value": layer * 10 + head, "relation": "det"})
-            rows.append({"model": "m", "task": "t", "layer": layer, "head": head, "metric": "acc",
-                         "value": -1.0, "relation": "nsubj"})
-            rows.append({"model": "m", "task": "t", "layer": layer, "head": head, "metric": "entropy",
-                         "value": 0.5 + head, "relation": None})
-    rows.append({"model": "m", "task": "t", "layer": None, "head": None, "metric": "acc", "value": 99.0,
-                 "relation": "baseline"})
+            rows.append(
+                {
+                    "model": "m",
+                    "task": "t",
+                    "layer": layer,
+                    "head": head,
+                    "metric": "acc",
+                    "value": layer * 10 + head,
+                    "relation": "det",
+                }
+            )
+            rows.append(
+                {
+                    "model": "m",
+                    "task": "t",
+                    "layer": layer,
+                    "head": head,
+                    "metric": "acc",
+                    "value": -1.0,
+                    "relation": "nsubj",
+                }
+            )
+            rows.append(
+                {
+                    "model": "m",
+                    "task": "t",
+                    "layer": layer,
+                    "head": head,
+                    "metric": "entropy",
+                    "value": 0.5 + head,
+                    "relation": None,
+                }
+            )
+    rows.append(
+        {"model": "m", "task": "t", "layer": None, "head": None, "metric": "acc", "value": 99.0, "relation": "baseline"}
+    )
     return pd.DataFrame(rows)
 
 
 def _run_data(**kw) -> RunData:
-    summary = {"task": "t", "model": "m", "notes": ["n1"], "summary": [{"metric": "acc", "best": "1-2"}],
-               "heatmaps": [{"title": "det", "metric": "acc", "where": {"relation": "det"}}]}
+    summary = {
+        "task": "t",
+        "model": "m",
+        "notes": ["n1"],
+        "summary": [{"metric": "acc", "best": "1-2"}],
+        "heatmaps": [{"title": "det", "metric": "acc", "where": {"relation": "det"}}],
+    }
     return RunData(summary=summary, scores=_scores(), **kw)
 
 
@@ -214,6 +274,7 @@ def test_report_has_panels_views_plots_and_escapes(tmp_path):
 
 # ------------------------------------------------------------------ run directories and the API
 
+
 def test_result_save_writes_report_and_probe_report_rerenders(tiny_bert, tmp_path):
     from depthprobe.cli.main import app
     from depthprobe.probes import run
@@ -254,6 +315,7 @@ def test_write_report_keeps_the_run_when_drawing_fails(tmp_path, monkeypatch):
 
 
 # ------------------------------------------------------------------ probe viz
+
 
 def test_parse_indices():
     assert parse_indices("0,3", 6, "layers") == [0, 3]
@@ -300,12 +362,16 @@ def test_word_views_sum_pieces(tiny_bert):
 
 def test_max_tokens_cuts_and_says_so(tiny_bert, tiny_gpt2):
     (v,), notes = model_views(tiny_bert, "the dog saw a cat and the man " * 10, layers=[0], max_tokens=600)
-    assert len(v.tokens) == 64 and notes == ["the text has 80 pieces; showing the first 62 (18 cut) so that the "
-                                             "input with its special tokens fits 64 tokens (the model's limit)"]
+    assert len(v.tokens) == 64 and notes == [
+        "the text has 80 pieces; showing the first 62 (18 cut) so that the "
+        "input with its special tokens fits 64 tokens (the model's limit)"
+    ]
     (v,), notes = model_views(tiny_bert, "the dog saw a cat and the man", layers=[0], max_tokens=5)
     assert v.tokens == ["[CLS]", "the", "dog", "saw", "[SEP]"]
-    assert notes == ["the text has 8 pieces; showing the first 3 (5 cut) so that the input with its special "
-                     "tokens fits 5 tokens (--max-tokens)"]
+    assert notes == [
+        "the text has 8 pieces; showing the first 3 (5 cut) so that the input with its special "
+        "tokens fits 5 tokens (--max-tokens)"
+    ]
     (w,), notes = model_views(tiny_bert, "the dogs saw a cat", layers=[0], words=True, max_tokens=5)
     assert w.tokens == ["[CLS]", "the", "dogs", "[SEP]"] and "showing the first 2 (3 cut)" in notes[0]
     (g,), _ = model_views(tiny_gpt2, "the dog saw a cat", layers=[1])
@@ -330,13 +396,29 @@ def test_viz_cli_writes_page(tiny_bert_dir, tmp_path):
 
     (tmp_path / "in.txt").write_text(f"the dog {EVIL} saw a cat", encoding="utf-8")
     out = tmp_path / "a.html"
-    res = CliRunner().invoke(app, ["viz", "--model", str(tiny_bert_dir), "--file", str(tmp_path / "in.txt"),
-                                   "--layers", "1", "--heads", "0,3", "--words", "--out", str(out)])
+    res = CliRunner().invoke(
+        app,
+        [
+            "viz",
+            "--model",
+            str(tiny_bert_dir),
+            "--file",
+            str(tmp_path / "in.txt"),
+            "--layers",
+            "1",
+            "--heads",
+            "0,3",
+            "--words",
+            "--out",
+            str(out),
+        ],
+    )
     assert res.exit_code == 0, res.output
     text = out.read_text(encoding="utf-8")
     assert text.count("var CircuitsVis=") == 1 and text.count("class='view'") == 1
     data = json.loads(Tags(text).scripts[0])
     assert data[0]["heads"] == ["L1H0", "L1H3"] and "<" in data[0]["tokens"][3]
-    res = CliRunner().invoke(app, ["viz", "--model", str(tiny_bert_dir), "--text", "x", "--heads", "4",
-                                   "--out", str(out)])
+    res = CliRunner().invoke(
+        app, ["viz", "--model", str(tiny_bert_dir), "--text", "x", "--heads", "4", "--out", str(out)]
+    )
     assert res.exit_code == 2 and "--heads 4 out of range" in res.output

@@ -1,30 +1,50 @@
 """syntax task (Clark et al. Table 1): hand-built attention with known answers, split words,
 baselines, tie rules, bad input, raw text through a real spaCy pipeline, and agreement with an
 independent loop-over-words reference implementation on real model output."""
+
 from __future__ import annotations
 
-from collections import Counter, defaultdict
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from reference.syntax import reference, reference_best
 
 from depthprobe.probes import ProbeError, run
 from depthprobe.probes.align import Encoded
 from depthprobe.probes.capture import Captured, forward, pattern_names
 from depthprobe.probes.task import Batch, Context, RunConfig, get_task
-from depthprobe.tasks.syntax import (ALL, DIRECTIONS, OFFSETS, SAMPLE, Example, Options, Tree, baseline_correct,
-                          best_head, best_offset, predict_governors)
+from depthprobe.tasks.syntax import (
+    ALL,
+    DIRECTIONS,
+    OFFSETS,
+    SAMPLE,
+    Example,
+    Options,
+    Tree,
+    baseline_correct,
+    best_head,
+    best_offset,
+    predict_governors,
+)
 
 # ---------------------------------------------------------------- pure functions
 
 
 def test_predict_governors_zeroes_diagonal_excludes_padding_and_breaks_ties_left():
-    w = torch.tensor([[[0.9, 0.05, 0.05, 0.0],   # word 0 attends to itself most: self is ignored
-                       [0.3, 0.3, 0.2, 0.2],     # 0.3 on word 0 beats 0.2 (its own 0.3 is ignored)
-                       [0.1, 0.1, 0.1, 0.7],     # column 3 is padding (a sentence of 3 words)
-                       [0.0, 0.0, 0.9, 0.0]]], dtype=torch.float64)  # row 3 is padding
+    w = torch.tensor(
+        [
+            [
+                [0.9, 0.05, 0.05, 0.0],  # word 0 attends to itself most: self is ignored
+                [0.3, 0.3, 0.2, 0.2],  # 0.3 on word 0 beats 0.2 (its own 0.3 is ignored)
+                [0.1, 0.1, 0.1, 0.7],  # column 3 is padding (a sentence of 3 words)
+                [0.0, 0.0, 0.9, 0.0],
+            ]
+        ],
+        dtype=torch.float64,
+    )  # row 3 is padding
     dep_to_head, head_to_dep = predict_governors(w.clone(), torch.tensor([3]))
     assert dep_to_head[0, :3].tolist() == [1, 0, 0]  # row 0: tie 0.05/0.05 -> leftmost other word (1)
     # columns: who attends most to word 0? row 1 (0.3); to word 1? rows 0 and 2 tie (0.05 vs 0.1 -> 2);
@@ -94,8 +114,9 @@ def _pieces_from_words(word_att: np.ndarray, enc: Encoded, n_pos: int) -> torch.
 
 
 # "the dog barked loudly ." with "barked" split into two pieces; [CLS] = unit 0, [SEP] = unit 6
-TREE = Tree("hand-1", ("the", "dog", "barked", "loudly", "."), (2, 3, 0, 3, 3),
-            ("det", "nsubj", "root", "advmod", "punct"))
+TREE = Tree(
+    "hand-1", ("the", "dog", "barked", "loudly", "."), (2, 3, 0, 3, 3), ("det", "nsubj", "root", "advmod", "punct")
+)
 ENC = Encoded(ids=(2, 10, 11, 12, 13, 14, 15, 3), unit_of_piece=(0, 1, 2, 3, 3, 4, 5, 6), n_words=5)
 
 
@@ -119,9 +140,13 @@ def _hand_maps() -> np.ndarray:
 def test_hand_built_heads_give_known_accuracies(tiny_bert):
     task, state, ctx = _state(tiny_bert, [Example(TREE, ENC)])
     maps = _hand_maps()
-    pattern = torch.stack([torch.stack([_pieces_from_words(maps[l, h], ENC, len(ENC)) for h in range(4)])
-                           for l in range(2)])  # [layer, head, q, k]
-    acts = Captured({name: pattern[l][None] for l, name in enumerate(pattern_names(2))})
+    pattern = torch.stack(
+        [
+            torch.stack([_pieces_from_words(maps[layer_idx, h], ENC, len(ENC)) for h in range(4)])
+            for layer_idx in range(2)
+        ]
+    )  # [layer, head, q, k]
+    acts = Captured({name: pattern[layer_idx][None] for layer_idx, name in enumerate(pattern_names(2))})
     batch = Batch(torch.tensor([ENC.ids]), torch.ones(1, len(ENC), dtype=torch.long), [Example(TREE, ENC)])
     task.accumulate(state, batch, acts)
     out = task.finalize(state, ctx)
@@ -166,9 +191,10 @@ def test_split_words_sum_to_and_mean_from(tiny_bert):
     task, state, ctx = _state(tiny_bert, [Example(tree, enc)])
     pat = torch.zeros(2, 4, 7, 7)
     pat[:] = a
-    acts = Captured({name: pat[l][None] for l, name in enumerate(pattern_names(2))})
-    task.accumulate(state, Batch(torch.tensor([enc.ids]), torch.ones(1, 7, dtype=torch.long),
-                                 [Example(tree, enc)]), acts)
+    acts = Captured({name: pat[layer_idx][None] for layer_idx, name in enumerate(pattern_names(2))})
+    task.accumulate(
+        state, Batch(torch.tensor([enc.ids]), torch.ones(1, 7, dtype=torch.long), [Example(tree, enc)]), acts
+    )
     out = task.finalize(state, ctx)
     s = out.scores.set_index(["relation", "direction", "layer", "head"])["value"]
     assert s[("x", DIRECTIONS[0], 0, 0)] == 1.0  # a -> c by summing c's pieces
@@ -187,8 +213,9 @@ def test_padding_and_batching_do_not_change_counts(tiny_bert):
     short_enc = Encoded(ids=(2, 10, 11, 3), unit_of_piece=(0, 1, 2, 3), n_words=2)
     ex_short = Example(Tree("s", ("b", "a"), (0, 1), ("root", "det")), short_enc)
     maps = _hand_maps()
-    long_pat = torch.stack([torch.stack([_pieces_from_words(maps[l, h], ENC, 8) for h in range(4)])
-                            for l in range(2)])  # [layer, head, 8, 8]
+    long_pat = torch.stack(
+        [torch.stack([_pieces_from_words(maps[layer_idx, h], ENC, 8) for h in range(4)]) for layer_idx in range(2)]
+    )  # [layer, head, 8, 8]
     torch.manual_seed(0)
     short_pat = torch.softmax(torch.randn(2, 4, 4, 4), -1)  # [layer, head, 4, 4]
     together = torch.zeros(2, 2, 4, 8, 8)  # [layer, batch, head, q, k]; padding gets no attention
@@ -198,7 +225,7 @@ def test_padding_and_batching_do_not_change_counts(tiny_bert):
     def counts(items, pats):  # pats: [layer, batch, head, q, k]
         _, state, _ = _state(tiny_bert, [ex_long, ex_short])  # the same relation table every time
         ids = torch.zeros(len(items), pats.shape[-1], dtype=torch.long)
-        acts = Captured({n: pats[l] for l, n in enumerate(pattern_names(2))})
+        acts = Captured({n: pats[layer_idx] for layer_idx, n in enumerate(pattern_names(2))})
         task.accumulate(state, Batch(ids, torch.ones_like(ids), items), acts)
         return state
 
@@ -207,63 +234,6 @@ def test_padding_and_batching_do_not_change_counts(tiny_bert):
     for name in ("correct", "total", "base"):
         assert torch.equal(getattr(both, name), getattr(alone[0], name) + getattr(alone[1], name)), name
     assert both.total[-1].item() == 7
-
-
-# ---------------------------------------------------------------- the reference implementation
-
-
-def reference(items, patterns, baseline_root=True):
-    """A straightforward implementation of DESIGN §3.1/§3.3, looping over sentences and words.
-
-    items: (words, heads, rels, unit_of_piece) per sentence; patterns: [layer, head, T, T] arrays
-    over the sentence's real positions. Returns (accuracy[rel] -> [2, L, H], baseline[rel] -> [6],
-    count[rel]) with rel including "ALL".
-    """
-    correct: dict[str, np.ndarray] = {}
-    base = defaultdict(lambda: np.zeros(len(OFFSETS)))
-    count = Counter()
-    for (words, heads, rels, units), att in zip(items, patterns):
-        n_layers, n_heads = att.shape[:2]
-        n = len(words)
-        pieces = [[p for p, u in enumerate(units) if u == k + 1] for k in range(n)]
-        att = att.astype(np.float64)
-        rows = np.stack([att[:, :, pieces[i], :].mean(2) for i in range(n)], 2)  # from word i: mean
-        word = np.stack([rows[..., pieces[j]].sum(-1) for j in range(n)], -1)  # to word j: sum
-        for i in range(n):
-            for rel in (rels[i], "ALL"):
-                correct.setdefault(rel, np.zeros((2, n_layers, n_heads)))
-                count[rel] += 1
-                for k, off in enumerate(OFFSETS):
-                    guess = min(max(i + 1 + off, 0 if baseline_root else 1), n)
-                    base[rel][k] += guess == heads[i]
-        for layer in range(n_layers):
-            for head in range(n_heads):
-                for d, m in enumerate((word[layer, head], word[layer, head].T)):
-                    m = m.copy()
-                    np.fill_diagonal(m, 0.0)
-                    for i in range(n):
-                        guess = int(np.argmax(m[i])) + 1  # CoNLL-U numbering
-                        if guess == heads[i]:
-                            correct[rels[i]][d, layer, head] += 1
-                            correct["ALL"][d, layer, head] += 1
-    acc = {r: correct[r] / count[r] for r in count}
-    return acc, {r: base[r] / count[r] for r in count}, count
-
-
-def _reference_best(acc, base):
-    """Best (layer, head, direction) and baseline offset, by the documented tie rules, by loops."""
-    out = {}
-    for rel, a in acc.items():
-        best, where = -1.0, None
-        for layer in range(a.shape[1]):
-            for head in range(a.shape[2]):
-                for d in range(2):
-                    if a[d, layer, head] > best:
-                        best, where = a[d, layer, head], (layer, head, d)
-        b = base[rel]
-        k = min(range(len(OFFSETS)), key=lambda j: (-b[j], abs(OFFSETS[j]), OFFSETS[j]))
-        out[rel] = (where, best, OFFSETS[k], b[k])
-    return out
 
 
 def _patterns_by_sentence(model, examples):
@@ -295,8 +265,10 @@ def _items(model, examples):
     tok = model.tokenizer
     out = []
     for e in examples:  # our own encoding of the words, checked against the task's
-        pieces = [tok(w if not model.info.causal or k == 0 else " " + w, add_special_tokens=False)["input_ids"]
-                  for k, w in enumerate(e.tree.words)]
+        pieces = [
+            tok(w if not model.info.causal or k == 0 else " " + w, add_special_tokens=False)["input_ids"]
+            for k, w in enumerate(e.tree.words)
+        ]
         units = [0] + [k + 1 for k, p in enumerate(pieces) for _ in p]
         if not model.info.causal:
             units.append(len(pieces) + 1)
@@ -316,7 +288,7 @@ def _assert_matches(result, acc, base, count):
         mine[g["layer"].to_numpy(), g["head"].to_numpy()] = g["value"].to_numpy()
         assert np.array_equal(mine, acc[rel][DIRECTIONS.index(d)]), (rel, d)
         assert (g["count"] == count[rel]).all()
-    best = _reference_best(acc, base)
+    best = reference_best(acc, base)
     summary = result.summary.set_index("relation")
     assert set(summary.index) == set(count)
     assert list(summary.index[:1]) == [ALL]
@@ -348,8 +320,9 @@ def test_matches_reference_on_tiny_gpt2_with_causal_note(tiny_gpt2):
     result = run(tiny_gpt2, "syntax", batch_size=8, baseline_root=False)
     task = get_task("syntax")
     examples = task.load(tiny_gpt2, Context(RunConfig(model="x", task="syntax"), Options()))
-    acc, base, count = reference(_items(tiny_gpt2, examples), _patterns_by_batch(tiny_gpt2, examples, 8),
-                                 baseline_root=False)
+    acc, base, count = reference(
+        _items(tiny_gpt2, examples), _patterns_by_batch(tiny_gpt2, examples, 8), baseline_root=False
+    )
     _assert_matches(result, acc, base, count)
     assert any("causal model" in n and "rightward governor" in n for n in result.notes)
 
@@ -380,9 +353,33 @@ def test_sample_treebank_covers_the_main_relations():
     sents = read_treebank(SAMPLE)
     rels = Counter(t.deprel for s in sents for t in s.tokens)
     assert len(sents) >= 30
-    for rel in ("det", "nsubj", "obj", "amod", "case", "aux", "aux:pass", "nmod:poss", "advmod", "compound",
-                "compound:prt", "obl", "nmod", "mark", "cc", "conj", "cop", "xcomp", "ccomp", "acl:relcl",
-                "punct", "root", "iobj", "nsubj:pass", "advcl"):
+    for rel in (
+        "det",
+        "nsubj",
+        "obj",
+        "amod",
+        "case",
+        "aux",
+        "aux:pass",
+        "nmod:poss",
+        "advmod",
+        "compound",
+        "compound:prt",
+        "obl",
+        "nmod",
+        "mark",
+        "cc",
+        "conj",
+        "cop",
+        "xcomp",
+        "ccomp",
+        "acl:relcl",
+        "punct",
+        "root",
+        "iobj",
+        "nsubj:pass",
+        "advcl",
+    ):
         assert rels[rel] >= 1, rel
     for s in sents:
         assert sum(t.head == 0 for t in s.tokens) == 1  # one root per sentence
@@ -406,13 +403,18 @@ def _bad(tmp_path: Path, name: str, text: str | bytes) -> Path:
 GOOD = "1\tDogs\tdog\tNOUN\tNNS\t_\t2\tnsubj\t_\t_\n2\tbark\tbark\tVERB\tVBP\t_\t0\troot\t_\t_\n\n"
 
 
-@pytest.mark.parametrize("text, message", [
-    ("1\tDogs\tdog\tNOUN\n", ":1: expected 10 tab-separated columns"),
-    (GOOD + "1\tCats\tcat\tNOUN\tNNS\t_\t5\tnsubj\t_\t_\n2\tnap\tnap\tVERB\tVBP\t_\t0\troot\t_\t_\n",
-     ":4: HEAD 5 points outside"),
-    ("1\ta\ta\tX\tX\t_\t2\tdep\t_\t_\n2\tb\tb\tX\tX\t_\t1\tdep\t_\t_\n", "cycle"),
-    (b"1\tca\xff\tx\tX\tX\t_\t0\troot\t_\t_\n", ":1: not valid UTF-8"),
-])
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("1\tDogs\tdog\tNOUN\n", ":1: expected 10 tab-separated columns"),
+        (
+            GOOD + "1\tCats\tcat\tNOUN\tNNS\t_\t5\tnsubj\t_\t_\n2\tnap\tnap\tVERB\tVBP\t_\t0\troot\t_\t_\n",
+            ":4: HEAD 5 points outside",
+        ),
+        ("1\ta\ta\tX\tX\t_\t2\tdep\t_\t_\n2\tb\tb\tX\tX\t_\t1\tdep\t_\t_\n", "cycle"),
+        (b"1\tca\xff\tx\tX\tX\t_\t0\troot\t_\t_\n", ":1: not valid UTF-8"),
+    ],
+)
 def test_malformed_conllu_fails_with_file_and_line(tiny_bert, tmp_path, text, message):
     path = _bad(tmp_path, "bad.conllu", text)
     with pytest.raises(ProbeError, match=message) as err:
@@ -440,8 +442,10 @@ def test_cli_parser_flag_missing_pipeline_is_one_line(tmp_path):
     from depthprobe.cli.main import app
 
     text = _bad(tmp_path, "t.txt", "The dog barked.\n")
-    res = CliRunner().invoke(app, ["run", "--task", "syntax", "--data", str(text), "--parser", "en_core_web_sm",
-                                   "--out", str(tmp_path / "o")])
+    res = CliRunner().invoke(
+        app,
+        ["run", "--task", "syntax", "--data", str(text), "--parser", "en_core_web_sm", "--out", str(tmp_path / "o")],
+    )
     assert res.exit_code == 2
     lines = [ln for ln in res.output.strip().splitlines() if ln]
     assert len(lines) == 1 and "python -m spacy download en_core_web_sm" in lines[0]
@@ -470,7 +474,9 @@ def spacy_pipeline(tmp_path_factory) -> Path:
 def test_raw_text_with_a_local_pipeline(tiny_bert, spacy_pipeline, tmp_path):
     import spacy
 
-    text = _bad(tmp_path, "t.txt", "The dog barked at the mail carrier.\n\nMy sister reads old books. She likes them.\n")
+    text = _bad(
+        tmp_path, "t.txt", "The dog barked at the mail carrier.\n\nMy sister reads old books. She likes them.\n"
+    )
     result = run(tiny_bert, "syntax", text, parser=str(spacy_pipeline))
     nlp = spacy.load(spacy_pipeline)
     docs = [nlp(line) for line in ("The dog barked at the mail carrier.", "My sister reads old books. She likes them.")]
@@ -492,11 +498,11 @@ def test_memory_is_flat_running_counts_only(tiny_bert):
     state = task.start(tiny_bert, ctx, examples)
     shapes = (state.correct.shape, state.total.shape, state.base.shape)
     for batch in task.batches(tiny_bert, examples, ctx):
-        task.accumulate(state, batch, forward(tiny_bert, batch.input_ids, batch.attention_mask,
-                                              task.hook_names(tiny_bert, ctx)))
+        task.accumulate(
+            state, batch, forward(tiny_bert, batch.input_ids, batch.attention_mask, task.hook_names(tiny_bert, ctx))
+        )
     assert (state.correct.shape, state.total.shape, state.base.shape) == shapes
     assert state.correct.shape == (len(state.relations), 2, 2, 4)
-
 
 
 def test_trees_read_through_spacy_keep_the_conllu_columns(shared_data):
@@ -519,8 +525,22 @@ def test_cli_parser_flag_runs_raw_text(tiny_bert_dir, spacy_pipeline, tmp_path):
 
     text = _bad(tmp_path, "t.txt", "The dog barked at the mail carrier.\n")
     out = tmp_path / "run"
-    res = CliRunner().invoke(app, ["run", "--model", str(tiny_bert_dir), "--task", "syntax", "--data", str(text),
-                                   "--parser", str(spacy_pipeline), "--out", str(out)])
+    res = CliRunner().invoke(
+        app,
+        [
+            "run",
+            "--model",
+            str(tiny_bert_dir),
+            "--task",
+            "syntax",
+            "--data",
+            str(text),
+            "--parser",
+            str(spacy_pipeline),
+            "--out",
+            str(out),
+        ],
+    )
     assert res.exit_code == 0, res.output
     assert "ALL" in res.output and (out / "scores.csv").exists() and (out / "baselines.csv").exists()
     import json

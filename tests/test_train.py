@@ -1,19 +1,29 @@
 """Synthetic data, the training loop, checkpoints and `probe train`."""
+
 from __future__ import annotations
 
 import json
 
 import pytest
 import torch
+from helpers import one_line_error
 from typer.testing import CliRunner
 
 from depthprobe.cli.main import app
-from depthprobe.probes import NativeConfig, ProbeError, load
+from depthprobe.probes import NativeConfig, ProbeError, load, synthetic
 from depthprobe.probes.models import checkpoint_files
-from depthprobe.probes import synthetic
 from depthprobe.probes.synthetic import BOS, DataConfig
-from depthprobe.probes.train import (LOSS_LOG, OPTIMIZER_STATE, OPTIMIZER_WEIGHTS, TrainConfig, build_configs,
-                          fast_logits, parameters, resume_configs, train)
+from depthprobe.probes.train import (
+    LOSS_LOG,
+    OPTIMIZER_STATE,
+    OPTIMIZER_WEIGHTS,
+    TrainConfig,
+    build_configs,
+    fast_logits,
+    parameters,
+    resume_configs,
+    train,
+)
 
 TINY = dict(layers=1, d_model=32, heads=2, vocab=16, seq_len=24, batch_size=8, warmup=5, log_every=5)
 runner = CliRunner()
@@ -24,7 +34,7 @@ def weights(model) -> list[torch.Tensor]:
 
 
 def same(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
-    return len(a) == len(b) and all(torch.equal(x, y) for x, y in zip(a, b))
+    return len(a) == len(b) and all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
 
 
 # ----------------------------------------------------------------------------- data
@@ -36,10 +46,10 @@ def test_induction_rows_repeat_a_segment_at_varied_offsets_and_lengths():
     tok, length, offset = batch
     assert tok.shape == (512, 48) and (tok[:, 0] == BOS).all()
     assert ((tok[:, 1:] >= 1) & (tok[:, 1:] < 20)).all()  # ordinary tokens only after BOS
-    for row, s, o in zip(tok, length.tolist(), offset.tolist()):
+    for row, s, o in zip(tok, length.tolist(), offset.tolist(), strict=True):
         assert s in data.train_lengths and s not in data.held_out
         assert 1 <= o <= 48 - 2 * s
-        assert torch.equal(row[o:o + s], row[o + s:o + 2 * s])
+        assert torch.equal(row[o : o + s], row[o + s : o + 2 * s])
     assert len(set(length.tolist())) == len(data.train_lengths)  # every training length occurs
     assert offset.min() == 1 and len(set(offset.tolist())) > 20  # offsets vary: no positional shortcut
 
@@ -68,11 +78,14 @@ def test_held_out_and_eval_lengths():
     assert DataConfig(seq_len=24).eval_lengths == (5, 10)
 
 
-@pytest.mark.parametrize("kwargs, fragment", [
-    (dict(kind="induktion"), "did you mean 'induction'"),
-    (dict(seq_len=9, held_out=(4,)), "no training repeat length"),
-    (dict(vocab=2), "vocab must be at least 3"),
-])
+@pytest.mark.parametrize(
+    "kwargs, fragment",
+    [
+        (dict(kind="induktion"), "did you mean 'induction'"),
+        (dict(seq_len=9, held_out=(4,)), "no training repeat length"),
+        (dict(vocab=2), "vocab must be at least 3"),
+    ],
+)
 def test_bad_data_config(kwargs, fragment):
     with pytest.raises(ProbeError, match=fragment):
         DataConfig(**kwargs)
@@ -81,11 +94,14 @@ def test_bad_data_config(kwargs, fragment):
 # ----------------------------------------------------------------------------- fast path
 
 
-@pytest.mark.parametrize("cfg", [
-    NativeConfig(layers=2, d_model=32, heads=4, n_ctx=32),
-    NativeConfig(layers=2, d_model=32, heads=2, n_ctx=32, attn_only=False),
-    NativeConfig(layers=2, d_model=32, heads=2, n_ctx=32, norm="none", positional="rotary"),
-])
+@pytest.mark.parametrize(
+    "cfg",
+    [
+        NativeConfig(layers=2, d_model=32, heads=4, n_ctx=32),
+        NativeConfig(layers=2, d_model=32, heads=2, n_ctx=32, attn_only=False),
+        NativeConfig(layers=2, d_model=32, heads=2, n_ctx=32, norm="none", positional="rotary"),
+    ],
+)
 def test_fast_path_computes_the_bridge_function(cfg):
     model = load(cfg, device="cpu")
     x = torch.randint(0, cfg.d_vocab, (3, 20), generator=torch.Generator().manual_seed(0))
@@ -133,6 +149,7 @@ def test_resume_is_bit_identical_to_an_uninterrupted_run(tmp_path):
     opt_b = json.loads((b / OPTIMIZER_STATE).read_text())
     assert opt_a["step"] == opt_b["step"] == 30
     from safetensors.torch import load_file
+
     sa, sb = load_file(str(a / OPTIMIZER_WEIGHTS)), load_file(str(b / OPTIMIZER_WEIGHTS))
     assert sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
 
@@ -147,12 +164,15 @@ def test_resume_errors_name_the_fix(tmp_path):
         train(*resume_configs(tmp_path / "m"), out=tmp_path / "m", resume=True)
 
 
-@pytest.mark.parametrize("kwargs, fragment", [
-    (dict(steps=0), "--steps must be at least 1"),
-    (dict(lr=-1.0), "--lr must be a positive"),
-    (dict(grad_clip=0.0), "--grad-clip must be positive"),
-    (dict(threads=0), "--threads must be at least 1"),
-])
+@pytest.mark.parametrize(
+    "kwargs, fragment",
+    [
+        (dict(steps=0), "--steps must be at least 1"),
+        (dict(lr=-1.0), "--lr must be a positive"),
+        (dict(grad_clip=0.0), "--grad-clip must be positive"),
+        (dict(threads=0), "--threads must be at least 1"),
+    ],
+)
 def test_bad_train_config(kwargs, fragment):
     with pytest.raises(ProbeError, match=fragment):
         TrainConfig(**kwargs)
@@ -160,10 +180,15 @@ def test_bad_train_config(kwargs, fragment):
 
 def test_training_threads_are_scoped():
     before = torch.get_num_threads()
-    seen = []
-    native, data, cfg = build_configs(**TINY, steps=2, threads=1)
-    train(native, data, cfg, every=1, callback=lambda step, model: seen.append(torch.get_num_threads()))
-    assert seen == [1, 1, 1] and torch.get_num_threads() == before
+    outside = 2 if before == 1 else before  # must differ from the training setting, also on a one-core machine
+    torch.set_num_threads(outside)
+    try:
+        seen = []
+        native, data, cfg = build_configs(**TINY, steps=2, threads=1)
+        train(native, data, cfg, every=1, callback=lambda step, model: seen.append(torch.get_num_threads()))
+        assert seen == [1, 1, 1] and torch.get_num_threads() == outside
+    finally:
+        torch.set_num_threads(before)
 
 
 def test_bad_settings():
@@ -176,18 +201,29 @@ def test_bad_settings():
 # ----------------------------------------------------------------------------- CLI
 
 
-def assert_user_error(result, *fragments):
-    assert result.exit_code == 2, result.output
-    lines = [ln for ln in result.output.splitlines() if ln.strip()]
-    assert len(lines) == 1 and lines[0].startswith("error: "), result.output
-    for f in fragments:
-        assert f in lines[0], lines[0]
-
-
 def test_cli_train_then_run_induction_on_the_checkpoint(tmp_path):
     out = tmp_path / "model"
-    args = ["train", "--layers", "2", "--d-model", "32", "--heads", "2", "--vocab", "16", "--seq-len", "24",
-            "--steps", "10", "--batch-size", "4", "--save-every", "5", "--out", str(out)]
+    args = [
+        "train",
+        "--layers",
+        "2",
+        "--d-model",
+        "32",
+        "--heads",
+        "2",
+        "--vocab",
+        "16",
+        "--seq-len",
+        "24",
+        "--steps",
+        "10",
+        "--batch-size",
+        "4",
+        "--save-every",
+        "5",
+        "--out",
+        str(out),
+    ]
     res = runner.invoke(app, args)
     assert res.exit_code == 0, res.output
     assert "step 10" in res.output and (checkpoint_files(out) / "model.safetensors").exists()
@@ -195,31 +231,49 @@ def test_cli_train_then_run_induction_on_the_checkpoint(tmp_path):
     res = runner.invoke(app, ["train", "--out", str(out), "--resume", "--steps", "15"])
     assert res.exit_code == 0, res.output
     assert json.loads((out / "depthprobe.json").read_text())["training"]["step"] == 15
-    res = runner.invoke(app, ["run", "--model", str(out), "--task", "induction", "--out", str(tmp_path / "run"),
-                              "-O", "repeat_len=10", "-O", "n_seqs=4"])
+    res = runner.invoke(
+        app,
+        [
+            "run",
+            "--model",
+            str(out),
+            "--task",
+            "induction",
+            "--out",
+            str(tmp_path / "run"),
+            "-O",
+            "repeat_len=10",
+            "-O",
+            "n_seqs=4",
+        ],
+    )
     assert res.exit_code == 0, res.output
     assert "induction" in res.output and (tmp_path / "run" / "k_composition.csv").exists()
 
 
 def test_cli_train_bad_inputs(tmp_path):
-    assert_user_error(runner.invoke(app, ["train", "--norm", "batch", "--out", str(tmp_path / "a")]), "norm")
-    assert_user_error(runner.invoke(app, ["train", "--steps", "0", "--out", str(tmp_path / "a")]), "--steps")
-    assert_user_error(runner.invoke(app, ["train", "--data", "inductoin", "--out", str(tmp_path / "a")]),
-                      "did you mean 'induction'")
-    assert_user_error(runner.invoke(app, ["train", "--resume"]), "--resume needs --out")
-    assert_user_error(runner.invoke(app, ["train", "--resume", "--out", str(tmp_path / "nothing")]),
-                      "drop --resume")
-    assert_user_error(runner.invoke(app, ["train", "--positional", "alibi", "--out", str(tmp_path / "a")]),
-                      "positional")
+    one_line_error(runner.invoke(app, ["train", "--norm", "batch", "--out", str(tmp_path / "a")]), "norm")
+    one_line_error(runner.invoke(app, ["train", "--steps", "0", "--out", str(tmp_path / "a")]), "--steps")
+    one_line_error(
+        runner.invoke(app, ["train", "--data", "inductoin", "--out", str(tmp_path / "a")]), "did you mean 'induction'"
+    )
+    one_line_error(runner.invoke(app, ["train", "--resume"]), "--resume needs --out")
+    one_line_error(runner.invoke(app, ["train", "--resume", "--out", str(tmp_path / "nothing")]), "drop --resume")
+    one_line_error(runner.invoke(app, ["train", "--positional", "alibi", "--out", str(tmp_path / "a")]), "positional")
     assert not (tmp_path / "a").exists()
 
 
 # ----------------------------------------------------------------------------- interrupted saves
 
 
-@pytest.mark.parametrize("crash_in, after", [("depthprobe.probes.train.save_optimizer", False),
-                                             ("depthprobe.probes.train.save_optimizer", True),
-                                             ("depthprobe.probes.models.atomic_write_text", False)])
+@pytest.mark.parametrize(
+    "crash_in, after",
+    [
+        ("depthprobe.probes.train.save_optimizer", False),
+        ("depthprobe.probes.train.save_optimizer", True),
+        ("depthprobe.probes.models.atomic_write_text", False),
+    ],
+)
 def test_a_crash_inside_a_save_leaves_the_previous_checkpoint_resumable(tmp_path, monkeypatch, crash_in, after):
     """Kill the save between the new weights and the optimizer state, between the optimizer state
     and the loss log, or with the new folder complete just before the switch: the step-10
@@ -256,9 +310,33 @@ def _train_cmd(out, steps):
     from pathlib import Path
 
     probe = Path(sys.executable).with_name("probe")
-    return [str(probe), "train", "--layers", "1", "--d-model", "32", "--heads", "2", "--vocab", "16",
-            "--seq-len", "24", "--batch-size", "4", "--warmup", "5", "--log-every", "1", "--save-every", "1",
-            "--steps", str(steps), "--no-progress", "--out", str(out)]
+    return [
+        str(probe),
+        "train",
+        "--layers",
+        "1",
+        "--d-model",
+        "32",
+        "--heads",
+        "2",
+        "--vocab",
+        "16",
+        "--seq-len",
+        "24",
+        "--batch-size",
+        "4",
+        "--warmup",
+        "5",
+        "--log-every",
+        "1",
+        "--save-every",
+        "1",
+        "--steps",
+        str(steps),
+        "--no-progress",
+        "--out",
+        str(out),
+    ]
 
 
 @pytest.mark.slow
@@ -274,8 +352,9 @@ def test_sigint_and_sigterm_during_saving_leave_a_resumable_checkpoint(tmp_path)
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     resume: list[str] = []
     for i, sig in enumerate([signal.SIGINT, signal.SIGTERM] * 3):
-        proc = subprocess.Popen(_train_cmd(out, 100000) + resume, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                text=True, env=env)
+        proc = subprocess.Popen(
+            _train_cmd(out, 100000) + resume, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+        )
         deadline = time.monotonic() + 300
         while not (out / "depthprobe.json").exists() and time.monotonic() < deadline and proc.poll() is None:
             time.sleep(0.02)
@@ -295,9 +374,21 @@ def test_sigint_and_sigterm_during_saving_leave_a_resumable_checkpoint(tmp_path)
         assert f"checkpoint of step {step}:" in lines[0]
         resume = ["--resume"]
     final = step + 3
-    done = subprocess.run(_train_cmd(out, final) + ["--resume"], capture_output=True, text=True, env=env, timeout=300)
+    done = subprocess.run([*_train_cmd(out, final), "--resume"], capture_output=True, text=True, env=env, timeout=300)
     assert done.returncode == 0, done.stderr
     assert json.loads((out / "depthprobe.json").read_text())["training"]["step"] == final
-    straight = train(*build_configs(layers=1, d_model=32, heads=2, vocab=16, seq_len=24, batch_size=4, warmup=5,
-                                    log_every=1, save_every=final, steps=final))
+    straight = train(
+        *build_configs(
+            layers=1,
+            d_model=32,
+            heads=2,
+            vocab=16,
+            seq_len=24,
+            batch_size=4,
+            warmup=5,
+            log_every=1,
+            save_every=final,
+            steps=final,
+        )
+    )
     assert same(weights(load(str(out), device="cpu")), weights(straight.model))

@@ -7,6 +7,7 @@ always held two [SEP]s, hence his 2 and n - 2), and JS distances are averaged ov
 of each sentence and then over sentences instead of summed. ``pooled_reference`` is one mean
 over every token of every sentence.
 """
+
 from __future__ import annotations
 
 import unicodedata
@@ -78,10 +79,18 @@ def clark_reference(docs):
             js_distances[head] += js / n_docs
 
     return {
-        "to_cls": avg["cls"], "to_sep": avg["sep"], "to_punct": avg["punct"], "to_prev": avg["left"],
-        "to_next": avg["right"], "to_self": avg["self"], "entropy": entropies, "entropy_cls": entropies_cls,
-        "sep_to_sep": avg["sep_sep"], "other_to_sep": avg["rest_sep"],
-        "js_distances": js_distances, "uniform_entropy": uniform_attn_entropy,
+        "to_cls": avg["cls"],
+        "to_sep": avg["sep"],
+        "to_punct": avg["punct"],
+        "to_prev": avg["left"],
+        "to_next": avg["right"],
+        "to_self": avg["self"],
+        "entropy": entropies,
+        "entropy_cls": entropies_cls,
+        "sep_to_sep": avg["sep_sep"],
+        "other_to_sep": avg["rest_sep"],
+        "js_distances": js_distances,
+        "uniform_entropy": uniform_attn_entropy,
     }
 
 

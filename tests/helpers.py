@@ -1,0 +1,27 @@
+"""Helpers shared by the CLI tests (fixtures live in conftest.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from typer.testing import CliRunner
+
+
+def one_line_error(result: Any, *fragments: str, code: int = 2) -> str:
+    """A CLI result that failed with exit ``code`` and printed exactly one line, ``error: ...``,
+    holding every fragment and no traceback; returns that line."""
+    assert result.exit_code == code, result.output
+    lines = [ln for ln in result.output.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.output
+    assert "Traceback" not in result.output
+    for f in fragments:
+        assert f in lines[0], lines[0]
+    return lines[0]
+
+
+def cli_error(args: Sequence[Any], *fragments: str, code: int = 2) -> str:
+    """Run ``probe ARGS`` and check it with :func:`one_line_error`; returns the error line."""
+    from depthprobe.cli.main import app
+
+    return one_line_error(CliRunner().invoke(app, [str(a) for a in args]), *fragments, code=code)

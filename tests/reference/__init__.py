@@ -1,0 +1,1 @@
+"""Independent reference implementations the tests check the package against."""

@@ -1,0 +1,80 @@
+"""Imports run one way, cli -> api -> tasks -> core, and the core resolves tasks by name only."""
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+_spec = importlib.util.spec_from_file_location("check_imports", ROOT / "scripts" / "check_imports.py")
+check_imports = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(check_imports)
+
+
+def test_the_tree_imports_one_way_without_cycles():
+    assert check_imports.violations(check_imports.graph()) == []
+
+
+def _tree(tmp_path, files):
+    for pkg in check_imports.PACKAGES:
+        (tmp_path / pkg).mkdir()
+        (tmp_path / pkg / "__init__.py").write_text("")
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    return check_imports.violations(check_imports.graph(tmp_path))
+
+
+def test_core_importing_a_task_or_the_cli_is_refused(tmp_path):
+    found = _tree(
+        tmp_path,
+        {
+            "probes/task.py": "def f():\n    from depthprobe import tasks\n",
+            "probes/models.py": "import depthprobe.cli.main\n",
+            "cli/main.py": "",
+        },
+    )
+    assert found == [
+        "core module depthprobe.probes.models imports cli module depthprobe.cli.main; "
+        "imports run cli -> api -> tasks -> core",
+        "core module depthprobe.probes.task imports tasks module depthprobe.tasks; "
+        "imports run cli -> api -> tasks -> core",
+    ]
+
+
+def test_tasks_importing_tasks_or_the_api_and_cycles_are_refused(tmp_path):
+    found = _tree(
+        tmp_path,
+        {
+            "tasks/a.py": "from depthprobe.tasks.b import X\n",
+            "tasks/b.py": "from depthprobe.probes.api import run\n",
+            "probes/api.py": "",
+            "probes/x.py": "from depthprobe.probes import y\n",
+            "probes/y.py": "from depthprobe.probes.x import f\n",
+            "cli/main.py": "from depthprobe.tasks import a\n",
+        },
+    )
+    assert found == [
+        "depthprobe.cli.main imports task depthprobe.tasks.a; the CLI goes through the API",
+        "task depthprobe.tasks.a imports task depthprobe.tasks.b; move what they share into the core",
+        "tasks module depthprobe.tasks.b imports api module depthprobe.probes.api; "
+        "imports run cli -> api -> tasks -> core",
+        "import cycle among: depthprobe.probes.x, depthprobe.probes.y",
+    ]
+
+
+def test_listing_tasks_imports_no_task_module():
+    code = (
+        "import sys\n"
+        "from depthprobe.probes import ProbeError, get_task, task_names\n"
+        "names = task_names()\n"
+        "try:\n    get_task('atention-stats')\nexcept ProbeError as e:\n    msg = str(e)\n"
+        "print(len(names), sorted(m for m in sys.modules if m.startswith('depthprobe.tasks.')))\n"
+        "print(msg)\n"
+        "get_task('attention-stats'); print(sorted(m for m in sys.modules if m.startswith('depthprobe.tasks.')))\n"
+    )
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    lines = res.stdout.splitlines()
+    assert lines[0] == "5 []"
+    assert lines[1].startswith("unknown task 'atention-stats' (did you mean 'attention-stats'?)")
+    assert lines[2] == "['depthprobe.tasks.attention_stats']"
