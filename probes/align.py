@@ -90,7 +90,7 @@ def pieces_of_words(
         if not hits:
             pending.append(i)
             continue
-        out[hits[0]].extend(pending + [i])
+        out[hits[0]].extend([*pending, i])
         pending = []
     if pending and out:
         out[-1].extend(pending)

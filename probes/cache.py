@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import fnmatch
 import re
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import Any, cast
 
 import torch
 
@@ -54,7 +54,7 @@ class Cache(dict):
             )
         return torch.stack([self[n] for n in names])
 
-    def to(self, device: str | torch.device) -> "Cache":
+    def to(self, device: str | torch.device) -> Cache:
         return Cache({k: v.to(device) for k, v in self.items()}, self.n_layers)
 
 
@@ -64,7 +64,7 @@ def _inputs(model: Model, texts_or_ids: Any, attention_mask: torch.Tensor | None
     ):
         if attention_mask is not None:
             raise ProbeError("attention_mask goes with token ids; texts are padded and masked by model.encode")
-        return model.encode(texts_or_ids)
+        return model.encode(cast(Any, texts_or_ids))
     ids = (
         torch.as_tensor(texts_or_ids, dtype=torch.long) if not isinstance(texts_or_ids, torch.Tensor) else texts_or_ids
     )
@@ -109,7 +109,7 @@ def run_with_cache(
     last = f"blocks.{model.info.n_layers - 1}.hook_resid_post"
     wanted: Names = _every_hook(model) if names is None else names
     lm = model.has_lm_head
-    keys = list(wanted) if isinstance(wanted, dict) else resolve_names(model, wanted)
+    keys = list(wanted) if isinstance(wanted, Mapping) else resolve_names(model, wanted)
     extra = [] if lm or last in keys else [last]
     with torch.no_grad(), capture(model, wanted, clone=True) as acts, capture(model, extra or last) as final:
         out = model.bridge(ids, attention_mask=mask, return_type="logits" if lm else None)

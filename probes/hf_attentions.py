@@ -115,7 +115,8 @@ class HFAttentions(_root_class()):  # type: ignore[misc]
     ) -> torch.Tensor | None:
         out, att_key, hid_key = self._run(input_ids, attention_mask)
         attentions, hidden = getattr(out, att_key), getattr(out, hid_key)
-        for i, block in enumerate(self.blocks):
+        for i, block_module in enumerate(self.blocks):
+            block: Any = block_module
             self._through(block.hook_resid_pre, hidden[i], f"blocks.{i}.hook_resid_pre")
             self._through(block.attn.hook_pattern, attentions[i], f"blocks.{i}.attn.hook_pattern")
             self._through(block.hook_resid_post, hidden[i + 1], f"blocks.{i}.hook_resid_post")

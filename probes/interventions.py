@@ -63,16 +63,16 @@ def mean_z(
     """Mean of ``hook_z`` over every real (unpadded) token of ``data``: layer -> [head, d_head]."""
     ids, mask = _inputs(model, data, attention_mask)
     names = [f"blocks.{layer}.attn.hook_z" for layer in layers]
-    sums = {layer: 0.0 for layer in layers}
+    sums: dict[int, torch.Tensor | float] = {layer: 0.0 for layer in layers}
     n = 0.0
     for start in range(0, ids.shape[0], batch_size):
         m = mask[start : start + batch_size]
         acts = forward(model, ids[start : start + batch_size], m, names)
         w = m.to(torch.float32)[..., None, None]  # [b, pos, 1, 1]
-        for layer, name in zip(layers, names):
+        for layer, name in zip(layers, names, strict=True):
             sums[layer] = sums[layer] + (acts[name].float() * w).sum((0, 1))
         n += float(m.sum())
-    return {layer: (s / n) for layer, s in sums.items()}
+    return {layer: torch.as_tensor(s) / n for layer, s in sums.items()}
 
 
 @contextmanager
@@ -156,7 +156,9 @@ def patch(
         slots = range(model.info.n_heads) if per_head else range(c_ids.shape[1])
         for slot in slots:
 
-            def write(t: torch.Tensor, hook: Any, slot: int = slot) -> torch.Tensor:
+            def write(
+                t: torch.Tensor, hook: Any, slot: int = slot, clean_act: torch.Tensor = clean_act
+            ) -> torch.Tensor:
                 t = t.clone()
                 if per_head:
                     t[:, :, slot] = clean_act[:, :, slot]

@@ -20,7 +20,7 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -226,7 +226,7 @@ class Model:
             ids: Any = tok(text_or_ids)["input_ids"]
         elif isinstance(text_or_ids, torch.Tensor):
             if text_or_ids.dim() == 2:
-                return [self.to_str_tokens(row) for row in text_or_ids]
+                return [cast(list[str], self.to_str_tokens(row)) for row in text_or_ids]
             ids = text_or_ids.tolist()
         else:
             ids = list(text_or_ids)

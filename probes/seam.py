@@ -34,7 +34,7 @@ INTERFACE_CLASSES = frozenset({"BertSelfAttention", "RobertaSelfAttention", "OPT
 METHOD_CLASSES = frozenset({"GPTJAttention"})
 EDIT_HOOKS = ("hook_pattern", "hook_attn_scores")
 
-_BRIDGE: "weakref.WeakKeyDictionary[torch.nn.Module, Any]" = weakref.WeakKeyDictionary()
+_BRIDGE: weakref.WeakKeyDictionary[torch.nn.Module, Any] = weakref.WeakKeyDictionary()
 _registered = False
 
 
@@ -80,7 +80,7 @@ def _interface_attention(
 
 
 def _method_attention(
-    self: torch.nn.Module,
+    self: Any,  # a GPT-J attention module: scale_attn, attn_dropout
     query: torch.Tensor,
     key: torch.Tensor,
     value: torch.Tensor,

@@ -3,6 +3,7 @@ on a tiny random model of each family (built and saved by the tests)."""
 
 import pytest
 import torch
+from tiny_families import FALLBACK, SEQ2SEQ, SUPPORTED, build_tokenizer
 from typer.testing import CliRunner
 
 from depthprobe.cli.main import app
@@ -11,7 +12,6 @@ from depthprobe.probes.align import pieces_of_words, running_text, word_pieces
 from depthprobe.probes.capture import capture, forward
 from depthprobe.probes.errors import ProbeError
 from depthprobe.probes.models import ARCHITECTURES, Model, ModelInfo
-from tiny_families import FALLBACK, SEQ2SEQ, SUPPORTED, build_tokenizer
 
 WORDS = ["the", "old", "man", "walked", "to", "london", "on", "monday", "."]
 KINDS = ("bytelevel", "roberta", "metaspace-first", "metaspace-never", "wordpiece")
@@ -34,7 +34,7 @@ def test_alignment_reproduces_running_text(tokenizer):
     pieces = word_pieces(_text_model(tokenizer), WORDS)
     running = tokenizer(" ".join(WORDS), add_special_tokens=False)["input_ids"]
     assert [i for p in pieces for i in p] == running
-    for word, p in zip(WORDS, pieces):  # each word's pieces spell that word (and its leading space)
+    for word, p in zip(WORDS, pieces, strict=True):  # each word's pieces spell that word (and its leading space)
         assert tokenizer.decode(p).strip().lower() == word
     # every word but the first carries the space before it, as in running text, so joining the
     # words' pieces decodes to the sentence itself
@@ -49,7 +49,7 @@ def test_word_by_word_tokenization_would_drop_the_space(kind):
     alone = tok(WORDS, add_special_tokens=False)["input_ids"]
     aligned = word_pieces(_text_model(tok), WORDS)
     assert alone[0] == aligned[0]  # the first word has no space before it either way
-    assert all(a != b for a, b in zip(alone[1:], aligned[1:]))
+    assert all(a != b for a, b in zip(alone[1:], aligned[1:], strict=True))
     assert all(tok.convert_ids_to_tokens(p)[0][0] in "\u0120\u2581" for p in aligned[1:])
 
 
@@ -104,9 +104,12 @@ def test_read_only_route_gives_the_hugging_face_attentions(tiny_family_dir, fami
         assert torch.equal(acts[f"blocks.{i}.attn.hook_pattern"], ref[i])
     if stack == "decoder":  # causal: nothing above the diagonal
         assert torch.count_nonzero(torch.triu(ref[0][0, 0], 1)) == 0
-    with pytest.raises(ProbeError, match="read-only.*ignored"):
-        with torch.inference_mode(), capture(m, "blocks.0.attn.hook_pattern", lambda t, h: t * 0):
-            m.bridge(ids)
+    with (
+        pytest.raises(ProbeError, match=r"read-only.*ignored"),
+        torch.inference_mode(),
+        capture(m, "blocks.0.attn.hook_pattern", lambda t, h: t * 0),
+    ):
+        m.bridge(ids)
 
 
 @pytest.mark.parametrize("family", SEQ2SEQ)
@@ -114,7 +117,7 @@ def test_encoder_decoder_needs_a_stack(tiny_family_dir, family):
     path = str(tiny_family_dir(family))
     with pytest.raises(ProbeError, match=r"encoder-decoder; choose the stack.*@encoder or .*@decoder"):
         load(path, device="cpu")
-    with pytest.raises(ProbeError, match="must be encoder or decoder.*did you mean 'encoder'"):
+    with pytest.raises(ProbeError, match=r"must be encoder or decoder.*did you mean 'encoder'"):
         load(path + "@encodr", device="cpu")
 
 

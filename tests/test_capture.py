@@ -81,12 +81,13 @@ def test_a_dict_gives_each_hook_its_own_function(tiny_gpt2):
     assert torch.count_nonzero(z[:, :, 1]) == 0 and torch.count_nonzero(z[:, :, 0]) > 0
     assert torch.count_nonzero(acts["blocks.0.hook_resid_post"]) == 0
     assert torch.count_nonzero(acts["blocks.1.hook_resid_post"]) == 0
-    with pytest.raises(ProbeError, match="not both"):
-        with capture(tiny_gpt2, {"blocks.0.attn.hook_z": zero_head_1}, zero_head_1):
-            pass
-    with pytest.raises(ProbeError, match="must be a function"):
-        with capture(tiny_gpt2, {"blocks.0.attn.hook_z": 0}):
-            pass
+    with (
+        pytest.raises(ProbeError, match="not both"),
+        capture(tiny_gpt2, {"blocks.0.attn.hook_z": zero_head_1}, zero_head_1),
+    ):
+        pass
+    with pytest.raises(ProbeError, match="must be a function"), capture(tiny_gpt2, {"blocks.0.attn.hook_z": 0}):
+        pass
 
 
 def test_grad_keeps_the_graph_for_attribution(tiny_gpt2):

@@ -170,10 +170,8 @@ class Reference:
         v = v[..., 2 * d :] if self.kind == "gpt2" else v
         b, t, _ = v.shape
         v_h = v.view(b, t, N_HEADS, -1)[:, :, HEAD]  # [b, pos, d_head]
-        if zero:
-            z_h = torch.zeros_like(v_h)
-        else:
-            z_h = new_pattern(out.attentions[LAYER][:, HEAD]) @ v_h  # [b, q, k] @ [b, k, d_head]
+        # [b, q, k] @ [b, k, d_head]
+        z_h = torch.zeros_like(v_h) if zero else new_pattern(out.attentions[LAYER][:, HEAD]) @ v_h
 
         def put(module, args):
             z = args[0].clone().view(b, t, N_HEADS, -1)
@@ -270,13 +268,14 @@ def test_attention_edits_match_plain_transformers(family_dir):
 def test_pattern_edit_is_refused_where_it_would_be_ignored(tiny_gpt2_dir, tmp_path):
     model = load(str(build_family("gptneo", tmp_path / "gptneo", tiny_gpt2_dir)), device="cpu")
     ids = torch.tensor([[0, 5, 6, 7]])
-    with pytest.raises(ProbeError, match=r"edit blocks\.0\.attn\.hook_z .*instead"):
-        with capture(model, "blocks.0.attn.hook_pattern", lambda t, h: t * 0):
-            raise AssertionError("the refusal comes before the body")
+    with (
+        pytest.raises(ProbeError, match=r"edit blocks\.0\.attn\.hook_z .*instead"),
+        capture(model, "blocks.0.attn.hook_pattern", lambda t, h: t * 0),
+    ):
+        raise AssertionError("the refusal comes before the body")
     for name in ("blocks.1.attn.hook_attn_scores", "blocks.*.attn.hook_pattern"):
-        with pytest.raises(ProbeError, match="hook_z"):
-            with capture(model, name, lambda t, h: t * 0):
-                pass
+        with pytest.raises(ProbeError, match="hook_z"), capture(model, name, lambda t, h: t * 0):
+            pass
     # reading stays allowed, and z edits take effect
     with torch.no_grad(), capture(model, "blocks.0.attn.hook_pattern") as acts:
         clean = model.bridge(ids)

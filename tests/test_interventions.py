@@ -52,9 +52,8 @@ def test_mean_ablation_over_the_input_itself_changes_a_one_token_input_by_nothin
             other = native.bridge(ids)
     assert torch.allclose(clean, same, atol=1e-6)
     assert (clean - other).abs().max() > 1e-4
-    with pytest.raises(ProbeError, match="data="):
-        with ablate_heads(native, "0-1"):
-            pass
+    with pytest.raises(ProbeError, match="data="), ablate_heads(native, "0-1"):
+        pass
 
 
 def test_patching_residuals_per_layer_and_position(native):

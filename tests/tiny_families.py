@@ -18,7 +18,6 @@ import string
 from pathlib import Path
 
 import torch
-
 from conftest import WORDS, _bert_vocab
 
 HIDDEN = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64)
@@ -157,7 +156,7 @@ def build_tokenizer(kind: str):
     bpe.normalizer = normalizers.NFKC()
     bpe.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme=scheme)
     bpe.decoder = decoders.Metaspace(replacement="\u2581", prepend_scheme=scheme)
-    trainer = trainers.BpeTrainer(vocab_size=320, special_tokens=specials, initial_alphabet=ALPHABET + ["\u2581"])
+    trainer = trainers.BpeTrainer(vocab_size=320, special_tokens=specials, initial_alphabet=[*ALPHABET, "▁"])
     bpe.train_from_iterator(CORPUS, trainer)
     return PreTrainedTokenizerFast(
         tokenizer_object=bpe,
