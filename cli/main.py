@@ -190,8 +190,15 @@ def run(
     task: str = typer.Option("attention-stats", "--task", "-t", help="Task name (`probe list tasks`)."),
     data: Path | None = typer.Option(None, "--data", "-d", help="Input file or folder (default: built-in sample)."),
     limit: int | None = typer.Option(None, "--limit", help="Use only the first N examples."),
-    batch_size: int = typer.Option(32, "--batch-size", "-b", help="Examples per forward pass."),
+    batch_size: int | None = typer.Option(
+        None, "--batch-size", "-b", help="Examples per forward pass (default 32; on CUDA chosen from free memory)."
+    ),
     device: str | None = typer.Option(None, "--device", help="cpu, cuda, cuda:N (default: CUDA when present)."),
+    dtype: str = typer.Option(
+        "float32",
+        "--dtype",
+        help="Model weights and activations: float32, bfloat16 or float16 (metrics accumulate in float64 either way).",
+    ),
     seed: int = typer.Option(0, "--seed", help="Random seed."),
     max_len: int = typer.Option(
         128, "--max-len", help="Longest input in pieces incl. specials; longer ones are skipped."
@@ -222,6 +229,7 @@ def run(
             batch_size=batch_size,
             device=device,
             seed=seed,
+            dtype=dtype,
             max_len=max_len,
             progress=progress and sys.stderr.isatty(),
             **parse_options(option) | ({"parser": parser} if parser else {}),

@@ -39,14 +39,16 @@ def viz(
         512, "--max-tokens", help="Show at most this many tokens; the page says what was cut."
     ),
     device: str | None = typer.Option(None, "--device", help="cpu, cuda, cuda:N (default: CUDA when present)."),
+    dtype: str = typer.Option("float32", "--dtype", help="Model dtype: float32, bfloat16 or float16."),
     out: Path = typer.Option(Path("attention.html"), "--out", "-o", help="The HTML page to write."),
 ) -> None:
     """Write one self-contained HTML page of attention views (one per layer, all chosen heads)."""
     from depthprobe.probes.errors import ProbeError
-    from depthprobe.probes.models import load
+    from depthprobe.probes.models import load, parse_dtype
     from depthprobe.probes.viz import index_ranges, parse_indices, viz_page, write_atomic
 
     prepare_out(out, may_exist=True, kind="file")
+    torch_dtype = parse_dtype(dtype)
     body, source = _read_text(text, file)
     if not body.strip():
         raise ProbeError(f"the text from {source} is empty; pass some words")
@@ -54,7 +56,7 @@ def viz(
         raise ProbeError(f"--max-tokens must be at least 3, got {max_tokens}")
     for spec, what in ((layers, "layers"), (heads, "heads")):  # syntax checked before loading
         index_ranges(spec, what)
-    mdl = load(model, device=device)
+    mdl = load(model, device=device, dtype=torch_dtype)
     mdl.require_tokenizer("viz")
     page = viz_page(
         mdl,

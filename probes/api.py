@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -12,10 +13,11 @@ import pandas as pd
 import torch
 
 from depthprobe.probes import artifacts
+from depthprobe.probes.batching import CPU_BATCH_SIZE, auto_batch_size
 from depthprobe.probes.capture import forward
 from depthprobe.probes.errors import ProbeError
 from depthprobe.probes.levine import DepthNote
-from depthprobe.probes.models import DEFAULT_MODEL, Model, load
+from depthprobe.probes.models import DEFAULT_MODEL, Model, load, parse_dtype
 from depthprobe.probes.task import SWEEPS, TASKS, Context, Output, RunConfig, get_task
 from depthprobe.tasks import SWEEPS as SWEEP_LIBRARY
 from depthprobe.tasks import TASKS as TASK_LIBRARY
@@ -119,17 +121,20 @@ def run(
     data: str | Path | None = None,
     *,
     limit: int | None = None,
-    batch_size: int = 32,
+    batch_size: int | None = None,
     device: str | None = None,
     seed: int = 0,
     max_len: int = 128,
     progress: bool = False,
+    dtype: str = "float32",
     **options: Any,
 ) -> Result:
     """Run a task on a model and return its :class:`Result` (call ``.save()`` to write it).
 
     Task-specific options are keyword arguments (see ``probe list tasks``). All input is
-    validated before the model is loaded or any forward pass runs.
+    validated before the model is loaded or any forward pass runs. ``dtype`` (float32, bfloat16,
+    float16) is the model's (a loaded Model keeps its own, which is recorded); the metrics read
+    float32 copies of the patterns and accumulate in float64 whatever it is. ``batch_size`` None: 32, or on CUDA chosen from free memory.
     """
     timer = artifacts.Timer()
     task_obj = get_task(task)
@@ -138,12 +143,13 @@ def run(
         raise ProbeError(f"data path {data} does not exist; check the path (or omit --data for the built-in sample)")
     if data is not None and (Path(data).is_char_device() or Path(data).is_block_device()):
         raise ProbeError(f"data path {data} is a device, not a file; give a text file or folder")
+    torch_dtype = parse_dtype(dtype)
     config = RunConfig(
         model=name,
         task=task,
         data=None if data is None else str(data),
         limit=limit,
-        batch_size=batch_size,
+        batch_size=CPU_BATCH_SIZE if batch_size is None else batch_size,
         device=device,
         seed=seed,
         max_len=max_len,
@@ -152,7 +158,10 @@ def run(
     ctx = Context(config=config, options=task_obj.parse_options(options))
     seed_everything(seed)
     with timer("load_model"):
-        mdl = model if isinstance(model, Model) else load(model, device=device)
+        mdl = model if isinstance(model, Model) else load(model, device=device, dtype=torch_dtype)
+    if batch_size is None and mdl.device.type == "cuda":
+        config = dataclasses.replace(config, batch_size=cuda_batch_size(mdl, max_len))
+        ctx = dataclasses.replace(ctx, config=config)
     if task_obj.needs_text:
         mdl.require_tokenizer(task)
     with timer("load_data"):
@@ -167,7 +176,11 @@ def run(
         bar = _progress(progress, len(examples), config.batch_size)
         for batch in task_obj.batches(mdl, examples, ctx):
             acts = forward(mdl, batch.input_ids, batch.attention_mask, names, logits=task_obj.wants_logits(mdl))
+            for k, v in list(acts.items()):  # half-precision patterns: float32 copies for the metrics
+                if v.dtype in (torch.bfloat16, torch.float16):
+                    acts[k] = v.float()
             task_obj.accumulate(state, batch, acts)
+            del acts  # free this batch's patterns before the next forward pass allocates its own
             n_batches += 1
             if bar is not None:
                 bar.update(len(batch.items))
@@ -186,7 +199,7 @@ def run(
         summary=out.summary,
         notes=[*out.notes, note],
         headline=headline,
-        config=config.as_dict(),
+        config={**config.as_dict(), "dtype": str(_model_dtype(mdl)).removeprefix("torch.")},
         model_info=mdl.info.as_dict(),
         device=str(mdl.device),
         timings=timer.times,
@@ -195,6 +208,25 @@ def run(
         views=out.views,
         plots=out.plots,
         files=out.files,
+    )
+
+
+def _model_dtype(model: Model) -> torch.dtype:
+    return next((p.dtype for p in model.bridge.parameters() if p.is_floating_point()), torch.float32)
+
+
+def cuda_batch_size(model: Model, max_len: int) -> int:
+    """Batch size for a model on a CUDA device, from the memory free there now."""
+    free, _ = torch.cuda.mem_get_info(model.device)
+    info = model.info
+    value_bytes = _model_dtype(model).itemsize
+    return auto_batch_size(
+        free,
+        n_layers=info.n_layers,
+        n_heads=info.n_heads,
+        d_model=info.d_model,
+        max_len=max_len,
+        value_bytes=value_bytes,
     )
 
 

@@ -255,6 +255,23 @@ class Model:
         return all(a & stored for a in head)
 
 
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def parse_dtype(name: str | torch.dtype | None) -> torch.dtype:
+    """``--dtype`` by name (float32, bfloat16, float16); None means float32."""
+    if name is None:
+        return torch.float32
+    if isinstance(name, torch.dtype):
+        if name not in DTYPES.values():
+            raise ProbeError(f"dtype {name} is not supported; use one of {', '.join(DTYPES)}")
+        return name
+    key = str(name).strip().lower().removeprefix("torch.")
+    if key not in DTYPES:
+        raise ProbeError(f"unknown --dtype {name!r}; use one of {', '.join(DTYPES)}{suggest(key, list(DTYPES))}")
+    return DTYPES[key]
+
+
 def resolve_device(device: str | torch.device | None) -> torch.device:
     if device is None or device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")

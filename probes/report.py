@@ -14,7 +14,6 @@ is escaped; plots are embedded as ``data:`` images, which can neither run script
 from __future__ import annotations
 
 import base64
-import io
 import json
 import math
 from collections.abc import Mapping, Sequence
@@ -27,7 +26,8 @@ import numpy as np
 import pandas as pd
 
 from depthprobe.probes.errors import ProbeError
-from depthprobe.probes.viz import MAX_TOKENS, View, esc, page, plot_text, views_html, write_atomic
+from depthprobe.probes.viz import MAX_TOKENS, View, esc, page, views_html, write_atomic
+from depthprobe.probes.viz import heatmap_svg as draw_heatmap
 
 MAX_DEFAULT_PANELS = 12  # heatmaps drawn when the task lists none (one per metric)
 MAX_PANELS = 48  # panels drawn at most; the rest are named in a note
@@ -157,8 +157,22 @@ def panel_matrix(scores: pd.DataFrame, panel: Mapping[str, Any]) -> tuple[pd.Dat
         head=rows["head"].astype(int),
         value=pd.to_numeric(rows["value"], errors="coerce"),
     )
-    grid = rows.pivot_table(index="layer", columns="head", values="value", aggfunc="mean", dropna=False)
-    return grid, len(rows)
+    return _mean_grid(rows["layer"].to_numpy(), rows["head"].to_numpy(), rows["value"].to_numpy(float)), len(rows)
+
+
+def _mean_grid(layers: np.ndarray, heads: np.ndarray, values: np.ndarray) -> pd.DataFrame:
+    """layer x head means of the finite values (NaN where a cell has none), rows and columns sorted;
+    what ``pivot_table(aggfunc="mean")`` gives, without its cost."""
+    ls, hs = np.unique(layers), np.unique(heads)
+    li, hi = np.searchsorted(ls, layers), np.searchsorted(hs, heads)
+    ok = np.isfinite(values)
+    total = np.zeros((len(ls), len(hs)))
+    count = np.zeros((len(ls), len(hs)))
+    np.add.at(total, (li[ok], hi[ok]), values[ok])
+    np.add.at(count, (li[ok], hi[ok]), 1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        grid = np.where(count > 0, total / np.maximum(count, 1), np.nan)
+    return pd.DataFrame(grid, index=pd.Index(ls, name="layer"), columns=pd.Index(hs, name="head"))
 
 
 def default_panels(scores: pd.DataFrame | None) -> tuple[list[dict[str, Any]], list[str]]:
@@ -188,46 +202,9 @@ def default_panels(scores: pd.DataFrame | None) -> tuple[list[dict[str, Any]], l
 
 
 def heatmap_svg(grid: pd.DataFrame) -> str:
-    """A layer x head heatmap (layer 0 at the top) as SVG text; numbers only, no user text."""
-    from matplotlib import rc_context
-    from matplotlib.figure import Figure
-
+    """A layer x head heatmap (layer 0 at the top) as SVG text, drawn directly (``viz.heatmap_svg``)."""
     values = grid.to_numpy(dtype=float)  # [layer, head]
-    n_layers, n_heads = values.shape
-    finite = values[np.isfinite(values)]
-    lo, hi = (float(finite.min()), float(finite.max())) if finite.size else (0.0, 1.0)
-    diverging = lo < 0 < hi
-    if diverging:
-        lo, hi = -max(-lo, hi), max(-lo, hi)
-    if hi == lo:
-        hi = lo + 1e-9
-    with rc_context({"svg.fonttype": "none", "svg.hashsalt": "depthprobe", "font.size": 8}):
-        fig = Figure(figsize=(max(3.2, 0.42 * n_heads + 1.6), max(2.0, 0.34 * n_layers + 0.9)))
-        ax = fig.subplots()
-        im = ax.imshow(
-            np.ma.masked_invalid(values),
-            cmap="RdBu_r" if diverging else "viridis",
-            vmin=lo,
-            vmax=hi,
-            aspect="auto",
-            interpolation="nearest",
-        )
-        fig.colorbar(im, ax=ax, fraction=0.05, pad=0.02)
-        step_x, step_y = max(1, n_heads // 24), max(1, n_layers // 24)
-        ax.set_xticks(range(0, n_heads, step_x), [plot_text(h) for h in grid.columns[::step_x]])
-        ax.set_yticks(range(0, n_layers, step_y), [plot_text(layer) for layer in grid.index[::step_y]])
-        ax.set_xlabel("head")
-        ax.set_ylabel("layer")
-        if values.size <= ANNOTATE_CELLS:
-            mid = (lo + hi) / 2
-            for (i, j), v in np.ndenumerate(values):
-                if np.isfinite(v):
-                    light = v < mid if not diverging else abs(v) > (hi * 0.6)
-                    ax.text(j, i, f"{v:.2f}", ha="center", va="center", fontsize=6, color="white" if light else "black")
-        fig.tight_layout()
-        buf = io.StringIO()
-        fig.savefig(buf, format="svg", metadata={"Date": None})
-    return buf.getvalue()
+    return draw_heatmap(values, list(grid.index), list(grid.columns), annotate=values.size <= ANNOTATE_CELLS)
 
 
 def _svg_img(svg: str, alt: str) -> str:
