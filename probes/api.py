@@ -14,11 +14,11 @@ import torch
 
 from depthprobe.probes import artifacts
 from depthprobe.probes.batching import CPU_BATCH_SIZE, auto_batch_size
-from depthprobe.probes.capture import forward
 from depthprobe.probes.errors import ProbeError
+from depthprobe.probes.execute import execute
 from depthprobe.probes.levine import DepthNote
 from depthprobe.probes.models import DEFAULT_MODEL, Model, load, parse_dtype
-from depthprobe.probes.task import SWEEPS, TASKS, Context, Output, RunConfig, get_task
+from depthprobe.probes.task import SWEEPS, TASKS, Context, RunConfig, get_task
 from depthprobe.tasks import SWEEPS as SWEEP_LIBRARY
 from depthprobe.tasks import TASKS as TASK_LIBRARY
 
@@ -134,7 +134,8 @@ def run(
     Task-specific options are keyword arguments (see ``probe list tasks``). All input is
     validated before the model is loaded or any forward pass runs. ``dtype`` (float32, bfloat16,
     float16) is the model's (a loaded Model keeps its own, which is recorded); the metrics read
-    float32 copies of the patterns and accumulate in float64 whatever it is. ``batch_size`` None: 32, or on CUDA chosen from free memory.
+    float32 copies of the patterns and accumulate in float64 whatever it is.
+    ``batch_size`` None: 32, or on CUDA chosen from free memory.
     """
     timer = artifacts.Timer()
     task_obj = get_task(task)
@@ -169,25 +170,11 @@ def run(
     examples = examples.head(limit)
     if not examples:
         raise ProbeError(f"no examples to run {task!r} on: the input is empty; pass a file with content")
-    names = task_obj.hook_names(mdl, ctx)
-    state = task_obj.start(mdl, ctx, examples)
-    n_batches = 0
     with timer("forward_and_accumulate"):
         bar = _progress(progress, len(examples), config.batch_size)
-        for batch in task_obj.batches(mdl, examples, ctx):
-            acts = forward(mdl, batch.input_ids, batch.attention_mask, names, logits=task_obj.wants_logits(mdl))
-            for k, v in list(acts.items()):  # half-precision patterns: float32 copies for the metrics
-                if v.dtype in (torch.bfloat16, torch.float16):
-                    acts[k] = v.float()
-            task_obj.accumulate(state, batch, acts)
-            del acts  # free this batch's patterns before the next forward pass allocates its own
-            n_batches += 1
-            if bar is not None:
-                bar.update(len(batch.items))
+        out, n_batches = execute(task_obj, mdl, ctx, examples, None if bar is None else bar.update)
         if bar is not None:
             bar.close()
-    with timer("finalize"):
-        out: Output = task_obj.finalize(state, ctx)
     note, depth = depth_note(mdl)
     headline = {**out.headline, "depth_efficiency": depth}
     counts = {"examples": len(examples), "skipped": examples.skipped, "batches": n_batches}

@@ -23,12 +23,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 import torch
 
 from depthprobe.probes.errors import ProbeError, unknown
+
+if TYPE_CHECKING:
+    from depthprobe.probes.models import Model
 
 BOS = 0  # the first token of every native-model sequence
 
@@ -153,3 +156,33 @@ def batch_at(data: DataConfig, seed: int, step: int, batch: int) -> torch.Tensor
 
 
 KINDS = ("induction", "random")
+
+
+# ----------------------------------------------------------------------------- repeated sequences for a model
+
+
+def ordinary_ids(model: Model) -> torch.Tensor:
+    """Token ids r is drawn from: the vocabulary minus special tokens (native: 1..d_vocab-1)."""
+    vocab = int(model.bridge.cfg.d_vocab)
+    if model.tokenizer is None:
+        return torch.arange(1, vocab)
+    n = min(vocab, len(model.tokenizer))
+    special = torch.tensor(sorted(i for i in model.special_ids if i < n), dtype=torch.long)
+    ids = torch.arange(n)
+    return ids[~torch.isin(ids, special)]
+
+
+def frame(model: Model) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(prefix, suffix) around ``r r``: ([BOS],) for decoders, ([CLS], [SEP]) for encoders."""
+    if model.tokenizer is None:
+        return (BOS,), ()
+    first = model.cls_id
+    if first is None:
+        raise ProbeError(f"model {model.name!r} has no BOS/[CLS] token to start the repeated sequences with")
+    return (first,), (() if model.sep_id is None else (model.sep_id,))
+
+
+def sequences(model: Model, repeat_len: int, n: int, seed: int) -> torch.Tensor:
+    """[n, p + 2S + suffix] repeated sequences for ``model``, seeded by (seed, S)."""
+    prefix, suffix = frame(model)
+    return repeated(n, repeat_len, ordinary_ids(model), generator(seed, repeat_len), prefix, suffix)

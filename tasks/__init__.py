@@ -6,6 +6,7 @@ names or suggesting a close match imports no task. A new task adds one line here
 """
 
 TASKS = {
+    "ablation": "depthprobe.tasks.ablation:Ablation",
     "attention-stats": "depthprobe.tasks.attention_stats:AttentionStats",
     "coref": "depthprobe.tasks.coref:Coref",
     "induction": "depthprobe.tasks.induction:Induction",

@@ -53,6 +53,7 @@ from depthprobe.probes.errors import ProbeError
 from depthprobe.probes.metrics import diagonal
 from depthprobe.probes.models import Model
 from depthprobe.probes.options import ranged
+from depthprobe.probes.synthetic import frame, ordinary_ids, sequences
 from depthprobe.probes.task import Context, Examples, Output, Sweep, SweepConfig, Task, tidy
 from depthprobe.probes.viz import plot_text
 
@@ -173,33 +174,6 @@ def k_composition(model: Model) -> torch.Tensor:
 
 
 # ----------------------------------------------------------------------------- inputs
-
-
-def ordinary_ids(model: Model) -> torch.Tensor:
-    """Token ids r is drawn from: the vocabulary minus special tokens (native: 1..d_vocab-1)."""
-    vocab = int(model.bridge.cfg.d_vocab)
-    if model.tokenizer is None:
-        return torch.arange(1, vocab)
-    n = min(vocab, len(model.tokenizer))
-    special = torch.tensor(sorted(i for i in model.special_ids if i < n), dtype=torch.long)
-    ids = torch.arange(n)
-    return ids[~torch.isin(ids, special)]
-
-
-def frame(model: Model) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """(prefix, suffix) around ``r r``: ([BOS],) for decoders, ([CLS], [SEP]) for encoders."""
-    if model.tokenizer is None:
-        return (synthetic.BOS,), ()
-    first = model.cls_id
-    if first is None:
-        raise ProbeError(f"model {model.name!r} has no BOS/[CLS] token to start the repeated sequences with")
-    return (first,), (() if model.sep_id is None else (model.sep_id,))
-
-
-def sequences(model: Model, repeat_len: int, n: int, seed: int) -> torch.Tensor:
-    """[n, p + 2S + suffix] repeated sequences for ``model``, seeded by (seed, S)."""
-    prefix, suffix = frame(model)
-    return synthetic.repeated(n, repeat_len, ordinary_ids(model), synthetic.generator(seed, repeat_len), prefix, suffix)
 
 
 def text_windows(ids: Sequence[int], context: int, bos: int | None, limit: int) -> torch.Tensor:

@@ -1,0 +1,37 @@
+"""The streaming loop every task runs through: batches -> captured hooks -> running sums -> output.
+
+Core code (no task knowledge): the API layer's :func:`depthprobe.probes.api.run` and tasks that run
+another task under an intervention (``ablation``) both call :func:`execute`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from depthprobe.probes.capture import forward
+from depthprobe.probes.models import Model
+from depthprobe.probes.task import Context, Examples, Output, Task
+
+
+def execute(
+    task: Task, model: Model, ctx: Context, examples: Examples, on_batch: Callable[[int], None] | None = None
+) -> tuple[Output, int]:
+    """Run ``task`` over ``examples`` in the task's batches; returns its output and the batch count.
+    Only the hooks the task names are captured; each batch's activations are freed before the next
+    forward pass, so memory stays flat as the data grows."""
+    names = task.hook_names(model, ctx)
+    state = task.start(model, ctx, examples)
+    n_batches = 0
+    for batch in task.batches(model, examples, ctx):
+        acts = forward(model, batch.input_ids, batch.attention_mask, names, logits=task.wants_logits(model))
+        for k, v in list(acts.items()):  # half-precision patterns: float32 copies for the metrics
+            if v.dtype in (torch.bfloat16, torch.float16):
+                acts[k] = v.float()
+        task.accumulate(state, batch, acts)
+        del acts  # free this batch's patterns before the next forward pass allocates its own
+        n_batches += 1
+        if on_batch is not None:
+            on_batch(len(batch.items))
+    return task.finalize(state, ctx), n_batches
