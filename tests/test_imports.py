@@ -75,6 +75,6 @@ def test_listing_tasks_imports_no_task_module():
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr
     lines = res.stdout.splitlines()
-    assert lines[0] == "5 []"
+    assert lines[0] == "6 []"
     assert lines[1].startswith("unknown task 'atention-stats' (did you mean 'attention-stats'?)")
     assert lines[2] == "['depthprobe.tasks.attention_stats']"
