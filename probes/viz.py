@@ -773,7 +773,7 @@ def model_views(
                 title=f"layer {layer} ({unit} level)",
                 tokens=list(inp.labels),
                 pattern=pat[0].numpy(),
-                heads=[f"L{layer}H{h}" for h in heads],
+                heads=[f"{layer}-{h}" for h in heads],
                 causal=info.causal,
             )
         )

@@ -435,7 +435,7 @@ class Induction(Task):
             r = g.nlargest(1, "value").iloc[0]
             layer, head = int(r["layer"]), int(r["head"])
             heads.append(pattern[layer, head])
-            labels.append(f"{layer}.{head} best {metric} ({r['value']:.2f})")
+            labels.append(f"{layer}-{head} best {metric} ({r['value']:.2f})")
         return {
             "title": f"best induction head on one repeated sequence (|r| = {state.repeat_len})",
             "tokens": token_strings(state.model, ids),
@@ -632,7 +632,7 @@ class InductionSweep(Sweep):
                         "depth": depth,
                         "step": step,
                         "best_induction": round(score, 5),
-                        "best_head": f"{layer}.{head}",
+                        "best_head": f"{layer}-{head}",
                         "loss_repeated": round(ev.loss_repeated, 5),
                         "repeat_copying_score": round(ev.loss_repeated - ev.loss_first, 5),
                     }

@@ -259,7 +259,7 @@ def test_default_panels_one_per_single_valued_metric():
 
 
 def test_report_has_panels_views_plots_and_escapes(tmp_path):
-    view = {"title": EVIL, "tokens": ["a", EVIL], "pattern": [[[1, 0], [0.5, 0.5]]], "heads": ["L0H0"], "causal": True}
+    view = {"title": EVIL, "tokens": ["a", EVIL], "pattern": [[[1, 0], [0.5, 0.5]]], "heads": ["0-0"], "causal": True}
     bad = {"title": "broken", "tokens": ["a"], "pattern": [[[1, 0]]]}
     plot = "<svg xmlns='http://www.w3.org/2000/svg' width='10' height='10'><script>x()</script></svg>"
     text = render(_run_data(views=[view, bad], plots={f"p {EVIL}": plot}, files=[(f"{EVIL}.csv", 10)]))
@@ -334,7 +334,7 @@ def test_split_words():
 def test_piece_views_are_attention_rows(tiny_bert):
     views, notes = model_views(tiny_bert, "the dog saw a cat", layers=[1], heads=[0, 2])
     (v,) = views
-    assert v.tokens == ["[CLS]", "the", "dog", "saw", "a", "cat", "[SEP]"] and v.heads == ["L1H0", "L1H2"]
+    assert v.tokens == ["[CLS]", "the", "dog", "saw", "a", "cat", "[SEP]"] and v.heads == ["1-0", "1-2"]
     assert v.pattern.shape == (2, 7, 7) and not v.causal and notes == []
     np.testing.assert_allclose(v.pattern.sum(-1), 1.0, atol=1e-5)
 
@@ -417,7 +417,7 @@ def test_viz_cli_writes_page(tiny_bert_dir, tmp_path):
     text = out.read_text(encoding="utf-8")
     assert text.count("var CircuitsVis=") == 1 and text.count("class='view'") == 1
     data = json.loads(Tags(text).scripts[0])
-    assert data[0]["heads"] == ["L1H0", "L1H3"] and "<" in data[0]["tokens"][3]
+    assert data[0]["heads"] == ["1-0", "1-3"] and "<" in data[0]["tokens"][3]
     res = CliRunner().invoke(
         app, ["viz", "--model", str(tiny_bert_dir), "--text", "x", "--heads", "4", "--out", str(out)]
     )
