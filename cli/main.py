@@ -133,6 +133,9 @@ def guarded(fn: Callable[..., Any]) -> Callable[..., Any]:
         except KeyboardInterrupt:
             err("interrupted; nothing was written")
             raise typer.Exit(130) from None
+        except BrokenPipeError:  # the reader went away (`probe list tasks | head`): stop quietly
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            raise typer.Exit(0) from None
         except Exception as exc:  # internal error: keep it to one line unless --debug
             if _DEBUG["on"]:
                 raise

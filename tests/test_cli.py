@@ -131,3 +131,21 @@ def test_debug_flag_shows_the_traceback_instead_of_one_line():
 
     assert isinstance(res.exception, ProbeError) and "unknown task 'nope'" in str(res.exception)
     assert not res.output.startswith("error: ")
+
+
+def test_a_closed_pipe_stops_quietly(tmp_path):
+    """`probe list tasks | head -1`: the reader goes away after one line; no error, no traceback."""
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    exe = shutil.which("probe") or str(Path(sys.executable).parent / "probe")
+    res = subprocess.run(
+        ["bash", "-c", f"set -o pipefail; '{exe}' list tasks | head -c 10"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert res.stdout == "ablation  "
+    assert res.stderr == ""
