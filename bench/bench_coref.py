@@ -23,8 +23,8 @@ import torch
 from common import hf_eager, hf_forward
 
 from depthprobe import probes
-from depthprobe.probes.models import minilm_path
-from depthprobe.probes.task import Context, RunConfig, get_task
+from depthprobe.probes.engine.task import Context, RunConfig, get_task
+from depthprobe.probes.models.loading import minilm_path
 
 DATA = Path(__file__).resolve().parent.parent.parent / "shared" / "data"
 SETS = {"ontogum": DATA / "ontogum-dev", "gap": DATA / "gap-dev" / "gap-development.tsv"}

@@ -30,9 +30,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from depthprobe.probes import synthetic
-from depthprobe.probes.models import load
-from depthprobe.probes.train import build_configs, fast_logits, lm_loss, parameters, train
+from depthprobe.probes.data import synthetic
+from depthprobe.probes.models.loading import load
+from depthprobe.probes.models.train import build_configs, fast_logits, lm_loss, parameters, train
 
 
 class PlainBlock(nn.Module):

@@ -85,8 +85,8 @@ def prepare(model: str, task: str, data: Path | None, path: Path, batch_size: in
 def dump_batches(model_name: str, task_name: str, data: str | None, path: str, batch_size: int) -> None:
     """Write the probe run's batches as texts; prints [token count, model directory]."""
     from depthprobe import probes
-    from depthprobe.probes.models import minilm_path
-    from depthprobe.probes.task import Context, RunConfig, get_task
+    from depthprobe.probes.engine.task import Context, RunConfig, get_task
+    from depthprobe.probes.models.loading import minilm_path
 
     model = probes.load(model_name)
     task = get_task(task_name)

@@ -62,7 +62,7 @@ _TYPE_WORDS = {
 
 def usage_line(exc: Any, prog: str = "probe") -> str:
     """click's usage error as one line: the message (with close matches) and the --help hint."""
-    from depthprobe.probes.errors import suggest
+    from depthprobe.probes.engine.errors import suggest
 
     message = " ".join(exc.format_message().split())
     ctx = exc.ctx
@@ -114,8 +114,8 @@ def guarded(fn: Callable[..., Any]) -> Callable[..., Any]:
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        from depthprobe.probes.errors import ProbeError
-        from depthprobe.probes.runtime import Terminated, sigterm_as_keyboardinterrupt
+        from depthprobe.probes.engine.errors import ProbeError
+        from depthprobe.probes.engine.runtime import Terminated, sigterm_as_keyboardinterrupt
 
         try:
             with sigterm_as_keyboardinterrupt():
@@ -149,7 +149,7 @@ def guarded(fn: Callable[..., Any]) -> Callable[..., Any]:
 def prepare_out(out: Path | None, flag: str = "--out", *, may_exist: bool = False, kind: str = "folder") -> None:
     """Check an output location before any work (exists, a parent is a file, not writable) and
     remove hidden partial folders that killed runs left there, saying so on stderr."""
-    from depthprobe.probes import artifacts
+    from depthprobe.probes.engine import artifacts
 
     target = out if out is not None else artifacts.DEFAULT_ROOT / "run"
     artifacts.check_out(target, flag, may_exist=may_exist or out is None, kind=kind)
@@ -159,7 +159,7 @@ def prepare_out(out: Path | None, flag: str = "--out", *, may_exist: bool = Fals
 
 
 def parse_options(pairs: list[str]) -> dict[str, str]:
-    from depthprobe.probes.errors import ProbeError
+    from depthprobe.probes.engine.errors import ProbeError
 
     out: dict[str, str] = {}
     for pair in pairs:
@@ -218,8 +218,8 @@ def run(
 ) -> None:
     """Run a task on a model, print its summary and write a run directory."""
     from depthprobe.probes.api import run as api_run
-    from depthprobe.probes.models import size_limit
-    from depthprobe.probes.task import get_task
+    from depthprobe.probes.engine.task import get_task
+    from depthprobe.probes.models.loading import size_limit
 
     prepare_out(out)
     get_task(task)  # unknown task fails before anything is loaded
@@ -248,7 +248,7 @@ def list_tasks() -> None:
     """Registered tasks with their options."""
     import dataclasses
 
-    from depthprobe.probes.task import TASKS, task_names
+    from depthprobe.probes.engine.task import TASKS, task_names
 
     for name in task_names():
         t = TASKS.get(name)
@@ -262,7 +262,7 @@ def list_tasks() -> None:
 @guarded
 def list_models() -> None:
     """Model aliases and whether each is available offline right now."""
-    from depthprobe.probes.models import offline_models
+    from depthprobe.probes.models.loading import offline_models
 
     typer.echo(f"{'alias':18s} {'offline':8s} {'hugging face id':42s} what")
     for row in offline_models():
@@ -278,7 +278,7 @@ def list_models() -> None:
 @guarded
 def list_architectures() -> None:
     """Model architectures that load, how, and which tasks and hooks work on them."""
-    from depthprobe.probes.models import architecture_rows
+    from depthprobe.probes.models.loading import architecture_rows
 
     rows = architecture_rows()
     typer.echo(f"{'architecture':18s} {'model_type':12s} {'causal':10s} loaded by")

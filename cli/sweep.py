@@ -36,7 +36,7 @@ def sweep(
     prepare_out(out)
     get_sweep(task)
     if depths is None:
-        from depthprobe.probes.errors import ProbeError
+        from depthprobe.probes.engine.errors import ProbeError
 
         raise ProbeError("probe sweep needs --depths (or --layers), e.g. --depths 1,2,4")
     explicit = {
@@ -50,7 +50,7 @@ def sweep(
     }
     options = {k: v for k, v in explicit.items() if v is not None}
     options.update(parse_options(option))
-    from depthprobe.probes.models import size_limit
+    from depthprobe.probes.models.loading import size_limit
 
     with size_limit(max_params):
         result = api_sweep(

@@ -49,7 +49,7 @@ def train(
     max_params: int | None = typer.Option(None, "--max-params", help="Refuse models with more parameters than this."),
 ) -> None:
     """Train a native TransformerLens model with AdamW; checkpoints load anywhere a model name is accepted."""
-    from depthprobe.probes.models import resolve_device, size_limit
+    from depthprobe.probes.models.loading import resolve_device, size_limit
 
     if out is not None:
         prepare_out(out, may_exist=True)
@@ -83,9 +83,9 @@ def train(
 
 
 def _train(given: dict, out: Path | None, resume: bool, device: str | None, progress: bool) -> None:
-    from depthprobe.probes.errors import ProbeError
-    from depthprobe.probes.train import build_configs, resume_configs
-    from depthprobe.probes.train import train as api_train
+    from depthprobe.probes.engine.errors import ProbeError
+    from depthprobe.probes.models.train import build_configs, resume_configs
+    from depthprobe.probes.models.train import train as api_train
 
     if resume:
         if out is None:

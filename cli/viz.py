@@ -10,7 +10,7 @@ from depthprobe.cli.main import app, guarded, prepare_out
 
 
 def _read_text(text: str | None, file: Path | None) -> tuple[str, str]:
-    from depthprobe.probes.errors import ProbeError
+    from depthprobe.probes.engine.errors import ProbeError
 
     if text is not None and file is None:
         return text, "--text"
@@ -43,9 +43,9 @@ def viz(
     out: Path = typer.Option(Path("attention.html"), "--out", "-o", help="The HTML page to write."),
 ) -> None:
     """Write one self-contained HTML page of attention views (one per layer, all chosen heads)."""
-    from depthprobe.probes.errors import ProbeError
-    from depthprobe.probes.models import load, parse_dtype
-    from depthprobe.probes.viz import index_ranges, parse_indices, viz_page, write_atomic
+    from depthprobe.probes.engine.errors import ProbeError
+    from depthprobe.probes.models.loading import load, parse_dtype
+    from depthprobe.probes.render.viz import index_ranges, parse_indices, viz_page, write_atomic
 
     prepare_out(out, may_exist=True, kind="file")
     torch_dtype = parse_dtype(dtype)
@@ -75,7 +75,7 @@ def viz(
 @guarded
 def report(run_dir: Path = typer.Argument(..., help="A run directory written by probe run or probe sweep.")) -> None:
     """Re-render RUN_DIR/report.html from the run's saved files."""
-    from depthprobe.probes.report import write_report
+    from depthprobe.probes.render.report import write_report
 
     if run_dir.is_dir():
         prepare_out(run_dir / "report.html", "RUN_DIR", may_exist=True, kind="file")

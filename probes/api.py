@@ -12,13 +12,13 @@ import numpy as np
 import pandas as pd
 import torch
 
-from depthprobe.probes import artifacts
-from depthprobe.probes.batching import CPU_BATCH_SIZE, auto_batch_size
-from depthprobe.probes.errors import ProbeError
-from depthprobe.probes.execute import execute
-from depthprobe.probes.levine import DepthNote
-from depthprobe.probes.models import DEFAULT_MODEL, Model, load, parse_dtype
-from depthprobe.probes.task import SWEEPS, TASKS, Context, RunConfig, get_task
+from depthprobe.probes.engine import artifacts
+from depthprobe.probes.engine.batching import CPU_BATCH_SIZE, auto_batch_size
+from depthprobe.probes.engine.errors import ProbeError
+from depthprobe.probes.engine.execute import execute
+from depthprobe.probes.engine.task import SWEEPS, TASKS, Context, RunConfig, get_task
+from depthprobe.probes.measures.levine import DepthNote
+from depthprobe.probes.models.loading import DEFAULT_MODEL, Model, load, parse_dtype
 from depthprobe.tasks import SWEEPS as SWEEP_LIBRARY
 from depthprobe.tasks import TASKS as TASK_LIBRARY
 
@@ -84,20 +84,20 @@ class Result:
             for name, data in self.files.items():
                 (tmp / name).parent.mkdir(parents=True, exist_ok=True)
                 (tmp / name).write_bytes(data)
-            from depthprobe.probes import report
+            from depthprobe.probes.render import report
 
             report.write_report(tmp)
         self.path = final
         return final
 
     def _repr_html_(self) -> str:
-        from depthprobe.probes import report
+        from depthprobe.probes.render import report
 
         return report.result_html(self)
 
 
 def seed_everything(seed: int) -> None:
-    from depthprobe.probes.options import check_seed
+    from depthprobe.probes.engine.options import check_seed
 
     check_seed(seed)
     random.seed(seed)
@@ -106,7 +106,7 @@ def seed_everything(seed: int) -> None:
 
 
 def depth_note(model: Model) -> tuple[str, dict[str, Any]]:
-    """Levine et al. 2020's threshold L_th = log3(d_model) for this model (``probes.levine``)."""
+    """Levine et al. 2020's threshold L_th = log3(d_model) for this model (``probes.measures.levine``)."""
     note = DepthNote(model.info.n_layers, model.info.d_model, model.info.weights.startswith("random-init"))
     return note.line(), note.as_dict()
 

@@ -1,7 +1,7 @@
 """Depth sweeps: one model per depth, identical settings and seeds, one table and plots.
 
 A sweep is registered by name like a task (``probe sweep --task NAME``; the protocol is
-:class:`~depthprobe.probes.task.Sweep`). :func:`sweep` runs one and returns a
+:class:`~depthprobe.probes.engine.task.Sweep`). :func:`sweep` runs one and returns a
 :class:`~depthprobe.probes.api.Result`, saved like any run (scores.csv, summary, manifest,
 report.html).
 """
@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from depthprobe.probes import artifacts
 from depthprobe.probes.api import Result, seed_everything
-from depthprobe.probes.task import SWEEPS, Sweep, SweepConfig, get_sweep, parse_depths, register_sweep
+from depthprobe.probes.engine import artifacts
+from depthprobe.probes.engine.task import SWEEPS, Sweep, SweepConfig, get_sweep, parse_depths, register_sweep
 
 __all__ = ["SWEEPS", "Sweep", "SweepConfig", "get_sweep", "parse_depths", "register_sweep", "sweep"]
 

@@ -2,7 +2,7 @@
 
 Layers (every import inside the package, at any depth of a module, is an edge):
 
-- core:  probes/*, except the API layer; imports only core modules;
+- core:  probes/** (engine, hooks, models, measures, data, render), except the API layer; imports only core modules;
 - tasks: tasks/*; import core only, never the API, the CLI or another task
          (tasks/__init__.py is the task table and imports nothing);
 - api:   probes/__init__.py, probes/api.py, probes/sweep.py; import core and the task table;
@@ -53,7 +53,7 @@ def imports(path: Path, known: set[str]) -> set[str]:
 
 
 def graph(root: Path = ROOT) -> dict[str, set[str]]:
-    files = {module_name(p, root): p for pkg in PACKAGES for p in sorted((root / pkg).glob("*.py"))}
+    files = {module_name(p, root): p for pkg in PACKAGES for p in sorted((root / pkg).rglob("*.py"))}
     known = set(files) | {"depthprobe"}
     return {m: imports(p, known) - {m} for m, p in files.items()}
 

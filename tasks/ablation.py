@@ -13,7 +13,7 @@ source task runs first (through the Python API, same data, seed and limits); ``-
 
 ``-O heads=1-2,0-3`` (``L-H``, 0-indexed) ablates the given heads instead (``k`` is then unused).
 The control is as many random heads from the same layers, excluding the found ones, drawn with
-``--seed``. Each head set is ablated with :func:`depthprobe.probes.interventions.ablate_heads`
+``--seed``. Each head set is ablated with :func:`depthprobe.probes.hooks.interventions.ablate_heads`
 (``-O method=mean``, the default, writes each head's mean ``hook_z`` over the behaviour data;
 ``zero`` writes zeros).
 
@@ -45,13 +45,10 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 
-from depthprobe.probes.capture import capture
-from depthprobe.probes.errors import ProbeError, suggest
-from depthprobe.probes.interventions import Head, ablate_heads, head_label, parse_heads
-from depthprobe.probes.models import Model
-from depthprobe.probes.options import ranged
-from depthprobe.probes.synthetic import sequences as repeated_sequences
-from depthprobe.probes.task import (
+from depthprobe.probes.data.synthetic import sequences as repeated_sequences
+from depthprobe.probes.engine.errors import ProbeError, suggest
+from depthprobe.probes.engine.options import ranged
+from depthprobe.probes.engine.task import (
     Batch,
     Context,
     Examples,
@@ -61,6 +58,9 @@ from depthprobe.probes.task import (
     get_task,
     tidy,
 )
+from depthprobe.probes.hooks.capture import capture
+from depthprobe.probes.hooks.interventions import Head, ablate_heads, head_label, parse_heads
+from depthprobe.probes.models.loading import Model
 
 SOURCES = ("induction", "syntax", "coref", "attention-stats")
 SOURCE_SCORE = {
@@ -296,7 +296,7 @@ class Ablation(Task):
     @staticmethod
     def _source(plan: Plan, ctx: Context) -> Output:
         """The source task's output on the same data and settings (under whatever intervention is active)."""
-        from depthprobe.probes.execute import execute
+        from depthprobe.probes.engine.execute import execute
 
         task = get_task(plan.source)
         sctx = _source_context(ctx, plan.source, plan.source_options)

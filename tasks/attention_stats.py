@@ -24,13 +24,18 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from depthprobe.probes.capture import pattern_names
-from depthprobe.probes.errors import ProbeError, suggest
-from depthprobe.probes.metrics import attention_stat_sums, clark_stat_sums, js_distance_mean, uniform_entropy_sum
-from depthprobe.probes.models import Model
-from depthprobe.probes.options import ranged
-from depthprobe.probes.task import Context, Examples, Output, Task, tidy
-from depthprobe.probes.text import read_lines
+from depthprobe.probes.data.text import read_lines
+from depthprobe.probes.engine.errors import ProbeError, suggest
+from depthprobe.probes.engine.options import ranged
+from depthprobe.probes.engine.task import Context, Examples, Output, Task, tidy
+from depthprobe.probes.hooks.capture import pattern_names
+from depthprobe.probes.measures.metrics import (
+    attention_stat_sums,
+    clark_stat_sums,
+    js_distance_mean,
+    uniform_entropy_sum,
+)
+from depthprobe.probes.models.loading import Model
 
 SAMPLE = Path(__file__).parent / "data" / "sample.txt"
 

@@ -23,20 +23,20 @@ from typing import Any
 import pandas as pd
 import torch
 
-from depthprobe.probes import coref_data
-from depthprobe.probes.align import (
+from depthprobe.probes.data import coref as coref_data
+from depthprobe.probes.data.align import (
     Encoded,
     encode_pieces,
     unit_matrix,
     word_attention,
     word_pieces,
 )
-from depthprobe.probes.batching import by_length, pad
-from depthprobe.probes.capture import pattern_names
-from depthprobe.probes.errors import ProbeError
-from depthprobe.probes.options import ranged
-from depthprobe.probes.runtime import torch_threads
-from depthprobe.probes.task import Batch, Context, Examples, Output, Task, tidy
+from depthprobe.probes.engine.batching import by_length, pad
+from depthprobe.probes.engine.errors import ProbeError
+from depthprobe.probes.engine.options import ranged
+from depthprobe.probes.engine.runtime import torch_threads
+from depthprobe.probes.engine.task import Batch, Context, Examples, Output, Task, tidy
+from depthprobe.probes.hooks.capture import pattern_names
 
 SAMPLE = Path(__file__).parent / "data" / "sample_coref.conllu"
 TYPES = ("pronoun", "proper", "nominal")

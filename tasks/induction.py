@@ -47,15 +47,15 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 
-from depthprobe.probes import synthetic
-from depthprobe.probes.capture import forward, pattern_names
-from depthprobe.probes.errors import ProbeError
-from depthprobe.probes.metrics import diagonal
-from depthprobe.probes.models import Model
-from depthprobe.probes.options import ranged
-from depthprobe.probes.synthetic import frame, ordinary_ids, sequences
-from depthprobe.probes.task import Context, Examples, Output, Sweep, SweepConfig, Task, tidy
-from depthprobe.probes.viz import plot_text
+from depthprobe.probes.data import synthetic
+from depthprobe.probes.data.synthetic import frame, ordinary_ids, sequences
+from depthprobe.probes.engine.errors import ProbeError
+from depthprobe.probes.engine.options import ranged
+from depthprobe.probes.engine.task import Context, Examples, Output, Sweep, SweepConfig, Task, tidy
+from depthprobe.probes.hooks.capture import forward, pattern_names
+from depthprobe.probes.measures.metrics import diagonal
+from depthprobe.probes.models.loading import Model
+from depthprobe.probes.render.viz import plot_text
 
 ICL_TEXT = Path(__file__).parent / "data" / "tinyshakespeare.txt"  # built-in natural text
 ICL_CONTEXT = 512  # Olsson et al.'s documents: at least 512 tokens
@@ -459,7 +459,7 @@ def at_init(model: Model) -> Model:
     """The same native architecture, freshly initialised with the model's own seed (on the CPU,
     without touching the global random state). For a ``probe train`` model these are exactly
     its step-0 weights."""
-    from depthprobe.probes.models import NativeConfig, load
+    from depthprobe.probes.models.loading import NativeConfig, load
 
     if model.info.native is None:
         raise ValueError(f"at_init needs a native model, got {model.info.name!r}")
@@ -575,7 +575,7 @@ class SweepOptions:
     n_seqs: int = ranged(32, min=1)  # evaluation sequences per held-out repeat length
     threshold: float = ranged(0.5, min=0, max=1)  # phase change = first evaluated step with best induction >= threshold
     save_models: str | None = None  # folder to keep each depth's trained model in (depth-L/)
-    threads: int = ranged(1, min=1)  # CPU threads while training (see probes.train.threads_for)
+    threads: int = ranged(1, min=1)  # CPU threads while training (see probes.models.train.threads_for)
 
 
 class InductionSweep(Sweep):
@@ -587,7 +587,7 @@ class InductionSweep(Sweep):
     Options = SweepOptions
 
     def run(self, config: SweepConfig, options: SweepOptions, progress: bool) -> Output:
-        from depthprobe.probes.train import build_configs, train
+        from depthprobe.probes.models.train import build_configs, train
 
         o = options
         if o.eval_every < 1 or o.n_seqs < 1:

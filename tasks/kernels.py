@@ -5,13 +5,13 @@
 ``blocks.{l-1}.hook_resid_post``), and reports per layer, averaged over input sequences: the mean
 off-diagonal cosine of the normalised kernel, Dong et al.'s residual ratios (Frobenius and
 composite (1, inf)), the contraction exponent log(r_{l+1}) / log(r_l) of the Frobenius ratio, and
-the effective rank of the centred and of the uncentred X (see ``probes.kernels``). Padding never
+the effective rank of the centred and of the uncentred X (see ``probes.measures.kernels``). Padding never
 counts; [CLS]/[SEP] of encoders are dropped unless ``exclude_special=false``, and the BOS of
 decoders unless ``include_bos=true`` (the model still sees them; only the kernel leaves them out).
 Models without a tokenizer get sequences of distinct random token ids. Models from
-``probes.spa`` also get the infinite-width theory next to each measurement.
+``probes.models.spa`` also get the infinite-width theory next to each measurement.
 
-``probe sweep --task kernels`` builds one ``probes.spa`` model per variant and depth (optionally
+``probe sweep --task kernels`` builds one ``probes.models.spa`` model per variant and depth (optionally
 trains it) and writes one table: variant, depth, layer, metric, value, theory.
 """
 
@@ -28,15 +28,16 @@ import numpy as np
 import pandas as pd
 import torch
 
-from depthprobe.probes import kernels, spa
-from depthprobe.probes.capture import capture
-from depthprobe.probes.errors import ProbeError, suggest
-from depthprobe.probes.levine import threshold
-from depthprobe.probes.options import ranged
-from depthprobe.probes.runtime import torch_threads
-from depthprobe.probes.task import Context, Examples, Output, Sweep, SweepConfig, Task, tidy
-from depthprobe.probes.text import read_lines
-from depthprobe.probes.viz import plot_text
+from depthprobe.probes.data.text import read_lines
+from depthprobe.probes.engine.errors import ProbeError, suggest
+from depthprobe.probes.engine.options import ranged
+from depthprobe.probes.engine.runtime import torch_threads
+from depthprobe.probes.engine.task import Context, Examples, Output, Sweep, SweepConfig, Task, tidy
+from depthprobe.probes.hooks.capture import capture
+from depthprobe.probes.measures import kernels
+from depthprobe.probes.measures.levine import threshold
+from depthprobe.probes.models import spa
+from depthprobe.probes.render.viz import plot_text
 
 ACCUMULATED = (
     "mean_cosine",
@@ -498,7 +499,7 @@ def heatmap_layers(depths: tuple[int, ...], o: SweepOptions) -> list[int]:
 
 def measure(net: spa.SPATransformer, ids: torch.Tensor) -> Accumulator:
     """One pass over ids [B, T]; metrics folded in per layer as each residual is produced."""
-    from depthprobe.probes.models import Model, ModelInfo
+    from depthprobe.probes.models.loading import Model, ModelInfo
 
     cfg = net.cfg
     info = ModelInfo(
@@ -533,7 +534,7 @@ class KernelSweep(Sweep):
     Options = SweepOptions
 
     def run(self, config: SweepConfig, options: SweepOptions, progress: bool) -> Output:
-        from depthprobe.probes.models import resolve_device
+        from depthprobe.probes.models.loading import resolve_device
 
         depths = tuple(sorted(set(config.depths)))
         cfgs = sweep_configs(depths, options, config.seed)

@@ -28,12 +28,12 @@ import numpy as np
 import pandas as pd
 import torch
 
-from depthprobe.probes.align import Encoded, encode_words, unit_matrix, word_attention
-from depthprobe.probes.batching import length_batches
-from depthprobe.probes.capture import pattern_names
-from depthprobe.probes.errors import ProbeError
-from depthprobe.probes.models import Model
-from depthprobe.probes.task import Context, Examples, Output, Task, tidy
+from depthprobe.probes.data.align import Encoded, encode_words, unit_matrix, word_attention
+from depthprobe.probes.engine.batching import length_batches
+from depthprobe.probes.engine.errors import ProbeError
+from depthprobe.probes.engine.task import Context, Examples, Output, Task, tidy
+from depthprobe.probes.hooks.capture import pattern_names
+from depthprobe.probes.models.loading import Model
 
 SAMPLE = Path(__file__).parent / "data" / "sample_syntax.conllu"
 ALL = "ALL"
@@ -104,7 +104,7 @@ def read_conllu_trees(path: Path) -> list[Tree]:
     """A CoNLL-U file or folder, validated (file:line errors), through spaCy Docs."""
     from spacy.vocab import Vocab
 
-    from depthprobe.probes.conllu import by_document, read_treebank, to_doc
+    from depthprobe.probes.data.conllu import by_document, read_treebank, to_doc
 
     vocab, out = Vocab(), []
     for group in by_document(read_treebank(path)):
@@ -123,7 +123,7 @@ def read_trees(data: Path | None, parser: str | None) -> list[Tree]:
             raise ProbeError("--parser parses raw text: give the text file with --data text.txt")
         if data.suffix in (".conllu", ".conll") or data.is_dir():
             raise ProbeError(f"{data} is a treebank, which has its own trees; drop --parser (it is for raw text files)")
-        from depthprobe.probes.parse import parse_text
+        from depthprobe.probes.data.parse import parse_text
 
         trees = []
         for k, doc in enumerate(parse_text(data, parser)):

@@ -2,7 +2,7 @@
 
 import torch
 
-from depthprobe.probes.align import Encoded, encode_words, unit_matrix, word_attention
+from depthprobe.probes.data.align import Encoded, encode_words, unit_matrix, word_attention
 
 
 def test_split_word_sums_columns_and_averages_rows():

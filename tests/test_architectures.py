@@ -8,10 +8,10 @@ from typer.testing import CliRunner
 
 from depthprobe.cli.main import app
 from depthprobe.probes import load, run
-from depthprobe.probes.align import pieces_of_words, running_text, word_pieces
-from depthprobe.probes.capture import capture, forward
-from depthprobe.probes.errors import ProbeError
-from depthprobe.probes.models import ARCHITECTURES, Model, ModelInfo
+from depthprobe.probes.data.align import pieces_of_words, running_text, word_pieces
+from depthprobe.probes.engine.errors import ProbeError
+from depthprobe.probes.hooks.capture import capture, forward
+from depthprobe.probes.models.loading import ARCHITECTURES, Model, ModelInfo
 
 WORDS = ["the", "old", "man", "walked", "to", "london", "on", "monday", "."]
 KINDS = ("bytelevel", "roberta", "metaspace-first", "metaspace-never", "wordpiece")

@@ -10,7 +10,12 @@ import torch
 from reference.clark import clark_reference, pooled_reference
 
 from depthprobe.probes import ProbeError, run
-from depthprobe.probes.metrics import attention_stat_sums, clark_stat_sums, js_distance_mean, uniform_entropy_sum
+from depthprobe.probes.measures.metrics import (
+    attention_stat_sums,
+    clark_stat_sums,
+    js_distance_mean,
+    uniform_entropy_sum,
+)
 from depthprobe.tasks.attention_stats import is_punct
 
 CLARK_METRICS = [
@@ -204,7 +209,7 @@ def test_clark_extras_and_decoder_analogues(tiny_bert, tiny_gpt2):
 
 
 def _task_examples(model, limit):
-    from depthprobe.probes.task import Context, RunConfig, get_task
+    from depthprobe.probes.engine.task import Context, RunConfig, get_task
 
     task = get_task("attention-stats")
     ctx = Context(RunConfig(model="m", task=task.name), task.parse_options({}))
@@ -272,7 +277,7 @@ def test_save_writes_a_complete_run_directory(tiny_bert, tmp_path):
 
 
 def test_interrupted_save_leaves_nothing_behind(tiny_bert, tmp_path, monkeypatch):
-    from depthprobe.probes import report
+    from depthprobe.probes.render import report
 
     def interrupted(run_dir):
         raise KeyboardInterrupt
@@ -299,7 +304,7 @@ def test_minilm_golden_values(minilm):
 @pytest.mark.slow
 def test_minilm_clark_protocol_matches_the_reference(minilm):
     """Both protocols on the built-in sample against a plain HF forward and the numpy references."""
-    from depthprobe.probes.models import minilm_path
+    from depthprobe.probes.models.loading import minilm_path
     from depthprobe.tasks.attention_stats import SAMPLE
 
     lines = SAMPLE.read_text().splitlines()[:8]

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from depthprobe.probes import ProbeError, capture
-from depthprobe.probes.capture import forward, resolve_names
+from depthprobe.probes.hooks.capture import forward, resolve_names
 
 
 def _n_hooks(model):

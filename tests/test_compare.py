@@ -11,8 +11,8 @@ from typer.testing import CliRunner
 
 from depthprobe.cli.main import app
 from depthprobe.probes import ProbeError, compare
-from depthprobe.probes.compare import peaks, save
-from depthprobe.probes.viz import esc
+from depthprobe.probes.render.compare import peaks, save
+from depthprobe.probes.render.viz import esc
 
 runner = CliRunner()
 

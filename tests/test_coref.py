@@ -10,8 +10,9 @@ import pytest
 import torch
 from reference.coref import ref_chains
 
-from depthprobe.probes import ProbeError, coref_data, run
-from depthprobe.probes.capture import forward, pattern_names
+from depthprobe.probes import ProbeError, run
+from depthprobe.probes.data import coref as coref_data
+from depthprobe.probes.hooks.capture import forward, pattern_names
 from depthprobe.tasks import coref as cr
 
 # ---------------------------------------------------------------- helpers
@@ -433,7 +434,7 @@ def test_padding_does_not_change_any_number(tiny_bert):
     key = ["type", "layer", "head"]
     pd.testing.assert_series_equal(a.scores.set_index(key)["value"], b.scores.set_index(key)["value"], rtol=0, atol=0)
     # the same window alone vs padded behind a longer one: identical per-head predictions
-    from depthprobe.probes.task import Context, RunConfig
+    from depthprobe.probes.engine.task import Context, RunConfig
 
     task = cr.Coref()
     ctx = Context(RunConfig(model="t", task="coref", max_len=64), cr.Options())
@@ -630,7 +631,7 @@ def test_cli_run_and_bad_data(tiny_bert_dir, tmp_path):
 
 
 def test_decoder_windows_have_no_sep(tiny_gpt2, tiny_bert):
-    from depthprobe.probes.task import Context, RunConfig, get_task
+    from depthprobe.probes.engine.task import Context, RunConfig, get_task
 
     task = get_task("coref")
     for model, has_sep in ((tiny_gpt2, False), (tiny_bert, True)):  # the encoder shows the check can fail

@@ -20,6 +20,7 @@ def _tree(tmp_path, files):
         (tmp_path / pkg).mkdir()
         (tmp_path / pkg / "__init__.py").write_text("")
     for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_text(text)
     return check_imports.violations(check_imports.graph(tmp_path))
 
@@ -28,15 +29,15 @@ def test_core_importing_a_task_or_the_cli_is_refused(tmp_path):
     found = _tree(
         tmp_path,
         {
-            "probes/task.py": "def f():\n    from depthprobe import tasks\n",
-            "probes/models.py": "import depthprobe.cli.main\n",
+            "probes/engine/task.py": "def f():\n    from depthprobe import tasks\n",
+            "probes/models/loading.py": "import depthprobe.cli.main\n",
             "cli/main.py": "",
         },
     )
     assert found == [
-        "core module depthprobe.probes.models imports cli module depthprobe.cli.main; "
+        "core module depthprobe.probes.engine.task imports tasks module depthprobe.tasks; "
         "imports run cli -> api -> tasks -> core",
-        "core module depthprobe.probes.task imports tasks module depthprobe.tasks; "
+        "core module depthprobe.probes.models.loading imports cli module depthprobe.cli.main; "
         "imports run cli -> api -> tasks -> core",
     ]
 

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from depthprobe.probes import ProbeError, capture, load, run_with_cache
-from depthprobe.probes.interventions import ablate_heads, parse_heads, patch
+from depthprobe.probes.hooks.interventions import ablate_heads, parse_heads, patch
 
 
 @pytest.fixture(scope="module")

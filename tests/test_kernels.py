@@ -13,10 +13,11 @@ from reference.kernels import uniform_recursion
 from typer.testing import CliRunner
 
 from depthprobe.cli.main import app
-from depthprobe.probes import kernels, spa
 from depthprobe.probes.api import run
-from depthprobe.probes.capture import forward
-from depthprobe.probes.errors import ProbeError
+from depthprobe.probes.engine.errors import ProbeError
+from depthprobe.probes.hooks.capture import forward
+from depthprobe.probes.measures import kernels
+from depthprobe.probes.models import spa
 from depthprobe.probes.sweep import sweep
 
 runner = CliRunner()

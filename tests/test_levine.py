@@ -4,8 +4,8 @@ import math
 
 import pytest
 
-from depthprobe.probes import levine
 from depthprobe.probes.api import run
+from depthprobe.probes.measures import levine
 
 
 def test_threshold_is_log3_of_width():
@@ -43,7 +43,7 @@ def test_every_run_summary_carries_the_line(tiny_bert):
 
 
 def test_random_init_models_get_the_number_without_a_side():
-    from depthprobe.probes import spa
+    from depthprobe.probes.models import spa
 
     note = levine.DepthNote(8, 256, random_init=True)
     assert note.line().startswith(

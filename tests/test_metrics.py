@@ -4,7 +4,7 @@ import math
 
 import torch
 
-from depthprobe.probes.metrics import attention_stat_sums, diagonal
+from depthprobe.probes.measures.metrics import attention_stat_sums, diagonal
 
 
 def _one_hot_rows(targets, n):

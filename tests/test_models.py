@@ -7,7 +7,7 @@ import torch
 from helpers import cli_error
 
 from depthprobe.probes import NativeConfig, ProbeError, load, load_checkpoint, save_checkpoint
-from depthprobe.probes.models import resolve_device
+from depthprobe.probes.models.loading import resolve_device
 
 
 def test_local_hf_directories_load_with_real_facts(tiny_bert, tiny_gpt2):
@@ -21,7 +21,7 @@ def test_local_hf_directories_load_with_real_facts(tiny_bert, tiny_gpt2):
 def test_bridge_attention_equals_hf_eager_attention_with_padding(tiny_bert_dir, tiny_bert):
     from transformers import AutoModel
 
-    from depthprobe.probes.capture import forward, pattern_names
+    from depthprobe.probes.hooks.capture import forward, pattern_names
 
     hf = AutoModel.from_pretrained(tiny_bert_dir, attn_implementation="eager").eval()
     enc = tiny_bert.tokenizer(
@@ -160,7 +160,7 @@ def test_empty_model_name_has_its_own_message():
     ],
 )
 def test_models_too_big_for_the_machine_are_refused_before_building(monkeypatch, tmp_path, args, fragment):
-    import depthprobe.probes.models as probe_models
+    import depthprobe.probes.models.loading as probe_models
 
     monkeypatch.setattr(probe_models, "available_memory", lambda dev=None: 8 * 10**9)  # an 8 GB machine
     cli_error([*args, "--out", str(tmp_path / "o")], fragment, "8GB available")
@@ -168,7 +168,7 @@ def test_models_too_big_for_the_machine_are_refused_before_building(monkeypatch,
 
 
 def test_parameter_counts_are_exact_and_max_params_refuses(tmp_path):
-    from depthprobe.probes.spa import SPAConfig, SPATransformer
+    from depthprobe.probes.models.spa import SPAConfig, SPATransformer
 
     for spec in (
         "native:layers=3,d_model=48,heads=4,attn_only=false",
@@ -223,7 +223,7 @@ def test_pickle_weights_and_custom_code_are_refused(tiny_bert_dir, tmp_path):
 
 @pytest.mark.parametrize("damage", ["truncate", "random"])
 def test_corrupt_checkpoint_weights_name_the_file(tmp_path, damage):
-    from depthprobe.probes.models import checkpoint_files
+    from depthprobe.probes.models.loading import checkpoint_files
 
     small_checkpoint(tmp_path / "ck")
     weights = checkpoint_files(tmp_path / "ck") / "model.safetensors"
@@ -260,7 +260,7 @@ def test_checkpoint_files_follow_the_umask(tmp_path, umask, file_mode, dir_mode)
     import os
     import stat
 
-    from depthprobe.probes.train import build_configs, train
+    from depthprobe.probes.models.train import build_configs, train
 
     old = os.umask(umask)
     try:

@@ -3,7 +3,7 @@
 import pytest
 
 from depthprobe.probes import ProbeError
-from depthprobe.probes.registry import Registry
+from depthprobe.probes.engine.registry import Registry
 
 
 class Thing:
@@ -21,7 +21,7 @@ def test_duplicates_refused_and_typos_suggested():
 
 
 def test_cli_task_choices_come_from_the_registry():
-    from depthprobe.probes.task import TASKS, task_names
+    from depthprobe.probes.engine.task import TASKS, task_names
 
     assert task_names() == TASKS.names()
     assert {"attention-stats", "syntax", "coref", "induction", "kernels"} <= set(task_names())
@@ -74,7 +74,7 @@ def test_lazy_entries_resolve_on_first_use_and_a_module_may_register_its_own_ent
 
 def test_a_users_task_registers_and_runs_and_cannot_take_a_library_name(tmp_path):
     from depthprobe import probes
-    from depthprobe.probes.task import TASKS, Output, Task
+    from depthprobe.probes.engine.task import TASKS, Output, Task
 
     class Twice(Task):
         name = "user-twice"

@@ -124,7 +124,8 @@ def test_full_disk_is_one_line_and_leaves_nothing(tiny_bert_dir, tiny_fs):
 
 
 def test_a_concurrent_run_that_saved_first_wins(tiny_bert_dir, tmp_path, monkeypatch):
-    from depthprobe.probes import api, report
+    from depthprobe.probes import api
+    from depthprobe.probes.render import report
 
     out = tmp_path / "run"
     real = report.write_report
@@ -144,7 +145,7 @@ def test_a_concurrent_run_that_saved_first_wins(tiny_bert_dir, tmp_path, monkeyp
 
 SIGTERM_DURING_SAVE = """
 import os, signal, sys
-from depthprobe.probes import artifacts
+from depthprobe.probes.engine import artifacts
 real = artifacts.write_json
 def write_json(path, obj):
     real(path, obj)
@@ -159,7 +160,7 @@ app()
 
 def test_sigterm_during_save_cleans_up_like_ctrl_c(tiny_bert_dir, tmp_path):
     out = tmp_path / "run"
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
     res = subprocess.run(
         [
             sys.executable,
@@ -264,7 +265,7 @@ def test_conllu_with_a_byte_order_mark_is_read(tiny_bert_dir, tmp_path):
         "run", "--model", tiny_bert_dir, "--task", "syntax", "-d", bom, "--limit", "3", "--out", tmp_path / "run"
     )
     assert res.exit_code == 0, res.output
-    from depthprobe.probes.conllu import read_conllu
+    from depthprobe.probes.data.conllu import read_conllu
 
     assert read_conllu(bom)[0].words == read_conllu(SAMPLE_CONLLU)[0].words
 
@@ -317,7 +318,7 @@ def test_coref_data_from_a_pipe(tiny_bert_dir, tmp_path):
     gap.write_text(gap_text())
     exe = shutil.which("probe") or str(Path(sys.executable).parent / "probe")
     out = tmp_path / "run"
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
     res = subprocess.run(
         ["bash", "-c", f'"{exe}" run -m "{tiny_bert_dir}" --task coref -d <(cat "{gap}") --out "{out}"'],
         capture_output=True,
@@ -342,7 +343,7 @@ def test_model_name_with_mathtext_characters_is_drawn_as_written(tiny_gpt2_dir, 
     assert res.exit_code == 0, res.output
     assert (out / "plots" / "kernels_vs_layer.svg").exists()
     assert "run$\\bad{$" in (out / "report.html").read_text()
-    from depthprobe.probes.viz import plot_text
+    from depthprobe.probes.render.viz import plot_text
 
     assert plot_text("run$\\bad{$") == "run\\$\\bad{\\$"
 

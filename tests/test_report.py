@@ -14,9 +14,9 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from depthprobe.probes.errors import ProbeError
-from depthprobe.probes.report import RunData, default_panels, panel_matrix, render, write_report
-from depthprobe.probes.viz import (
+from depthprobe.probes.engine.errors import ProbeError
+from depthprobe.probes.render.report import RunData, default_panels, panel_matrix, render, write_report
+from depthprobe.probes.render.viz import (
     MAX_TOKEN_CHARS,
     SCALE,
     View,
@@ -304,7 +304,7 @@ def test_write_report_survives_damaged_views(tmp_path):
 
 
 def test_write_report_keeps_the_run_when_drawing_fails(tmp_path, monkeypatch):
-    from depthprobe.probes import report
+    from depthprobe.probes.render import report
 
     (tmp_path / "summary.json").write_text(json.dumps({"task": "t", "model": "m", "notes": ["kept"], "summary": []}))
     pd.DataFrame([{"layer": 0, "head": 0, "metric": "x", "value": 1.0}]).to_csv(tmp_path / "scores.csv", index=False)

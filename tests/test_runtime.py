@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from depthprobe.probes.runtime import torch_threads
+from depthprobe.probes.engine.runtime import torch_threads
 
 
 def test_threads_set_inside_and_restored_after_an_error():

@@ -15,11 +15,11 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from depthprobe.probes.batching import auto_batch_size
-from depthprobe.probes.errors import ProbeError
-from depthprobe.probes.models import parse_dtype
-from depthprobe.probes.report import heatmap_svg as report_heatmap
-from depthprobe.probes.viz import colormap_rgb, heatmap_range, heatmap_svg
+from depthprobe.probes.engine.batching import auto_batch_size
+from depthprobe.probes.engine.errors import ProbeError
+from depthprobe.probes.models.loading import parse_dtype
+from depthprobe.probes.render.report import heatmap_svg as report_heatmap
+from depthprobe.probes.render.viz import colormap_rgb, heatmap_range, heatmap_svg
 
 SVG = "{http://www.w3.org/2000/svg}"
 
@@ -194,7 +194,7 @@ def test_attention_stats_run_loads_neither_spacy_nor_matplotlib(tiny_bert_dir, t
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     loaded = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert "depthprobe.probes.report" in loaded  # the run really wrote its report
+    assert "depthprobe.probes.render.report" in loaded  # the run really wrote its report
     assert [m for m in loaded if re.match(r"(spacy|matplotlib)(\.|$)", m)] == []
     assert (tmp_path / "run" / "report.html").read_text(encoding="utf-8").count("<figure class='heatmap'>") == 7
 
@@ -227,7 +227,7 @@ def test_viz_dtype_option(tiny_bert_dir, tmp_path):
 
 
 def test_mean_grid_matches_pivot_table():
-    from depthprobe.probes.report import _mean_grid
+    from depthprobe.probes.render.report import _mean_grid
 
     layers, heads = np.array([0, 0, 0, 2, 2, 2]), np.array([1, 1, 0, 0, 1, 1])
     values = np.array([1.0, 3.0, 5.0, np.nan, 4.0, np.nan])

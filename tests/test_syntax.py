@@ -13,9 +13,9 @@ import torch
 from reference.syntax import reference, reference_best
 
 from depthprobe.probes import ProbeError, run
-from depthprobe.probes.align import Encoded
-from depthprobe.probes.capture import Captured, forward, pattern_names
-from depthprobe.probes.task import Batch, Context, RunConfig, get_task
+from depthprobe.probes.data.align import Encoded
+from depthprobe.probes.engine.task import Batch, Context, RunConfig, get_task
+from depthprobe.probes.hooks.capture import Captured, forward, pattern_names
 from depthprobe.tasks.syntax import (
     ALL,
     DIRECTIONS,
@@ -348,7 +348,7 @@ def test_matches_reference_on_minilm_ewt_slice(minilm, shared_data, tmp_path):
 
 
 def test_sample_treebank_covers_the_main_relations():
-    from depthprobe.probes.conllu import read_treebank
+    from depthprobe.probes.data.conllu import read_treebank
 
     sents = read_treebank(SAMPLE)
     rels = Counter(t.deprel for s in sents for t in s.tokens)
@@ -457,7 +457,7 @@ def spacy_pipeline(tmp_path_factory) -> Path:
     import spacy
     from spacy.training import Example as SpacyExample
 
-    from depthprobe.probes.conllu import read_treebank, to_doc
+    from depthprobe.probes.data.conllu import read_treebank, to_doc
 
     nlp = spacy.blank("en")
     nlp.add_pipe("parser")
@@ -507,7 +507,7 @@ def test_memory_is_flat_running_counts_only(tiny_bert):
 
 def test_trees_read_through_spacy_keep_the_conllu_columns(shared_data):
     """The Doc route loses nothing: words, heads and full labels equal the CoNLL-U columns."""
-    from depthprobe.probes.conllu import read_treebank
+    from depthprobe.probes.data.conllu import read_treebank
     from depthprobe.tasks.syntax import read_trees
 
     for path in (SAMPLE, shared_data / "ud-ewt-dev"):

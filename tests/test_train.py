@@ -10,10 +10,11 @@ from helpers import one_line_error
 from typer.testing import CliRunner
 
 from depthprobe.cli.main import app
-from depthprobe.probes import NativeConfig, ProbeError, load, synthetic
-from depthprobe.probes.models import checkpoint_files
-from depthprobe.probes.synthetic import BOS, DataConfig
-from depthprobe.probes.train import (
+from depthprobe.probes import NativeConfig, ProbeError, load
+from depthprobe.probes.data import synthetic
+from depthprobe.probes.data.synthetic import BOS, DataConfig
+from depthprobe.probes.models.loading import checkpoint_files
+from depthprobe.probes.models.train import (
     LOSS_LOG,
     OPTIMIZER_STATE,
     OPTIMIZER_WEIGHTS,
@@ -269,9 +270,9 @@ def test_cli_train_bad_inputs(tmp_path):
 @pytest.mark.parametrize(
     "crash_in, after",
     [
-        ("depthprobe.probes.train.save_optimizer", False),
-        ("depthprobe.probes.train.save_optimizer", True),
-        ("depthprobe.probes.models.atomic_write_text", False),
+        ("depthprobe.probes.models.train.save_optimizer", False),
+        ("depthprobe.probes.models.train.save_optimizer", True),
+        ("depthprobe.probes.models.loading.atomic_write_text", False),
     ],
 )
 def test_a_crash_inside_a_save_leaves_the_previous_checkpoint_resumable(tmp_path, monkeypatch, crash_in, after):

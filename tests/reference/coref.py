@@ -6,8 +6,8 @@ from pathlib import Path
 
 import torch
 
-from depthprobe.probes import coref_data
-from depthprobe.probes.capture import forward, pattern_names
+from depthprobe.probes.data import coref as coref_data
+from depthprobe.probes.hooks.capture import forward, pattern_names
 from depthprobe.tasks import coref as cr
 
 BRACKET = re.compile(r"\(([^()|]+)\)|\(([^()|]+)|([^()|]+)\)")

@@ -2,7 +2,7 @@
 
 import torch
 
-from depthprobe.probes import kernels
+from depthprobe.probes.measures import kernels
 
 
 def uniform_recursion(t: int, depth: int, causal: bool = True, skip: bool = False, alpha: float = 1.0) -> torch.Tensor:

@@ -11,7 +11,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from depthprobe.probes.errors import ProbeError
+from depthprobe.probes.engine.errors import ProbeError
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
-from depthprobe.probes.errors import ProbeError
+from depthprobe.probes.engine.errors import ProbeError
 
 
 def text_lines(path: str | Path) -> list[str]:

@@ -20,7 +20,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from depthprobe.probes.errors import ProbeError
+from depthprobe.probes.engine.errors import ProbeError
 
 DEFAULT_ROOT = Path("artifacts") / "runs"
 PACKAGES = [
@@ -54,7 +54,7 @@ def package_versions() -> dict[str, str]:
 
 
 def git_commit() -> str:
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]
     try:
         res = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5)
         dirty = subprocess.run(

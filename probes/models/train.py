@@ -1,8 +1,8 @@
 """Training native models (``TransformerBridge.boot_native``) from scratch on synthetic data.
 
-The model is built by :func:`probes.models.load` from a :class:`~probes.models.NativeConfig`
+The model is built by :func:`probes.models.loading.load` from a :class:`~probes.models.loading.NativeConfig`
 and trained with AdamW on next-token prediction over every position of the batches that
-:func:`probes.synthetic.batch_at` yields for ``(seed, step)``.
+:func:`probes.data.synthetic.batch_at` yields for ``(seed, step)``.
 
 Speed: the bridge wraps every submodule of TransformerLens's ``NativeModel`` in a Python
 component with a dozen hook points, and its LayerNorm is re-implemented in Python; at toy
@@ -11,7 +11,7 @@ function directly from the innermost ``nn.Module``s (the very same parameter ten
 fused LayerNorm and ``scaled_dot_product_attention``. Nothing is copied: after training,
 the bridge (hooks and all) computes this function, which ``tests/test_train.py`` checks.
 
-Checkpoints (never pickled), written by :func:`probes.models.save_checkpoint` as a whole: a
+Checkpoints (never pickled), written by :func:`probes.models.loading.save_checkpoint` as a whole: a
 folder ``ckpt-<step>-<id>/`` with ``model.safetensors``, ``depthprobe.json`` (the training state
 under the key ``training``), ``optimizer.safetensors`` (AdamW tensors), ``optimizer.json`` (scalar
 state) and ``loss.csv``; then ``OUT/depthprobe.json``, naming that folder, is replaced in one
@@ -37,10 +37,13 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from depthprobe.probes import synthetic
-from depthprobe.probes.artifacts import replace_file
-from depthprobe.probes.errors import ProbeError
-from depthprobe.probes.models import (
+from depthprobe.probes.data import synthetic
+from depthprobe.probes.data.synthetic import DataConfig
+from depthprobe.probes.engine.artifacts import replace_file
+from depthprobe.probes.engine.errors import ProbeError
+from depthprobe.probes.engine.options import check_seed
+from depthprobe.probes.engine.runtime import torch_threads
+from depthprobe.probes.models.loading import (
     CHECKPOINT_CONFIG,
     Model,
     NativeConfig,
@@ -53,9 +56,6 @@ from depthprobe.probes.models import (
     save_checkpoint,
     save_safetensors,
 )
-from depthprobe.probes.options import check_seed
-from depthprobe.probes.runtime import torch_threads
-from depthprobe.probes.synthetic import DataConfig
 
 OPTIMIZER_WEIGHTS = "optimizer.safetensors"
 OPTIMIZER_STATE = "optimizer.json"
@@ -274,7 +274,7 @@ def save(
     losses: list[dict[str, float]],
 ) -> None:
     """Weights, optimizer state, loss log and config into one new folder, then one atomic switch
-    (see :func:`probes.models.save_checkpoint`); then the readable copy ``OUT/loss.csv``."""
+    (see :func:`probes.models.loading.save_checkpoint`); then the readable copy ``OUT/loss.csv``."""
 
     def write_more(folder: Path) -> None:
         save_optimizer(opt, folder, step)

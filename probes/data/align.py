@@ -26,8 +26,8 @@ from typing import Any
 
 import torch
 
-from depthprobe.probes.errors import ProbeError
-from depthprobe.probes.models import Model
+from depthprobe.probes.engine.errors import ProbeError
+from depthprobe.probes.models.loading import Model
 
 
 @dataclass(frozen=True)

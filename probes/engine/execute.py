@@ -10,9 +10,9 @@ from collections.abc import Callable
 
 import torch
 
-from depthprobe.probes.capture import forward
-from depthprobe.probes.models import Model
-from depthprobe.probes.task import Context, Examples, Output, Task
+from depthprobe.probes.engine.task import Context, Examples, Output, Task
+from depthprobe.probes.hooks.capture import forward
+from depthprobe.probes.models.loading import Model
 
 
 def execute(

@@ -25,9 +25,9 @@ from urllib.parse import quote
 import numpy as np
 import pandas as pd
 
-from depthprobe.probes.errors import ProbeError
-from depthprobe.probes.viz import MAX_TOKENS, View, esc, page, views_html, write_atomic
-from depthprobe.probes.viz import heatmap_svg as draw_heatmap
+from depthprobe.probes.engine.errors import ProbeError
+from depthprobe.probes.render.viz import MAX_TOKENS, View, esc, page, views_html, write_atomic
+from depthprobe.probes.render.viz import heatmap_svg as draw_heatmap
 
 MAX_DEFAULT_PANELS = 12  # heatmaps drawn when the task lists none (one per metric)
 MAX_PANELS = 48  # panels drawn at most; the rest are named in a note

@@ -16,10 +16,10 @@ from typing import Any
 import pandas as pd
 import torch
 
-from depthprobe.probes.cache import _inputs, outputs
-from depthprobe.probes.capture import capture, forward
-from depthprobe.probes.errors import ProbeError
-from depthprobe.probes.models import Model
+from depthprobe.probes.engine.errors import ProbeError
+from depthprobe.probes.hooks.cache import _inputs, outputs
+from depthprobe.probes.hooks.capture import capture, forward
+from depthprobe.probes.models.loading import Model
 
 Head = tuple[int, int]
 _LABEL = re.compile(r"^(\d+)-(\d+)$")
@@ -143,7 +143,7 @@ def patch(
             f"{list(x_ids.shape)}; pick corruptions that keep the token count"
         )
     per_head = hooks.endswith("attn.hook_z")
-    from depthprobe.probes.cache import run_with_cache
+    from depthprobe.probes.hooks.cache import run_with_cache
 
     logits, cache = run_with_cache(model, c_ids, names=hooks, attention_mask=c_mask)
     with torch.no_grad():

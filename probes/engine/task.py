@@ -27,10 +27,10 @@ from typing import Any, ClassVar
 import pandas as pd
 import torch
 
-from depthprobe.probes.batching import Batch, length_batches
-from depthprobe.probes.errors import ProbeError, suggest
-from depthprobe.probes.options import check_ranges, coerce
-from depthprobe.probes.registry import Registry
+from depthprobe.probes.engine.batching import Batch, length_batches
+from depthprobe.probes.engine.errors import ProbeError, suggest
+from depthprobe.probes.engine.options import check_ranges, coerce
+from depthprobe.probes.engine.registry import Registry
 
 SCORE_COLUMNS = ["model", "task", "layer", "head", "metric", "value"]
 

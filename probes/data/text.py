@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from depthprobe.probes.errors import ProbeError
+from depthprobe.probes.engine.errors import ProbeError
 
 
 def read_lines(path: Path) -> list[str]:

@@ -35,8 +35,8 @@ from typing import Any
 
 import numpy as np
 
-from depthprobe.probes.artifacts import replace_file, write_error
-from depthprobe.probes.errors import ProbeError
+from depthprobe.probes.engine.artifacts import replace_file, write_error
+from depthprobe.probes.engine.errors import ProbeError
 
 MAX_TOKENS = 512  # default token limit of a view; longer inputs are cut and the page says so
 SCALE = 10_000  # pattern values are stored as round(value * SCALE): 4 decimals
@@ -667,7 +667,7 @@ class Input:
 
     ids: list[int]
     labels: list[str]  # one per unit shown (pieces, or specials + words)
-    encoded: Any = None  # probes.align.Encoded for --words
+    encoded: Any = None  # probes.data.align.Encoded for --words
     notes: list[str] = field(default_factory=list)
 
 
@@ -706,7 +706,7 @@ def piece_input(model: Any, text: str, limit: int) -> Input:
 
 
 def word_input(model: Any, text: str, limit: int) -> Input:
-    from depthprobe.probes.align import encode_words, word_pieces
+    from depthprobe.probes.data.align import encode_words, word_pieces
 
     words = split_words(text)
     head, tail = _specials(model)
@@ -741,8 +741,8 @@ def model_views(
     """One :class:`View` per layer (the chosen heads) of ``model`` on ``text``, plus page notes."""
     import torch
 
-    from depthprobe.probes.align import unit_matrix, word_attention
-    from depthprobe.probes.capture import forward
+    from depthprobe.probes.data.align import unit_matrix, word_attention
+    from depthprobe.probes.hooks.capture import forward
 
     model.require_tokenizer("viz")
     info = model.info

@@ -24,9 +24,9 @@ from typing import Any, cast
 
 import torch
 
-from depthprobe.probes.artifacts import replace_file
-from depthprobe.probes.errors import ProbeError, suggest
-from depthprobe.probes.options import check_seed, coerce, field_types, parse_pairs
+from depthprobe.probes.engine.artifacts import replace_file
+from depthprobe.probes.engine.errors import ProbeError, suggest
+from depthprobe.probes.engine.options import check_seed, coerce, field_types, parse_pairs
 
 log = logging.getLogger(__name__)
 
@@ -387,7 +387,7 @@ def _boot_hf(path_or_id: str, device: torch.device, dtype: torch.dtype | None) -
 
 # Model families built on this module, by spec prefix -> "module:builder" (called with the spec and
 # the device). Resolved on use, so that this module never imports them.
-FAMILIES = {"spa": "depthprobe.probes.spa:build"}  # depth-study family: skipless, E-SPA, ...
+FAMILIES = {"spa": "depthprobe.probes.models.spa:build"}  # depth-study family: skipless, E-SPA, ...
 
 
 # ----------------------------------------------------------------------------- architectures
@@ -513,7 +513,7 @@ def _load_read_only(
     import transformers
     from transformers import AutoConfig, AutoModel, AutoTokenizer
 
-    from depthprobe.probes.hf_attentions import HFAttentions
+    from depthprobe.probes.models.hf_attentions import HFAttentions
 
     config = AutoConfig.from_pretrained(path_or_id)
     arch = architecture_of(_model_type(config))

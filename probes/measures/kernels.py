@@ -35,8 +35,8 @@ import math
 import numpy as np
 import torch
 
-from depthprobe.probes.errors import ProbeError
-from depthprobe.probes.runtime import torch_threads
+from depthprobe.probes.engine.errors import ProbeError
+from depthprobe.probes.engine.runtime import torch_threads
 
 F64 = torch.float64
 

@@ -45,8 +45,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from depthprobe.probes import artifacts
-from depthprobe.probes.errors import ProbeError, suggest
+from depthprobe.probes.engine import artifacts
+from depthprobe.probes.engine.errors import ProbeError, suggest
 
 SCORE_COLUMNS = ["model", "task", "layer", "head", "metric", "value"]
 RUN_FILES = ("manifest.json", "scores.csv")
@@ -529,7 +529,7 @@ def plot_svg(table: pd.DataFrame, metric: str) -> str:
 
 
 def _img(svg: str, alt: str) -> str:
-    from depthprobe.probes.viz import esc
+    from depthprobe.probes.render.viz import esc
 
     data = base64.b64encode(svg.encode("utf-8")).decode("ascii")
     return f'<img alt="{esc(alt)}" src="data:image/svg+xml;base64,{data}">'
@@ -537,8 +537,8 @@ def _img(svg: str, alt: str) -> str:
 
 def render(table: pd.DataFrame, peak: pd.DataFrame | None = None) -> str:
     """The offline comparison page: models, peaks table, one plot per metric."""
-    from depthprobe.probes.report import table as html_table
-    from depthprobe.probes.viz import esc, page
+    from depthprobe.probes.render.report import table as html_table
+    from depthprobe.probes.render.viz import esc, page
 
     peak = peaks(table) if peak is None else peak
     task = str(table["task"].iloc[0]) if len(table) else "?"

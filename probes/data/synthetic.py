@@ -28,10 +28,10 @@ from typing import TYPE_CHECKING, NamedTuple
 import numpy as np
 import torch
 
-from depthprobe.probes.errors import ProbeError, unknown
+from depthprobe.probes.engine.errors import ProbeError, unknown
 
 if TYPE_CHECKING:
-    from depthprobe.probes.models import Model
+    from depthprobe.probes.models.loading import Model
 
 BOS = 0  # the first token of every native-model sequence
 

@@ -22,9 +22,9 @@ from typing import Any
 
 import torch
 
-from depthprobe.probes import seam
-from depthprobe.probes.errors import ProbeError, suggest
-from depthprobe.probes.models import Model
+from depthprobe.probes.engine.errors import ProbeError, suggest
+from depthprobe.probes.hooks import seam
+from depthprobe.probes.models.loading import Model
 
 HookFn = Callable[[torch.Tensor, Any], torch.Tensor | None]
 

@@ -29,8 +29,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from depthprobe.probes.conllu import Sentence, by_document, read_conllu, to_doc
-from depthprobe.probes.errors import ProbeError
+from depthprobe.probes.data.conllu import Sentence, by_document, read_conllu, to_doc
+from depthprobe.probes.engine.errors import ProbeError
 
 SPAN_PREFIX = "coref_"
 
@@ -285,7 +285,7 @@ class _Conll12Doc:
 
 
 def _conll12_docs(path: Path) -> Iterator[_Conll12Doc]:
-    from depthprobe.probes.conllu import _lines
+    from depthprobe.probes.data.conllu import _lines
 
     cur: _Conll12Doc | None = None
     new_sentence = True
@@ -392,7 +392,7 @@ def sniff(path: Path) -> str:
         return "conllu"
     if is_conll2012(path):
         return "conll2012"
-    from depthprobe.probes.conllu import read_input
+    from depthprobe.probes.data.conllu import read_input
 
     if path.is_file():
         try:
@@ -512,7 +512,7 @@ def _offset(path: Path, line: int, text: str, col: str, name: str, value: str) -
 
 def read_gap(path: str | Path) -> list[GapExample]:
     """Every row of a GAP TSV file, validated (file:line errors)."""
-    from depthprobe.probes.conllu import _lines
+    from depthprobe.probes.data.conllu import _lines
 
     path = Path(path)
     lines = _lines(path)

@@ -15,9 +15,9 @@ from typing import Any, cast
 
 import torch
 
-from depthprobe.probes.capture import Names, capture, resolve_names
-from depthprobe.probes.errors import ProbeError
-from depthprobe.probes.models import Model
+from depthprobe.probes.engine.errors import ProbeError
+from depthprobe.probes.hooks.capture import Names, capture, resolve_names
+from depthprobe.probes.models.loading import Model
 
 
 def _layer_key(name: str) -> tuple[int, str]:

@@ -63,10 +63,10 @@ from torch import nn
 from transformer_lens.hook_points import HookPoint
 from transformer_lens.HookedRootModule import HookedRootModule
 
-from depthprobe.probes import kernels
-from depthprobe.probes.errors import ProbeError, suggest
-from depthprobe.probes.models import Model, ModelInfo, check_size, resolve_device
-from depthprobe.probes.options import check_seed, coerce, field_types, parse_pairs
+from depthprobe.probes.engine.errors import ProbeError, suggest
+from depthprobe.probes.engine.options import check_seed, coerce, field_types, parse_pairs
+from depthprobe.probes.measures import kernels
+from depthprobe.probes.models.loading import Model, ModelInfo, check_size, resolve_device
 
 ATTENTIONS = ("softmax", "uniform", "value-skipinit", "e-spa", "u-spa")
 NORMS = ("none", "pre", "post")
@@ -475,7 +475,7 @@ def _theory_sub(cfg: SPAConfig, s: torch.Tensor, f: Callable[[torch.Tensor], tor
 
 
 def build(cfg: SPAConfig | str, device: str | torch.device | None = None, name: str | None = None):
-    """An SPA model wrapped as a :class:`probes.models.Model` (tokenizer None)."""
+    """An SPA model wrapped as a :class:`probes.models.loading.Model` (tokenizer None)."""
     if isinstance(cfg, str):
         name = name or cfg
         cfg = SPAConfig.parse(cfg)

@@ -1,0 +1,1 @@
+"""Data: readers (CoNLL-U, coreference, raw text, parsing), synthetic tokens and word alignment."""

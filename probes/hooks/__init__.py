@@ -1,0 +1,1 @@
+"""Hooks: scoped capture of activations, the attention seam, caches, ablation and patching."""

@@ -1,0 +1,1 @@
+"""Measures: pure functions on tensors (attention metrics, signal-propagation kernels, the Levine depth threshold)."""

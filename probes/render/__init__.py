@@ -1,0 +1,1 @@
+"""Rendering: HTML reports, attention views and cross-run comparisons."""
