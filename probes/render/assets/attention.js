@@ -1,0 +1,164 @@
+(function () {
+  "use strict";
+  var doc = document, body = doc.body;
+  var dataEl = doc.getElementById("dp-views-data");
+  var views = dataEl ? JSON.parse(dataEl.textContent) : [];
+  var queue = [], busy = false, drawn = 0, failed = 0;
+  function attr(name, value) { body.setAttribute("data-views-" + name, String(value)); }
+  function status() {
+    var s = doc.getElementById("dp-status-text");
+    var left = views.length - drawn - failed;
+    if (s) { s.textContent = drawn + " of " + views.length + " attention views drawn" +
+             (failed ? ", " + failed + " failed" : "") + (left ? " (the others draw when scrolled to)" : ""); }
+    attr("drawn", drawn); attr("failed", failed);
+    if (!left) { attr("done", 1); var b = doc.getElementById("dp-draw-all"); if (b) { b.hidden = true; } }
+  }
+  function bytes(b64) {
+    var bin = atob(b64), out = new Uint8Array(bin.length);
+    for (var i = 0; i < bin.length; i++) { out[i] = bin.charCodeAt(i); }
+    return out;
+  }
+  function decode(p) {
+    var stream = new Blob([bytes(p.data)]).stream().pipeThrough(new DecompressionStream("deflate"));
+    return new Response(stream).arrayBuffer().then(function (buf) {
+      var a = p.dtype === "u2" ? new Uint16Array(buf) : new Int32Array(buf);
+      var H = p.shape[0], Q = p.shape[1], K = p.shape[2], k = 0, heads = [];
+      for (var h = 0; h < H; h++) {
+        var rows = [];
+        for (var q = 0; q < Q; q++) {
+          var row = new Array(K);
+          for (var j = 0; j < K; j++) { row[j] = a[k++] / p.scale; }
+          rows.push(row);
+        }
+        heads.push(rows);
+      }
+      return heads;
+    });
+  }
+  function fail(el, err) {
+    el.setAttribute("data-state", "error");
+    el.className = "view error";
+    el.textContent = "could not draw this view: " + (err && err.message ? err.message : String(err));
+    failed++;
+  }
+  function headButtons(v, show) {
+    var bar = doc.createElement("div");
+    bar.className = "heads";
+    v.heads.forEach(function (name, h) {
+      var b = doc.createElement("button");
+      b.type = "button";
+      b.textContent = name;
+      b.addEventListener("click", function () { show(h); });
+      bar.appendChild(b);
+    });
+    bar.press = function (h) {
+      Array.prototype.forEach.call(bar.children, function (b, i) { b.setAttribute("aria-pressed", String(i === h)); });
+    };
+    return bar;
+  }
+  function pattern(el, v, attention) {
+    // longer inputs: one head at a time with circuitsvis's AttentionPattern
+    var target = doc.createElement("div");
+    var bar = headButtons(v, function (h) {
+      var fresh = doc.createElement("div");
+      fresh.id = el.id + "-head";
+      target.replaceChildren(fresh);
+      bar.press(h);
+      CircuitsVis.render(fresh.id, CircuitsVis.AttentionPattern,
+                         { attention: attention[h], tokens: v.tokens, maskUpperTri: !!v.causal });
+    });
+    el.replaceChildren(bar, target);
+    bar.firstChild.click();
+  }
+  function raster(el, v, attention) {
+    // long inputs: one pixel per cell on a plain canvas (circuitsvis needs seconds per head here)
+    var T = v.tokens.length, canvas = doc.createElement("canvas"), tip = doc.createElement("p");
+    var ctx = canvas.getContext("2d"), img = ctx.createImageData(T, T), head = 0, top = 0;
+    canvas.width = T; canvas.height = T;
+    canvas.className = "raster";
+    canvas.setAttribute("role", "img");
+    tip.className = "meta tip";
+    var masked = function (q, k) { return v.causal && k > q; };
+    var bar = headButtons(v, function (h) {
+      var m = attention[h], d = img.data;
+      head = h; top = 0;
+      for (var q = 0; q < T; q++) {
+        for (var k = 0; k < T; k++) { if (!masked(q, k) && m[q][k] > top) { top = m[q][k]; } }
+      }
+      for (q = 0; q < T; q++) {
+        for (k = 0; k < T; k++) {
+          var o = 4 * (q * T + k), x = top > 0 ? Math.sqrt(Math.max(0, m[q][k]) / top) : 0;
+          if (masked(q, k)) { d[o] = d[o + 1] = d[o + 2] = 215; }
+          else { d[o] = 255 - x * 187; d[o + 1] = 255 - x * 235; d[o + 2] = 255 - x * 35; }
+          d[o + 3] = 255;
+        }
+      }
+      ctx.putImageData(img, 0, 0);
+      bar.press(h);
+      canvas.setAttribute("aria-label", v.heads[h] + ": attention pattern, " + T + " tokens");
+      tip.textContent = v.heads[h] + ": white 0 to dark " + top.toFixed(4) + " (this head's largest value; " +
+        "square-root scale); " +
+        "hover a pixel for its tokens and value";
+    });
+    canvas.addEventListener("mousemove", function (e) {
+      var r = canvas.getBoundingClientRect();
+      var k = Math.min(T - 1, Math.floor((e.clientX - r.left) / r.width * T));
+      var q = Math.min(T - 1, Math.floor((e.clientY - r.top) / r.height * T));
+      if (q < 0 || k < 0) { return; }
+      tip.textContent = v.heads[head] + ": " + v.tokens[q] + " (" + q + ") attends to " + v.tokens[k] + " (" + k +
+        "): " + (masked(q, k) ? "masked" : attention[head][q][k].toFixed(4));
+    });
+    el.replaceChildren(bar, tip, canvas);
+    bar.firstChild.click();
+  }
+  function drawOne(i) {
+    var v = views[i], el = doc.getElementById("dp-view-" + i);
+    el.setAttribute("data-state", "drawing");
+    return decode(v.pattern).then(function (attention) {
+      el.textContent = "";
+      if (v.mode === "raster") { raster(el, v, attention); }
+      else if (v.mode === "pattern") { pattern(el, v, attention); }
+      else {
+        CircuitsVis.render(el.id, CircuitsVis.AttentionHeads, {
+          attention: attention, tokens: v.tokens, attentionHeadNames: v.heads, maskUpperTri: !!v.causal
+        });
+      }
+      el.setAttribute("data-state", "drawn");
+      drawn++;
+    }).catch(function (err) { fail(el, err); });
+  }
+  function pump() {
+    if (busy || !queue.length) { return; }
+    busy = true;
+    drawOne(queue.shift()).then(function () {
+      status();
+      busy = false;
+      setTimeout(pump, 0);
+    });
+  }
+  function want(i) {
+    var el = doc.getElementById("dp-view-" + i);
+    if (el && el.getAttribute("data-state") === "waiting") {
+      el.setAttribute("data-state", "queued"); queue.push(i); pump();
+    }
+  }
+  function all() { views.forEach(function (v, i) { want(i); }); }
+  attr("total", views.length);
+  if (typeof CircuitsVis === "undefined" || typeof DecompressionStream === "undefined") {
+    var why = typeof CircuitsVis === "undefined" ? "the circuitsvis bundle did not load"
+      : "this browser lacks DecompressionStream; use a current browser";
+    views.forEach(function (v, i) { fail(doc.getElementById("dp-view-" + i), new Error(why)); });
+    status();
+    return;
+  }
+  var button = doc.getElementById("dp-draw-all");
+  if (button) { button.hidden = false; button.addEventListener("click", all); }
+  status();
+  if (typeof IntersectionObserver === "undefined" || /[#&]all\b/.test(location.hash)) { all(); return; }
+  var seen = new IntersectionObserver(function (entries) {
+    entries.forEach(function (e) {
+      if (e.isIntersecting) { seen.unobserve(e.target); want(Number(e.target.getAttribute("data-index"))); }
+    });
+  }, { rootMargin: "300px 0px" });
+  views.forEach(function (v, i) { seen.observe(doc.getElementById("dp-view-" + i)); });
+})();
