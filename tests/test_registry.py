@@ -111,3 +111,28 @@ def test_a_users_task_registers_and_runs_and_cannot_take_a_library_name(tmp_path
             probes.register(Clash)
     finally:
         TASKS._items.pop("user-twice", None)
+
+
+def test_a_task_missing_a_required_method_cannot_be_registered():
+    from depthprobe import probes
+    from depthprobe.probes.engine.task import TASKS, Task
+
+    class NoFinish(Task[None, int]):
+        name = "user-no-finish"
+        description = "forgets finalize"
+
+        def load(self, model, ctx):
+            return probes.Examples([[1, 2]])
+
+        def hook_names(self, model, ctx):
+            return []
+
+        def start(self, model, ctx, examples):
+            return 0
+
+        def accumulate(self, state, batch, acts):
+            pass
+
+    with pytest.raises(TypeError, match=r"abstract method.*finalize"):
+        probes.register(NoFinish)
+    assert "user-no-finish" not in TASKS

@@ -13,16 +13,22 @@ A task is a small declarative object:
 - ``start(model, ctx, examples)`` returns a fresh state; ``accumulate(state, batch, acts)`` folds one
   batch's activations into running sums; ``finalize(state, ctx)`` returns a :class:`Output`.
 
+``Task[OptionsT, StateT]`` is an abstract generic base: a task names its options dataclass and its
+state type (``class Mine(Task[Options, State])``) and must define ``load``, ``hook_names``,
+``start``, ``accumulate`` and ``finalize`` (a class that misses one cannot be instantiated, so it
+cannot be registered); ``batches`` and ``wants_logits`` have defaults.
+
 Attention maps of a whole data set are never held at once: ``acts`` lives for one batch.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
 import pandas as pd
 import torch
@@ -32,7 +38,13 @@ from depthprobe.probes.engine.errors import ProbeError, suggest
 from depthprobe.probes.engine.options import check_ranges, coerce
 from depthprobe.probes.engine.registry import Registry
 
+if TYPE_CHECKING:  # only for annotations: loading models pulls in TransformerLens
+    from depthprobe.probes.models.loading import Model
+
 SCORE_COLUMNS = ["model", "task", "layer", "head", "metric", "value"]
+
+OptionsT = TypeVar("OptionsT")  # a task's frozen Options dataclass
+StateT = TypeVar("StateT")  # what start returns and accumulate folds batches into
 
 
 @dataclass(frozen=True)
@@ -69,11 +81,11 @@ class RunConfig:
 
 
 @dataclass(frozen=True)
-class Context:
+class Context(Generic[OptionsT]):
     """What a task sees of the run: the config, its parsed options and the data path."""
 
     config: RunConfig
-    options: Any
+    options: OptionsT
 
     @property
     def data(self) -> Path | None:
@@ -128,38 +140,45 @@ class Configurable:
         return check_ranges(self.Options(**kwargs), f"{self.name}: option")
 
 
-class Task(Configurable):
+class Task(Configurable, ABC, Generic[OptionsT, StateT]):
+    """A task: read examples, capture hooks batch by batch into a state, finish into an Output."""
+
     needs_text: ClassVar[bool] = True
 
-    def wants_logits(self, model: Any) -> bool:
+    def wants_logits(self, model: Model) -> bool:
         """Whether forward passes must run to the logits (else they stop at the last hook)."""
         return False
 
-    def load(self, model: Any, ctx: Context) -> Examples:
-        raise NotImplementedError
+    @abstractmethod
+    def load(self, model: Model, ctx: Context[OptionsT]) -> Examples:
+        """The validated examples (bad input fails here, before any forward pass)."""
 
-    def batches(self, model: Any, examples: list[Any], ctx: Context) -> Iterator[Batch]:
+    def batches(self, model: Model, examples: list[Any], ctx: Context[OptionsT]) -> Iterator[Batch]:
         """Default: the examples are token-id sequences, padded and batched by length."""
         return length_batches(examples, examples, ctx.config.batch_size, model.pad_id)
 
-    def hook_names(self, model: Any, ctx: Context) -> list[str]:
-        raise NotImplementedError
+    @abstractmethod
+    def hook_names(self, model: Model, ctx: Context[OptionsT]) -> list[str]:
+        """The TransformerLens hooks to capture."""
 
-    def start(self, model: Any, ctx: Context, examples: Examples) -> Any:
-        raise NotImplementedError
+    @abstractmethod
+    def start(self, model: Model, ctx: Context[OptionsT], examples: Examples) -> StateT:
+        """A fresh state for a run over ``examples``."""
 
-    def accumulate(self, state: Any, batch: Batch, acts: dict[str, torch.Tensor]) -> None:
-        raise NotImplementedError
+    @abstractmethod
+    def accumulate(self, state: StateT, batch: Batch, acts: dict[str, torch.Tensor]) -> None:
+        """Fold one batch's captured activations into ``state`` (they live for this batch only)."""
 
-    def finalize(self, state: Any, ctx: Context) -> Output:
-        raise NotImplementedError
+    @abstractmethod
+    def finalize(self, state: StateT, ctx: Context[OptionsT]) -> Output:
+        """The run's output from the accumulated state."""
 
 
-TASKS: Registry[Task] = Registry("task")
+TASKS: Registry[Task[Any, Any]] = Registry("task")
 register = TASKS.register_class  # @register on a Task subclass adds it to the library
 
 
-def get_task(name: str) -> Task:
+def get_task(name: str) -> Task[Any, Any]:
     return TASKS.get(name)
 
 
@@ -187,12 +206,13 @@ class SweepConfig:
         return d
 
 
-class Sweep(Configurable):
+class Sweep(Configurable, ABC):
     """A depth sweep (``probe sweep --task NAME``): one model per depth, identical settings and
     seeds; ``run`` gets the depths and its parsed options and returns an :class:`Output`."""
 
+    @abstractmethod
     def run(self, config: SweepConfig, options: Any, progress: bool) -> Output:
-        raise NotImplementedError
+        """The sweep's table and plots."""
 
 
 SWEEPS: Registry[Sweep] = Registry("sweep task")
