@@ -58,7 +58,7 @@ from depthprobe.probes.engine.task import (
     get_task,
     tidy,
 )
-from depthprobe.probes.hooks.capture import capture
+from depthprobe.probes.hooks.capture import Captured, capture
 from depthprobe.probes.hooks.interventions import Head, ablate_heads, head_label, parse_heads
 from depthprobe.probes.models.loading import Model
 
@@ -221,17 +221,16 @@ def _final_hidden(model: Model, ids: torch.Tensor, mask: torch.Tensor) -> torch.
     return acts[last].float().cpu()
 
 
-class Ablation(Task):
+class Ablation(Task[Options, Plan]):
     name = "ablation"
     description = (
         "Ablate the heads a source task finds (its top k, or -O heads=L-H,...) and k random control "
         "heads from the same layers; loss (causal) or embedding cosine (encoders) and the source "
         "task's scores, with and without"
     )
-    Options = Options
     needs_text = False
 
-    def load(self, model: Model, ctx: Context) -> Examples:
+    def load(self, model: Model, ctx: Context[Options]) -> Examples:
         o = ctx.options
         source_task = get_task(o.source)
         if source_task.needs_text:
@@ -241,19 +240,19 @@ class Ablation(Task):
         ids, mask, task_slice = _behaviour_data(model, ctx, o.source, options)
         return Examples([Plan(model, o.source, ids, mask, task_slice, given, options)])
 
-    def batches(self, model: Model, examples: list[Any], ctx: Context) -> Iterator[Batch]:
+    def batches(self, model: Model, examples: list[Any], ctx: Context[Options]) -> Iterator[Batch]:
         return iter(())  # every forward pass runs under an intervention, in finalize
 
-    def hook_names(self, model: Model, ctx: Context) -> list[str]:
+    def hook_names(self, model: Model, ctx: Context[Options]) -> list[str]:
         return []
 
-    def start(self, model: Model, ctx: Context, examples: Examples) -> Plan:
+    def start(self, model: Model, ctx: Context[Options], examples: Examples) -> Plan:
         return examples[0]
 
-    def accumulate(self, state: Any, batch: Batch, acts: dict[str, torch.Tensor]) -> None:
+    def accumulate(self, state: Plan, batch: Batch, acts: Captured) -> None:
         return None
 
-    def finalize(self, plan: Plan, ctx: Context) -> Output:
+    def finalize(self, plan: Plan, ctx: Context[Options]) -> Output:
         o, model = ctx.options, plan.model
         clean_source = self._source(plan, ctx)
         clean_score = head_scores(plan.source, clean_source.scores, clean_source.files)

@@ -25,10 +25,11 @@ import pandas as pd
 import torch
 
 from depthprobe.probes.data.text import read_lines
+from depthprobe.probes.engine.batching import Batch
 from depthprobe.probes.engine.errors import ProbeError, suggest
 from depthprobe.probes.engine.options import ranged
 from depthprobe.probes.engine.task import Context, Examples, Output, Task, tidy
-from depthprobe.probes.hooks.capture import pattern_names
+from depthprobe.probes.hooks.capture import Captured, pattern_names
 from depthprobe.probes.measures.metrics import (
     attention_stat_sums,
     clark_stat_sums,
@@ -98,12 +99,11 @@ class State:
     js: torch.Tensor | None = None  # clark: sum over lines of [head, head] JS distances
 
 
-class AttentionStats(Task):
+class AttentionStats(Task[Options, State]):
     name = "attention-stats"
     description = "Per-head attention to [CLS]/BOS, [SEP], punctuation, previous/next token, self; entropy"
-    Options = Options
 
-    def load(self, model, ctx: Context) -> Examples:
+    def load(self, model: Model, ctx: Context[Options]) -> Examples:
         lines = read_lines(ctx.data) if ctx.data else read_lines(SAMPLE)
         tok = model.tokenizer
         pieces = tok(lines, add_special_tokens=False)["input_ids"]
@@ -117,15 +117,15 @@ class AttentionStats(Task):
             )
         return Examples(kept, skipped=len(seqs) - len(kept), why=f"longer than {limit} pieces")
 
-    def hook_names(self, model, ctx):
+    def hook_names(self, model: Model, ctx: Context[Options]) -> list[str]:
         return pattern_names(model.info.n_layers)
 
-    def start(self, model, ctx, examples):
+    def start(self, model: Model, ctx: Context[Options], examples: Examples) -> State:
         protocol = ctx.options.protocol
         ids = punct_ids(model.tokenizer, protocol)
         return State(model=model, punct=torch.tensor(sorted(ids), dtype=torch.long), protocol=protocol)
 
-    def accumulate(self, state: State, batch, acts) -> None:
+    def accumulate(self, state: State, batch: Batch, acts: Captured) -> None:
         model = state.model
         ids, mask = batch.input_ids, batch.attention_mask.bool()
         first = torch.zeros_like(mask)
@@ -151,7 +151,7 @@ class AttentionStats(Task):
                 js = js_distance_mean(torch.cat([acts[name][b, :, :n, :n] for name in names])).cpu()
                 state.js = js if state.js is None else state.js + js
 
-    def finalize(self, state: State, ctx: Context) -> Output:
+    def finalize(self, state: State, ctx: Context[Options]) -> Output:
         causal = state.model.info.causal
         rename = {"to_first": "to_bos" if causal else "to_cls", "entropy_first": "entropy_cls"}
         clark = state.protocol == "clark"

@@ -36,7 +36,8 @@ from depthprobe.probes.engine.errors import ProbeError
 from depthprobe.probes.engine.options import ranged
 from depthprobe.probes.engine.runtime import torch_threads
 from depthprobe.probes.engine.task import Batch, Context, Examples, Output, Task, tidy
-from depthprobe.probes.hooks.capture import pattern_names
+from depthprobe.probes.hooks.capture import Captured, pattern_names
+from depthprobe.probes.models.loading import Model
 
 SAMPLE = Path(__file__).parent / "data" / "sample_coref.conllu"
 TYPES = ("pronoun", "proper", "nominal")
@@ -563,15 +564,14 @@ def heatmap_rows(correct: torch.Tensor, n: Sequence[int], labels: Sequence[str],
 # ---------------------------------------------------------------- the task
 
 
-class Coref(Task):
+class Coref(Task[Options, ChainState | GapState]):
     name = "coref"
     description = (
         "Antecedent selection by attention (Clark Table 2): CoNLL-U Entity chains, "
         "CoNLL-2012 *_conll, or GAP TSV; best head vs nearest / head-match / rule-based"
     )
-    Options = Options
 
-    def _format(self, ctx: Context) -> str:
+    def _format(self, ctx: Context[Options]) -> str:
         fmt = ctx.options.format
         if fmt not in ("auto", "conllu", "conll2012", "gap"):
             raise ProbeError(f"coref: format={fmt!r}; use auto, conllu, conll2012 or gap")
@@ -590,7 +590,7 @@ class Coref(Task):
             return "chains"
         return coref_data.sniff(ctx.data)
 
-    def load(self, model, ctx: Context) -> Examples:
+    def load(self, model: Model, ctx: Context[Options]) -> Examples:
         if ctx.options.views < 0:
             raise ProbeError(f"coref: views={ctx.options.views} must be 0 or more")
         fmt = self._format(ctx)
@@ -612,7 +612,7 @@ class Coref(Task):
             {**counts, "documents": len(docs)},
         )
 
-    def _load_gap(self, model, ctx: Context) -> Examples:
+    def _load_gap(self, model: Model, ctx: Context[Options]) -> Examples:
         path = ctx.data
         if path is None:
             raise ValueError("_load_gap needs a data path")
@@ -624,29 +624,29 @@ class Coref(Task):
             raise ProbeError(f"{path}: no GAP example with exactly one true candidate fits in {limit} pieces")
         return CorefExamples(items, counts["too_long"], f"GAP texts longer than {limit} pieces", "gap", counts)
 
-    def batches(self, model, examples, ctx):
+    def batches(self, model: Model, examples: list[Any], ctx: Context[Options]) -> Iterator[Batch]:
         seqs = [w.encoded.ids if isinstance(w, Window) else w.ids for w in examples]
         per_pair = 4 * model.info.n_layers * model.info.n_heads
         return budget_batches(examples, seqs, ctx.config.batch_size, model.pad_id, per_pair)
 
-    def hook_names(self, model, ctx):
+    def hook_names(self, model: Model, ctx: Context[Options]) -> list[str]:
         return pattern_names(model.info.n_layers)
 
-    def start(self, model, ctx, examples):
+    def start(self, model: Model, ctx: Context[Options], examples: Examples) -> ChainState | GapState:
         kind = getattr(examples, "kind", "chains")
         cls = GapState if kind == "gap" else ChainState
         return cls(model.info.n_layers, model.info.n_heads, ctx.options.views, getattr(examples, "counts", {}))
 
-    def accumulate(self, state, batch, acts) -> None:
+    def accumulate(self, state: ChainState | GapState, batch: Batch, acts: Captured) -> None:
         names = pattern_names(state.n_layers)
         with torch_threads(1):  # scoring: small gathered tensors, no gain from threads
-            if state.kind == "gap":
+            if isinstance(state, GapState):
                 gap_accumulate(state, batch, acts, names)
             else:
                 chain_accumulate(state, batch, acts, names)
 
-    def finalize(self, state, ctx: Context) -> Output:
-        return gap_output(state, ctx) if state.kind == "gap" else chain_output(state, ctx)
+    def finalize(self, state: ChainState | GapState, ctx: Context[Options]) -> Output:
+        return gap_output(state, ctx) if isinstance(state, GapState) else chain_output(state, ctx)
 
 
 # ---------------------------------------------------------------- outputs

@@ -49,10 +49,11 @@ import torch.nn.functional as F
 
 from depthprobe.probes.data import synthetic
 from depthprobe.probes.data.synthetic import frame, ordinary_ids, sequences
+from depthprobe.probes.engine.batching import Batch
 from depthprobe.probes.engine.errors import ProbeError
 from depthprobe.probes.engine.options import ranged
 from depthprobe.probes.engine.task import Context, Examples, Output, Sweep, SweepConfig, Task, tidy
-from depthprobe.probes.hooks.capture import forward, pattern_names
+from depthprobe.probes.hooks.capture import Captured, forward, pattern_names
 from depthprobe.probes.measures.metrics import diagonal
 from depthprobe.probes.models.loading import Model
 from depthprobe.probes.render.viz import plot_text
@@ -266,20 +267,19 @@ class State:
     icl: torch.Tensor | None = None  # [K, n] natural-text windows for the ICL score
 
 
-class Induction(Task):
+class Induction(Task[Options, State]):
     name = "induction"
     description = (
         "Per-head induction, previous-token and duplicate-token scores on repeated random "
         "tokens with chance levels; repeat copying and ICL scores (causal); copying and "
         "K-composition, trained and at init (native)"
     )
-    Options = Options
     needs_text = False
 
-    def wants_logits(self, model) -> bool:  # the ICL score is defined for causal models only
+    def wants_logits(self, model: Model) -> bool:  # the ICL score is defined for causal models only
         return model.info.causal
 
-    def load(self, model, ctx: Context) -> Examples:
+    def load(self, model: Model, ctx: Context[Options]) -> Examples:
         o = ctx.options
         if ctx.config.data is not None:
             raise ProbeError("the induction task makes its own repeated random tokens; drop --data")
@@ -311,10 +311,10 @@ class Induction(Task):
         seqs = sequences(model, o.repeat_len, o.n_seqs, ctx.config.seed)
         return Examples([tuple(row) for row in seqs.tolist()])
 
-    def hook_names(self, model, ctx):
+    def hook_names(self, model: Model, ctx: Context[Options]) -> list[str]:
         return pattern_names(model.info.n_layers)
 
-    def start(self, model, ctx, examples):
+    def start(self, model: Model, ctx: Context[Options], examples: Examples) -> State:
         return State(
             model=model,
             repeat_len=ctx.options.repeat_len,
@@ -322,7 +322,7 @@ class Induction(Task):
             icl=icl_windows(model, ctx.options),
         )
 
-    def accumulate(self, state: State, batch, acts) -> None:
+    def accumulate(self, state: State, batch: Batch, acts: Captured) -> None:
         names = pattern_names(state.model.info.n_layers)
         a = acts.stacked(names).transpose(0, 1)  # [layer, b, h, q, k] -> [b, layer, h, q, k]
         for k, v in head_score_sums(a, state.repeat_len, state.prefix).items():
@@ -335,7 +335,7 @@ class Induction(Task):
             state.loss_first += float(first.sum())
             state.loss_second += float(second.sum())
 
-    def finalize(self, state: State, ctx: Context) -> Output:
+    def finalize(self, state: State, ctx: Context[Options]) -> Output:
         model = state.model
         means = {k: v / state.n for k, v in state.sums.items()}
         prefix, suffix = frame(model)

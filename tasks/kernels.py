@@ -29,14 +29,16 @@ import pandas as pd
 import torch
 
 from depthprobe.probes.data.text import read_lines
+from depthprobe.probes.engine.batching import Batch
 from depthprobe.probes.engine.errors import ProbeError, suggest
 from depthprobe.probes.engine.options import ranged
 from depthprobe.probes.engine.runtime import torch_threads
 from depthprobe.probes.engine.task import Context, Examples, Output, Sweep, SweepConfig, Task, tidy
-from depthprobe.probes.hooks.capture import capture
+from depthprobe.probes.hooks.capture import Captured, capture
 from depthprobe.probes.measures import kernels
 from depthprobe.probes.measures.levine import threshold
 from depthprobe.probes.models import spa
+from depthprobe.probes.models.loading import Model
 from depthprobe.probes.render.viz import plot_text
 
 ACCUMULATED = (
@@ -241,15 +243,14 @@ def default_layers(n_layers: int) -> list[int]:
     return sorted({round(x) for x in np.linspace(0, n_layers, 4)})
 
 
-class Kernels(Task):
+class Kernels(Task[Options, State]):
     name = "kernels"
     description = (
         "Signal propagation per layer: mean cosine, residual ratios, contraction exponent, effective ranks, kernel maps"
     )
-    Options = Options
     needs_text = False
 
-    def load(self, model, ctx: Context) -> Examples:
+    def load(self, model: Model, ctx: Context[Options]) -> Examples:
         opts = ctx.options
         bad = [layer_idx for layer_idx in opts.layers if not 0 <= layer_idx <= model.info.n_layers]
         if bad:
@@ -285,7 +286,7 @@ class Kernels(Task):
             )
         return Examples(kept, skipped=len(seqs) - len(kept), why=f"shorter than 2 or longer than {limit} pieces")
 
-    def _random(self, model, ctx: Context) -> Examples:
+    def _random(self, model: Model, ctx: Context[Options]) -> Examples:
         opts = ctx.options
         if ctx.data is not None:
             raise ProbeError(
@@ -304,10 +305,10 @@ class Kernels(Task):
             ids = torch.randint(0, vocab, (opts.n_random, t), generator=torch.Generator().manual_seed(ctx.config.seed))
         return Examples([tuple(r) for r in ids.tolist()])
 
-    def hook_names(self, model, ctx):
+    def hook_names(self, model: Model, ctx: Context[Options]) -> list[str]:
         return resid_names(model.info.n_layers)
 
-    def start(self, model, ctx, examples):
+    def start(self, model: Model, ctx: Context[Options], examples: Examples) -> State:
         opts = ctx.options
         exclude = not opts.include_bos if model.info.causal else opts.exclude_special is not False
         specials = torch.tensor(sorted({i for i in (model.cls_id, model.sep_id) if i is not None}), dtype=torch.long)
@@ -320,7 +321,7 @@ class Kernels(Task):
             acc=Accumulator(model.info.n_layers + 1, opts.kernel_len),
         )
 
-    def accumulate(self, state: State, batch, acts) -> None:
+    def accumulate(self, state: State, batch: Batch, acts: Captured) -> None:
         keep = batch.attention_mask.bool()
         if state.exclude and len(state.specials):
             special = torch.isin(batch.input_ids, state.specials)
@@ -333,7 +334,7 @@ class Kernels(Task):
         state.acc.count(keep)
         state.lengths.update(int(n) for n in keep.sum(1))
 
-    def finalize(self, state: State, ctx: Context) -> Output:
+    def finalize(self, state: State, ctx: Context[Options]) -> Output:
         model, acc = state.model, state.acc
         means = acc.means()
         theory = self._theory(state)

@@ -21,18 +21,20 @@ Only running counts are kept: correct[relation, direction, layer, head] and tota
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
 import torch
 
 from depthprobe.probes.data.align import Encoded, encode_words, unit_matrix, word_attention
-from depthprobe.probes.engine.batching import length_batches
+from depthprobe.probes.engine.batching import Batch, length_batches
 from depthprobe.probes.engine.errors import ProbeError
 from depthprobe.probes.engine.task import Context, Examples, Output, Task, tidy
-from depthprobe.probes.hooks.capture import pattern_names
+from depthprobe.probes.hooks.capture import Captured, pattern_names
 from depthprobe.probes.models.loading import Model
 
 SAMPLE = Path(__file__).parent / "data" / "sample_syntax.conllu"
@@ -198,15 +200,14 @@ class State:
     view: dict | None = None  # word-level attention of one example sentence, for the report
 
 
-class Syntax(Task):
+class Syntax(Task[Options, State]):
     name = "syntax"
     description = (
         "Clark et al. Table 1: per dependency relation, the head whose attention best finds "
         "the governor, vs a fixed-offset baseline (CoNLL-U, or raw text with --parser)"
     )
-    Options = Options
 
-    def load(self, model, ctx: Context) -> Examples:
+    def load(self, model: Model, ctx: Context[Options]) -> Examples:
         trees = read_trees(ctx.data, ctx.options.parser)
         limit = model.input_limit(ctx.config.max_len)
         kept: list[Example] = []
@@ -226,17 +227,17 @@ class Syntax(Task):
             )
         return Examples(kept, skipped=skipped, why=f"longer than {limit} pieces incl. specials")
 
-    def batches(self, model, examples, ctx):
+    def batches(self, model: Model, examples: list[Any], ctx: Context[Options]) -> Iterator[Batch]:
         return length_batches(examples, [e.enc.ids for e in examples], ctx.config.batch_size, model.pad_id)
 
-    def hook_names(self, model, ctx):
+    def hook_names(self, model: Model, ctx: Context[Options]) -> list[str]:
         return pattern_names(model.info.n_layers)
 
-    def start(self, model, ctx, examples) -> State:
+    def start(self, model: Model, ctx: Context[Options], examples: Examples) -> State:
         freq = Counter(r for e in examples for r in e.tree.rels)
         relations = [*sorted(freq, key=lambda r: (-freq[r], r)), ALL]
         L, H, R = model.info.n_layers, model.info.n_heads, len(relations)
-        f64 = dict(dtype=torch.float64, device=model.device)
+        f64: dict[str, Any] = dict(dtype=torch.float64, device=model.device)
         return State(
             model=model,
             relations=relations,
@@ -247,7 +248,7 @@ class Syntax(Task):
             base=torch.zeros(R, len(OFFSETS), **f64),
         )
 
-    def accumulate(self, state: State, batch, acts) -> None:
+    def accumulate(self, state: State, batch: Batch, acts: Captured) -> None:
         info = state.model.info
         items: list[Example] = list(batch.items)
         names = pattern_names(info.n_layers)
@@ -307,7 +308,7 @@ class Syntax(Task):
             return None
         return next((b for b, e in enumerate(items) if 5 <= e.enc.n_words <= 20), None)
 
-    def finalize(self, state: State, ctx: Context) -> Output:
+    def finalize(self, state: State, ctx: Context[Options]) -> Output:
         info = state.model.info
         correct, total, base = (t.cpu().numpy() for t in (state.correct, state.total, state.base))
         acc = correct / np.maximum(total, 1)[:, None, None, None]  # [relation, dir, layer, head]

@@ -136,3 +136,46 @@ def test_a_task_missing_a_required_method_cannot_be_registered():
     with pytest.raises(TypeError, match=r"abstract method.*finalize"):
         probes.register(NoFinish)
     assert "user-no-finish" not in TASKS
+
+
+def test_a_users_typed_task_gets_its_options_from_the_base():
+    from dataclasses import dataclass
+
+    import pandas as pd
+
+    from depthprobe import probes
+    from depthprobe.probes.engine.task import TASKS, Output, Task
+
+    @dataclass(frozen=True)
+    class Opts:
+        scale: int = 1
+
+    class Scaled(Task[Opts, list[int]]):
+        name = "user-scaled"
+        description = "counts tokens, times scale"
+        needs_text = False
+
+        def load(self, model, ctx):
+            return probes.Examples([[1, 2, 3], [4, 5]])
+
+        def hook_names(self, model, ctx):
+            return ["blocks.0.hook_resid_post"]
+
+        def start(self, model, ctx, examples):
+            return [0]
+
+        def accumulate(self, state, batch, acts):
+            state[0] += int(batch.attention_mask.sum())
+
+        def finalize(self, state, ctx):
+            return Output(scores=pd.DataFrame(), summary=pd.DataFrame([{"tokens": state[0] * ctx.options.scale}]))
+
+    assert Scaled.Options is Opts
+    probes.register(Scaled)
+    try:
+        model = probes.load("native:layers=1,d_model=16,heads=2,d_vocab=8,n_ctx=8,attn_only=true")
+        assert probes.run(model, "user-scaled", scale=3).summary["tokens"].tolist() == [15]
+        with pytest.raises(ProbeError, match="has no option 'scal'"):
+            probes.run(model, "user-scaled", scal=3)
+    finally:
+        TASKS._items.pop("user-scaled", None)

@@ -16,7 +16,8 @@ A task is a small declarative object:
 ``Task[OptionsT, StateT]`` is an abstract generic base: a task names its options dataclass and its
 state type (``class Mine(Task[Options, State])``) and must define ``load``, ``hook_names``,
 ``start``, ``accumulate`` and ``finalize`` (a class that misses one cannot be instantiated, so it
-cannot be registered); ``batches`` and ``wants_logits`` have defaults.
+cannot be registered); ``batches`` and ``wants_logits`` have defaults. The options dataclass named
+in the base is the task's ``Options``.
 
 Attention maps of a whole data set are never held at once: ``acts`` lives for one batch.
 """
@@ -28,10 +29,9 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar, get_args, get_origin
 
 import pandas as pd
-import torch
 
 from depthprobe.probes.engine.batching import Batch, length_batches
 from depthprobe.probes.engine.errors import ProbeError, suggest
@@ -39,6 +39,7 @@ from depthprobe.probes.engine.options import check_ranges, coerce
 from depthprobe.probes.engine.registry import Registry
 
 if TYPE_CHECKING:  # only for annotations: loading models pulls in TransformerLens
+    from depthprobe.probes.hooks.capture import Captured
     from depthprobe.probes.models.loading import Model
 
 SCORE_COLUMNS = ["model", "task", "layer", "head", "metric", "value"]
@@ -145,6 +146,17 @@ class Task(Configurable, ABC, Generic[OptionsT, StateT]):
 
     needs_text: ClassVar[bool] = True
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """``class Mine(Task[Options, State])`` also sets ``Mine.Options = Options`` (the options
+        dataclass is named once); a class that sets ``Options`` itself keeps its own."""
+        super().__init_subclass__(**kwargs)
+        if "Options" in cls.__dict__:
+            return
+        for base in cls.__dict__.get("__orig_bases__", ()):
+            args = get_args(base)
+            if get_origin(base) is Task and args and isinstance(args[0], type) and dataclasses.is_dataclass(args[0]):
+                cls.Options = args[0]
+
     def wants_logits(self, model: Model) -> bool:
         """Whether forward passes must run to the logits (else they stop at the last hook)."""
         return False
@@ -166,7 +178,7 @@ class Task(Configurable, ABC, Generic[OptionsT, StateT]):
         """A fresh state for a run over ``examples``."""
 
     @abstractmethod
-    def accumulate(self, state: StateT, batch: Batch, acts: dict[str, torch.Tensor]) -> None:
+    def accumulate(self, state: StateT, batch: Batch, acts: Captured) -> None:
         """Fold one batch's captured activations into ``state`` (they live for this batch only)."""
 
     @abstractmethod
