@@ -16,7 +16,7 @@ from depthprobe.probes.engine import artifacts
 from depthprobe.probes.engine.batching import CPU_BATCH_SIZE, auto_batch_size
 from depthprobe.probes.engine.errors import ProbeError
 from depthprobe.probes.engine.execute import execute
-from depthprobe.probes.engine.task import SWEEPS, TASKS, Context, RunConfig, get_task
+from depthprobe.probes.engine.task import SWEEPS, TASKS, Context, HeatmapPanel, RunConfig, ViewPanel, get_task
 from depthprobe.probes.measures.levine import DepthNote
 from depthprobe.probes.models.loading import DEFAULT_MODEL, Model, load, parse_dtype
 from depthprobe.tasks import SWEEPS as SWEEP_LIBRARY
@@ -40,8 +40,8 @@ class Result:
     device: str
     timings: dict[str, float]
     counts: dict[str, Any]
-    heatmaps: list[dict[str, Any]] = field(default_factory=list)
-    views: list[dict[str, Any]] = field(default_factory=list)
+    heatmaps: list[HeatmapPanel] = field(default_factory=list)
+    views: list[ViewPanel] = field(default_factory=list)
     plots: dict[str, str] = field(default_factory=dict)
     files: dict[str, bytes] = field(default_factory=dict)
     path: Path | None = None

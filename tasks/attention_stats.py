@@ -28,7 +28,7 @@ from depthprobe.probes.data.text import read_lines
 from depthprobe.probes.engine.batching import Batch
 from depthprobe.probes.engine.errors import ProbeError, suggest
 from depthprobe.probes.engine.options import ranged
-from depthprobe.probes.engine.task import Context, Examples, Output, Task, tidy
+from depthprobe.probes.engine.task import Context, Examples, HeatmapPanel, Output, Task, tidy
 from depthprobe.probes.hooks.capture import Captured, pattern_names
 from depthprobe.probes.measures.metrics import (
     attention_stat_sums,
@@ -187,7 +187,7 @@ class AttentionStats(Task[Options, State]):
         if "to_sep" in means:
             by_layer = means["to_sep"].mean(1)
             headline["to_sep_by_layer"] = [round(float(x), 4) for x in by_layer]
-        heatmaps = [
+        heatmaps: list[HeatmapPanel] = [
             {"title": TITLES.get(m, f"attention {m.replace('_', ' ')}"), "metric": m, "where": {}} for m in means
         ]
         return Output(scores=scores, summary=summary, notes=notes, headline=headline, heatmaps=heatmaps, files=files)

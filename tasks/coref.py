@@ -35,7 +35,7 @@ from depthprobe.probes.engine.batching import by_length, pad
 from depthprobe.probes.engine.errors import ProbeError
 from depthprobe.probes.engine.options import ranged
 from depthprobe.probes.engine.runtime import torch_threads
-from depthprobe.probes.engine.task import Batch, Context, Examples, Output, Task, tidy
+from depthprobe.probes.engine.task import Batch, Context, Examples, HeatmapPanel, Output, Task, ViewPanel, tidy
 from depthprobe.probes.hooks.capture import Captured, pattern_names
 from depthprobe.probes.models.loading import Model
 
@@ -718,7 +718,9 @@ def chain_output(state: ChainState, ctx: Context) -> Output:
         },
         "clark_et_al": {k: dict(zip(("all", *TYPES), v, strict=False)) for k, v in CLARK.items()},
     }
-    heatmaps = [{"title": "antecedent accuracy, all mentions", "metric": "accuracy", "where": {"type": "all"}}]
+    heatmaps: list[HeatmapPanel] = [
+        {"title": "antecedent accuracy, all mentions", "metric": "accuracy", "where": {"type": "all"}}
+    ]
     heatmaps += [
         {"title": f"antecedent accuracy, {t}s", "metric": "accuracy", "where": {"type": t}}
         for k, t in enumerate(TYPES)
@@ -730,7 +732,7 @@ def chain_output(state: ChainState, ctx: Context) -> Output:
     )
 
 
-def _finish_chain_view(v: dict, layer: int, head: int) -> dict:
+def _finish_chain_view(v: dict, layer: int, head: int) -> ViewPanel:
     m = v["_all"][layer, head]  # [word, word]
     row = m[v["query"]]
     cands = [{**c, "attention": round(float(row[c["head"]]), 4)} for c in v["candidates"]]
@@ -796,7 +798,7 @@ def gap_output(state: GapState, ctx: Context) -> Output:
         "best_head_clark": clark(layer, head),
         "gap": {r["method"]: {k: r[k] for k in ("all", "masculine", "feminine", "F/M")} for r in rows[1:]},
     }
-    heatmaps = [{"title": "GAP accuracy, all", "metric": "accuracy", "where": {"gender": "all"}}]
+    heatmaps: list[HeatmapPanel] = [{"title": "GAP accuracy, all", "metric": "accuracy", "where": {"gender": "all"}}]
     heatmaps += [
         {"title": f"GAP accuracy, {g}", "metric": "accuracy", "where": {"gender": g}}
         for k, g in enumerate(GENDERS)
@@ -806,7 +808,7 @@ def gap_output(state: GapState, ctx: Context) -> Output:
     return Output(scores=scores, summary=summary, notes=notes, headline=headline, heatmaps=heatmaps, views=views)
 
 
-def _gap_view(v: dict, layer: int, head: int) -> dict:
+def _gap_view(v: dict, layer: int, head: int) -> ViewPanel:
     it: GapItem = v["item"]
     att = v["att"][layer, head]
     return {

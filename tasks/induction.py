@@ -52,7 +52,7 @@ from depthprobe.probes.data.synthetic import frame, ordinary_ids, sequences
 from depthprobe.probes.engine.batching import Batch
 from depthprobe.probes.engine.errors import ProbeError
 from depthprobe.probes.engine.options import ranged
-from depthprobe.probes.engine.task import Context, Examples, Output, Sweep, SweepConfig, Task, tidy
+from depthprobe.probes.engine.task import Context, Examples, Output, Sweep, SweepConfig, Task, ViewPanel, tidy
 from depthprobe.probes.hooks.capture import Captured, forward, pattern_names
 from depthprobe.probes.measures.metrics import diagonal
 from depthprobe.probes.models.loading import Model
@@ -420,7 +420,7 @@ class Induction(Task[Options, State]):
         )
 
     @staticmethod
-    def _view(state: State, scores: pd.DataFrame) -> dict:
+    def _view(state: State, scores: pd.DataFrame) -> ViewPanel:
         """The best induction head (and the best previous-token head) on one repeated sequence."""
         if state.example is None:
             raise ValueError("_view needs the example kept by accumulate")

@@ -33,7 +33,7 @@ import torch
 from depthprobe.probes.data.align import Encoded, encode_words, unit_matrix, word_attention
 from depthprobe.probes.engine.batching import Batch, length_batches
 from depthprobe.probes.engine.errors import ProbeError
-from depthprobe.probes.engine.task import Context, Examples, Output, Task, tidy
+from depthprobe.probes.engine.task import Context, Examples, HeatmapPanel, Output, Task, ViewPanel, tidy
 from depthprobe.probes.hooks.capture import Captured, pattern_names
 from depthprobe.probes.models.loading import Model
 
@@ -322,7 +322,7 @@ class Syntax(Task[Options, State]):
                 for j, off in enumerate(OFFSETS)
             ]
         )
-        heatmaps = [
+        heatmaps: list[HeatmapPanel] = [
             {
                 "title": f"{rel}: {b['direction']} (best {b['best_head']}, {b['accuracy']:.1f}%)",
                 "metric": "accuracy",
@@ -424,7 +424,7 @@ class Syntax(Task[Options, State]):
         return notes
 
     @staticmethod
-    def _views(state: State, best: dict, causal: bool) -> list[dict]:
+    def _views(state: State, best: dict, causal: bool) -> list[ViewPanel]:
         if state.view is None:
             return []
         heads, labels = [], []

@@ -29,7 +29,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar, get_args, get_origin
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, NotRequired, TypedDict, TypeVar, get_args, get_origin
 
 import pandas as pd
 
@@ -105,6 +105,27 @@ class Examples(list):
         return self if n is None else Examples(self[:n], self.skipped, self.why)
 
 
+class HeatmapPanel(TypedDict):
+    """A report panel: the layer x head heatmap of ``metric`` over the score rows matching ``where``."""
+
+    title: str
+    metric: str
+    where: dict[str, Any]  # column -> value
+
+
+class ViewPanel(TypedDict):
+    """An attention view: ``pattern`` is [head, query, key] over ``tokens``; ``heads`` labels the heads."""
+
+    title: str
+    tokens: list[str]
+    pattern: list[Any]  # nested lists of floats, [head][query][key]
+    heads: list[str]
+    causal: bool
+    notes: NotRequired[list[str]]
+    query: NotRequired[int]  # coref: the mention's word, whose row is the one read
+    candidates: NotRequired[list[dict[str, Any]]]  # coref: the antecedent candidates with their attention
+
+
 @dataclass
 class Output:
     """What finalize returns: tidy scores, a short summary table and notes for the reader."""
@@ -113,12 +134,8 @@ class Output:
     summary: pd.DataFrame
     notes: list[str] = field(default_factory=list)
     headline: dict[str, Any] = field(default_factory=dict)
-    # report panels: layer x head heatmaps pivoted from `scores`, each
-    # {"title": str, "metric": str, "where": {column: value, ...}}
-    heatmaps: list[dict[str, Any]] = field(default_factory=list)
-    # attention views: {"title": str, "tokens": [str], "pattern": [[[float]]] (head, query, key),
-    #                   "heads": [str] labels, "causal": bool}
-    views: list[dict[str, Any]] = field(default_factory=list)
+    heatmaps: list[HeatmapPanel] = field(default_factory=list)  # pivoted from `scores`
+    views: list[ViewPanel] = field(default_factory=list)
     plots: dict[str, str] = field(default_factory=dict)  # name -> SVG text
     files: dict[str, bytes] = field(default_factory=dict)  # extra artifact files
 
