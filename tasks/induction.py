@@ -56,7 +56,7 @@ from depthprobe.probes.engine.task import Context, Examples, Output, Sweep, Swee
 from depthprobe.probes.hooks.capture import Captured, forward, pattern_names
 from depthprobe.probes.measures.metrics import diagonal
 from depthprobe.probes.models.loading import Model
-from depthprobe.probes.render.viz import plot_text
+from depthprobe.probes.render.viz import figure_svg, plot_text
 
 ICL_TEXT = Path(__file__).parent / "data" / "tinyshakespeare.txt"  # built-in natural text
 ICL_CONTEXT = 512  # Olsson et al.'s documents: at least 512 tokens
@@ -733,7 +733,5 @@ def line_plot(table: pd.DataFrame, column: str, ylabel: str, hline: float | None
         ax.legend()
         ax.grid(alpha=0.3)
         fig.tight_layout()
-        buf = io.StringIO()
-        fig.savefig(buf, format="svg", metadata={"Date": None})
-        plt.close(fig)
-    return buf.getvalue()
+        svg = figure_svg(fig)
+    return svg

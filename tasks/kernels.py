@@ -39,7 +39,7 @@ from depthprobe.probes.measures import kernels
 from depthprobe.probes.measures.levine import threshold
 from depthprobe.probes.models import spa
 from depthprobe.probes.models.loading import Model
-from depthprobe.probes.render.viz import plot_text
+from depthprobe.probes.render.viz import figure_svg, plot_text
 
 ACCUMULATED = (
     "mean_cosine",
@@ -148,13 +148,8 @@ def theory_rows(sigmas: torch.Tensor | None) -> dict[str, np.ndarray]:
 # ----------------------------------------------------------------------------- plots
 
 
-def _svg(fig) -> str:
-    import matplotlib.pyplot as plt
-
-    buf = io.StringIO()
-    fig.savefig(buf, format="svg", bbox_inches="tight")
-    plt.close(fig)
-    return buf.getvalue()
+def _svg(fig: Any) -> str:
+    return figure_svg(fig, tight=True)
 
 
 def _pyplot():

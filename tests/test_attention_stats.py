@@ -255,7 +255,7 @@ def test_text_file_input_and_errors(tiny_bert, tmp_path):
         run(tiny_bert, "attention-stats", empty)
     binary = tmp_path / "bin.txt"
     binary.write_bytes(b"\xff\xfe\x00bad")
-    with pytest.raises(ProbeError, match="not UTF-8"):
+    with pytest.raises(ProbeError, match="not valid UTF-8"):
         run(tiny_bert, "attention-stats", binary)
     with pytest.raises(ProbeError, match=r"no option 'topp'.*did you mean 'top'"):
         run(tiny_bert, "attention-stats", topp=3)

@@ -11,6 +11,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from depthprobe.probes.data.text import read_text
 from depthprobe.probes.engine.errors import ProbeError
 
 
@@ -48,42 +49,8 @@ def _fail(path: Path, line: int, what: str) -> ProbeError:
     return ProbeError(f"{path}:{line}: {what}")
 
 
-MAX_STREAM = 1 << 30  # bytes kept from a pipe (-d <(...)); regular files are read whole
-_STREAMS: dict[tuple[str, int, int], bytes] = {}
-
-
-def read_input(path: Path) -> bytes:
-    """The bytes of an input file. A pipe (``-d <(cat file)``) is read once and kept, so that
-    format detection and the reader see the same bytes; devices are refused."""
-    import stat
-
-    try:
-        st = path.stat()
-        if stat.S_ISREG(st.st_mode):
-            return path.read_bytes()
-        if not stat.S_ISFIFO(st.st_mode):
-            raise ProbeError(f"{path} is not a regular file (a device or socket); give a file")
-        key = (str(path), st.st_dev, st.st_ino)  # this pipe, not a later one under the same /dev/fd name
-        if key not in _STREAMS:
-            with path.open("rb") as fh:
-                data = fh.read(MAX_STREAM + 1)
-            if len(data) > MAX_STREAM:
-                raise ProbeError(f"{path} is a stream longer than {MAX_STREAM >> 30} GiB; save it to a file first")
-            while len(_STREAMS) >= 4:  # keep only the pipes of the current run
-                _STREAMS.pop(next(iter(_STREAMS)))
-            _STREAMS[key] = data
-        return _STREAMS[key]
-    except OSError as exc:
-        raise ProbeError(f"cannot read {path}: {exc.strerror}") from None
-
-
 def _lines(path: Path) -> list[str]:
-    raw = read_input(path)
-    try:
-        return raw.decode("utf-8-sig").split("\n")
-    except UnicodeDecodeError as exc:
-        line = raw[: exc.start].count(b"\n") + 1
-        raise _fail(path, line, "not valid UTF-8; re-save the file as UTF-8") from None
+    return read_text(path).split("\n")
 
 
 def _check_tree(path: Path, tokens: list[Token]) -> None:

@@ -392,7 +392,7 @@ def sniff(path: Path) -> str:
         return "conllu"
     if is_conll2012(path):
         return "conll2012"
-    from depthprobe.probes.data.conllu import read_input
+    from depthprobe.probes.data.text import read_input
 
     if path.is_file():
         try:

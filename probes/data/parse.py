@@ -11,27 +11,13 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
+from depthprobe.probes.data.text import nonempty_lines
 from depthprobe.probes.engine.errors import ProbeError
 
 
 def text_lines(path: str | Path) -> list[str]:
     """Non-empty lines of a UTF-8 text file (stripped); a bad file fails with a one-line reason."""
-    p = Path(path)
-    if p.is_dir():
-        raise ProbeError(f"{p} is a directory; raw text for --parser is one UTF-8 file (one paragraph per line)")
-    try:
-        raw = p.read_bytes()
-    except OSError as exc:
-        raise ProbeError(f"cannot read {p}: {exc.strerror}") from None
-    try:
-        text = raw.decode("utf-8-sig")
-    except UnicodeDecodeError as exc:
-        line = raw[: exc.start].count(b"\n") + 1
-        raise ProbeError(f"{p}:{line}: not valid UTF-8; re-save the file as UTF-8") from None
-    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
-    if not lines:
-        raise ProbeError(f"{p} is empty; give a text file with one paragraph per line")
-    return lines
+    return nonempty_lines(Path(path), "one paragraph")
 
 
 def _looks_like_path(name: str) -> bool:

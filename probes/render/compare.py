@@ -32,7 +32,6 @@ tidy table with one row per (model, layer, metric); ``save(table, out)`` writes 
 from __future__ import annotations
 
 import base64
-import io
 import json
 import os
 import re
@@ -494,14 +493,12 @@ def save(table: pd.DataFrame, out: str | Path | None = None) -> Path:
     return final
 
 
-def _mpl_text(text: str) -> str:
-    return str(text).replace("$", r"\$")  # no mathtext from model names
-
-
 def plot_svg(table: pd.DataFrame, metric: str) -> str:
     """Best-head value (solid) and mean over heads (dashed) against relative depth, a line per model."""
     from matplotlib import colormaps, rc_context
     from matplotlib.figure import Figure
+
+    from depthprobe.probes.render.viz import figure_svg, plot_text
 
     rows = table[table["metric"] == metric]
     labels = list(dict.fromkeys(rows["label"]))
@@ -512,20 +509,19 @@ def plot_svg(table: pd.DataFrame, metric: str) -> str:
         for k, label in enumerate(labels):
             g = rows[rows["label"] == label].sort_values("relative_depth")
             color = cmap(k if len(labels) <= 10 else k / max(1, len(labels) - 1))
-            ax.plot(g["relative_depth"], g["best_value"], marker="o", ms=3, lw=1.4, color=color, label=_mpl_text(label))
+            ax.plot(g["relative_depth"], g["best_value"], marker="o", ms=3, lw=1.4, color=color, label=plot_text(label))
             if (g["heads"] > 1).any():
                 ax.plot(g["relative_depth"], g["head_mean"], ls="--", lw=0.9, alpha=0.6, color=color)
         ax.set_xlim(0, 1)
         ax.set_xlabel("relative depth")
         best = "smallest" if rows["better"].iloc[0] == "lower" else "largest"
         has_heads = (rows["heads"] > 1).any()
-        ax.set_ylabel(_mpl_text(metric) + (f"\n(best head: {best}; dashed: head mean)" if has_heads else ""))
+        ax.set_ylabel(plot_text(metric) + (f"\n(best head: {best}; dashed: head mean)" if has_heads else ""))
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7, loc="best")
         fig.tight_layout()
-        buf = io.StringIO()
-        fig.savefig(buf, format="svg", metadata={"Date": None})
-    return buf.getvalue()
+        svg = figure_svg(fig)
+    return svg
 
 
 def _img(svg: str, alt: str) -> str:

@@ -83,6 +83,20 @@ def plot_text(text: Any) -> str:
     return str(text).replace("$", r"\$")
 
 
+def figure_svg(fig: Any, tight: bool = False) -> str:
+    """A matplotlib figure as SVG text: no date stamp (reruns are byte-identical), and the figure is
+    closed if pyplot holds it. The one SVG writer for the plots of reports, tasks and comparisons."""
+    import io
+    import sys
+
+    buf = io.StringIO()
+    fig.savefig(buf, format="svg", metadata={"Date": None}, **({"bbox_inches": "tight"} if tight else {}))
+    pyplot = sys.modules.get("matplotlib.pyplot")  # figures made with Figure() need no closing
+    if pyplot is not None:
+        pyplot.close(fig)
+    return buf.getvalue()
+
+
 def script_json(obj: Any) -> str:
     """JSON safe to place inside a ``<script>`` element.
 
