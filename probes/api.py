@@ -16,7 +16,7 @@ from depthprobe.probes.engine import artifacts
 from depthprobe.probes.engine.batching import CPU_BATCH_SIZE, auto_batch_size
 from depthprobe.probes.engine.errors import ProbeError
 from depthprobe.probes.engine.execute import execute
-from depthprobe.probes.engine.task import SWEEPS, TASKS, Context, HeatmapPanel, RunConfig, ViewPanel, get_task
+from depthprobe.probes.engine.task import SWEEPS, TASKS, Context, HeatmapPanel, Output, RunConfig, ViewPanel, get_task
 from depthprobe.probes.measures.levine import DepthNote
 from depthprobe.probes.models.loading import DEFAULT_MODEL, Model, load, parse_dtype
 from depthprobe.tasks import SWEEPS as SWEEP_LIBRARY
@@ -45,6 +45,13 @@ class Result:
     plots: dict[str, str] = field(default_factory=dict)
     files: dict[str, bytes] = field(default_factory=dict)
     path: Path | None = None
+
+    @classmethod
+    def from_output(cls, out: Output, **run: Any) -> Result:
+        """A Result from what a task or sweep produced (``out``) and what the run knows (config,
+        model_info, device, timings, counts); ``notes`` or ``headline`` in ``run`` replace the output's."""
+        produced = {f.name: getattr(out, f.name) for f in dataclasses.fields(out)}
+        return cls(**{**produced, **run})
 
     @property
     def task(self) -> str:
@@ -181,9 +188,8 @@ def run(
     if examples.skipped:
         out.notes.insert(0, f"{examples.skipped} input(s) skipped ({examples.why}), not truncated")
     counts.update({k: v for k, v in out.headline.items() if k.startswith("n_")})
-    return Result(
-        scores=out.scores,
-        summary=out.summary,
+    return Result.from_output(
+        out,
         notes=[*out.notes, note],
         headline=headline,
         config={**config.as_dict(), "dtype": str(_model_dtype(mdl)).removeprefix("torch.")},
@@ -191,10 +197,6 @@ def run(
         device=str(mdl.device),
         timings=timer.times,
         counts=counts,
-        heatmaps=out.heatmaps,
-        views=out.views,
-        plots=out.plots,
-        files=out.files,
     )
 
 

@@ -37,18 +37,11 @@ def sweep(
     with timer("sweep"):
         out = sw.run(config, parsed, progress)
     info = {"name": f"sweep-{task}", "source": "sweep", "depths": list(config.depths)}
-    return Result(
-        scores=out.scores,
-        summary=out.summary,
-        notes=out.notes,
-        headline=out.headline,
+    return Result.from_output(
+        out,
         config={**config.as_dict(), "kind": "sweep"},
         model_info=info,
         device=str(device or "auto"),
         timings=timer.times,
         counts={"depths": len(config.depths)},
-        heatmaps=out.heatmaps,
-        views=out.views,
-        plots=out.plots,
-        files=out.files,
     )
