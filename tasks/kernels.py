@@ -495,21 +495,8 @@ def heatmap_layers(depths: tuple[int, ...], o: SweepOptions) -> list[int]:
 
 def measure(net: spa.SPATransformer, ids: torch.Tensor) -> Accumulator:
     """One pass over ids [B, T]; metrics folded in per layer as each residual is produced."""
-    from depthprobe.probes.models.loading import Model, ModelInfo
-
     cfg = net.cfg
-    info = ModelInfo(
-        name="spa",
-        source="spa",
-        resolved=cfg.spec(),
-        causal=cfg.causal,
-        n_layers=cfg.depth,
-        n_heads=cfg.heads,
-        d_model=cfg.width,
-        max_len=cfg.n_ctx,
-        weights="",
-    )
-    model = Model(bridge=net, tokenizer=None, info=info, device=net.W_E.device)
+    model = spa.wrap(net)
     names = resid_names(cfg.depth)
     layer_of = {n: i for i, n in enumerate(names)}
     acc = Accumulator(cfg.depth + 1, ids.shape[1])

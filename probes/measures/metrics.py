@@ -17,20 +17,18 @@ def diagonal(a: torch.Tensor, offset: int) -> torch.Tensor:
     return torch.cat([pad, d], -1) if offset < 0 else torch.cat([d, pad], -1)[..., :n]
 
 
-def attention_stat_sums(
-    a: torch.Tensor, mask: torch.Tensor, is_first: torch.Tensor, is_sep: torch.Tensor | None, is_punct: torch.Tensor
+def _per_query(
+    a: torch.Tensor,
+    real: torch.Tensor,
+    is_first: torch.Tensor,
+    is_sep: torch.Tensor | None,
+    is_punct: torch.Tensor,
+    entropy: torch.Tensor,
 ) -> dict[str, torch.Tensor]:
-    """Per-head sums over real query tokens of Clark et al.'s §3 statistics.
-
-    a: [batch, layer, head, q, k]; mask, is_first, is_sep, is_punct: [batch, pos] (bool/0-1).
-    Returns metric -> [layer, head] sums (float64); divide by ``mask.sum()`` for the means.
-    Previous/next-token attention at the first/last real token counts as 0. Per-query values
-    are computed in the pattern's dtype (rows of at most a few hundred terms); the sums over
-    queries and batches are float64.
-    """
+    """Per query, in ``a``'s dtype: attention to the first token, punctuation and [SEP] keys, to the
+    previous, next (0 at the last real token: ``real`` is [batch, pos]) and same token, and the
+    given ``entropy`` of each row. [b, l, h, q] each."""
     b, n_layer, n_head, n_q, n_k = a.shape
-    a = a.float() if not a.is_floating_point() or a.dtype == torch.float16 else a
-    real = mask.to(a.dtype)
     key_sets = [is_first, is_punct] + ([is_sep] if is_sep is not None else [])
     keys = torch.stack([k.to(a.dtype) for k in key_sets], -1)  # [b, k, m]
     # attention mass on each key set: [b, l*h*q, k] @ [b, k, m] -> [b, l, h, q, m]
@@ -42,10 +40,26 @@ def attention_stat_sums(
         "to_prev": diagonal(a, -1),
         "to_next": diagonal(a, 1) * nxt_real,
         "to_self": diagonal(a, 0),
-        "entropy": torch.special.entr(a).sum(-1),
+        "entropy": entropy,
     }
     if is_sep is not None:
         per_query["to_sep"] = mass[..., 2]
+    return per_query
+
+
+def attention_stat_sums(
+    a: torch.Tensor, mask: torch.Tensor, is_first: torch.Tensor, is_sep: torch.Tensor | None, is_punct: torch.Tensor
+) -> dict[str, torch.Tensor]:
+    """Per-head sums over real query tokens of Clark et al.'s §3 statistics.
+
+    a: [batch, layer, head, q, k]; mask, is_first, is_sep, is_punct: [batch, pos] (bool/0-1).
+    Returns metric -> [layer, head] sums (float64); divide by ``mask.sum()`` for the means.
+    Previous/next-token attention at the first/last real token counts as 0. Per-query values
+    are computed in the pattern's dtype (rows of at most a few hundred terms); the sums over
+    queries and batches are float64.
+    """
+    a = a.float() if not a.is_floating_point() or a.dtype == torch.float16 else a
+    per_query = _per_query(a, mask.to(a.dtype), is_first, is_sep, is_punct, torch.special.entr(a).sum(-1))
     q = mask.to(torch.float64)[:, None, None, :]  # weights of real queries
     return {k: (v.to(torch.float64) * q).sum(dim=(0, 3)) for k, v in per_query.items()}
 
@@ -89,26 +103,15 @@ def clark_stat_sums(
     real = mask.to(torch.float64)  # [b, pos]
     n = real.sum(1)  # [b]
     q = real[:, None, None, :]
-    keys = [is_first, is_punct] + ([is_sep] if is_sep is not None else [])
-    mass = torch.einsum("blhqk,bkm->blhqm", a, torch.stack([k.to(torch.float64) for k in keys], -1))
-    nxt_real = torch.cat([real[:, 1:], torch.zeros_like(real[:, :1])], 1)[:, None, None, :]
-    per_query = {
-        "to_first": mass[..., 0],
-        "to_punct": mass[..., 1],
-        "to_prev": diagonal(a, -1),
-        "to_next": diagonal(a, 1) * nxt_real,
-        "to_self": diagonal(a, 0),
-        "entropy": smoothed_entropy(a, n[:, None, None, None, None], real[:, None, None, None, :]),
-    }
-    if is_sep is not None:
-        per_query["to_sep"] = mass[..., 2]
+    entropy = smoothed_entropy(a, n[:, None, None, None, None], real[:, None, None, None, :])
+    per_query = _per_query(a, real, is_first, is_sep, is_punct, entropy)
     out = {k: ((v * q).sum(-1) / n[:, None, None]).sum(0) for k, v in per_query.items()}
     out["entropy_first"] = per_query["entropy"][..., 0].sum(0)
     if is_sep is not None:
         sep = is_sep.to(torch.float64) * real
         n_sep = sep.sum(1)
         for name, w, denom in (("sep_to_sep", sep, n_sep), ("other_to_sep", real - sep, n - n_sep)):
-            per_sentence = (mass[..., 2] * w[:, None, None, :]).sum(-1) / denom.clamp(min=1)[:, None, None]
+            per_sentence = (per_query["to_sep"] * w[:, None, None, :]).sum(-1) / denom.clamp(min=1)[:, None, None]
             out[name] = per_sentence.sum(0)
     return out
 

@@ -482,8 +482,15 @@ def build(cfg: SPAConfig | str, device: str | torch.device | None = None, name: 
     dev = device if isinstance(device, torch.device) else resolve_device(device)
     cfg.check_size(device=dev)
     net = SPATransformer(cfg).to(dev).eval()
+    return wrap(net, name or cfg.spec(), f"random-init:seed={cfg.seed}", dev)
+
+
+def wrap(net: SPATransformer, name: str = "spa", weights: str = "", device: torch.device | None = None) -> Model:
+    """``net`` as a :class:`probes.models.loading.Model` (tokenizer None); ``device`` defaults to
+    the device of its weights."""
+    cfg = net.cfg
     info = ModelInfo(
-        name=name or cfg.spec(),
+        name=name,
         source="spa",
         resolved=cfg.spec(),
         causal=cfg.causal,
@@ -491,9 +498,9 @@ def build(cfg: SPAConfig | str, device: str | torch.device | None = None, name: 
         n_heads=cfg.heads,
         d_model=cfg.width,
         max_len=cfg.n_ctx,
-        weights=f"random-init:seed={cfg.seed}",
+        weights=weights,
     )
-    return Model(bridge=net, tokenizer=None, info=info, device=dev)
+    return Model(bridge=net, tokenizer=None, info=info, device=device or net.W_E.device)
 
 
 def random_tokens(n: int, t: int, d_vocab: int, seed: int = 0) -> torch.Tensor:
