@@ -93,7 +93,7 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-list_app = typer.Typer(help="List tasks or models.", no_args_is_help=True)
+list_app = typer.Typer(help="List tasks, models or architectures.", no_args_is_help=True)
 app.add_typer(list_app, name="list")
 
 _DEBUG = {"on": False}
