@@ -1,0 +1,498 @@
+"""Equal-parameter model families for depth studies (Levine et al. 2020; Petty et al. 2023; He et al. 2023).
+
+A family is a list of :class:`Member` shapes that differ in depth at a controlled non-embedding
+parameter count. Sizes are solved with :func:`nonembed_params` (the count of the native pre-LN
+block that :func:`probes.models.loading.load` builds), then every member is built once and counted
+from its parameters with :func:`count_params`; a member more than 1% off its target is an internal
+error, never a silent mismatch.
+
+- :func:`levine`: depth pairs (L, 2L) at a list of non-embedding budgets (Levine et al. 2020).
+- :func:`petty`: one budget, many depths, shrinking d_ff, d_model or the attention width
+  (Petty et al. 2023).
+- :func:`spa`: fixed width, deep skipless variants against pre-LN (He et al. 2023).
+
+Native members (levine, petty) are GPT-2-style decoders: learned positions, pre-LayerNorm, GELU
+MLPs with biases, a final LayerNorm and an untied unembedding without bias. Non-embedding means
+the blocks and the final LayerNorm; embedding means the token embedding, the positional
+embedding and the unembedding.
+
+Names are filesystem-safe and sort in study order: budgets in thousands padded to four digits
+(``b0050k``; a budget that is not a whole number of thousands keeps its remainder, ``b0012k345``)
+and depths padded to two digits (``L04``).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from decimal import Decimal, InvalidOperation
+from typing import Any
+
+from depthprobe.probes.engine.errors import ProbeError, suggest
+from depthprobe.probes.models import spa as spa_models
+from depthprobe.probes.models.loading import Model, NativeConfig, load
+
+FAMILIES = ("levine", "petty", "spa")
+SHRINKS = ("d_ff", "d_model", "d_attn")
+TOLERANCE = 0.01  # members match their target non-embedding count within 1%
+NATIVE_VARIANT = "pre-ln"
+
+# top-level parameter names: the native model (TransformerLens NativeModel) and SPATransformer
+EMBEDDING = frozenset({"tok_embed", "pos", "head", "W_E", "W_U"})
+NON_EMBEDDING = frozenset({"layers", "ln_out", "blocks"})
+
+
+@dataclass(frozen=True)
+class Member:
+    """One model shape of a family. ``d_ff`` is 0 for spa members (attention-only blocks);
+    ``budget`` is the target non-embedding count (None for spa); ``variant`` is the spa variant
+    name, or "pre-ln" for native members; ``shrink`` the petty mode; ``pair`` the levine pair
+    (see :func:`levine` for depths shared by two pairs)."""
+
+    family: str
+    name: str
+    depth: int
+    d_model: int
+    n_heads: int
+    d_head: int
+    d_ff: int
+    budget: int | None = None
+    variant: str = NATIVE_VARIANT
+    shrink: str | None = None
+    pair: tuple[int, int] | None = None
+
+    @property
+    def d_attn(self) -> int:
+        """Attention width n_heads * d_head (d_model except in petty's d_attn mode)."""
+        return self.n_heads * self.d_head
+
+    def native(self, vocab: int, context: int, seed: int) -> NativeConfig:
+        """The native decoder of a levine or petty member."""
+        if self.family == "spa":
+            raise ProbeError(f"member {self.name} is an spa model; build it with Member.spa(...)")
+        return NativeConfig(
+            layers=self.depth,
+            d_model=self.d_model,
+            heads=self.n_heads,
+            d_head=self.d_head,
+            d_mlp=self.d_ff,
+            d_vocab=vocab,
+            n_ctx=context,
+            attn_only=False,
+            norm="ln",
+            positional="learned",
+            act_fn="gelu",
+            seed=seed,
+        )
+
+    def spa(self, vocab: int, context: int, seed: int) -> spa_models.SPAConfig:
+        """The SPA model of an spa member: softmax attention for the baselines, attention-only."""
+        if self.family != "spa":
+            raise ProbeError(f"member {self.name} is a native model; build it with Member.native(...)")
+        return spa_models.SPAConfig(
+            **spa_models.variant_config(self.variant, self.depth, attention="softmax"),
+            width=self.d_model,
+            heads=self.n_heads,
+            n_ctx=context,
+            d_vocab=vocab,
+            seed=seed,
+            mlp=False,
+        )
+
+    def build(self, vocab: int, context: int, seed: int, device: str | None = None) -> Model:
+        """The member as a loaded :class:`Model` (random init with ``seed``)."""
+        if self.family == "spa":
+            return spa_models.build(self.spa(vocab, context, seed), device=device, name=self.name)
+        return load(self.native(vocab, context, seed), device=device)
+
+
+# ----------------------------------------------------------------------------- counting
+
+
+def count_params(model: Any) -> tuple[int, int]:
+    """(non-embedding, embedding) parameter counts of a built model, each tensor once.
+
+    ``model``: a :class:`Model`, a TransformerBridge over a native model, the native model itself
+    or an :class:`~probes.models.spa.SPATransformer`. Embedding: token embedding, positional
+    embedding, unembedding and its bias (tok_embed, pos, head; W_E, W_U). Non-embedding: the
+    blocks and the final norm (layers, ln_out; blocks)."""
+    module = getattr(model, "bridge", model)
+    module = getattr(module, "original_model", module)
+    nonembed = embed = 0
+    for name, p in module.named_parameters():  # named_parameters yields shared tensors once
+        top = name.split(".", 1)[0]
+        if top in EMBEDDING:
+            embed += p.numel()
+        elif top in NON_EMBEDDING:
+            nonembed += p.numel()
+        else:
+            raise ProbeError(f"count_params: parameter {name!r} is neither embedding nor non-embedding")
+    return nonembed, embed
+
+
+def nonembed_params(depth: int, d_model: int, d_attn: int, d_ff: int) -> int:
+    """Non-embedding count of a native member (blocks + final LayerNorm, biases included).
+
+    Per block: ln1 and ln2 (2 d each), Q, K, V (d x d_attn + d_attn each), O (d_attn x d + d),
+    fc_in (d x d_ff + d_ff), fc_out (d_ff x d + d): 4 d d_attn + 3 d_attn + (2 d + 1) d_ff + 6 d.
+    With d_attn = d and d_ff = 4 d that is Levine's 12 d^2 plus lower-order terms."""
+    d = d_model
+    return depth * (4 * d * d_attn + 3 * d_attn + (2 * d + 1) * d_ff + 6 * d) + 2 * d
+
+
+def embed_params(d_model: int, vocab: int, context: int) -> int:
+    """Embedding count of a native member: token embedding, learned positions, unembedding."""
+    return d_model * (2 * vocab + context)
+
+
+def flops_per_token(nonembed: int, unembed: int, depth: int, d_attn: int, context: int) -> float:
+    """Training FLOPs per token (forward + backward), after Kaplan et al. 2020 (Table 1):
+    C = 6 N + 6 L n_ctx d_attn, with N = ``nonembed`` + ``unembed`` (the unembedding matmul,
+    d_model x vocab; the embedding lookups cost nothing) and the attention term counting the
+    full context per token (causal masking is ignored, as Kaplan et al. do). Multiply by the
+    tokens trained on."""
+    return 6.0 * (nonembed + unembed) + 6.0 * depth * context * d_attn
+
+
+# ----------------------------------------------------------------------------- parsing
+
+
+def parse_budgets(text: str) -> tuple[int, ...]:
+    """``"50k,200k,1.6M,1e6,12345"`` -> (50000, 200000, 1600000, 1000000, 12345).
+
+    Suffixes k (1e3) and M (1e6), either case; each budget must be a positive whole number after
+    scaling, and none may repeat."""
+    pieces = [p.strip() for p in str(text).split(",")]
+    if not any(pieces):
+        raise ProbeError("--budgets is empty: give non-embedding parameter counts such as 50k,200k,1.6M")
+    out: list[int] = []
+    for piece in pieces:
+        if not piece:
+            raise ProbeError(f"--budgets {text!r} has an empty entry; separate budgets with single commas")
+        scale, digits = 1, piece
+        if piece[-1] in "kKmM":
+            scale, digits = (1000 if piece[-1] in "kK" else 1_000_000), piece[:-1]
+        try:
+            value = Decimal(digits) * scale
+        except InvalidOperation:
+            raise ProbeError(
+                f"--budgets: {piece!r} is not a number; write counts like 50k, 1.6M, 1e6 or 12345"
+            ) from None
+        if not value.is_finite() or value != value.to_integral_value() or value < 1:
+            raise ProbeError(f"--budgets: {piece!r} is not a positive whole number of parameters; e.g. 50k or 1.6M")
+        if int(value) in out:
+            raise ProbeError(f"--budgets: {piece!r} repeats budget {int(value)}; give each budget once")
+        out.append(int(value))
+    return tuple(out)
+
+
+# ----------------------------------------------------------------------------- solving
+
+
+def _solve_d_ff(budget: int, depth: int, d_model: int, d_attn: int) -> int:
+    """The integer d_ff whose non-embedding count is nearest ``budget`` (may be < 1)."""
+    fixed = nonembed_params(depth, d_model, d_attn, 0)
+    return round((budget - fixed) / (depth * (2 * d_model + 1)))
+
+
+def _miss(budget: int, count: int) -> float:
+    return abs(count - budget) / budget
+
+
+def _fits(budget: int, depth: int, d_model: int, d_attn: int, d_ff: int, d_ff_min: int = 1) -> bool:
+    return d_ff >= d_ff_min and _miss(budget, nonembed_params(depth, d_model, d_attn, d_ff)) <= TOLERANCE
+
+
+def _needed(budget: int, depth: int, d_model: int, d_attn: int, d_ff_min: int) -> int:
+    """The smallest exact count at this shape that is at least ``budget`` with d_ff >= d_ff_min."""
+    fixed = nonembed_params(depth, d_model, d_attn, 0)
+    d_ff = max(d_ff_min, math.ceil((budget - fixed) / (depth * (2 * d_model + 1))))
+    return nonembed_params(depth, d_model, d_attn, d_ff)
+
+
+def _thousands(budget: int) -> str:
+    k, rest = divmod(budget, 1000)
+    return f"b{k:04d}k" + (f"{rest:03d}" if rest else "")
+
+
+def _check_depths(depths: Sequence[int], family: str) -> tuple[int, ...]:
+    out = tuple(int(d) for d in depths)
+    if not out:
+        raise ProbeError(f"{family}: --depths is empty; give depths such as 1,2,4,8")
+    if any(d < 1 for d in out):
+        raise ProbeError(f"{family}: every depth must be at least 1, got {', '.join(map(str, out))}")
+    if len(set(out)) != len(out):
+        raise ProbeError(f"{family}: --depths repeats a depth ({', '.join(map(str, out))}); give each depth once")
+    return out
+
+
+def _check_positive(family: str, **values: int) -> None:
+    for key, value in values.items():
+        if value < 1:
+            raise ProbeError(f"{family}: {key} must be at least 1, got {value}")
+
+
+@functools.lru_cache(maxsize=256)
+def _built_nonembed(depth: int, d_model: int, n_heads: int, d_head: int, d_ff: int) -> int:
+    shape = Member("levine", "check", depth, d_model, n_heads, d_head, d_ff)
+    return count_params(shape.build(vocab=1, context=1, seed=0, device="cpu"))[0]
+
+
+def _verified(member: Member) -> Member:
+    """``member`` after building it once: its counted non-embedding size is within 1% of the budget."""
+    assert member.budget is not None
+    counted = _built_nonembed(member.depth, member.d_model, member.n_heads, member.d_head, member.d_ff)
+    if _miss(member.budget, counted) > TOLERANCE:
+        raise ProbeError(
+            f"internal error: member {member.name} counts {counted} non-embedding parameters, more than 1% "
+            f"from its budget {member.budget}; report this with the family options"
+        )
+    return member
+
+
+# ----------------------------------------------------------------------------- levine
+
+
+def levine(
+    budgets: Sequence[int], pairs: Sequence[tuple[int, int]] = ((2, 4), (4, 8)), d_head: int = 16
+) -> list[Member]:
+    """Depth pairs at equal non-embedding budgets (Levine et al. 2020).
+
+    For each budget B and each depth L: d_model is the multiple of ``d_head`` nearest
+    sqrt(B / (12 L)) (Levine's 12 L d^2 with d_ff = 4 d; heads = d_model / d_head), then d_ff is
+    the integer that brings the non-embedding count nearest B. When that d_ff is below d_model / 2
+    or the count misses B by more than 1%, d_model steps down by d_head and d_ff is solved again.
+
+    A depth that appears in two pairs (4 in (2, 4) and (4, 8)) is one member per budget, shared by
+    both pairs: it is listed once, at its first pair, with ``pair`` set to that first pair. Find a
+    pair's two members with :func:`pair_members`. Members are ordered by budget, then depth."""
+    _check_positive("levine", d_head=d_head)
+    budgets = tuple(int(b) for b in budgets)
+    if not budgets:
+        raise ProbeError("levine: --budgets is empty; give non-embedding budgets such as 50k,200k")
+    if any(b < 1 for b in budgets):
+        raise ProbeError(f"levine: budgets must be positive, got {', '.join(map(str, budgets))}")
+    pair_list = _check_pairs(pairs)
+    first_pair: dict[int, tuple[int, int]] = {}
+    for pair in pair_list:
+        for depth in pair:
+            first_pair.setdefault(depth, pair)
+    members = []
+    for budget in sorted(set(budgets)):
+        for depth in sorted(first_pair):
+            d_model, d_ff = _levine_shape(budget, depth, d_head)
+            members.append(
+                _verified(
+                    Member(
+                        family="levine",
+                        name=f"levine-{_thousands(budget)}-L{depth:02d}",
+                        depth=depth,
+                        d_model=d_model,
+                        n_heads=d_model // d_head,
+                        d_head=d_head,
+                        d_ff=d_ff,
+                        budget=budget,
+                        pair=first_pair[depth],
+                    )
+                )
+            )
+    return members
+
+
+def pair_members(members: Sequence[Member], budget: int, pair: tuple[int, int]) -> tuple[Member, Member]:
+    """The (shallow, deep) members of a levine ``pair`` at ``budget`` (shared depths included)."""
+    found = {m.depth: m for m in members if m.family == "levine" and m.budget == budget}
+    try:
+        return found[pair[0]], found[pair[1]]
+    except KeyError:
+        raise ProbeError(f"levine: no members for pair {pair} at budget {budget}; build them with levine()") from None
+
+
+def _check_pairs(pairs: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
+    out = []
+    for pair in pairs:
+        if len(pair) != 2 or not 1 <= int(pair[0]) < int(pair[1]):
+            raise ProbeError(f"levine: a depth pair is (shallow, deep) with 1 <= shallow < deep, got {tuple(pair)}")
+        out.append((int(pair[0]), int(pair[1])))
+    if not out:
+        raise ProbeError("levine: no depth pairs; give pairs such as (2, 4), (4, 8)")
+    return out
+
+
+def _levine_shape(budget: int, depth: int, d_head: int) -> tuple[int, int]:
+    start = max(1, round(math.sqrt(budget / (12 * depth)) / d_head)) * d_head
+    for d_model in range(start, 0, -d_head):
+        d_ff = _solve_d_ff(budget, depth, d_model, d_model)
+        if _fits(budget, depth, d_model, d_model, d_ff, d_ff_min=max(1, math.ceil(d_model / 2))):
+            return d_model, d_ff
+    need = _needed(budget, depth, d_head, d_head, max(1, math.ceil(d_head / 2)))
+    raise ProbeError(
+        f"levine: budget {budget} is too small for depth {depth} (the narrowest member, d_model={d_head} "
+        f"with d_ff >= d_model/2, needs {need} non-embedding parameters); raise --budgets to at least {need} "
+        "or use shallower --depths"
+    )
+
+
+# ----------------------------------------------------------------------------- petty
+
+
+def petty(
+    budget: int,
+    depths: Sequence[int] = (1, 2, 3, 4, 6, 8),
+    shrink: str = "d_ff",
+    d_model: int = 64,
+    d_head: int = 16,
+) -> list[Member]:
+    """One non-embedding budget across depths (Petty et al. 2023); ``shrink`` picks what pays for depth.
+
+    - ``d_ff``: d_model and heads (d_model / d_head) fixed; d_ff is solved per depth to hit the
+      budget. Impossible once attention and norms alone leave no room for d_ff >= 1.
+    - ``d_model``: d_model moves in steps of d_head (d_head fixed, heads = d_model / d_head); the
+      step whose count with d_ff = 4 d_model is nearest the budget is taken, then d_ff is solved to
+      hit the budget, so d_ff / d_model is near 4 but not exactly 4 (at small budgets, where a
+      step of d_head is a large part of d_model, it can stray far from 4).
+    - ``d_attn``: d_model fixed; the attention width d_attn = heads * d_head shrinks (d_head
+      fixed, 1 to d_model / d_head heads) and d_ff takes up the rest of the budget; the heads count
+      whose solved d_ff is nearest 4 d_model wins (ties: more heads).
+
+    ``d_model`` is the fixed width of the d_ff and d_attn modes (unused by the d_model mode).
+    Members are ordered by depth."""
+    if shrink not in SHRINKS:
+        raise ProbeError(
+            f"petty: unknown --shrink {shrink!r}{suggest(shrink, SHRINKS)}; choose from {', '.join(SHRINKS)}"
+        )
+    budget = int(budget)
+    _check_positive("petty", budget=budget, d_model=d_model, d_head=d_head)
+    if shrink != "d_model" and d_model % d_head:
+        raise ProbeError(f"petty: d_model={d_model} is not a multiple of d_head={d_head}; pick a multiple")
+    depths = _check_depths(depths, "petty")
+    solve = {"d_ff": _petty_d_ff, "d_model": _petty_d_model, "d_attn": _petty_d_attn}[shrink]
+    members = []
+    for depth in sorted(depths):
+        shape = solve(budget, depth, d_model, d_head)
+        if shape is None:
+            raise _petty_error(budget, depth, depths, shrink, d_model, d_head, solve)
+        width, heads, d_ff = shape
+        members.append(
+            _verified(
+                Member(
+                    family="petty",
+                    name=f"petty-{shrink}-{_thousands(budget)}-L{depth:02d}",
+                    depth=depth,
+                    d_model=width,
+                    n_heads=heads,
+                    d_head=d_head,
+                    d_ff=d_ff,
+                    budget=budget,
+                    shrink=shrink,
+                )
+            )
+        )
+    return members
+
+
+Shape = tuple[int, int, int] | None  # (d_model, heads, d_ff) or None when nothing fits
+
+
+def _petty_d_ff(budget: int, depth: int, d_model: int, d_head: int) -> Shape:
+    d_ff = _solve_d_ff(budget, depth, d_model, d_model)
+    return (d_model, d_model // d_head, d_ff) if _fits(budget, depth, d_model, d_model, d_ff) else None
+
+
+def _petty_d_model(budget: int, depth: int, d_model: int, d_head: int) -> Shape:
+    # the count with d_ff = 4 d grows with d: walk up until it passes the budget
+    width = d_head
+    while nonembed_params(depth, width + d_head, width + d_head, 4 * (width + d_head)) <= budget:
+        width += d_head
+    above = width + d_head
+    low, high = nonembed_params(depth, width, width, 4 * width), nonembed_params(depth, above, above, 4 * above)
+    if budget > low and high - budget < budget - low:
+        width = above
+    d_ff = _solve_d_ff(budget, depth, width, width)
+    return (width, width // d_head, d_ff) if _fits(budget, depth, width, width, d_ff) else None
+
+
+def _petty_d_attn(budget: int, depth: int, d_model: int, d_head: int) -> Shape:
+    best: Shape = None
+    for heads in range(d_model // d_head, 0, -1):
+        d_ff = _solve_d_ff(budget, depth, d_model, heads * d_head)
+        if _fits(budget, depth, d_model, heads * d_head, d_ff) and (
+            best is None or abs(d_ff - 4 * d_model) < abs(best[2] - 4 * d_model)
+        ):
+            best = (d_model, heads, d_ff)
+    return best
+
+
+def _petty_error(
+    budget: int,
+    depth: int,
+    depths: Sequence[int],
+    shrink: str,
+    d_model: int,
+    d_head: int,
+    solve: Callable[[int, int, int, int], Shape],
+) -> ProbeError:
+    # the narrowest shape the mode can build at this depth, with d_ff >= 1
+    width = d_head if shrink == "d_model" else d_model
+    d_attn = d_head if shrink in ("d_model", "d_attn") else d_model
+    need = _needed(budget, depth, width, d_attn, 1)
+    fitting = [L for L in range(1, max(depths) + 1) if solve(budget, L, d_model, d_head) is not None]
+    what = {"d_ff": f"d_model={d_model}", "d_model": f"d_model={d_head}", "d_attn": f"d_model={d_model} and one head"}
+    fix = f"use --depths up to {max(fitting)} or raise" if fitting else "raise"
+    return ProbeError(
+        f"petty: budget {budget} is too small for depth {depth} with --shrink {shrink} (attention and norms "
+        f"at {what[shrink]} leave no room for d_ff >= 1; that depth needs {need} non-embedding parameters); "
+        f"{fix} --budgets to at least {need}"
+    )
+
+
+# ----------------------------------------------------------------------------- spa
+
+
+def spa(
+    width: int = 64,
+    depths: Sequence[int] = (8, 16, 32),
+    variants: Sequence[str] = ("pre-ln", "vanilla", "e-spa", "u-spa", "value-skipinit"),
+    heads: int = 4,
+) -> list[Member]:
+    """Deep skipless variants at one width (He et al. 2023): every variant at every depth.
+
+    Every spa member is attention-only (``mlp=False``, ``d_ff`` = 0): E-SPA, U-SPA and
+    Value-SkipInit hold a target kernel that plain ReLU MLPs would undo, and the SPA models refuse
+    them MLP blocks (DESIGN §3.6), so for an equal comparison the baselines (pre-LN, vanilla) drop
+    their MLPs too. Baselines use softmax attention. Members have token embeddings W_E and an
+    unembedding W_U but no positional embedding; ``budget`` is None (the variants differ only by
+    LayerNorm gains or Value-SkipInit's per-head alpha, beta). Non-causal variants (``dong``) are
+    refused: a language model must not see the next token. Members are ordered by variant, then
+    depth."""
+    _check_positive("spa", width=width, heads=heads)
+    if width % heads:
+        raise ProbeError(f"spa: width={width} is not divisible by heads={heads}; pick a multiple")
+    depths = _check_depths(depths, "spa")
+    causal = [v for v in spa_models.VARIANTS if spa_models.variant_config(v, 1).get("causal", True)]
+    if not variants:
+        raise ProbeError(f"spa: no variants; choose from {', '.join(causal)}")
+    if len(set(variants)) != len(variants):
+        raise ProbeError(f"spa: variants repeat ({', '.join(variants)}); give each once")
+    for v in variants:
+        if v not in causal:
+            reason = " (it is non-causal, so it cannot train a language model)" if v in spa_models.VARIANTS else ""
+            raise ProbeError(f"spa: unknown variant {v!r}{reason}{suggest(v, causal)}; choose from {', '.join(causal)}")
+    members = []
+    for variant in variants:
+        for depth in sorted(depths):
+            member = Member(
+                family="spa",
+                name=f"spa-{variant}-w{width:03d}-L{depth:02d}",
+                depth=depth,
+                d_model=width,
+                n_heads=heads,
+                d_head=width // heads,
+                d_ff=0,
+                variant=variant,
+            )
+            member.spa(vocab=1, context=1, seed=0)  # SPAConfig validates the combination
+            members.append(member)
+    return members
