@@ -225,8 +225,11 @@ def test_levine_probe_curves_across_depth(levine):
 def test_member_table_formats_numbers(levine):
     html = render_study(levine)
     table = html.split("<h2>Members</h2>")[1].split("</table>")[0]
+    header = re.findall(r"<th>(.*?)</th>", table)
+    assert {"variant", "n_heads", "d_head", "val_bpb", "icl_score"}.isdisjoint(header)  # empty in every row
+    assert header[:2] == ["family", "member"] and header[-2:] == ["status", "error"]
     row = next(r for r in table_rows(table) if r[1] == "levine-b200k-L4-s1")
-    cell = dict(zip(COLUMNS, row, strict=True))
+    cell = dict(zip(header, row, strict=True))
     assert cell["params_nonembed"] == "200,037" and cell["flops"] == "1.23e+12" and cell["seed"] == "1"
     assert cell["val_loss"] == f"{levine_loss(4, 200_000, 1):.4f}" and cell["status"] == "ok" and cell["error"] == ""
 
@@ -304,7 +307,7 @@ def spa(tmp_path):
             rows.append({"member": member, "variant": variant, "depth": depth, "d_model": 32, "seed": 0,
                          "val_loss": 3.0 + depth / 100 + (0.5 if variant == "vanilla" else 0)})  # fmt: skip
             steps = np.arange(0, 100, 10)
-            loss = 7.0 - steps / 50
+            loss = 7.0 - steps / {"standard": 40, "vanilla": 200, "e-spa": 50}[variant]
             if (variant, depth) == ("vanilla", 16):
                 loss[5:] = np.nan  # diverged
             val = ["" if s % 50 else 7.0 for s in steps]
@@ -325,7 +328,10 @@ def test_spa_page(spa):
         assert set(curves) == {"standard", "vanilla", "e-spa"}  # u-spa failed
         assert len(curves["standard"]) == 10
     assert len(c["training loss, depth 16"]["vanilla"]) == 5
+    last = {v: c["training loss, depth 8"][v][-1][1] for v in ("standard", "e-spa", "vanilla")}
+    assert last["standard"] > last["e-spa"] > last["vanilla"]  # lower loss, lower on the page (larger SVG y)
     assert "spa-vanilla-L16-s0: loss not finite from step 50 (5 steps left out)" in html
+    assert "Kernel collapse" not in html  # no kernel_cos_last values in this study
     final = c["validation loss vs depth"]
     assert {k: len(v) for k, v in final.items()} == {"standard": 2, "vanilla": 2, "e-spa": 2}
     # vanilla is 0.5 worse at both depths: its points sit higher (smaller SVG y) by the same amount

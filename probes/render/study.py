@@ -309,6 +309,7 @@ def chart_svg(
     x0, x1 = x0 - pad, x1 + pad
     yt = nice_ticks(min(ys), max(ys))
     y0, y1 = min(yt[0], min(ys)), max(yt[-1], max(ys))
+    y0, y1 = y0 - (y1 - y0) * 0.04, y1 + (y1 - y0) * 0.04
     legend_rows = math.ceil(len(kept) / 3)
     left, right, top, plot_h = 64, 16, 28, height - 28 - 46
     total_h = height + 18 * legend_rows
@@ -376,9 +377,10 @@ def chart_svg(
                 f"<circle cx='{px(x):.1f}' cy='{py(y):.1f}' r='3' fill='{color}'><title>{esc(tip)}</title></circle>"
             )
             if s.marks and s.marks[i]:
+                right = px(x) > left + plot_w * 0.7  # near the right edge: the mark runs leftwards
                 out.append(
-                    f"<text class='mark' x='{px(x) + 5:.1f}' y='{py(y) - 6:.1f}' font-size='10' "
-                    f"fill='#b00000'>{esc(s.marks[i])}</text>"
+                    f"<text class='mark' x='{px(x) + (-5 if right else 5):.1f}' y='{py(y) - 6:.1f}' font-size='10' "
+                    f"text-anchor='{'end' if right else 'start'}' fill='#b00000'>{esc(s.marks[i])}</text>"
                 )
         out.append("</g>")
     for k, s in enumerate(kept):
@@ -436,10 +438,21 @@ def cell_text(column: str, value: Any) -> str:
     return str(value)
 
 
+# one line per member (the table scrolls sideways); only the error column wraps
+MEMBERS_STYLE = (
+    ".members table.data td, .members table.data th { white-space: nowrap; } "
+    ".members table.data td:last-child { white-space: normal; min-width: 24em; }"
+)
+
+
 def members_table(study: StudyData) -> str:
-    cols = list(study.table.columns)
-    records = [{c: cell_text(c, r[c]) for c in cols} for r in study.table.to_dict("records")]
-    return html_table(records, cols)
+    """study.csv as a table, numbers formatted; columns without a value in any row are left out."""
+    t = study.table
+    cols = [
+        c for c in t.columns if c in ("member", "status") or (t[c].notna() & t[c].astype(str).str.strip().ne("")).any()
+    ]
+    records = [{c: cell_text(c, r[c]) for c in cols} for r in t.to_dict("records")]
+    return f"<style>{MEMBERS_STYLE}</style><div class='members'>{html_table(records, cols)}</div>"
 
 
 # ----------------------------------------------------------------------------------------------
@@ -682,7 +695,8 @@ def _group(study: StudyData, row: pd.Series) -> str:
 
 def kernels_section(study: StudyData) -> str:
     ok = study.ok.assign(depth=_num(study.ok, "depth"))
-    if not {"kernel_cos_last", "kernel_cos_last_init"} <= set(ok.columns):
+    init, trained = _num(ok, "kernel_cos_last_init"), _num(ok, "kernel_cos_last")
+    if not (np.isfinite(init).any() or np.isfinite(trained).any()):
         return ""
     ok = ok.assign(group=[_group(study, r) for _, r in ok.iterrows()])
     lines = []
@@ -692,7 +706,6 @@ def kernels_section(study: StudyData) -> str:
             agg = seed_spread(rows, ["depth"], col)
             if len(agg):
                 lines.append(_series(f"{g}, {when}", agg, "depth", color=color, dashed=dashed))
-    init, trained = _num(ok, "kernel_cos_last_init"), _num(ok, "kernel_cos_last")
     records = [
         {
             "member": m,
