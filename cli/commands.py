@@ -1,3 +1,3 @@
 """Import every module that adds commands to the `probe` app."""
 
-from depthprobe.cli import compare, sweep, train, viz  # noqa: F401
+from depthprobe.cli import compare, study, sweep, train, viz  # noqa: F401

@@ -17,6 +17,7 @@ from depthprobe.probes.models.loading import (
     save_checkpoint,
 )
 from depthprobe.probes.render.compare import compare  # noqa: F401  (probe compare)
+from depthprobe.probes.study import Study, study
 
 __all__ = [
     "ALIASES",
@@ -31,6 +32,7 @@ __all__ = [
     "Output",
     "ProbeError",
     "Result",
+    "Study",
     "Task",
     "ablate_heads",
     "capture",
@@ -45,6 +47,7 @@ __all__ = [
     "run",
     "run_with_cache",
     "save_checkpoint",
+    "study",
     "task_names",
     "word_attention",
 ]

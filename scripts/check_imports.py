@@ -5,7 +5,7 @@ Layers (every import inside the package, at any depth of a module, is an edge):
 - core:  probes/** (engine, hooks, models, measures, data, render), except the API layer; imports only core modules;
 - tasks: tasks/*; import core only, never the API, the CLI or another task
          (tasks/__init__.py is the task table and imports nothing);
-- api:   probes/__init__.py, probes/api.py, probes/sweep.py; import core and the task table;
+- api:   probes/__init__.py, probes/api.py, probes/sweep.py, probes/study/*; import core and the task table;
 - cli:   cli/*; imports api and core, never a task module.
 
 Run from anywhere: ``python scripts/check_imports.py``; prints each violation and exits 1.
@@ -20,6 +20,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("probes", "tasks", "cli")
 API = {"depthprobe.probes", "depthprobe.probes.api", "depthprobe.probes.sweep"}
+API_PACKAGES = ("depthprobe.probes.study",)  # these packages and every module in them
 TASK_TABLE = "depthprobe.tasks"
 ORDER = {"core": 0, "tasks": 1, "api": 2, "cli": 3}
 
@@ -32,7 +33,7 @@ def module_name(path: Path, root: Path = ROOT) -> str:
 
 
 def layer(module: str) -> str:
-    if module in API:
+    if module in API or any(module == p or module.startswith(p + ".") for p in API_PACKAGES):
         return "api"
     return {"probes": "core", "tasks": "tasks", "cli": "cli"}[module.split(".")[1]]
 

@@ -970,6 +970,10 @@ def load_checkpoint(
     dev = device if isinstance(device, torch.device) else resolve_device(device)
     config = d / CHECKPOINT_CONFIG
     meta = checkpoint_meta(d)
+    if meta.get("format") == SPA_FORMAT:
+        module, _, _ = FAMILIES["spa"].partition(":")
+        model = importlib.import_module(module).load_checkpoint(d, dev, name=name)
+        return attach_tokenizer(model, d)
     try:
         cfg = NativeConfig(**meta["native"])
     except (KeyError, TypeError) as exc:
@@ -999,6 +1003,21 @@ def load_checkpoint(
         ) from None
     model.bridge.load_state_dict(state)
     model.info = dataclasses.replace(model.info, source="checkpoint", resolved=str(d))
+    return attach_tokenizer(model, checkpoint_files(d, meta))
+
+
+SPA_FORMAT = "depthprobe-spa/1"
+TOKENIZER_FILE = "tokenizer.json"
+
+
+def attach_tokenizer(model: Model, folder: Path) -> Model:
+    """Give a checkpoint's model the tokenizer saved beside its weights (``tokenizer.json``, a
+    byte-level BPE trained by a study), so text tasks run on it; without one it stays None."""
+    if (folder / TOKENIZER_FILE).exists():
+        from depthprobe.probes.data import corpus
+
+        model.tokenizer = corpus.hf_tokenizer(corpus.load_tokenizer(folder / TOKENIZER_FILE))
+        model.special_ids = frozenset(model.tokenizer.all_special_ids)
     return model
 
 

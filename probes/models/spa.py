@@ -53,9 +53,11 @@ skip, no MLP, Dong et al.'s doubly exponential collapse).
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -541,3 +543,53 @@ def train_synthetic(
         losses.append(float(loss.detach()))
     model.eval()
     return losses
+
+
+# ----------------------------------------------------------------------------- checkpoints
+
+
+def save_checkpoint(model: Model, folder: str | Path, extra: dict[str, Any] | None = None) -> Path:
+    """A trained SPA model as ``model.safetensors`` + ``depthprobe.json`` (format, spec), never
+    pickled; ``probes.load(folder)`` (or ``probe run -m folder``) loads it back."""
+    from safetensors.torch import save_file
+
+    from depthprobe.probes.models.loading import (
+        CHECKPOINT_CONFIG,
+        CHECKPOINT_WEIGHTS,
+        SPA_FORMAT,
+        atomic_write_text,
+        save_safetensors,
+    )
+
+    out = Path(folder)
+    out.mkdir(parents=True, exist_ok=True)
+    state = {k: v.detach().cpu().contiguous() for k, v in model.bridge.state_dict().items()}
+    save_safetensors(save_file, state, out / CHECKPOINT_WEIGHTS)
+    meta = {"format": SPA_FORMAT, "spa": model.bridge.cfg.spec(), **(extra or {})}
+    atomic_write_text(out / CHECKPOINT_CONFIG, json.dumps(meta, indent=2))
+    return out
+
+
+def load_checkpoint(folder: str | Path, device: torch.device, name: str | None = None) -> Model:
+    """What :func:`save_checkpoint` wrote."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    from depthprobe.probes.models.loading import CHECKPOINT_WEIGHTS, _hash_file, checkpoint_meta
+
+    d = Path(folder)
+    cfg = SPAConfig.parse(str(checkpoint_meta(d).get("spa", "")))
+    weights = d / CHECKPOINT_WEIGHTS
+    try:
+        state = load_file(str(weights))
+    except (SafetensorError, OSError, ValueError) as exc:
+        raise ProbeError(
+            f"{weights} is not a readable safetensors file ({str(exc).splitlines()[0]}); restore it or retrain"
+        ) from None
+    cfg.check_size(device=device)
+    net = SPATransformer(cfg)
+    try:
+        net.load_state_dict(state)
+    except RuntimeError as exc:
+        raise ProbeError(f"{weights} does not match its spec {cfg.spec()}: {str(exc).splitlines()[0]}") from None
+    return wrap(net.to(device).eval(), name or str(d), _hash_file(weights), device)

@@ -1,0 +1,211 @@
+"""Training decoder language models on text (the members of a depth study, DESIGN.md §3.7).
+
+Every member of a study trains the same way: next-token cross-entropy on windows of the corpus's
+training split (``BOS`` then ``context - 1`` tokens; BOS is never a target), the batches a pure
+function of ``(seed, step)`` (:func:`depthprobe.probes.data.corpus.train_batch`), so members with
+the same seed see the same tokens in the same order. AdamW (weight decay on matrices only, not on
+biases, norm gains or the SPA skip gains) with a linear warm-up and cosine decay to
+``min_lr_ratio`` of the peak, gradient clipping at norm 1.
+
+Two model kinds train here: native TransformerBridge decoders, through the fast path of
+:func:`depthprobe.probes.models.train.fast_logits` (the bridge's own parameters, without its
+per-hook Python overhead), and the SPA family's :class:`~depthprobe.probes.models.spa.SPATransformer`
+(called directly). A loss that is not finite stops the run with a one-line error: the member is
+recorded as failed (deep skipless networks can diverge) while the others go on.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from depthprobe.probes.data import corpus as corpora
+from depthprobe.probes.engine.errors import ProbeError
+from depthprobe.probes.engine.runtime import torch_threads
+from depthprobe.probes.models.loading import Model
+from depthprobe.probes.models.train import fast_logits, lm_loss
+
+LOG_COLUMNS = ["step", "loss", "val_loss", "lr", "tokens", "elapsed_s"]
+
+
+@dataclass(frozen=True)
+class LMConfig:
+    """How one member trains. ``tokens`` is the training budget in tokens (batch * context per step)."""
+
+    tokens: int
+    batch_size: int = 32
+    context: int = 128
+    lr: float = 3e-3
+    min_lr_ratio: float = 0.1  # cosine decay ends at this fraction of lr
+    warmup_frac: float = 0.05  # linear warm-up over this fraction of the steps (at least 1 step)
+    weight_decay: float = 0.1
+    betas: tuple[float, float] = (0.9, 0.95)
+    grad_clip: float = 1.0
+    seed: int = 0  # data order
+    evals: int = 4  # validation losses logged during training (besides the final one)
+    eval_windows: int = 32  # validation windows for those (the final evaluation uses every window)
+    log_every: int = 10
+    threads: int | None = 1  # CPU intra-op threads while training (None: torch's setting)
+
+    def __post_init__(self) -> None:
+        for name in ("tokens", "batch_size", "log_every", "eval_windows"):
+            if getattr(self, name) < 1:
+                raise ProbeError(f"training: {name} must be at least 1, got {getattr(self, name)}")
+        if self.context < 2:
+            raise ProbeError(f"training: context must be at least 2, got {self.context}")
+        if not (self.lr > 0 and math.isfinite(self.lr)):
+            raise ProbeError(f"--lr must be a positive number, got {self.lr}")
+        if not 0 <= self.min_lr_ratio <= 1:
+            raise ProbeError(f"training: min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
+        if not 0 <= self.warmup_frac < 1:
+            raise ProbeError(f"training: warmup_frac must be in [0, 1), got {self.warmup_frac}")
+        if self.evals < 0:
+            raise ProbeError(f"training: evals must be 0 or more, got {self.evals}")
+
+    @property
+    def steps(self) -> int:
+        return max(1, math.ceil(self.tokens / (self.batch_size * self.context)))
+
+    @property
+    def warmup(self) -> int:
+        return max(1, round(self.warmup_frac * self.steps))
+
+    def lr_at(self, step: int) -> float:
+        """Learning rate of the update from ``step`` to ``step + 1``: linear warm-up, then cosine."""
+        if step < self.warmup:
+            return self.lr * (step + 1) / self.warmup
+        span = max(1, self.steps - self.warmup)
+        progress = min(1.0, (step - self.warmup) / span)
+        floor = self.lr * self.min_lr_ratio
+        return floor + 0.5 * (self.lr - floor) * (1 + math.cos(math.pi * progress))
+
+
+@dataclass
+class LMRun:
+    """A finished training run: the log rows (LOG_COLUMNS), final validation and throughput."""
+
+    log: list[dict[str, Any]] = field(default_factory=list)
+    val: dict[str, float] = field(default_factory=dict)
+    seconds: float = 0.0  # training steps only (evaluations excluded)
+    tokens: int = 0
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.seconds if self.seconds > 0 else math.nan
+
+
+def logits_fn(model: Model) -> Callable[[torch.Tensor], torch.Tensor]:
+    """tokens [batch, pos] -> logits [batch, pos, vocab] for training and validation."""
+    if model.info.source == "spa":
+        net = model.bridge
+        return lambda tokens: net(tokens, return_type="logits")
+    if model.info.native is None:
+        raise ProbeError(f"model {model.name!r} is not a native or spa model; only those train here")
+    return lambda tokens: fast_logits(model, tokens)
+
+
+def module(model: Model) -> torch.nn.Module:
+    """The nn.Module holding the trainable parameters."""
+    return model.bridge if model.info.source == "spa" else model.bridge.original_model
+
+
+def optimizer(model: Model, cfg: LMConfig) -> torch.optim.AdamW:
+    """AdamW with weight decay on matrices (dim >= 2) only."""
+    seen: set[int] = set()
+    decay: list[torch.nn.Parameter] = []
+    plain: list[torch.nn.Parameter] = []
+    for p in module(model).parameters():
+        if id(p) in seen or not p.requires_grad:
+            continue
+        seen.add(id(p))
+        (decay if p.dim() >= 2 else plain).append(p)
+    groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": plain, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas)
+
+
+def evaluate(model: Model, corpus: corpora.Corpus, cfg: LMConfig, limit: int | None = None) -> dict[str, float]:
+    """Validation loss (nats per token) and bits per byte over ``limit`` windows (None: all)."""
+    net = module(model)
+    was_training = net.training
+    net.eval()
+    try:
+        return corpora.evaluate(
+            logits_fn(model), corpus, cfg.context, batch=cfg.batch_size, limit=limit, device=model.device
+        )
+    finally:
+        net.train(was_training)
+
+
+def train_lm(
+    model: Model, corpus: corpora.Corpus, cfg: LMConfig, progress: Callable[[int, int], None] | None = None
+) -> LMRun:
+    """Train ``model`` in place for ``cfg.steps`` steps; returns the log and the final validation.
+
+    ``progress(done, total)`` is called after every step (for a progress bar)."""
+    if cfg.context > model.info.max_len:
+        raise ProbeError(f"--context {cfg.context} exceeds the model's context {model.info.max_len}")
+    with torch_threads(cfg.threads if model.device.type == "cpu" else None):
+        return _loop(model, corpus, cfg, progress)
+
+
+def _eval_steps(cfg: LMConfig) -> set[int]:
+    return {round(cfg.steps * (i + 1) / (cfg.evals + 1)) for i in range(cfg.evals)} - {0, cfg.steps}
+
+
+def _loop(model: Model, corpus: corpora.Corpus, cfg: LMConfig, progress: Callable[[int, int], None] | None) -> LMRun:
+    forward = logits_fn(model)
+    net = module(model)
+    params = [p for p in net.parameters() if p.requires_grad]
+    opt = optimizer(model, cfg)
+    run = LMRun()
+    evals = _eval_steps(cfg)
+    window, window_n = torch.zeros((), dtype=torch.float64, device=model.device), 0
+    per_step = cfg.batch_size * cfg.context
+    net.train()
+    t0 = time.perf_counter()
+    for step in range(cfg.steps):
+        tokens = corpora.train_batch(corpus.train_ids, cfg.seed, step, cfg.batch_size, cfg.context, corpus.bos)
+        tokens = tokens.to(model.device, non_blocking=True)
+        lr = cfg.lr_at(step)
+        for group in opt.param_groups:
+            group["lr"] = lr
+        loss = lm_loss(forward(tokens), tokens)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
+        opt.step()
+        window += loss.detach()
+        window_n += 1
+        done = step + 1
+        if done % cfg.log_every == 0 or done == cfg.steps or done in evals:
+            mean = float(window) / window_n
+            if not math.isfinite(mean):
+                raise ProbeError(f"training diverged by step {done} (loss {mean}); lower --lr or pick another variant")
+            run.seconds += time.perf_counter() - t0
+            val = evaluate(model, corpus, cfg, cfg.eval_windows)["val_loss"] if done in evals else math.nan
+            run.log.append(
+                {
+                    "step": done,
+                    "loss": mean,
+                    "val_loss": val,
+                    "lr": lr,
+                    "tokens": done * per_step,
+                    "elapsed_s": run.seconds,
+                }
+            )
+            window.zero_()
+            window_n = 0
+            t0 = time.perf_counter()
+        if progress is not None:
+            progress(done, cfg.steps)
+    run.seconds += time.perf_counter() - t0
+    run.tokens = cfg.steps * per_step
+    net.eval()
+    run.val = evaluate(model, corpus, cfg)
+    run.log[-1]["val_loss"] = run.val["val_loss"]
+    return run

@@ -1,0 +1,170 @@
+"""What a study is: its family, its members' sizes, its training budget, its presets.
+
+A :class:`StudyConfig` is frozen and complete: presets fill every field, explicit options
+override them (:func:`resolve`), and the resolved config is written to ``study.json``, which is
+how a rerun on the same ``--out`` knows it continues the same study.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from depthprobe.probes.engine.errors import ProbeError, suggest
+from depthprobe.probes.engine.options import check_seed
+
+FAMILIES = ("levine", "petty", "spa")
+SHRINKS = ("d_ff", "d_model", "d_attn")
+
+
+@dataclass(frozen=True)
+class StudyConfig:
+    """A resolved study. ``depths``: levine's shallow depths L (each paired with 2L); petty's and
+    spa's depths. ``budgets``: levine's non-embedding budgets; petty's single budget (one value)."""
+
+    family: str
+    preset: str = "smoke"
+    corpus: str | None = None  # None: the built-in Tiny Shakespeare
+    vocab: int = 1024
+    depths: tuple[int, ...] = (1, 2)
+    budgets: tuple[int, ...] = (4000,)
+    shrink: str = "d_ff"
+    d_model: int = 64  # petty: the fixed width (d_ff, d_attn modes) or where d_model mode starts; spa: width
+    d_head: int = 16
+    variants: tuple[str, ...] = ("pre-ln", "vanilla", "e-spa", "u-spa", "value-skipinit")
+    seeds: int = 1
+    tokens_per_param: float = 20.0  # training tokens per non-embedding parameter of the budget
+    min_tokens: int = 200_000  # the floor under tokens_per_param * budget
+    lrs: tuple[float, ...] = (3e-3,)  # more than one: a grid, each tried on lr_fraction of the budget
+    lr_fraction: float = 0.2
+    batch_size: int = 32
+    context: int = 128
+    probe_lines: int = 200  # validation lines for attention-stats
+    icl_windows: int = 32  # validation windows for the ICL score
+    device: str | None = None
+    max_params: int | None = None  # refuse members with more parameters than this (they fail, the rest go on)
+
+    def __post_init__(self) -> None:
+        if self.family not in FAMILIES:
+            raise ProbeError(
+                f"unknown family {self.family!r}{suggest(self.family, FAMILIES)}; choose from {', '.join(FAMILIES)}"
+            )
+        if self.shrink not in SHRINKS:
+            raise ProbeError(
+                f"unknown --shrink {self.shrink!r}{suggest(self.shrink, SHRINKS)}; choose from {', '.join(SHRINKS)}"
+            )
+        if not self.depths or any(d < 1 for d in self.depths):
+            raise ProbeError(f"--depths must be positive integers, got {list(self.depths)}")
+        if not self.budgets or any(b < 1 for b in self.budgets):
+            raise ProbeError(f"--budgets must be positive, got {list(self.budgets)}")
+        if self.family == "petty" and len(self.budgets) != 1:
+            raise ProbeError(f"the petty family has one budget, got {len(self.budgets)}; pass one value to --budgets")
+        if self.seeds < 1:
+            raise ProbeError(f"--seeds must be at least 1, got {self.seeds}")
+        check_seed(self.seeds - 1, "--seeds")
+        if not (self.tokens_per_param > 0 and math.isfinite(self.tokens_per_param)):
+            raise ProbeError(f"--tokens-per-param must be a positive number, got {self.tokens_per_param}")
+        if not self.lrs or any(not (lr > 0 and math.isfinite(lr)) for lr in self.lrs):
+            raise ProbeError(f"--lr must be positive numbers, e.g. --lr 1e-3,3e-3, got {list(self.lrs)}")
+        if not 0 < self.lr_fraction <= 1:
+            raise ProbeError(f"--lr-fraction must be in (0, 1], got {self.lr_fraction}")
+        for name in ("vocab", "d_model", "d_head", "min_tokens", "batch_size", "probe_lines", "icl_windows"):
+            if getattr(self, name) < 1:
+                raise ProbeError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
+        if self.context < 8:
+            raise ProbeError(f"--context must be at least 8, got {self.context}")
+
+    def tokens_for(self, budget: int | None) -> int:
+        """The training tokens of a member whose non-embedding budget is ``budget`` (spa: its
+        counted non-embedding parameters), rounded up to whole steps."""
+        per_step = self.batch_size * self.context
+        want = max(self.min_tokens, math.ceil(self.tokens_per_param * (budget or 0)))
+        return math.ceil(want / per_step) * per_step
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> StudyConfig:
+        tuples = {f.name for f in dataclasses.fields(cls) if str(f.type).startswith("tuple")}
+        fields: dict[str, Any] = {k: tuple(v) if k in tuples else v for k, v in d.items()}
+        return cls(**fields)
+
+
+# Presets: per family, the fields they set (explicit options override them). Costs are measured
+# on this project's reference machine (2 CPU cores) and estimated for one large GPU.
+COMMON: dict[str, dict[str, Any]] = {
+    "smoke": {
+        "vocab": 512,
+        "context": 64,
+        "batch_size": 8,
+        "tokens_per_param": 5.0,
+        "min_tokens": 65536,
+        "d_head": 8,
+        "probe_lines": 20,
+        "icl_windows": 4,
+    },
+    "cpu": {"vocab": 1024, "context": 128, "batch_size": 32, "tokens_per_param": 20.0, "min_tokens": 1_000_000},
+    "gpu": {
+        "vocab": 1024,
+        "context": 256,
+        "batch_size": 64,
+        "tokens_per_param": 20.0,
+        "min_tokens": 4_000_000,
+        "seeds": 3,
+    },
+}
+PRESETS: dict[str, dict[str, dict[str, Any]]] = {
+    "smoke": {
+        "levine": {"depths": (1,), "budgets": (3000,)},
+        "petty": {"depths": (1, 2), "budgets": (6000,), "d_model": 16},
+        "spa": {"depths": (2,), "d_model": 16, "variants": ("pre-ln", "e-spa")},
+    },
+    "cpu": {
+        "levine": {"depths": (1, 2), "budgets": (25_000, 50_000, 100_000)},
+        "petty": {"depths": (1, 2, 4, 8), "budgets": (200_000,), "d_model": 64},
+        "spa": {"depths": (4, 8), "d_model": 64, "tokens_per_param": 10.0},
+    },
+    "gpu": {
+        "levine": {"depths": (2, 4), "budgets": (50_000, 100_000, 200_000, 400_000, 800_000, 1_600_000)},
+        "petty": {"depths": (1, 2, 3, 4, 6, 8), "budgets": (1_600_000,), "d_model": 256, "d_head": 32},
+        "spa": {"depths": (8, 16, 32), "d_model": 256, "d_head": 32},
+    },
+}
+COSTS = {  # what --help says
+    "smoke": "about 1-2 minutes on 2 CPU cores; under a minute on one GPU",
+    "cpu": "about 20-40 minutes on 2 CPU cores; a few minutes on one GPU",
+    "gpu": "about an hour on one large GPU (H100/H200 class); 10-20 hours on 2 CPU cores",
+}
+
+
+def resolve(family: str, preset: str = "smoke", **given: Any) -> StudyConfig:
+    """The preset's fields for ``family``, then every explicitly given (non-None) option."""
+    if preset not in PRESETS:
+        raise ProbeError(f"unknown --preset {preset!r}{suggest(preset, PRESETS)}; choose from {', '.join(PRESETS)}")
+    if family not in FAMILIES:
+        raise ProbeError(f"unknown family {family!r}{suggest(family, FAMILIES)}; choose from {', '.join(FAMILIES)}")
+    fields = {f.name for f in dataclasses.fields(StudyConfig)}
+    unknown = set(given) - fields
+    if unknown:
+        name = sorted(unknown)[0]
+        raise ProbeError(f"unknown study setting {name!r}{suggest(name, fields)}")
+    settings = {**COMMON[preset], **PRESETS[preset][family]}
+    settings.update({k: v for k, v in given.items() if v is not None})
+    return StudyConfig(family=family, preset=preset, **settings)
+
+
+def parse_floats(text: str, flag: str) -> tuple[float, ...]:
+    try:
+        values = tuple(float(p) for p in text.split(",") if p.strip())
+    except ValueError:
+        raise ProbeError(f"{flag} expects comma-separated numbers like 1e-3,3e-3, got {text!r}") from None
+    if not values:
+        raise ProbeError(f"{flag} needs at least one number, e.g. {flag} 3e-3")
+    return values
+
+
+def parse_names(text: str) -> tuple[str, ...]:
+    return tuple(p.strip() for p in text.split(",") if p.strip())

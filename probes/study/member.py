@@ -1,0 +1,229 @@
+"""One member of a study, as an independent job: build, probe at init, train, evaluate, probe.
+
+:func:`run_member` is a pure function of its :class:`Job` (the same job gives the same numbers on
+any machine with the same device kind), needs nothing from the driver but the job, and returns
+the member's files as bytes: the driver writes them (atomically) into ``members/<name>/``, so the
+same code runs in-process and as a Ray task on another node. A member that fails raises; the
+driver records it as ``failed`` with its error.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import math
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from depthprobe.probes.api import Result
+from depthprobe.probes.api import run as run_task
+from depthprobe.probes.data import corpus as corpora
+from depthprobe.probes.engine.errors import ProbeError
+from depthprobe.probes.models import families
+from depthprobe.probes.models.lm import LOG_COLUMNS, LMConfig, LMRun, train_lm
+from depthprobe.probes.models.loading import Model, load, resolve_device, save_checkpoint, size_limit
+from depthprobe.probes.study.config import StudyConfig
+
+COLUMNS = [
+    "family", "member", "variant", "depth", "d_model", "d_ff", "n_heads", "d_head", "budget",
+    "params_nonembed", "params_embed", "tokens", "flops", "seed", "lr", "val_loss", "val_bpb",
+    "induction_best", "induction_chance", "kernel_cos_last", "kernel_cos_last_init", "entropy_mean",
+    "icl_score", "tokens_per_s", "wall_s", "device", "status", "error",
+]  # fmt: skip
+PROBES = ("induction", "kernels", "attention-stats")  # after training; kernels also at init (kernels-init)
+
+
+@dataclass(frozen=True)
+class Job:
+    member: families.Member
+    seed: int
+    config: StudyConfig
+
+    @property
+    def name(self) -> str:
+        return f"{self.member.name}-s{self.seed}"
+
+
+@dataclass(frozen=True)
+class MemberOutput:
+    row: dict[str, Any]
+    files: dict[str, bytes]  # path inside members/<name>/ -> content
+
+
+def plan(cfg: StudyConfig) -> list[Job]:
+    """Every member of the study times every seed, in a fixed order (seed-major)."""
+    if cfg.family == "levine":
+        members = families.levine(cfg.budgets, pairs=[(d, 2 * d) for d in cfg.depths], d_head=cfg.d_head)
+    elif cfg.family == "petty":
+        members = families.petty(cfg.budgets[0], cfg.depths, shrink=cfg.shrink, d_model=cfg.d_model, d_head=cfg.d_head)
+    else:
+        members = families.spa(width=cfg.d_model, depths=cfg.depths, variants=cfg.variants,
+                               heads=max(1, cfg.d_model // cfg.d_head))  # fmt: skip
+    return [Job(m, s, cfg) for s in range(cfg.seeds) for m in members]
+
+
+def base_row(job: Job) -> dict[str, Any]:
+    m = job.member
+    row: dict[str, Any] = dict.fromkeys(COLUMNS)
+    row.update(family=m.family, member=job.name, variant=m.variant, depth=m.depth, d_model=m.d_model, d_ff=m.d_ff,
+               n_heads=m.n_heads, d_head=m.d_head, budget=m.budget, seed=job.seed)  # fmt: skip
+    return row
+
+
+_CORPORA: dict[tuple[str | None, int], corpora.Corpus] = {}
+
+
+def cached_corpus(cfg: StudyConfig) -> corpora.Corpus:
+    """The study's corpus, read and tokenized once per process (the tokenizer is cached on disk)."""
+    key = (cfg.corpus, cfg.vocab)
+    if key not in _CORPORA:
+        _CORPORA.clear()
+        _CORPORA[key] = corpora.load_corpus(cfg.corpus, vocab=cfg.vocab)
+    return _CORPORA[key]
+
+
+def build(job: Job, corpus: corpora.Corpus, device: Any) -> Model:
+    """The member's model at init, with the corpus's tokenizer attached."""
+    m, cfg = job.member, job.config
+    if m.family == "spa":
+        from depthprobe.probes.models import spa
+
+        model = spa.build(m.spa(corpus.vocab, cfg.context, job.seed), device=device, name=job.name)
+    else:
+        model = load(m.native(corpus.vocab, cfg.context, job.seed), device=device)
+        model.info = dataclasses.replace(model.info, name=job.name)
+    model.tokenizer = corpora.hf_tokenizer(corpus.tokenizer)
+    model.special_ids = frozenset({corpus.bos})
+    return model
+
+
+def lm_config(cfg: StudyConfig, tokens: int, lr: float, seed: int) -> LMConfig:
+    return LMConfig(tokens=tokens, batch_size=cfg.batch_size, context=cfg.context, lr=lr, seed=seed)
+
+
+def member_tokens(job: Job, nonembed: int) -> int:
+    """Levine and petty: tokens for the member's budget (the same for every member sharing it).
+    spa: tokens for the attention matrices' count 4 * width^2 * depth, the part every variant shares."""
+    m = job.member
+    return job.config.tokens_for(m.budget if m.budget is not None else 4 * m.d_model**2 * m.depth)
+
+
+def pick_lr(job: Job, corpus: corpora.Corpus, tokens: int, device: Any) -> tuple[float, list[dict[str, Any]]]:
+    """The grid's best learning rate, each tried from the same init on lr_fraction of the budget."""
+    cfg = job.config
+    if len(cfg.lrs) == 1:
+        return cfg.lrs[0], []
+    short = max(cfg.batch_size * cfg.context, round(tokens * cfg.lr_fraction))
+    trials = []
+    for lr in cfg.lrs:
+        model = build(job, corpus, device)
+        try:
+            val = train_lm(model, corpus, lm_config(cfg, short, lr, job.seed)).val["val_loss"]
+        except ProbeError:
+            val = math.inf  # diverged at this rate
+        trials.append({"lr": lr, "tokens": short, "val_loss": val})
+    best = min(trials, key=lambda t: t["val_loss"])
+    if not math.isfinite(best["val_loss"]):
+        raise ProbeError(f"every learning rate of the grid diverged ({list(cfg.lrs)}); try smaller --lr values")
+    return best["lr"], trials
+
+
+def run_member(job: Job) -> MemberOutput:
+    """Train and probe one member; its files (checkpoint, loss.csv, runs/, member.json) as bytes."""
+    with size_limit(job.config.max_params):
+        return _run_member(job)
+
+
+def _run_member(job: Job) -> MemberOutput:
+    t0 = time.perf_counter()
+    cfg = job.config
+    device = resolve_device(cfg.device)
+    corpus = cached_corpus(cfg)
+    row = base_row(job)
+    with tempfile.TemporaryDirectory(prefix="depthprobe-member-") as tmp:
+        folder = Path(tmp)
+        model = build(job, corpus, device)
+        nonembed, embed = families.count_params(model)
+        tokens = member_tokens(job, nonembed)
+        lr, trials = pick_lr(job, corpus, tokens, device)
+        lines = folder / "val-lines.txt"
+        lines.write_text("\n".join(_probe_lines(corpus.val_text, cfg.probe_lines)) + "\n", encoding="utf-8")
+        init = probe(model, "kernels", folder / "runs" / "kernels-init", data=lines, max_len=cfg.context)
+        run = train_lm(model, corpus, lm_config(cfg, tokens, lr, job.seed))
+        _write_log(folder / "loss.csv", run)
+        if trials:
+            pd.DataFrame(trials).to_csv(folder / "lr_grid.csv", index=False)
+        _save_model(model, job, corpus, folder / "checkpoint")
+        val_text = folder / "val.txt"
+        val_text.write_text(corpus.val_text, encoding="utf-8")
+        ind = probe(model, "induction", folder / "runs" / "induction", max_len=cfg.context, icl_text=str(val_text),
+                    icl_windows=cfg.icl_windows, repeat_len=min(25, (cfg.context - 1) // 2))  # fmt: skip
+        ker = probe(model, "kernels", folder / "runs" / "kernels", data=lines, max_len=cfg.context)
+        att = probe(model, "attention-stats", folder / "runs" / "attention-stats", data=lines, max_len=cfg.context)
+        val_text.unlink()
+        lines.unlink()
+        row.update(
+            params_nonembed=nonembed, params_embed=embed, tokens=run.tokens, lr=lr,
+            flops=run.tokens * families.flops_per_token(nonembed, job.member.d_model * corpus.vocab, job.member.depth,
+                                                        job.member.d_attn, cfg.context),
+            val_loss=run.val["val_loss"], val_bpb=run.val["val_bpb"],
+            induction_best=ind.headline.get("best_induction_score"),
+            induction_chance=ind.headline.get("induction_chance"),
+            icl_score=ind.headline.get("icl_score"),
+            kernel_cos_last=ker.headline.get("final_mean_cosine"),
+            kernel_cos_last_init=init.headline.get("final_mean_cosine"),
+            entropy_mean=_mean_metric(att, "entropy"),
+            tokens_per_s=run.tokens_per_s, device=str(device), status="ok", error="",
+        )  # fmt: skip
+        row["wall_s"] = time.perf_counter() - t0
+        (folder / "member.json").write_text(_json({"row": row, "corpus": corpus.label, "corpus_key": corpus.key}))
+        files = {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+    return MemberOutput(row=row, files=files)
+
+
+def probe(model: Model, task: str, out: Path, data: Path | None = None, max_len: int = 128, **options: Any) -> Result:
+    result = run_task(model, task, data, max_len=max_len, progress=False, **options)
+    result.save(out)
+    return result
+
+
+def _probe_lines(text: str, n: int) -> list[str]:
+    return [ln.strip() for ln in text.splitlines() if len(ln.split()) >= 3][:n]
+
+
+def _mean_metric(result: Result, metric: str) -> float | None:
+    s = result.scores
+    values = s.loc[s.metric == metric, "value"]
+    return float(values.mean()) if len(values) else None
+
+
+def _write_log(path: Path, run: LMRun) -> None:
+    buf = io.StringIO()
+    pd.DataFrame(run.log, columns=LOG_COLUMNS).to_csv(buf, index=False)
+    path.write_text(buf.getvalue())
+
+
+def _save_model(model: Model, job: Job, corpus: corpora.Corpus, folder: Path) -> None:
+    extra = {"study": {"member": job.name, "family": job.member.family, "corpus": corpus.label}}
+    if model.info.source == "spa":
+        from depthprobe.probes.models import spa
+
+        spa.save_checkpoint(model, folder, extra)
+        corpora.save_tokenizer(corpus.tokenizer, folder)
+    else:
+        save_checkpoint(model, folder, extra, write_more=lambda f: corpora.save_tokenizer(corpus.tokenizer, f))
+
+
+def _json(obj: Any) -> str:
+    import json
+
+    def clean(v: Any) -> Any:
+        return None if isinstance(v, float) and not math.isfinite(v) else v
+
+    return json.dumps({k: ({kk: clean(vv) for kk, vv in v.items()} if isinstance(v, dict) else v)
+                       for k, v in obj.items()}, indent=2, default=str)  # fmt: skip
