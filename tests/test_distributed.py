@@ -267,11 +267,16 @@ def ray_local():
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("task", "options"),
-    [("attention-stats", {}), ("attention-stats", {"protocol": "clark"}), ("syntax", {}), ("coref", {})],
+    [
+        ("attention-stats", {"batch_size": 8}),
+        ("attention-stats", {"batch_size": 8, "protocol": "clark"}),
+        ("syntax", {"batch_size": 8}),
+        ("coref", {"batch_size": 1}),  # the built-in sample is 3 windows
+    ],
 )
 def test_sharded_run_equals_the_local_run(ray_local, task, options, tmp_path):
-    local = probes.run("minilm", task, batch_size=8, **options)
-    sharded = probes.run("minilm", task, batch_size=8, backend="ray", workers=2, **options)
+    local = probes.run("minilm", task, **options)
+    sharded = probes.run("minilm", task, backend="ray", workers=2, **options)
     assert sharded.config["backend"] == "ray" and sharded.config["workers"] == 2
     assert local.config["backend"] == "local" and local.config["workers"] == 1
     assert sharded.counts == local.counts and local.counts["batches"] >= 2
@@ -323,3 +328,23 @@ def test_unreachable_address_exits_2_naming_it(tmp_path):
     )
     cli_error(["run", "--backend", "ray", "--address", "nowhere", "--out", tmp_path / "r"], "not HOST:PORT or auto")
     assert not (tmp_path / "r").exists()
+
+
+def crash_first_time(marker: str) -> str:
+    """Kills its worker process the first time (as a node dying would), succeeds when rerun."""
+    import os
+
+    path = Path(marker)
+    if not path.exists():
+        path.write_text("crashed once")
+        os._exit(1)
+    return "recovered"
+
+
+@pytest.mark.slow
+def test_ray_map_jobs_resubmits_a_job_whose_worker_died(ray_local, tmp_path):
+    [r] = map_jobs(crash_first_time, [str(tmp_path / "a")], backend="ray", retries=1)
+    assert r.ok and r.value == "recovered" and r.attempts == 1
+    [r] = map_jobs(crash_first_time, [str(tmp_path / "b")], backend="ray", retries=0)
+    assert not r.ok and r.value is None and r.error is not None
+    assert r.error.startswith(("WorkerCrashedError", "NodeDiedError")) and "\n" not in r.error

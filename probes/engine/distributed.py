@@ -23,6 +23,7 @@ import logging
 import os
 import pickle
 import socket
+import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -79,6 +80,22 @@ def _quiet_ray_logging() -> None:
 
 
 @contextmanager
+def _stderr_silenced() -> Iterator[None]:
+    """File descriptor 2 goes to /dev/null in the block: Ray's C++ core writes its connection
+    retries there directly (one warning a second while it cannot join a cluster)."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
+
+
+@contextmanager
 def ray_session(address: str | None = None, num_cpus: int | None = None) -> Iterator[Any]:
     """Ray, initialised for the block: a new local instance (``address`` None, with ``num_cpus``,
     default all of this machine's) or the cluster at ``address`` (``auto``: the one this machine
@@ -96,11 +113,19 @@ def ray_session(address: str | None = None, num_cpus: int | None = None) -> Iter
         if address is None:
             ray.init(num_cpus=num_cpus or os.cpu_count() or 1, include_dashboard=False, **common)
         else:
-            ray.init(address=address, **common)
+            with _stderr_silenced():
+                ray.init(address=address, **common)
     except ConnectionError as exc:
         first = (str(exc).strip().splitlines() or [""])[0]
-        where = "no running Ray cluster found for --address auto" if address == "auto" else f"cannot join {address}"
-        raise ProbeError(f"{where} ({first}); start one with `ray start --head` or omit --address") from None
+        if address == "auto":
+            raise ProbeError(
+                f"no running Ray cluster found for --address auto ({first}); start one with `ray start --head` "
+                "or omit --address"
+            ) from None
+        raise ProbeError(
+            f"cannot join the Ray cluster at {address} ({first}); if it uses token authentication (Ray's "
+            "default from 2.59), set RAY_AUTH_MODE=token here too (docs/distributed.md)"
+        ) from None
     try:
         yield ray
     finally:
