@@ -257,7 +257,7 @@ def ray_local():
     ray = pytest.importorskip("ray")
     import logging
 
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR)
     # this module is not importable by name on the workers: ship its functions by value
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
     yield ray

@@ -111,7 +111,8 @@ def ray_session(address: str | None = None, num_cpus: int | None = None) -> Iter
     common: dict[str, Any] = dict(log_to_driver=False, logging_level=logging.ERROR, ignore_reinit_error=True)
     try:
         if address is None:
-            ray.init(num_cpus=num_cpus or os.cpu_count() or 1, include_dashboard=False, **common)
+            # "local": a new instance even when this machine runs a cluster (`ray start`)
+            ray.init(address="local", num_cpus=num_cpus or os.cpu_count() or 1, include_dashboard=False, **common)
         else:
             with _stderr_silenced():
                 ray.init(address=address, **common)
