@@ -215,6 +215,13 @@ def run(
         help="spaCy pipeline (name or directory) that parses raw-text --data (syntax); same as --option parser=NAME.",
     ),
     max_params: int | None = typer.Option(None, "--max-params", help="Refuse models with more parameters than this."),
+    backend: str = typer.Option("local", "--backend", help="local, or ray: shard the batches over Ray workers."),
+    workers: int | None = typer.Option(
+        None, "--workers", help="Ray workers (--backend ray; default: the cluster's CPU count)."
+    ),
+    address: str | None = typer.Option(
+        None, "--address", help="Ray cluster: auto or HOST:PORT (--backend ray; default: start a local instance)."
+    ),
 ) -> None:
     """Run a task on a model, print its summary and write a run directory."""
     from depthprobe.probes.api import run as api_run
@@ -235,6 +242,9 @@ def run(
             dtype=dtype,
             max_len=max_len,
             progress=progress and sys.stderr.isatty(),
+            backend=backend,
+            workers=workers,
+            address=address,
             **parse_options(option) | ({"parser": parser} if parser else {}),
         )
     path = result.save(out)

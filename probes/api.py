@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
-import random
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pandas as pd
 import torch
 
@@ -16,6 +14,7 @@ from depthprobe.probes.engine import artifacts
 from depthprobe.probes.engine.batching import CPU_BATCH_SIZE, auto_batch_size
 from depthprobe.probes.engine.errors import ProbeError
 from depthprobe.probes.engine.execute import execute
+from depthprobe.probes.engine.runtime import seed_everything
 from depthprobe.probes.engine.task import SWEEPS, TASKS, Context, HeatmapPanel, Output, RunConfig, ViewPanel, get_task
 from depthprobe.probes.measures.levine import DepthNote
 from depthprobe.probes.models.loading import DEFAULT_MODEL, Model, load, parse_dtype
@@ -103,15 +102,6 @@ class Result:
         return report.result_html(self)
 
 
-def seed_everything(seed: int) -> None:
-    from depthprobe.probes.engine.options import check_seed
-
-    check_seed(seed)
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
-
-
 def depth_note(model: Model) -> tuple[str, dict[str, Any]]:
     """Levine et al. 2020's threshold L_th = log3(d_model) for this model (``probes.measures.levine``)."""
     note = DepthNote(model.info.n_layers, model.info.d_model, model.info.weights.startswith("random-init"))
@@ -134,6 +124,9 @@ def run(
     max_len: int = 128,
     progress: bool = False,
     dtype: str = "float32",
+    backend: str = "local",
+    workers: int | None = None,
+    address: str | None = None,
     **options: Any,
 ) -> Result:
     """Run a task on a model and return its :class:`Result` (call ``.save()`` to write it).
@@ -143,10 +136,14 @@ def run(
     float16) is the model's (a loaded Model keeps its own, which is recorded); the metrics read
     float32 copies of the patterns and accumulate in float64 whatever it is.
     ``batch_size`` None: 32, or on CUDA chosen from free memory.
+    ``backend="ray"`` shards the batches over ``workers`` Ray workers (default: the cluster's CPU
+    count) of a new local Ray instance or the cluster at ``address`` (``auto`` or ``HOST:PORT``);
+    ``model`` must then be a name, which every worker loads (docs/distributed.md).
     """
     timer = artifacts.Timer()
     task_obj = get_task(task)
     name = model.info.name if isinstance(model, Model) else model
+    _check_backend(backend, workers, address, model)
     if data is not None and not Path(data).exists():
         raise ProbeError(f"data path {data} does not exist; check the path (or omit --data for the built-in sample)")
     if data is not None and (Path(data).is_char_device() or Path(data).is_block_device()):
@@ -179,7 +176,17 @@ def run(
         raise ProbeError(f"no examples to run {task!r} on: the input is empty; pass a file with content")
     with timer("forward_and_accumulate"):
         bar = _progress(progress, len(examples), config.batch_size)
-        out, n_batches = execute(task_obj, mdl, ctx, examples, None if bar is None else bar.update)
+        update = None if bar is None else bar.update
+        if backend == "ray":
+            from depthprobe.probes.engine.distributed import run_sharded
+
+            out, n_batches, n_workers = run_sharded(
+                task_obj, mdl, ctx, examples, spec=name, dtype=torch_dtype, workers=workers, address=address,
+                on_examples=update,
+            )  # fmt: skip
+        else:
+            out, n_batches = execute(task_obj, mdl, ctx, examples, update)
+            n_workers = 1
         if bar is not None:
             bar.close()
     note, depth = depth_note(mdl)
@@ -192,12 +199,34 @@ def run(
         out,
         notes=[*out.notes, note],
         headline=headline,
-        config={**config.as_dict(), "dtype": str(_model_dtype(mdl)).removeprefix("torch.")},
+        config={
+            **config.as_dict(),
+            "dtype": str(_model_dtype(mdl)).removeprefix("torch."),
+            "backend": backend,
+            "workers": n_workers,
+        },
         model_info=mdl.info.as_dict(),
         device=str(mdl.device),
         timings=timer.times,
         counts=counts,
     )
+
+
+def _check_backend(backend: str, workers: int | None, address: str | None, model: str | Model) -> None:
+    from depthprobe.probes.engine import distributed
+
+    distributed.check_backend(backend)
+    if backend == "local":
+        if workers is not None or address is not None:
+            raise ProbeError("--workers and --address apply to --backend ray; add --backend ray or drop them")
+        return
+    distributed.require_ray()
+    if isinstance(model, Model):
+        raise ProbeError(
+            f"--backend ray loads the model on every worker: pass its name ({model.info.name!r}), not a loaded Model"
+        )
+    if workers is not None and workers < 1:
+        raise ProbeError(f"--workers must be at least 1, got {workers}")
 
 
 def _model_dtype(model: Model) -> torch.dtype:

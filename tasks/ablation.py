@@ -252,6 +252,10 @@ class Ablation(Task[Options, Plan]):
     def accumulate(self, state: Plan, batch: Batch, acts: Captured) -> None:
         return None
 
+    def merge(self, a: Plan, b: Plan) -> Plan:
+        """Nothing is accumulated: every forward pass runs once, in ``finalize``, on one plan."""
+        return a
+
     def finalize(self, plan: Plan, ctx: Context[Options]) -> Output:
         o, model = ctx.options, plan.model
         clean_source = self._source(plan, ctx)

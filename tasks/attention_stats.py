@@ -28,7 +28,7 @@ from depthprobe.probes.data.text import read_lines
 from depthprobe.probes.engine.batching import Batch
 from depthprobe.probes.engine.errors import ProbeError, suggest
 from depthprobe.probes.engine.options import ranged
-from depthprobe.probes.engine.task import Context, Examples, HeatmapPanel, Output, Task, tidy
+from depthprobe.probes.engine.task import Context, Examples, HeatmapPanel, Output, Task, add_sums, tidy
 from depthprobe.probes.hooks.capture import Captured, pattern_names
 from depthprobe.probes.measures.metrics import (
     attention_stat_sums,
@@ -150,6 +150,14 @@ class AttentionStats(Task[Options, State]):
             for b, n in enumerate(mask.sum(1).tolist()):  # one line at a time: [all heads, n, n]
                 js = js_distance_mean(torch.cat([acts[name][b, :, :n, :n] for name in names])).cpu()
                 state.js = js if state.js is None else state.js + js
+
+    def merge(self, a: State, b: State) -> State:
+        a.sums = add_sums(a.sums, b.sums)
+        a.tokens += b.tokens
+        a.sentences += b.sentences
+        a.uniform += b.uniform
+        a.js = b.js if a.js is None else a.js if b.js is None else a.js + b.js
+        return a
 
     def finalize(self, state: State, ctx: Context[Options]) -> Output:
         causal = state.model.info.causal

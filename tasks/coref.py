@@ -645,6 +645,17 @@ class Coref(Task[Options, ChainState | GapState]):
             else:
                 chain_accumulate(state, batch, acts, names)
 
+    def merge(self, a: ChainState | GapState, b: ChainState | GapState) -> ChainState | GapState:
+        if type(a) is not type(b):
+            raise ValueError("coref: merge needs two states of the same format")
+        a.correct += b.correct
+        a.n = [x + y for x, y in zip(a.n, b.n, strict=True)]
+        a.base = [[x + y for x, y in zip(ra, rb, strict=True)] for ra, rb in zip(a.base, b.base, strict=True)]
+        a.views = (a.views + b.views)[: a.views_wanted]  # the first ones, as one run picks them
+        if isinstance(a, ChainState) and isinstance(b, ChainState):
+            a.n_windows += b.n_windows
+        return a
+
     def finalize(self, state: ChainState | GapState, ctx: Context[Options]) -> Output:
         return gap_output(state, ctx) if isinstance(state, GapState) else chain_output(state, ctx)
 

@@ -52,7 +52,17 @@ from depthprobe.probes.data.synthetic import frame, ordinary_ids, sequences
 from depthprobe.probes.engine.batching import Batch
 from depthprobe.probes.engine.errors import ProbeError
 from depthprobe.probes.engine.options import ranged
-from depthprobe.probes.engine.task import Context, Examples, Output, Sweep, SweepConfig, Task, ViewPanel, tidy
+from depthprobe.probes.engine.task import (
+    Context,
+    Examples,
+    Output,
+    Sweep,
+    SweepConfig,
+    Task,
+    ViewPanel,
+    add_sums,
+    tidy,
+)
 from depthprobe.probes.hooks.capture import Captured, forward, pattern_names
 from depthprobe.probes.measures.metrics import diagonal
 from depthprobe.probes.models.loading import Model
@@ -334,6 +344,17 @@ class Induction(Task[Options, State]):
             first, second = copy_losses(acts["logits"], batch.input_ids.to(a.device), state.repeat_len, state.prefix)
             state.loss_first += float(first.sum())
             state.loss_second += float(second.sum())
+
+    def merge(self, a: State, b: State) -> State:
+        """Sums and counts add; the example sequence is the first one seen. The ICL windows are
+        made by ``start`` (the same in both: one is kept) and scored once, in ``finalize``, as are
+        the model-level copying and K-composition scores."""
+        a.sums = add_sums(a.sums, b.sums)
+        a.n += b.n
+        a.loss_first += b.loss_first
+        a.loss_second += b.loss_second
+        a.example = a.example if a.example is not None else b.example
+        return a
 
     def finalize(self, state: State, ctx: Context[Options]) -> Output:
         model = state.model

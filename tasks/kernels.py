@@ -122,6 +122,14 @@ class Accumulator:
         self.tokens += int(keep.sum())
         self.longest = max(self.longest, int(keep.sum(1).max()))
 
+    def merge(self, other: Accumulator) -> None:
+        """Fold in another accumulator's sums (over other sequences)."""
+        for name in ("sums", "counts", "ksum", "kcount"):
+            getattr(self, name).add_(getattr(other, name))
+        self.sequences += other.sequences
+        self.tokens += other.tokens
+        self.longest = max(self.longest, other.longest)
+
     def means(self) -> dict[str, np.ndarray]:
         """Every metric per layer: the averages, and the contraction exponent derived from them."""
         m = (self.sums / self.counts.clamp_min(1)).numpy()
@@ -328,6 +336,13 @@ class Kernels(Task[Options, State]):
             state.acc.add(layer, x, keep.to(x.device))
         state.acc.count(keep)
         state.lengths.update(int(n) for n in keep.sum(1))
+
+    def merge(self, a: State, b: State) -> State:
+        """Sums add; the theory curve is computed once, in ``finalize``, from the merged lengths."""
+        a.acc.merge(b.acc)
+        a.lengths |= b.lengths
+        a.excluded += b.excluded
+        return a
 
     def finalize(self, state: State, ctx: Context[Options]) -> Output:
         model, acc = state.model, state.acc

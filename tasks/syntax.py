@@ -308,6 +308,16 @@ class Syntax(Task[Options, State]):
             return None
         return next((b for b, e in enumerate(items) if 5 <= e.enc.n_words <= 20), None)
 
+    def merge(self, a: State, b: State) -> State:
+        if a.relations != b.relations:
+            raise ValueError("syntax: merge needs two states started over the same examples")
+        a.correct += b.correct.to(a.correct.device)
+        a.total += b.total.to(a.total.device)
+        a.base += b.base.to(a.base.device)
+        a.sentences += b.sentences
+        a.view = a.view if a.view is not None else b.view  # the first shown sentence, as one run finds it
+        return a
+
     def finalize(self, state: State, ctx: Context[Options]) -> Output:
         info = state.model.info
         correct, total, base = (t.cpu().numpy() for t in (state.correct, state.total, state.base))

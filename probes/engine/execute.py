@@ -1,30 +1,44 @@
 """The streaming loop every task runs through: batches -> captured hooks -> running sums -> output.
 
 Core code (no task knowledge): the API layer's :func:`depthprobe.probes.api.run` and tasks that run
-another task under an intervention (``ablation``) both call :func:`execute`.
+another task under an intervention (``ablation``) both call :func:`execute`; a sharded run
+(:mod:`depthprobe.probes.engine.distributed`) runs :func:`accumulate` over one contiguous run of
+the batches per worker and merges the states.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
+from depthprobe.probes.engine.batching import Batch
 from depthprobe.probes.engine.task import Context, Examples, Output, Task
 from depthprobe.probes.hooks.capture import forward
 from depthprobe.probes.models.loading import Model
 
 
-def execute(
-    task: Task, model: Model, ctx: Context, examples: Examples, on_batch: Callable[[int], None] | None = None
-) -> tuple[Output, int]:
-    """Run ``task`` over ``examples`` in the task's batches; returns its output and the batch count.
-    Only the hooks the task names are captured; each batch's activations are freed before the next
-    forward pass, so memory stays flat as the data grows."""
+def accumulate(
+    task: Task,
+    model: Model,
+    ctx: Context,
+    examples: Examples,
+    on_batch: Callable[[int], None] | None = None,
+    batches: range | None = None,
+) -> tuple[Any, int]:
+    """A state started over ``examples`` that has accumulated the task's batches (only those whose
+    index is in ``batches``, when given); returns it and the number of batches run. Only the hooks
+    the task names are captured; each batch's activations are freed before the next forward pass,
+    so memory stays flat as the data grows."""
     names = task.hook_names(model, ctx)
     state = task.start(model, ctx, examples)
     n_batches = 0
-    for batch in task.batches(model, examples, ctx):
+    for i, batch in enumerate(task.batches(model, examples, ctx)):
+        if batches is not None and i not in batches:
+            if i >= batches.stop:
+                break
+            continue
         acts = forward(model, batch.input_ids, batch.attention_mask, names, logits=task.wants_logits(model))
         for k, v in list(acts.items()):  # half-precision patterns: float32 copies for the metrics
             if v.dtype in (torch.bfloat16, torch.float16):
@@ -34,4 +48,17 @@ def execute(
         n_batches += 1
         if on_batch is not None:
             on_batch(len(batch.items))
+    return state, n_batches
+
+
+def execute(
+    task: Task, model: Model, ctx: Context, examples: Examples, on_batch: Callable[[int], None] | None = None
+) -> tuple[Output, int]:
+    """Run ``task`` over ``examples`` in the task's batches; returns its output and the batch count."""
+    state, n_batches = accumulate(task, model, ctx, examples, on_batch)
     return task.finalize(state, ctx), n_batches
+
+
+def batch_costs(batches: list[Batch]) -> list[int]:
+    """Padded positions per batch (batch x length): what a sharded run balances across workers."""
+    return [int(b.input_ids.numel()) for b in batches]

@@ -8,6 +8,20 @@ from contextlib import contextmanager
 import torch
 
 
+def seed_everything(seed: int) -> None:
+    """Seed Python's, numpy's and torch's random generators (a run's ``--seed``)."""
+    import random
+
+    import numpy as np
+
+    from depthprobe.probes.engine.options import check_seed
+
+    check_seed(seed)
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
 @contextmanager
 def torch_threads(n: int | None) -> Iterator[None]:
     """Run the block with ``n`` intra-op CPU threads (None: leave the setting alone).

@@ -11,7 +11,15 @@ A task is a small declarative object:
   (the default treats each example as a token-id sequence);
 - ``hook_names(model, ctx)`` lists the TransformerLens hooks to capture;
 - ``start(model, ctx, examples)`` returns a fresh state; ``accumulate(state, batch, acts)`` folds one
-  batch's activations into running sums; ``finalize(state, ctx)`` returns a :class:`Output`.
+  batch's activations into running sums; ``finalize(state, ctx)`` returns a :class:`Output`;
+- ``merge(a, b)`` combines two states for a sharded run (``probe run --backend ray``): both were
+  started over the same examples (the whole run's) and each accumulated a disjoint, contiguous run
+  of its batches, ``a``'s before ``b``'s. ``finalize(merge(a, b))`` must equal ``finalize`` of one
+  state that accumulated every batch, to 1e-9: running sums are float64 and add, counts add,
+  per-example lists concatenate in order (kept to their cap), and what a task computes once per
+  run belongs in ``start`` (identical in both states: keep one) or ``finalize`` (runs once, on the
+  merged state). It may update ``a`` in place and return it. The default refuses, so a task
+  without it runs locally only.
 
 ``Task[OptionsT, StateT]`` is an abstract generic base: a task names its options dataclass and its
 state type (``class Mine(Task[Options, State])``) and must define ``load``, ``hook_names``,
@@ -202,6 +210,16 @@ class Task(Configurable, ABC, Generic[OptionsT, StateT]):
     def finalize(self, state: StateT, ctx: Context[OptionsT]) -> Output:
         """The run's output from the accumulated state."""
 
+    def merge(self, a: StateT, b: StateT) -> StateT:
+        """Combine two states over disjoint, contiguous runs of batches (``a``'s first); see the
+        module docstring. The default refuses: such a task runs with the local backend only."""
+        raise ProbeError(f"task {self.name!r} defines no merge step, so it cannot run sharded; use --backend local")
+
+    @classmethod
+    def can_merge(cls) -> bool:
+        """Whether the task defines :meth:`merge` (a sharded run checks this before any work)."""
+        return cls.merge is not Task.merge
+
 
 TASKS: Registry[Task[Any, Any]] = Registry("task")
 register = TASKS.register_class  # @register on a Task subclass adds it to the library
@@ -258,6 +276,11 @@ def parse_depths(text: str) -> tuple[int, ...]:
     except ValueError:
         raise ProbeError(f"--depths expects comma-separated integers like 1,2,4, got {text!r}") from None
     return depths
+
+
+def add_sums(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+    """Two dicts of running sums (tensors or numbers) added key by key; a key in one only is kept."""
+    return {k: a[k] + b[k] if k in a and k in b else a.get(k, b.get(k)) for k in {**a, **b}}
 
 
 def tidy(rows: Iterable[dict[str, Any]], model: str, task: str) -> pd.DataFrame:

@@ -112,16 +112,21 @@ def study(
                     finished(i, output, None)
                     break
     else:
-        from depthprobe.probes.engine.distributed import map_jobs  # type: ignore[import-not-found]
+        from depthprobe.probes.engine.distributed import map_jobs
 
         map_jobs(run_member, todo, backend=backend, address=address, cpus_per_job=cpus_per_member,
                  gpus_per_job=gpus_per_member, retries=retries,
-                 on_done=lambda i, r: finished(i, r.value if r.ok else None, r.error))  # fmt: skip
+                 on_done=lambda i, r: finished(i, r.value if r.ok else None, _strip(r.error)))  # fmt: skip
     write_table(folder, jobs)
     from depthprobe.probes.render.study import write_report
 
     write_report(folder)
     return Study(config=cfg, folder=folder)
+
+
+def _strip(error: str | None) -> str | None:
+    """A member's error from a Ray worker, as one_line writes it locally (ProbeErrors unprefixed)."""
+    return None if error is None else error.removeprefix("ProbeError: ")
 
 
 def one_line(exc: BaseException) -> str:
