@@ -95,10 +95,12 @@ def study(
         result = api_study(family, preset, out=out, backend=backend, address=address,
                            cpus_per_member=cpus_per_member, gpus_per_member=gpus_per_member, retries=retries,
                            echo=lambda line: typer.echo(line, err=True), **given)  # fmt: skip
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM (runtime.Terminated carries the signal)
         where = out if out is not None else "the study folder"
-        err(f"interrupted; finished members are kept in {where}: rerun the same command to continue")
-        raise typer.Exit(130) from None
+        signum = getattr(exc, "signum", None)
+        what = "interrupted" if signum is None else f"terminated by signal {signum}"
+        err(f"{what}; finished members are kept in {where}: rerun the same command to continue")
+        raise typer.Exit(130 if signum is None else 128 + signum) from None
     table = result.table
     cols = ["member", "depth", "d_model", "d_ff", "params_nonembed", "tokens", "val_loss", "val_bpb", "status"]
     import pandas as pd

@@ -149,3 +149,45 @@ def test_cli_smoke_petty(tmp_path, corpus_file):
     assert list(table.depth) == [1, 2] and (table.status == "ok").all()
     assert table.d_ff.iloc[0] > table.d_ff.iloc[1]  # the d_ff family: deeper is narrower
     assert f"wrote {out}" in result.output
+
+
+@pytest.mark.slow
+def test_sigterm_keeps_finished_members_whole(tmp_path, corpus_file):
+    """A real `probe study` process is terminated while its second member trains: exit 143, one
+    line, the first member's folder is whole and loads, no partial folder is left, and the rerun
+    keeps it and finishes the other."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    out = tmp_path / "s"
+    probe = str(Path(sys.executable).parent / "probe")
+    cmd = [probe, "study", "--family", "levine", "--corpus", str(corpus_file), "--vocab", "300", "--context", "32",
+           "--min-tokens", "400000", "--tokens-per-param", "1", "--out", str(out)]  # fmt: skip
+    env = {**os.environ, "DEPTHPROBE_CACHE": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    first = out / "members" / "levine-b0003k-L01-s0" / "member.json"
+    deadline = time.monotonic() + 600
+    while not first.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert first.exists(), proc.communicate()
+    time.sleep(2)  # the second member is training now
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 143, stderr
+    lines = [ln for ln in stderr.splitlines() if ln.startswith("error: ")]
+    assert len(lines) == 1 and "terminated by signal 15; finished members are kept" in lines[0]
+    assert "Traceback" not in stderr
+    names = sorted(p.name for p in (out / "members").iterdir())
+    assert names == ["levine-b0003k-L01-s0"]  # no partial folder of the interrupted member
+    model = probes.load(str(out / "members" / names[0] / "checkpoint"))
+    assert model.tokenizer is not None
+    stamp = first.stat().st_mtime_ns
+    proc = subprocess.run([*cmd[:-4], "--min-tokens", "8192", *cmd[-4:]], capture_output=True, text=True, env=env)
+    assert proc.returncode == 2 and "holds another study" in proc.stderr  # other settings are refused
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
+    assert proc.returncode == 0, proc.stderr
+    assert first.stat().st_mtime_ns == stamp
+    assert (pd.read_csv(out / "study.csv").status == "ok").all()
