@@ -349,3 +349,11 @@ def test_selector_named_like_a_table_column_is_kept_apart(tmp_path):
     t = compare([write_run(tmp_path / "r", "custom", "m", 1, 8, rows)]).set_index("metric")
     assert t.loc["acc/y", "scores_label"] == "y" and t.loc["acc/y", "label"] == "m (L=1, d=8)"
     assert t.loc["acc/y", "best_value"] == 0.4 and t.loc["acc/x", "best_head"] == 1
+
+
+def test_study_member_checkpoints_are_labelled_by_member_name():
+    from depthprobe.probes.render.compare import _short
+
+    assert _short("artifacts/studies/s/members/petty-d_ff-b0200k-L04-s0/checkpoint") == "petty-d_ff-b0200k-L04-s0"
+    assert _short("artifacts/models/induction-2l") == "induction-2l"
+    assert _short("checkpoint") == "checkpoint"

@@ -222,12 +222,16 @@ _SHOWN_BY_LABEL = {"layers", "depth", "d_model", "width"}  # spec keys the label
 
 
 def _short(name: str) -> str:
-    """A model name for a legend: a folder's last part; a spec without its depth and width keys."""
+    """A model name for a legend: a folder's last part (a study member's name for its ``checkpoint``
+    folder); a spec without its depth and width keys."""
     kind, sep, rest = name.partition(":")
     if sep and kind.isidentifier() and "=" in rest:
         keep = [kv for kv in rest.split(",") if kv.split("=", 1)[0].strip() not in _SHOWN_BY_LABEL]
         return f"{kind}:{','.join(keep)}" if keep else kind
-    return Path(name).name if os.sep in name else name
+    if os.sep not in name:
+        return name
+    path = Path(name)
+    return path.parent.name if path.name == "checkpoint" and path.parent.name else path.name  # a study member
 
 
 def _labels(runs: list[Run]) -> list[str]:
