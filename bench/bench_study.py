@@ -52,7 +52,7 @@ class Plain(nn.Module):
         super().__init__()
         self.embed, self.pos = nn.Embedding(vocab, d), nn.Embedding(n_ctx, d)
         self.blocks = nn.ModuleList(Block(d, heads, d_ff) for _ in range(layers))
-        self.ln, self.unembed = nn.LayerNorm(d), nn.Linear(d, vocab)
+        self.ln, self.unembed = nn.LayerNorm(d), nn.Linear(d, vocab, bias=False)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         h = self.embed(tokens) + self.pos.weight[: tokens.shape[1]]
