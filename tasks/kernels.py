@@ -550,11 +550,10 @@ class KernelSweep(Sweep):
     Options = SweepOptions
 
     def jobs(self, config: SweepConfig, options: SweepOptions) -> list[KernelJob]:
-        from depthprobe.probes.models.loading import resolve_device
-
+        """Every member, validated; the device is resolved where each member runs (on Ray: the
+        worker, which sees a GPU only when the member has one)."""
         depths = tuple(sorted(set(config.depths)))
         cfgs = sweep_configs(depths, options, config.seed)
-        resolve_device(config.device)  # an unusable device fails here, before any member
         shown = tuple(heatmap_layers(depths, options))
         return [
             KernelJob(v, d, cfg, options, config.seed, config.device, shown if d == depths[-1] else ())
