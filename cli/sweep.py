@@ -28,6 +28,13 @@ def sweep(
     dtype: str | None = typer.Option(None, "--dtype", help="kernels: float32 or float64 (models built and run in it)."),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Show progress."),
     max_params: int | None = typer.Option(None, "--max-params", help="Refuse models with more parameters than this."),
+    backend: str = typer.Option("local", "--backend", help="local (one member after another) or ray."),
+    address: str | None = typer.Option(
+        None, "--address", help="ray: auto (a running cluster) or HOST:PORT (default: a local instance)."
+    ),
+    cpus_per_member: float = typer.Option(1, "--cpus-per-member", help="ray: CPUs reserved per member."),
+    gpus_per_member: float = typer.Option(0, "--gpus-per-member", help="ray: GPUs per member (fractions share)."),
+    retries: int = typer.Option(0, "--retries", help="Retries of a failed member before the sweep fails."),
 ) -> None:
     """Train or build one model per depth with identical settings; write one table and plots."""
     from depthprobe.probes.sweep import get_sweep, parse_depths
@@ -54,8 +61,10 @@ def sweep(
 
     with size_limit(max_params):
         result = api_sweep(
-            task, parse_depths(depths), seed=seed, device=device, progress=progress and sys.stderr.isatty(), **options
-        )
+            task, parse_depths(depths), seed=seed, device=device, progress=progress and sys.stderr.isatty(),
+            backend=backend, address=address, cpus_per_member=cpus_per_member, gpus_per_member=gpus_per_member,
+            retries=retries, **options,
+        )  # fmt: skip
     path = result.save(out)
     print_result(result)
     typer.echo(f"wrote {path}")

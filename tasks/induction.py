@@ -41,7 +41,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 import torch
@@ -67,6 +67,11 @@ from depthprobe.probes.hooks.capture import Captured, forward, pattern_names
 from depthprobe.probes.measures.metrics import diagonal
 from depthprobe.probes.models.loading import Model
 from depthprobe.probes.render.viz import figure_svg, plot_text
+
+if TYPE_CHECKING:
+    from depthprobe.probes.data.synthetic import DataConfig
+    from depthprobe.probes.models.loading import NativeConfig
+    from depthprobe.probes.models.train import TrainConfig
 
 ICL_TEXT = Path(__file__).parent / "data" / "tinyshakespeare.txt"  # built-in natural text
 ICL_CONTEXT = 512  # Olsson et al.'s documents: at least 512 tokens
@@ -599,6 +604,25 @@ class SweepOptions:
     threads: int = ranged(1, min=1)  # CPU threads while training (see probes.models.train.threads_for)
 
 
+@dataclass(frozen=True)
+class InductionJob:
+    """One member of the induction sweep: the model and training configs of one depth, the
+    held-out repeat lengths (the same for every depth) and how to evaluate and summarise."""
+
+    depth: int
+    native: NativeConfig
+    data: DataConfig
+    train: TrainConfig
+    lengths: tuple[int, ...]
+    options: SweepOptions
+    seed: int
+    device: str | None
+
+    @property
+    def name(self) -> str:
+        return f"depth {self.depth}"
+
+
 class InductionSweep(Sweep):
     name = "induction"
     description = (
@@ -607,8 +631,8 @@ class InductionSweep(Sweep):
     )
     Options = SweepOptions
 
-    def run(self, config: SweepConfig, options: SweepOptions, progress: bool) -> Output:
-        from depthprobe.probes.models.train import build_configs, train
+    def jobs(self, config: SweepConfig, options: SweepOptions) -> list[InductionJob]:
+        from depthprobe.probes.models.train import build_configs
 
         o = options
         if o.eval_every < 1 or o.n_seqs < 1:
@@ -630,42 +654,51 @@ class InductionSweep(Sweep):
             "threads": o.threads,
         }
         plans = {depth: build_configs(layers=depth, **settings) for depth in config.depths}  # validates first
-        lengths = next(iter(plans.values()))[1].eval_lengths
-        if not lengths:
-            raise ProbeError(f"induction sweep: no held-out repeat length fits in seq_len={o.seq_len}; raise --seq-len")
-        if max(lengths) > o.vocab - 1:
-            raise ProbeError(
-                f"induction sweep: held-out repeat length {max(lengths)} needs that many distinct "
-                f"tokens but vocab={o.vocab} has {o.vocab - 1}; use --option vocab={max(lengths) + 1} "
-                "or more, or a shorter --seq-len"
-            )
-        rows: list[dict[str, Any]] = []
-        summary: list[dict[str, Any]] = []
-        losses: list[dict[str, Any]] = []
-        for depth, (native, data, cfg) in plans.items():
-            curve: list[dict] = []
+        lengths = _held_out_lengths(next(iter(plans.values()))[1], o)
+        return [
+            InductionJob(depth, native, data, cfg, lengths, o, config.seed, config.device)
+            for depth, (native, data, cfg) in plans.items()
+        ]
 
-            def record(step: int, model: Model, depth: int = depth, curve: list = curve) -> None:
-                ev = evaluate(model, lengths, o.n_seqs, seed=config.seed + 1)
-                score, layer, head = ev.best
-                curve.append(
-                    {
-                        "depth": depth,
-                        "step": step,
-                        "best_induction": round(score, 5),
-                        "best_head": f"{layer}-{head}",
-                        "loss_repeated": round(ev.loss_repeated, 5),
-                        "repeat_copying_score": round(ev.loss_repeated - ev.loss_first, 5),
-                    }
-                )
+    def run_job(self, job: InductionJob, progress: bool = False) -> dict[str, Any]:
+        """Train one depth's model, evaluating it every ``eval_every`` steps; its curve, training
+        losses and summary row."""
+        from depthprobe.probes.models.train import train
 
-            out = None if o.save_models is None else Path(o.save_models) / f"depth-{depth}"
-            done = train(
-                native, data, cfg, out=out, device=config.device, progress=progress, every=o.eval_every, callback=record
+        o, depth, curve = job.options, job.depth, []
+
+        def record(step: int, model: Model) -> None:
+            ev = evaluate(model, job.lengths, o.n_seqs, seed=job.seed + 1)
+            score, layer, head = ev.best
+            curve.append(
+                {
+                    "depth": depth,
+                    "step": step,
+                    "best_induction": round(score, 5),
+                    "best_head": f"{layer}-{head}",
+                    "loss_repeated": round(ev.loss_repeated, 5),
+                    "repeat_copying_score": round(ev.loss_repeated - ev.loss_first, 5),
+                }
             )
-            rows.extend(curve)
-            losses.extend({"depth": depth, **r} for r in done.losses)
-            summary.append(_depth_summary(depth, curve, done, o.threshold))
+
+        out = None if o.save_models is None else Path(o.save_models) / f"depth-{depth}"
+        done = train(
+            job.native, job.data, job.train, out=out, device=job.device, progress=progress, every=o.eval_every,
+            callback=record,
+        )  # fmt: skip
+        return {
+            "curve": curve,
+            "losses": [{"depth": depth, **r} for r in done.losses],
+            "summary": _depth_summary(depth, curve, done, o.threshold),
+            "lengths": job.lengths,
+        }
+
+    def combine(self, config: SweepConfig, options: SweepOptions, results: list[dict[str, Any]]) -> Output:
+        o = options
+        lengths = results[0]["lengths"]  # the same in every job
+        rows = [r for res in results for r in res["curve"]]
+        losses = [r for res in results for r in res["losses"]]
+        summary = [res["summary"] for res in results]
         table = pd.DataFrame(rows)
         summary_df = pd.DataFrame(summary)
         return Output(
@@ -687,6 +720,21 @@ class InductionSweep(Sweep):
             },
             files={"train_loss.csv": pd.DataFrame(losses).to_csv(index=False).encode()},
         )
+
+
+def _held_out_lengths(data: DataConfig, o: SweepOptions) -> tuple[int, ...]:
+    """The held-out repeat lengths every depth is evaluated on (the same for all: they depend on
+    the data settings only), refused when none fits or the vocabulary is too small."""
+    lengths = tuple(data.eval_lengths)
+    if not lengths:
+        raise ProbeError(f"induction sweep: no held-out repeat length fits in seq_len={o.seq_len}; raise --seq-len")
+    if max(lengths) > o.vocab - 1:
+        raise ProbeError(
+            f"induction sweep: held-out repeat length {max(lengths)} needs that many distinct "
+            f"tokens but vocab={o.vocab} has {o.vocab - 1}; use --option vocab={max(lengths) + 1} "
+            "or more, or a shorter --seq-len"
+        )
+    return lengths
 
 
 def mean_chance(lengths: Sequence[int]) -> float:

@@ -526,47 +526,72 @@ def measure(net: spa.SPATransformer, ids: torch.Tensor) -> Accumulator:
     return acc
 
 
+@dataclass(frozen=True)
+class KernelJob:
+    """One member of the kernels sweep: the model to build (and train), the sweep's options and
+    seed, and which layers' kernels come back as heatmaps (those of the deepest models)."""
+
+    variant: str
+    depth: int
+    cfg: spa.SPAConfig
+    options: SweepOptions
+    seed: int
+    device: str | None
+    heatmap_layers: tuple[int, ...]
+
+    @property
+    def name(self) -> str:
+        return f"{self.variant} depth {self.depth}"
+
+
 class KernelSweep(Sweep):
     name = "kernels"
     description = "Rank collapse vs depth: vanilla, skips, Value-SkipInit, U-SPA, E-SPA at init (or trained)"
     Options = SweepOptions
 
-    def run(self, config: SweepConfig, options: SweepOptions, progress: bool) -> Output:
-        from depthprobe.probes.models.loading import resolve_device
-
+    def jobs(self, config: SweepConfig, options: SweepOptions) -> list[KernelJob]:
+        """Every member, validated; the device is resolved where each member runs (on Ray: the
+        worker, which sees a GPU only when the member has one)."""
         depths = tuple(sorted(set(config.depths)))
         cfgs = sweep_configs(depths, options, config.seed)
-        dev = resolve_device(config.device)
-        with torch_threads(options.threads):
-            return self._run(cfgs, depths, options, config, dev, progress)
+        shown = tuple(heatmap_layers(depths, options))
+        return [
+            KernelJob(v, d, cfg, options, config.seed, config.device, shown if d == depths[-1] else ())
+            for (v, d), cfg in cfgs.items()
+        ]
 
-    def _run(
-        self,
-        cfgs: dict,
-        depths: tuple[int, ...],
-        options: SweepOptions,
-        config: SweepConfig,
-        dev: torch.device,
-        progress: bool,
-    ) -> Output:
-        ids = spa.random_tokens(options.samples, options.seq_len, max(4096, options.seq_len), config.seed).to(dev)
-        rows, summary, finals, maps = [], [], {}, {}
-        shown = heatmap_layers(depths, options)
-        for (variant, depth), cfg in cfgs.items():
-            if progress:
-                print(f"kernels sweep: {variant} depth {depth}", file=sys.stderr, flush=True)
-            net = spa.SPATransformer(cfg).to(dev)
-            losses = spa.train_synthetic(
-                net, options.steps, options.seq_len, options.train_batch, options.lr, config.seed
-            )
+    def run_job(self, job: KernelJob, progress: bool = False) -> dict[str, Any]:
+        """Build (and train) one model and measure it on the sweep's inputs (the same random
+        tokens for every member: seeded by the sweep's seed)."""
+        from depthprobe.probes.models.loading import resolve_device
+
+        o = job.options
+        dev = resolve_device(job.device)
+        if progress:
+            print(f"kernels sweep: {job.variant} depth {job.depth}", file=sys.stderr, flush=True)
+        with torch_threads(o.threads):
+            ids = spa.random_tokens(o.samples, o.seq_len, max(4096, o.seq_len), job.seed).to(dev)
+            net = spa.SPATransformer(job.cfg).to(dev)
+            losses = spa.train_synthetic(net, o.steps, o.seq_len, o.train_batch, o.lr, job.seed)
             acc = measure(net.eval(), ids)
-            rec = self._record(variant, depth, cfg, acc, options, losses)
-            rows += rec["rows"]
-            summary.append(rec["summary"])
+            rec = self._record(job.variant, job.depth, job.cfg, acc, o, losses)
             kern = acc.kernels()
-            finals[(variant, depth)] = kern[-1]
-            if depth == depths[-1]:
-                maps.update({(variant, layer_idx): kern[layer_idx] for layer_idx in shown})
+        return {
+            **rec,
+            "final": kern[-1],
+            "maps": {layer_idx: kern[layer_idx] for layer_idx in job.heatmap_layers},
+        }
+
+    def combine(self, config: SweepConfig, options: SweepOptions, results: list[dict[str, Any]]) -> Output:
+        depths = tuple(sorted(set(config.depths)))
+        jobs = [(v, d) for v in options.variants for d in depths]  # the order of jobs()
+        rows: list[dict] = []
+        summary, finals, maps = [], {}, {}
+        for (variant, depth), res in zip(jobs, results, strict=True):
+            rows += res["rows"]
+            summary.append(res["summary"])
+            finals[(variant, depth)] = res["final"]
+            maps.update({(variant, layer_idx): m for layer_idx, m in res["maps"].items()})
         return self._output(depths, options, rows, summary, finals, maps)
 
     @staticmethod

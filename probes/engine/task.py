@@ -255,11 +255,42 @@ class SweepConfig:
 
 class Sweep(Configurable, ABC):
     """A depth sweep (``probe sweep --task NAME``): one model per depth, identical settings and
-    seeds; ``run`` gets the depths and its parsed options and returns an :class:`Output`."""
+    seeds, one table and plots.
+
+    The members are independent jobs, so that a sweep can run them in this process or as Ray
+    tasks (``probe sweep --backend ray``):
+
+    - ``jobs(config, options)`` validates everything (bad input fails here, before any member
+      runs) and returns one picklable description per member, in table order;
+    - ``run_job(job)`` runs one member from its description alone (whatever members share is
+      recomputed deterministically inside, or travels in the job) and returns a picklable
+      result (rows, curves, CPU arrays);
+    - ``combine(config, options, results)`` builds the sweep's :class:`Output` from the results,
+      in job order.
+
+    ``run`` is ``combine`` over ``run_job`` of each job in order, in this process.
+    """
 
     @abstractmethod
+    def jobs(self, config: SweepConfig, options: Any) -> list[Any]:
+        """One picklable job per member, validated up front."""
+
+    @abstractmethod
+    def run_job(self, job: Any, progress: bool = False) -> Any:
+        """One member's picklable result."""
+
+    @abstractmethod
+    def combine(self, config: SweepConfig, options: Any, results: list[Any]) -> Output:
+        """The sweep's table and plots from every member's result (in job order)."""
+
+    def job_name(self, job: Any) -> str:
+        """How errors name a member (a job's ``name`` attribute when it has one)."""
+        return str(getattr(job, "name", job))
+
     def run(self, config: SweepConfig, options: Any, progress: bool) -> Output:
-        """The sweep's table and plots."""
+        """The sweep's table and plots, every member run here, one after another."""
+        jobs = self.jobs(config, options)
+        return self.combine(config, options, [self.run_job(job, progress) for job in jobs])
 
 
 SWEEPS: Registry[Sweep] = Registry("sweep task")
