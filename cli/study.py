@@ -7,13 +7,9 @@ from pathlib import Path
 import typer
 
 from depthprobe.cli.main import app, err, guarded
+from depthprobe.probes.study.config import COSTS
 
-PRESET_HELP = (
-    "smoke: a few tiny members (tests; about 1-2 min on 2 CPU cores). cpu: petty 0.2M at depths 1,2,4,8; levine "
-    "pairs (1,2),(2,4) at 25k/50k/100k; spa width 64 at depths 4,8 (about 20-40 min on 2 CPU cores, minutes on "
-    "a GPU). gpu: levine pairs (2,4),(4,8) at 50k-1.6M, 3 seeds; spa at depths 8,16,32 (about an hour on one "
-    "large GPU, 10-20 hours on 2 CPU cores)."
-)
+PRESET_HELP = " ".join(f"{name}: {cost}." for name, cost in COSTS.items())
 
 
 @app.command(help=f"Train an equal-parameter family (levine, petty or spa) on text and probe every member. "

@@ -114,6 +114,7 @@ COMMON: dict[str, dict[str, Any]] = {
         "tokens_per_param": 20.0,
         "min_tokens": 4_000_000,
         "seeds": 3,
+        "icl_windows": 256,  # the ICL score of one window has a standard error of about 3 nats
     },
 }
 PRESETS: dict[str, dict[str, dict[str, Any]]] = {
@@ -133,10 +134,12 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
         "spa": {"depths": (8, 16, 32), "d_model": 256, "d_head": 32},
     },
 }
-COSTS = {  # what --help says
-    "smoke": "about 1-2 minutes on 2 CPU cores; under a minute on one GPU",
-    "cpu": "about 20-40 minutes on 2 CPU cores; a few minutes on one GPU",
-    "gpu": "about an hour on one large GPU (H100/H200 class); 10-20 hours on 2 CPU cores",
+COSTS = {  # what each preset is and costs (probe study --help)
+    "smoke": "two tiny members per family (the tests use it): 15-20 s per family on 2 CPU cores",
+    "cpu": "petty 0.2M at depths 1,2,4,8; levine pairs (1,2),(2,4) at 25k/50k/100k; spa width 64 at depths 4,8, "
+    "five variants: 16-30 min per family on 2 CPU cores (measured), minutes on one GPU",
+    "gpu": "levine pairs (2,4),(4,8) at 50k-1.6M, 3 seeds; petty 1.6M at depths 1-8; spa width 256 at depths "
+    "8,16,32: about an hour per family on one large GPU (estimated; not run on a GPU yet), 10-20 hours on 2 CPU cores",
 }
 
 
