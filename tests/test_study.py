@@ -191,3 +191,35 @@ def test_sigterm_keeps_finished_members_whole(tmp_path, corpus_file):
     assert proc.returncode == 0, proc.stderr
     assert first.stat().st_mtime_ns == stamp
     assert (pd.read_csv(out / "study.csv").status == "ok").all()
+
+
+def test_lr_grid_keeps_the_best_rate(tmp_path, corpus_file):
+    """Two rates tried on a fraction of the budget from the same init; the one that cannot train
+    (1e-7) loses, and the grid's best rate trains the member."""
+    s = study("levine", "smoke", out=tmp_path / "grid", corpus=str(corpus_file), echo=lambda line: None,
+              lrs=(1e-7, 3e-3), lr_fraction=0.25, **TINY)  # fmt: skip
+    assert (s.table.status == "ok").all()
+    assert list(s.table.lr) == [3e-3, 3e-3]
+    for name in s.table.member:
+        grid = pd.read_csv(s.folder / "members" / name / "lr_grid.csv")
+        assert list(grid.lr) == [1e-7, 3e-3]
+        assert grid.val_loss[1] < grid.val_loss[0]
+        assert (grid.tokens < s.table.tokens.iloc[0]).all()
+
+
+def test_spa_smoke_members_train_save_and_reload(tmp_path, corpus_file):
+    """The spa family: skipless variants on text; their checkpoints reload through probes.load
+    with the recorded validation loss."""
+    from depthprobe.probes.data import corpus as corpora
+    from depthprobe.probes.models.lm import LMConfig, evaluate
+
+    s = study("spa", "smoke", out=tmp_path / "spa", corpus=str(corpus_file), echo=lambda line: None, **TINY)
+    table = s.table
+    assert list(table.variant) == ["pre-ln", "e-spa"] and (table.status == "ok").all()
+    assert (table.d_ff == 0).all()  # attention-only members
+    corpus = corpora.load_corpus(s.config.corpus, vocab=s.config.vocab)
+    for row in table.itertuples():
+        model = probes.load(str(s.folder / "members" / row.member / "checkpoint"))
+        assert model.info.source == "spa" and model.tokenizer is not None
+        cfg = LMConfig(tokens=1, batch_size=s.config.batch_size, context=s.config.context)
+        assert math.isclose(evaluate(model, corpus, cfg)["val_loss"], row.val_loss, rel_tol=1e-5)
