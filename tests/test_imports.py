@@ -79,3 +79,18 @@ def test_listing_tasks_imports_no_task_module():
     assert lines[0] == "6 []"
     assert lines[1].startswith("unknown task 'atention-stats' (did you mean 'attention-stats'?)")
     assert lines[2] == "['depthprobe.tasks.attention_stats']"
+
+
+def test_the_package_and_the_cli_import_no_transformer_lens():
+    """TransformerLens takes seconds to import: `import depthprobe.probes` and building the CLI
+    (every command, `probe list`, `probe compare`, bad-input errors) must not pull it in; only
+    loading a model does."""
+    code = (
+        "import sys\n"
+        "import depthprobe.probes, depthprobe.cli.main\n"
+        "from depthprobe.probes import study\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('transformer_lens', 'datasets', 'spacy', 'ray')))\n"
+    )
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == "[]"

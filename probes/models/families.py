@@ -28,11 +28,13 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from depthprobe.probes.engine.errors import ProbeError, suggest
-from depthprobe.probes.models import spa as spa_models
 from depthprobe.probes.models.loading import Model, NativeConfig, load
+
+if TYPE_CHECKING:  # the spa module imports TransformerLens: loaded only where a spa member is used
+    from depthprobe.probes.models.spa import SPAConfig
 
 FAMILIES = ("levine", "petty", "spa")
 SHRINKS = ("d_ff", "d_model", "d_attn")
@@ -87,10 +89,12 @@ class Member:
             seed=seed,
         )
 
-    def spa(self, vocab: int, context: int, seed: int) -> spa_models.SPAConfig:
+    def spa(self, vocab: int, context: int, seed: int) -> SPAConfig:
         """The SPA model of an spa member: softmax attention for the baselines, attention-only."""
         if self.family != "spa":
             raise ProbeError(f"member {self.name} is a native model; build it with Member.native(...)")
+        from depthprobe.probes.models import spa as spa_models
+
         return spa_models.SPAConfig(
             **spa_models.variant_config(self.variant, self.depth, attention="softmax"),
             width=self.d_model,
@@ -104,6 +108,8 @@ class Member:
     def build(self, vocab: int, context: int, seed: int, device: str | None = None) -> Model:
         """The member as a loaded :class:`Model` (random init with ``seed``)."""
         if self.family == "spa":
+            from depthprobe.probes.models import spa as spa_models
+
             return spa_models.build(self.spa(vocab, context, seed), device=device, name=self.name)
         return load(self.native(vocab, context, seed), device=device)
 
@@ -471,6 +477,8 @@ def spa(
     if width % heads:
         raise ProbeError(f"spa: width={width} is not divisible by heads={heads}; pick a multiple")
     depths = _check_depths(depths, "spa")
+    from depthprobe.probes.models import spa as spa_models
+
     causal = [v for v in spa_models.VARIANTS if spa_models.variant_config(v, 1).get("causal", True)]
     if not variants:
         raise ProbeError(f"spa: no variants; choose from {', '.join(causal)}")
