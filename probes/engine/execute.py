@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from depthprobe.probes.engine.batching import Batch
+from depthprobe.probes.engine.runtime import check_interrupt
 from depthprobe.probes.engine.task import Context, Examples, Output, Task
 from depthprobe.probes.hooks.capture import forward
 from depthprobe.probes.models.loading import Model
@@ -35,6 +36,7 @@ def accumulate(
     state = task.start(model, ctx, examples)
     n_batches = 0
     for i, batch in enumerate(task.batches(model, examples, ctx)):
+        check_interrupt()
         if batches is not None and i not in batches:
             if i >= batches.stop:
                 break

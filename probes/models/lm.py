@@ -26,7 +26,7 @@ import torch
 
 from depthprobe.probes.data import corpus as corpora
 from depthprobe.probes.engine.errors import ProbeError
-from depthprobe.probes.engine.runtime import torch_threads
+from depthprobe.probes.engine.runtime import check_interrupt, torch_threads
 from depthprobe.probes.models.loading import Model
 from depthprobe.probes.models.train import fast_logits, lm_loss
 
@@ -169,6 +169,7 @@ def _loop(model: Model, corpus: corpora.Corpus, cfg: LMConfig, progress: Callabl
     net.train()
     t0 = time.perf_counter()
     for step in range(cfg.steps):
+        check_interrupt()  # a signal whose exception a finalizer dropped still stops the run
         tokens = corpora.train_batch(corpus.train_ids, cfg.seed, step, cfg.batch_size, cfg.context, corpus.bos)
         tokens = tokens.to(model.device, non_blocking=True)
         lr = cfg.lr_at(step)

@@ -42,7 +42,7 @@ from depthprobe.probes.data.synthetic import DataConfig
 from depthprobe.probes.engine.artifacts import replace_file
 from depthprobe.probes.engine.errors import ProbeError
 from depthprobe.probes.engine.options import check_seed
-from depthprobe.probes.engine.runtime import torch_threads
+from depthprobe.probes.engine.runtime import check_interrupt, torch_threads
 from depthprobe.probes.models.loading import (
     CHECKPOINT_CONFIG,
     Model,
@@ -398,6 +398,7 @@ def _loop(
     _maybe_callback(model, start, every, callback, start == 0, spent)
     model.bridge.train()
     for step in range(start, cfg.steps):
+        check_interrupt()  # a signal whose exception a finalizer dropped still stops the run
         tokens = synthetic.batch_at(data, cfg.seed, step, cfg.batch_size).to(model.device)
         for group in opt.param_groups:
             group["lr"] = cfg.lr_at(step)
