@@ -98,43 +98,28 @@ def study(
             write_failed(folder, job, error or "unknown error")
             say(f"[{counter['n'] + 1}/{len(jobs)}] {job.name}: failed: {error}")
         counter["n"] += 1
-        write_table(folder, jobs)
+        write_table(folder)
 
-    if backend == "local":
-        for i, job in enumerate(todo):
-            for attempt in range(retries + 1):
-                try:
-                    output = run_member(job)
-                except Exception as exc:  # the member fails; the study goes on (KeyboardInterrupt stops it)
-                    if attempt == retries:
-                        finished(i, None, one_line(exc))
-                else:
-                    finished(i, output, None)
-                    break
-    else:
-        from depthprobe.probes.engine.distributed import map_jobs
+    from depthprobe.probes.engine.distributed import map_jobs
 
-        map_jobs(run_member, todo, backend=backend, address=address, cpus_per_job=cpus_per_member,
-                 gpus_per_job=gpus_per_member, retries=retries,
-                 on_done=lambda i, r: finished(i, r.value if r.ok else None, _strip(r.error)))  # fmt: skip
-    write_table(folder, jobs)
+    map_jobs(run_member, todo, backend=backend, address=address, cpus_per_job=cpus_per_member,
+             gpus_per_job=gpus_per_member, retries=retries,
+             on_done=lambda i, r: finished(i, r.value if r.ok else None, member_error(r.error)))  # fmt: skip
+    write_table(folder)
     from depthprobe.probes.render.study import write_report
 
     write_report(folder)
     return Study(config=cfg, folder=folder)
 
 
-def _strip(error: str | None) -> str | None:
-    """A member's error from a Ray worker, as one_line writes it locally (ProbeErrors unprefixed)."""
-    return None if error is None else error.removeprefix("ProbeError: ")
-
-
-def one_line(exc: BaseException) -> str:
-    """An exception as the one line a failed member records."""
-    if isinstance(exc, ProbeError):
-        return " ".join(str(exc).split())
-    first = (str(exc).strip().splitlines() or [""])[0]
-    return f"internal error: {type(exc).__name__}: {first}"
+def member_error(error: str | None) -> str | None:
+    """The one line a failed member records, from the job map's ``Type: message``: a ProbeError's
+    message as it is (it already names the fix), anything else marked as an internal error."""
+    if error is None:
+        return None
+    kind, sep, message = error.partition(": ")
+    probe_errors = {c.__name__ for c in (ProbeError, *ProbeError.__subclasses__())}
+    return message if sep and kind in probe_errors else f"internal error: {error}"
 
 
 def open_folder(folder: Path, cfg: StudyConfig, jobs: list[Job]) -> set[str]:
@@ -223,6 +208,6 @@ def read_table(folder: Path) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=COLUMNS)
 
 
-def write_table(folder: Path, jobs: list[Job]) -> None:
+def write_table(folder: Path) -> None:
     table = read_table(folder)
     artifacts.replace_file(folder / STUDY_CSV, lambda p: table.to_csv(p, index=False))
