@@ -118,7 +118,7 @@ def member_error(error: str | None) -> str | None:
     if error is None:
         return None
     kind, sep, message = error.partition(": ")
-    probe_errors = {c.__name__ for c in (ProbeError, *ProbeError.__subclasses__())}
+    probe_errors = {ProbeError.__name__, *(c.__name__ for c in ProbeError.__subclasses__())}
     return message if sep and kind in probe_errors else f"internal error: {error}"
 
 
