@@ -30,7 +30,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from depthprobe.probes.data.align import Encoded, encode_words, unit_matrix, word_attention
+from depthprobe.probes.data.align import Encoded, encode_pieces, unit_matrix, word_attention, word_pieces_many
 from depthprobe.probes.engine.batching import Batch, length_batches
 from depthprobe.probes.engine.errors import ProbeError
 from depthprobe.probes.engine.task import Context, Examples, HeatmapPanel, Output, Task, ViewPanel, tidy
@@ -39,6 +39,7 @@ from depthprobe.probes.models.loading import Model
 
 SAMPLE = Path(__file__).parent / "data" / "sample_syntax.conllu"
 ALL = "ALL"
+ENCODE_CHUNK = 256  # sentences per tokenizer call when encoding a treebank
 DIRECTIONS = ("dependent->head", "head->dependent")
 OFFSETS = (-3, -2, -1, 0, 1, 2)
 HEATMAP_RELATIONS = ("det", "nsubj", "obj", "amod", "case", "aux", "nmod:poss", "advmod", ALL)
@@ -212,14 +213,18 @@ class Syntax(Task[Options, State]):
         limit = model.input_limit(ctx.config.max_len)
         kept: list[Example] = []
         skipped, wanted = 0, ctx.config.limit
-        for tree in trees:
+        for start in range(0, len(trees), ENCODE_CHUNK):  # one tokenizer call per chunk of sentences
             if wanted is not None and len(kept) >= wanted:
                 break
-            enc = encode_words(model, tree.words)  # per sentence: faster than one huge tokenizer call
-            if len(enc) > limit:
-                skipped += 1
-            else:
-                kept.append(Example(tree, enc))
+            chunk = trees[start : start + ENCODE_CHUNK]
+            for tree, pieces in zip(chunk, word_pieces_many(model, [t.words for t in chunk]), strict=True):
+                if wanted is not None and len(kept) >= wanted:
+                    break
+                enc = encode_pieces(model, pieces)
+                if len(enc) > limit:
+                    skipped += 1
+                else:
+                    kept.append(Example(tree, enc))
         if not kept:
             raise ProbeError(
                 f"every sentence is longer than --max-len {limit} pieces; raise --max-len "

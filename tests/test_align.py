@@ -2,7 +2,18 @@
 
 import torch
 
-from depthprobe.probes.data.align import Encoded, encode_words, unit_matrix, word_attention
+import pytest
+
+from depthprobe.probes.data.align import (
+    Encoded,
+    encode_words,
+    pieces_of_words,
+    unit_matrix,
+    word_attention,
+    word_pieces,
+    word_pieces_many,
+)
+from depthprobe.probes.engine.errors import ProbeError
 
 
 def test_split_word_sums_columns_and_averages_rows():
@@ -60,3 +71,24 @@ def test_encode_words_encoder_and_decoder(tiny_bert, tiny_gpt2):
     assert d.unit_of_piece[0] == 0 and max(d.unit_of_piece) == 2  # no [SEP] unit for decoders
     # the second word carries a leading space like running text
     assert tiny_gpt2.tokenizer.decode(list(d.ids[1:])) == "john ran"
+
+
+def test_word_pieces_many_is_one_call_per_sequence_batched(tiny_bert, tiny_gpt2):
+    seqs = [["The", "unhappiness", "."], [], ["a"], ["john", "ran", "unhappily", "home"]]
+    for model in (tiny_bert, tiny_gpt2):
+        batched = word_pieces_many(model, seqs)
+        assert batched == [word_pieces(model, s) for s in seqs]
+        assert batched[1] == [] and len(batched[3]) == 4
+        words = [model.tokenizer.decode(p).strip() for p in batched[3]]
+        assert words == ["john", "ran", "unhappily", "home"]
+
+
+def test_pieces_of_words_long_text_and_space_pieces():
+    # 3 words "ab cd e": a lone-space piece (3, 3) goes to the next word, a piece inside a word
+    # to that word, and one covering two words is refused
+    spans = [(0, 2), (3, 5), (6, 7)]
+    assert pieces_of_words([(0, 1), (1, 2), (2, 3), (3, 5), (6, 7)], spans) == [[0, 1], [2, 3], [4]]
+    long = [(k * 2, k * 2 + 1) for k in range(3000)]  # 3,000 one-letter words
+    assert pieces_of_words(long, long) == [[k] for k in range(3000)]
+    with pytest.raises(ProbeError, match="across a space"):
+        pieces_of_words([(0, 5)], spans, "ab cd e")

@@ -77,9 +77,14 @@ def pieces_of_words(
     starts = [s for s, _ in spans]
     out: list[list[int]] = [[] for _ in spans]
     pending: list[int] = []  # space-only pieces waiting for the next word
+    n = len(spans)
     for i, (a, b) in enumerate(offsets):
-        k = max(bisect_right(starts, a) - 1, 0)
-        hits = [j for j in range(k, len(spans)) if spans[j][0] < b and a < spans[j][1]]
+        j = max(bisect_right(starts, a) - 1, 0)  # words before j end before a
+        hits = []
+        while j < n and starts[j] < b:  # words from the first starting at or after b start too late
+            if a < spans[j][1]:
+                hits.append(j)
+            j += 1
         if len(hits) > 1:
             first, second = (text[spans[j][0] : spans[j][1]] for j in hits[:2])
             raise ProbeError(
@@ -99,19 +104,28 @@ def pieces_of_words(
 
 def word_pieces(model: Model, words: Sequence[str]) -> list[list[int]]:
     """Piece ids per word, from tokenising the running text once (see the module's docstring)."""
+    return word_pieces_many(model, [words])[0]
+
+
+def word_pieces_many(model: Model, word_lists: Sequence[Sequence[str]]) -> list[list[list[int]]]:
+    """:func:`word_pieces` of many word sequences, tokenised in one batched tokenizer call (the
+    same pieces as one call per sequence, without the per-call overhead)."""
     tok = _fast(model.require_tokenizer("word alignment"), model)
-    if not words:
-        return []
-    text, spans = running_text(words)
-    enc = tok(text, add_special_tokens=False, return_offsets_mapping=True, verbose=False)
-    ids, offsets = enc["input_ids"], [tuple(o) for o in enc["offset_mapping"]]
+    texts = [running_text(words) for words in word_lists]
+    todo = [k for k, words in enumerate(word_lists) if words]
+    out: list[list[list[int]]] = [[] for _ in word_lists]
+    if not todo:
+        return out
+    enc = tok([texts[k][0] for k in todo], add_special_tokens=False, return_offsets_mapping=True, verbose=False)
     fallback = tok.unk_token_id
-    out = []
-    for idx in pieces_of_words(offsets, spans, text):
-        p = [ids[i] for i in idx]
-        if not p:
-            p = [fallback] if fallback is not None else tok(" ", add_special_tokens=False)["input_ids"][:1]
-        out.append(p)
+    for row, k in enumerate(todo):
+        text, spans = texts[k]
+        ids, offsets = enc["input_ids"][row], [tuple(o) for o in enc["offset_mapping"][row]]
+        for idx in pieces_of_words(offsets, spans, text):
+            p = [ids[i] for i in idx]
+            if not p:
+                p = [fallback] if fallback is not None else tok(" ", add_special_tokens=False)["input_ids"][:1]
+            out[k].append(p)
     return out
 
 
