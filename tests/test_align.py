@@ -1,8 +1,7 @@
 """Word-level attention: sum over pieces TO a word, mean over pieces FROM a word."""
 
-import torch
-
 import pytest
+import torch
 
 from depthprobe.probes.data.align import (
     Encoded,
