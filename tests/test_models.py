@@ -275,3 +275,56 @@ def test_checkpoint_files_follow_the_umask(tmp_path, umask, file_mode, dir_mode)
     for p in found:
         want = dir_mode if p.is_dir() else file_mode
         assert stat.S_IMODE(p.stat().st_mode) == want, (p, oct(p.stat().st_mode))
+
+
+# ------------------------------------------------------------------ weights digests
+
+
+def test_weights_digest_is_remembered_per_file_version(tmp_path, monkeypatch):
+    import hashlib
+    import os
+
+    from depthprobe.probes.models import loading
+
+    monkeypatch.setenv("DEPTHPROBE_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(loading, "HASH_CACHE_MIN_BYTES", 0)
+    weights = tmp_path / "model.safetensors"
+    weights.write_bytes(b"weights v1")
+    real = "sha256:" + hashlib.sha256(b"weights v1").hexdigest()
+    assert loading._hash_file(weights) == real
+    store = tmp_path / "cache" / "weights-sha256.json"
+    known = json.loads(store.read_text())
+    assert list(known.values()) == [real.removeprefix("sha256:")]
+    # the remembered digest is what a second run reads (made visible by planting another value)
+    key = next(iter(known))
+    store.write_text(json.dumps({key: "ab" * 32}))
+    assert loading._hash_file(weights) == "sha256:" + "ab" * 32
+    # the file changed (new size and time): hashed again
+    weights.write_bytes(b"weights version 2")
+    os.utime(weights, ns=(1, 1))
+    assert loading._hash_file(weights) == "sha256:" + hashlib.sha256(b"weights version 2").hexdigest()
+    # a damaged cache is ignored and rewritten
+    store.write_text("{not json")
+    assert loading._hash_file(weights) == "sha256:" + hashlib.sha256(b"weights version 2").hexdigest()
+    assert len(json.loads(store.read_text())) == 1
+
+
+def test_small_files_are_hashed_not_remembered_and_hub_blobs_are_named_by_digest(tmp_path, monkeypatch):
+    import hashlib
+
+    from depthprobe.probes.models import loading
+
+    monkeypatch.setenv("DEPTHPROBE_CACHE", str(tmp_path / "cache"))
+    small = tmp_path / "model.safetensors"
+    small.write_bytes(b"tiny")
+    assert loading._hash_file(small) == "sha256:" + hashlib.sha256(b"tiny").hexdigest()
+    assert not (tmp_path / "cache").exists()
+    # a Hugging Face cache snapshot links to blobs/<sha256>: the name is the digest
+    digest = hashlib.sha256(b"hub weights").hexdigest()
+    blob = tmp_path / "hub" / "blobs" / digest
+    blob.parent.mkdir(parents=True)
+    blob.write_bytes(b"hub weights")
+    snap = tmp_path / "hub" / "snapshots" / "abc123"
+    snap.mkdir(parents=True)
+    (snap / "model.safetensors").symlink_to(blob)
+    assert loading._weights_id(snap) == "sha256:" + digest

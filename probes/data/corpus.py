@@ -56,7 +56,7 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from depthprobe.probes.data.text import read_text
-from depthprobe.probes.engine.artifacts import replace_file
+from depthprobe.probes.engine.artifacts import cache_root, replace_file
 from depthprobe.probes.engine.errors import ProbeError
 
 # the repository root in a checkout or an editable install, site-packages/depthprobe in a wheel install:
@@ -135,9 +135,7 @@ def _check_vocab(vocab: int) -> None:
 
 
 def cache_dir_default() -> Path:
-    root = os.environ.get("DEPTHPROBE_CACHE")
-    base = Path(root) if root else Path.home() / ".cache" / "depthprobe"
-    return base / "tokenizers"
+    return cache_root() / "tokenizers"
 
 
 def corpus_key(train_text: str, vocab: int) -> str:

