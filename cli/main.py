@@ -98,6 +98,14 @@ app.add_typer(list_app, name="list")
 
 _DEBUG = {"on": False}
 
+# The Ray options that `probe study` and `probe sweep` share (member jobs; `probe run` shards batches).
+MEMBER_BACKEND = typer.Option("local", "--backend", help="local (one member after another) or ray.")
+MEMBER_ADDRESS = typer.Option(
+    None, "--address", help="ray: auto (a running cluster) or HOST:PORT (default: a local instance)."
+)
+CPUS_PER_MEMBER = typer.Option(1, "--cpus-per-member", help="ray: CPUs reserved per member.")
+GPUS_PER_MEMBER = typer.Option(0, "--gpus-per-member", help="ray: GPUs per member (fractions share).")
+
 
 @app.callback()
 def _main(debug: bool = typer.Option(False, "--debug", help="Show full tracebacks on errors.")) -> None:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from depthprobe.cli.main import app, err, guarded
+from depthprobe.cli.main import CPUS_PER_MEMBER, GPUS_PER_MEMBER, MEMBER_ADDRESS, MEMBER_BACKEND, app, err, guarded
 from depthprobe.probes.study.config import COSTS
 
 PRESET_HELP = " ".join(f"{name}: {cost}." for name, cost in COSTS.items())
@@ -52,12 +52,10 @@ def study(
     out: Path | None = typer.Option(
         None, "--out", "-o", help="Study folder (default artifacts/studies/<id>); rerun on it to continue."
     ),
-    backend: str = typer.Option("local", "--backend", help="local (one member after another) or ray."),
-    address: str | None = typer.Option(
-        None, "--address", help="ray: auto (a running cluster) or HOST:PORT (default: a local instance)."
-    ),
-    cpus_per_member: float = typer.Option(1, "--cpus-per-member", help="ray: CPUs reserved per member."),
-    gpus_per_member: float = typer.Option(0, "--gpus-per-member", help="ray: GPUs per member (fractions share)."),
+    backend: str = MEMBER_BACKEND,
+    address: str | None = MEMBER_ADDRESS,
+    cpus_per_member: float = CPUS_PER_MEMBER,
+    gpus_per_member: float = GPUS_PER_MEMBER,
     retries: int = typer.Option(0, "--retries", help="Retries of a failed member before it is recorded failed."),
     max_params: int | None = typer.Option(
         None, "--max-params", help="Members with more parameters than this fail (the rest go on)."

@@ -7,7 +7,17 @@ from pathlib import Path
 
 import typer
 
-from depthprobe.cli.main import app, guarded, parse_options, prepare_out, print_result
+from depthprobe.cli.main import (
+    CPUS_PER_MEMBER,
+    GPUS_PER_MEMBER,
+    MEMBER_ADDRESS,
+    MEMBER_BACKEND,
+    app,
+    guarded,
+    parse_options,
+    prepare_out,
+    print_result,
+)
 
 
 @app.command()
@@ -28,12 +38,10 @@ def sweep(
     dtype: str | None = typer.Option(None, "--dtype", help="kernels: float32 or float64 (models built and run in it)."),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Show progress."),
     max_params: int | None = typer.Option(None, "--max-params", help="Refuse models with more parameters than this."),
-    backend: str = typer.Option("local", "--backend", help="local (one member after another) or ray."),
-    address: str | None = typer.Option(
-        None, "--address", help="ray: auto (a running cluster) or HOST:PORT (default: a local instance)."
-    ),
-    cpus_per_member: float = typer.Option(1, "--cpus-per-member", help="ray: CPUs reserved per member."),
-    gpus_per_member: float = typer.Option(0, "--gpus-per-member", help="ray: GPUs per member (fractions share)."),
+    backend: str = MEMBER_BACKEND,
+    address: str | None = MEMBER_ADDRESS,
+    cpus_per_member: float = CPUS_PER_MEMBER,
+    gpus_per_member: float = GPUS_PER_MEMBER,
     retries: int = typer.Option(0, "--retries", help="Retries of a failed member before the sweep fails."),
 ) -> None:
     """Train or build one model per depth with identical settings; write one table and plots."""

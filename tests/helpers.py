@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from typer.testing import CliRunner
@@ -25,3 +28,8 @@ def cli_error(args: Sequence[Any], *fragments: str, code: int = 2) -> str:
     from depthprobe.cli.main import app
 
     return one_line_error(CliRunner().invoke(app, [str(a) for a in args]), *fragments, code=code)
+
+
+def run_python(code: str, cwd: Path | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
+    """``code`` run by this interpreter in a fresh process (a clean ``sys.modules``), output captured."""
+    return subprocess.run([sys.executable, "-c", code], cwd=cwd, capture_output=True, text=True, timeout=timeout)

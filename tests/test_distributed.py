@@ -13,6 +13,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from helpers import run_python
 
 from depthprobe import probes
 from depthprobe.probes.engine import distributed
@@ -237,7 +238,7 @@ def run_cli_without_ray(*args: str) -> subprocess.CompletedProcess:
         app()
         """
     )
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    return run_python(code)
 
 
 def test_cli_backend_ray_without_ray_installed(tmp_path):

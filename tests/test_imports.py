@@ -1,9 +1,9 @@
 """Imports run one way, cli -> api -> tasks -> core, and the core resolves tasks by name only."""
 
 import importlib.util
-import subprocess
-import sys
 from pathlib import Path
+
+from helpers import run_python
 
 ROOT = Path(__file__).resolve().parent.parent
 _spec = importlib.util.spec_from_file_location("check_imports", ROOT / "scripts" / "check_imports.py")
@@ -73,7 +73,7 @@ def test_listing_tasks_imports_no_task_module():
         "print(msg)\n"
         "get_task('attention-stats'); print(sorted(m for m in sys.modules if m.startswith('depthprobe.tasks.')))\n"
     )
-    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    res = run_python(code)
     assert res.returncode == 0, res.stderr
     lines = res.stdout.splitlines()
     assert lines[0] == "6 []"
@@ -91,6 +91,6 @@ def test_the_package_and_the_cli_import_no_transformer_lens():
         "from depthprobe.probes import study\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0] in ('transformer_lens', 'datasets', 'spacy', 'ray')))\n"
     )
-    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    res = run_python(code)
     assert res.returncode == 0, res.stderr
     assert res.stdout.strip() == "[]"

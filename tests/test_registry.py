@@ -1,6 +1,7 @@
 """The registry refuses duplicates and suggests close matches."""
 
 import pytest
+from helpers import run_python
 
 from depthprobe.probes import ProbeError
 from depthprobe.probes.engine.registry import Registry
@@ -42,7 +43,7 @@ def test_a_users_own_tasks_probes_and_cli_modules_change_nothing(tmp_path):
     code = (
         "from depthprobe.probes import get_task, task_names; print(get_task('attention-stats').name, len(task_names()))"
     )
-    res = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    res = run_python(code, cwd=tmp_path)
     assert res.returncode == 0, res.stderr
     assert res.stdout.split() == ["attention-stats", "6"]
     exe = shutil.which("probe") or str(Path(sys.executable).parent / "probe")

@@ -13,6 +13,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from helpers import run_python
 from typer.testing import CliRunner
 
 from depthprobe.probes.engine.batching import auto_batch_size
@@ -242,12 +243,8 @@ def test_mean_grid_matches_pivot_table():
 # ------------------------------------------------------------------ leaving without teardown
 
 
-def _leave(code: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-
-
 def test_leave_runs_atexit_handlers_joins_threads_and_flushes():
-    proc = _leave(
+    proc = run_python(
         "import atexit, threading\n"
         "from depthprobe.cli.main import leave\n"
         "atexit.register(lambda: print('atexit ran', flush=False))\n"
@@ -256,7 +253,8 @@ def test_leave_runs_atexit_handlers_joins_threads_and_flushes():
         "t = threading.Thread(target=work)\n"
         "t.start()\n"
         "print('unflushed', end='')\n"
-        "leave(3)\n"
+        "leave(3)\n",
+        timeout=120,
     )
     assert proc.returncode == 3
     assert proc.stdout == "unflushedthread 1\natexit ran\n"

@@ -24,7 +24,7 @@ from typing import Any, cast
 
 import torch
 
-from depthprobe.probes.engine.artifacts import cache_root, replace_file
+from depthprobe.probes.engine.artifacts import cache_root, replace_file, write_json
 from depthprobe.probes.engine.errors import ProbeError, suggest
 from depthprobe.probes.engine.options import check_seed, coerce, field_types, parse_pairs
 
@@ -368,7 +368,7 @@ def _write_hash_cache(store: Path, known: dict[str, str]) -> None:
     keep = dict(list(known.items())[-HASH_CACHE_ENTRIES:])  # insertion order: the newest last
     try:
         store.parent.mkdir(parents=True, exist_ok=True)
-        replace_file(store, lambda tmp: tmp.write_text(json.dumps(keep, indent=0)))
+        replace_file(store, lambda tmp: write_json(tmp, keep))
     except OSError:  # a read-only cache: the digest is still right, only not remembered
         pass
 

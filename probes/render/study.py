@@ -406,6 +406,18 @@ def _series(label: str, agg: pd.DataFrame, x: str, **kw: Any) -> Series:
     )
 
 
+def _loss_vs_depth(lines: list[Series], depths: Sequence[float]) -> str:
+    """The petty and spa figure: final validation loss against depth, one tick per depth."""
+    chart = chart_svg(
+        lines,
+        title="validation loss vs depth",
+        x_label="depth (layers)",
+        y_label="validation loss (nats/token)",
+        x_ticks=[(d, f"{int(d)}") for d in depths],
+    )
+    return _figure(chart)
+
+
 def _figure(svg: str, caption: str = "") -> str:
     cap = f"<figcaption>{esc(caption)}</figcaption>" if caption else ""
     return f"<figure class='plot'>{svg}{cap}</figure>"
@@ -558,15 +570,7 @@ def petty_section(study: StudyData) -> str:
         "<h2>Validation loss vs depth</h2>",
         f"<p class='meta'>{esc(EXPECTED['petty'])}</p>",
         f"<p class='meta'>One line per budget and shrink mode; mean over seeds, {SPREAD}.</p>",
-        _figure(
-            chart_svg(
-                lines,
-                title="validation loss vs depth",
-                x_label="depth (layers)",
-                y_label="validation loss (nats/token)",
-                x_ticks=ticks,
-            )
-        ),
+        _loss_vs_depth(lines, depths),
     ]
     shapes = ok.assign(d_ff=_num(ok, "d_ff"), d_model=_num(ok, "d_model"))
     shapes = shapes.sort_values("depth").drop_duplicates(["group", "depth"])
@@ -663,15 +667,7 @@ def spa_section(study: StudyData) -> str:
     parts += [
         "<h2>Final validation loss vs depth</h2>",
         f"<p class='meta'>One line per variant; mean over seeds, {SPREAD}.</p>",
-        _figure(
-            chart_svg(
-                lines,
-                title="validation loss vs depth",
-                x_label="depth (layers)",
-                y_label="validation loss (nats/token)",
-                x_ticks=[(d, f"{int(d)}") for d in depths],
-            )
-        ),
+        _loss_vs_depth(lines, depths),
     ]
     return "\n".join(parts)
 
