@@ -17,7 +17,7 @@ import time
 
 import torch
 
-from depthprobe.probes.sweep import sweep
+from depthprobe.probes.api.sweep import sweep
 from depthprobe.tasks.kernels import DEFAULT_VARIANTS
 
 DEPTHS = (1, 2, 4, 8, 16, 32, 64)

@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import common  # noqa: F401  (offline environment)
 
-from depthprobe.probes.study import study
+from depthprobe.probes.api.study import study
 
 
 def _noop(x: int) -> int:

@@ -32,7 +32,7 @@ import torch.nn.functional as F
 
 from depthprobe.probes.data import synthetic
 from depthprobe.probes.models.loading import load
-from depthprobe.probes.models.train import build_configs, fast_logits, lm_loss, parameters, train
+from depthprobe.probes.training.train import build_configs, fast_logits, lm_loss, parameters, train
 
 
 class PlainBlock(nn.Module):

@@ -62,7 +62,7 @@ _TYPE_WORDS = {
 
 def usage_line(exc: Any, prog: str = "probe") -> str:
     """click's usage error as one line: the message (with close matches) and the --help hint."""
-    from depthprobe.probes.engine.errors import suggest
+    from depthprobe.probes.base.errors import suggest
 
     message = " ".join(exc.format_message().split())
     ctx = exc.ctx
@@ -122,8 +122,8 @@ def guarded(fn: Callable[..., Any]) -> Callable[..., Any]:
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        from depthprobe.probes.engine.errors import ProbeError
-        from depthprobe.probes.engine.runtime import Terminated, sigterm_as_keyboardinterrupt
+        from depthprobe.probes.base.errors import ProbeError
+        from depthprobe.probes.base.runtime import Terminated, sigterm_as_keyboardinterrupt
 
         try:
             with sigterm_as_keyboardinterrupt():
@@ -157,7 +157,7 @@ def guarded(fn: Callable[..., Any]) -> Callable[..., Any]:
 def prepare_out(out: Path | None, flag: str = "--out", *, may_exist: bool = False, kind: str = "folder") -> None:
     """Check an output location before any work (exists, a parent is a file, not writable) and
     remove hidden partial folders that killed runs left there, saying so on stderr."""
-    from depthprobe.probes.engine import artifacts
+    from depthprobe.probes.base import artifacts
 
     target = out if out is not None else artifacts.DEFAULT_ROOT / "run"
     artifacts.check_out(target, flag, may_exist=may_exist or out is None, kind=kind)
@@ -167,7 +167,7 @@ def prepare_out(out: Path | None, flag: str = "--out", *, may_exist: bool = Fals
 
 
 def parse_options(pairs: list[str]) -> dict[str, str]:
-    from depthprobe.probes.engine.errors import ProbeError
+    from depthprobe.probes.base.errors import ProbeError
 
     out: dict[str, str] = {}
     for pair in pairs:
@@ -232,7 +232,7 @@ def run(
     ),
 ) -> None:
     """Run a task on a model, print its summary and write a run directory."""
-    from depthprobe.probes.api import run as api_run
+    from depthprobe.probes.api.run import run as api_run
     from depthprobe.probes.engine.task import get_task
     from depthprobe.probes.models.loading import size_limit
 

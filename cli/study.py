@@ -7,7 +7,7 @@ from pathlib import Path
 import typer
 
 from depthprobe.cli.main import CPUS_PER_MEMBER, GPUS_PER_MEMBER, MEMBER_ADDRESS, MEMBER_BACKEND, app, err, guarded
-from depthprobe.probes.study.config import COSTS
+from depthprobe.probes.api.study_config import COSTS
 
 PRESET_HELP = " ".join(f"{name}: {cost}." for name, cost in COSTS.items())
 
@@ -61,10 +61,10 @@ def study(
         None, "--max-params", help="Members with more parameters than this fail (the rest go on)."
     ),
 ) -> None:
+    from depthprobe.probes.api.study import study as api_study
+    from depthprobe.probes.api.study_config import parse_floats, parse_names
+    from depthprobe.probes.api.sweep import parse_depths
     from depthprobe.probes.models.families import parse_budgets
-    from depthprobe.probes.study import study as api_study
-    from depthprobe.probes.study.config import parse_floats, parse_names
-    from depthprobe.probes.sweep import parse_depths
 
     given = {
         "corpus": None if corpus is None else str(corpus),

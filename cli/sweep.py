@@ -45,13 +45,13 @@ def sweep(
     retries: int = typer.Option(0, "--retries", help="Retries of a failed member before the sweep fails."),
 ) -> None:
     """Train or build one model per depth with identical settings; write one table and plots."""
-    from depthprobe.probes.sweep import get_sweep, parse_depths
-    from depthprobe.probes.sweep import sweep as api_sweep
+    from depthprobe.probes.api.sweep import get_sweep, parse_depths
+    from depthprobe.probes.api.sweep import sweep as api_sweep
 
     prepare_out(out)
     get_sweep(task)
     if depths is None:
-        from depthprobe.probes.engine.errors import ProbeError
+        from depthprobe.probes.base.errors import ProbeError
 
         raise ProbeError("probe sweep needs --depths (or --layers), e.g. --depths 1,2,4")
     explicit = {

@@ -83,9 +83,9 @@ def train(
 
 
 def _train(given: dict, out: Path | None, resume: bool, device: str | None, progress: bool) -> None:
-    from depthprobe.probes.engine.errors import ProbeError
-    from depthprobe.probes.models.train import build_configs, resume_configs
-    from depthprobe.probes.models.train import train as api_train
+    from depthprobe.probes.base.errors import ProbeError
+    from depthprobe.probes.training.train import build_configs, resume_configs
+    from depthprobe.probes.training.train import train as api_train
 
     if resume:
         if out is None:

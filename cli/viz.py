@@ -10,7 +10,7 @@ from depthprobe.cli.main import app, guarded, prepare_out
 
 
 def _read_text(text: str | None, file: Path | None) -> tuple[str, str]:
-    from depthprobe.probes.engine.errors import ProbeError
+    from depthprobe.probes.base.errors import ProbeError
 
     if text is not None and file is None:
         return text, "--text"
@@ -43,9 +43,10 @@ def viz(
     out: Path = typer.Option(Path("attention.html"), "--out", "-o", help="The HTML page to write."),
 ) -> None:
     """Write one self-contained HTML page of attention views (one per layer, all chosen heads)."""
-    from depthprobe.probes.engine.errors import ProbeError
+    from depthprobe.probes.api.viz import viz_page
+    from depthprobe.probes.base.errors import ProbeError
     from depthprobe.probes.models.loading import load, parse_dtype
-    from depthprobe.probes.render.viz import index_ranges, parse_indices, viz_page, write_atomic
+    from depthprobe.probes.render.viz import index_ranges, parse_indices, write_atomic
 
     prepare_out(out, may_exist=True, kind="file")
     torch_dtype = parse_dtype(dtype)

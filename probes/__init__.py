@@ -1,53 +1,97 @@
-"""depthprobe core: loading, scoped capture, word alignment, metrics, tasks and artifacts."""
+"""depthprobe's Python API: loading, scoped capture, word alignment, tasks, runs, studies.
 
-from depthprobe.probes.api import Result, run
-from depthprobe.probes.data.align import encode_words, word_attention
-from depthprobe.probes.engine.errors import ProbeError
-from depthprobe.probes.engine.task import TASKS, Batch, Context, Examples, Output, Task, get_task, register, task_names
-from depthprobe.probes.hooks.cache import Cache, run_with_cache
-from depthprobe.probes.hooks.capture import capture, forward, resolve_names
-from depthprobe.probes.hooks.interventions import ablate_heads, patch
-from depthprobe.probes.models.loading import (
-    ALIASES,
-    DEFAULT_MODEL,
-    Model,
-    NativeConfig,
-    load,
-    load_checkpoint,
-    save_checkpoint,
-)
-from depthprobe.probes.render.compare import compare  # noqa: F401  (probe compare)
-from depthprobe.probes.study import Study, study
+Every name below is resolved on first use (PEP 562): ``import depthprobe.probes`` imports
+nothing, so the CLI's help and any core module (``depthprobe.probes.base.errors``) stay light.
+The table maps each public name to the module that defines it; ``dir()`` lists them and the
+``TYPE_CHECKING`` block lets static checkers see them.
+"""
 
-__all__ = [
-    "ALIASES",
-    "DEFAULT_MODEL",
-    "TASKS",
-    "Batch",
-    "Cache",
-    "Context",
-    "Examples",
-    "Model",
-    "NativeConfig",
-    "Output",
-    "ProbeError",
-    "Result",
-    "Study",
-    "Task",
-    "ablate_heads",
-    "capture",
-    "encode_words",
-    "forward",
-    "get_task",
-    "load",
-    "load_checkpoint",
-    "patch",
-    "register",
-    "resolve_names",
-    "run",
-    "run_with_cache",
-    "save_checkpoint",
-    "study",
-    "task_names",
-    "word_attention",
-]
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+# name -> "module:attribute" (module relative to depthprobe.probes)
+_NAMES: dict[str, str] = {
+    "ALIASES": "models.loading:ALIASES",
+    "DEFAULT_MODEL": "models.loading:DEFAULT_MODEL",
+    "TASKS": "engine.task:TASKS",
+    "Batch": "engine.task:Batch",
+    "Cache": "hooks.cache:Cache",
+    "Context": "engine.task:Context",
+    "Examples": "engine.task:Examples",
+    "Model": "models.loading:Model",
+    "NativeConfig": "models.loading:NativeConfig",
+    "Output": "engine.task:Output",
+    "ProbeError": "base.errors:ProbeError",
+    "Result": "api.run:Result",
+    "Study": "api.study:Study",
+    "Task": "engine.task:Task",
+    "ablate_heads": "hooks.interventions:ablate_heads",
+    "capture": "hooks.capture:capture",
+    "compare": "render.compare:compare",
+    "encode_words": "data.align:encode_words",
+    "forward": "hooks.capture:forward",
+    "get_task": "engine.task:get_task",
+    "load": "models.loading:load",
+    "load_checkpoint": "models.loading:load_checkpoint",
+    "patch": "hooks.interventions:patch",
+    "register": "engine.task:register",
+    "resolve_names": "hooks.capture:resolve_names",
+    "run": "api.run:run",
+    "run_with_cache": "hooks.cache:run_with_cache",
+    "save_checkpoint": "models.loading:save_checkpoint",
+    "study": "api.study:study",
+    "task_names": "engine.task:task_names",
+    "word_attention": "data.align:word_attention",
+}
+
+__all__ = sorted(_NAMES)
+
+
+def _resolve(name: str) -> Any:
+    module, attr = _NAMES[name].split(":")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), attr)
+    globals()[name] = value  # later uses skip this function
+    return value
+
+
+def __getattr__(name: str) -> Any:
+    if name in _NAMES:
+        return _resolve(name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_NAMES})
+
+
+if TYPE_CHECKING:  # what static checkers and IDEs see; never run
+    from depthprobe.probes.api.run import Result, run
+    from depthprobe.probes.api.study import Study, study
+    from depthprobe.probes.base.errors import ProbeError
+    from depthprobe.probes.data.align import encode_words, word_attention
+    from depthprobe.probes.engine.task import (
+        TASKS,
+        Batch,
+        Context,
+        Examples,
+        Output,
+        Task,
+        get_task,
+        register,
+        task_names,
+    )
+    from depthprobe.probes.hooks.cache import Cache, run_with_cache
+    from depthprobe.probes.hooks.capture import capture, forward, resolve_names
+    from depthprobe.probes.hooks.interventions import ablate_heads, patch
+    from depthprobe.probes.models.loading import (
+        ALIASES,
+        DEFAULT_MODEL,
+        Model,
+        NativeConfig,
+        load,
+        load_checkpoint,
+        save_checkpoint,
+    )
+    from depthprobe.probes.render.compare import compare

@@ -1,12 +1,21 @@
-"""Check that imports run one way: cli -> api -> tasks -> core, with no cycles.
+"""Check that imports run one way between folders (floors), with no cycles between modules.
 
-Layers (every import inside the package, at any depth of a module, is an edge):
+Floors, top to bottom; a module may import its own folder and any folder on a lower floor, never a
+folder beside it or above it (imports under ``if TYPE_CHECKING:`` are annotations, not edges):
 
-- core:  probes/** (engine, hooks, models, measures, data, render), except the API layer; imports only core modules;
-- tasks: tasks/*; import core only, never the API, the CLI or another task
-         (tasks/__init__.py is the task table and imports nothing);
-- api:   probes/__init__.py, probes/api.py, probes/sweep.py, probes/study/*; import core and the task table;
-- cli:   cli/*; imports api and core, never a task module.
+    8  cli/                       typer app, thin; never imports a task module
+    7  probes/api/, probes/__init__.py   one module per verb; the lazy facade
+    6  tasks/                     one module or package per task; never another task (a task package's
+                               own modules import each other), never the API
+    5  probes/engine/             task protocol, streaming loop, distributed execution
+    4  probes/hooks/, probes/training/   capture and edits; the training loops
+    3  probes/models/             loading, model types, families, checkpoints
+    2  probes/data/               readers, alignment, corpora, synthetic data
+    1  probes/render/, probes/measures/  HTML/SVG from data (imports only probes/base/); tensor maths
+    0  probes/base/               errors, options, registry, runtime, artifacts, batching
+
+``depthprobe.tasks`` (tasks/__init__.py, the task table) imports nothing; the engine's registry
+reads it, so it sits outside the floors.
 
 Run from anywhere: ``python scripts/check_imports.py``; prints each violation and exits 1.
 """
@@ -19,10 +28,21 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("probes", "tasks", "cli")
-API = {"depthprobe.probes", "depthprobe.probes.api", "depthprobe.probes.sweep"}
-API_PACKAGES = ("depthprobe.probes.study",)  # these packages and every module in them
 TASK_TABLE = "depthprobe.tasks"
-ORDER = {"core": 0, "tasks": 1, "api": 2, "cli": 3}
+FLOORS = {
+    "probes.base": 0,
+    "probes.render": 1,
+    "probes.measures": 1,
+    "probes.data": 2,
+    "probes.models": 3,
+    "probes.hooks": 4,
+    "probes.training": 4,
+    "probes.engine": 5,
+    "tasks": 6,
+    "probes.api": 7,
+    "probes": 7,  # the facade, probes/__init__.py
+    "cli": 8,
+}
 
 
 def module_name(path: Path, root: Path = ROOT) -> str:
@@ -32,16 +52,31 @@ def module_name(path: Path, root: Path = ROOT) -> str:
     return ".".join(["depthprobe", *parts])
 
 
-def layer(module: str) -> str:
-    if module in API or any(module == p or module.startswith(p + ".") for p in API_PACKAGES):
-        return "api"
-    return {"probes": "core", "tasks": "tasks", "cli": "cli"}[module.split(".")[1]]
+def folder(module: str) -> str:
+    """The floor's folder of a module: ``depthprobe.probes.models.loading`` -> ``probes.models``."""
+    parts = module.split(".")[1:]
+    if parts[0] == "probes" and len(parts) > 1 and f"probes.{parts[1]}" in FLOORS:
+        return f"probes.{parts[1]}"
+    return parts[0]
+
+
+def _type_only(tree: ast.AST) -> set[int]:
+    """ids of import nodes under ``if TYPE_CHECKING:`` (annotations, not run)."""
+    skip: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and getattr(node.test, "id", getattr(node.test, "attr", None)) == "TYPE_CHECKING":
+            skip.update(id(n) for stmt in node.body for n in ast.walk(stmt))
+    return skip
 
 
 def imports(path: Path, known: set[str]) -> set[str]:
     """The package's modules imported by ``path`` (``from pkg import mod`` counts as ``pkg.mod``)."""
     found: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+    tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+    skip = _type_only(tree)
+    for node in ast.walk(tree):
+        if id(node) in skip:
+            continue
         if isinstance(node, ast.Import):
             names = [a.name for a in node.names]
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
@@ -59,24 +94,31 @@ def graph(root: Path = ROOT) -> dict[str, set[str]]:
     return {m: imports(p, known) - {m} for m, p in files.items()}
 
 
+def problem(src: str, dst: str) -> str | None:
+    """Why the edge src -> dst breaks the floor plan, or None."""
+    if dst == "depthprobe":
+        return f"{src} imports the bare namespace 'depthprobe'; import a module of it"
+    if src == TASK_TABLE:
+        return f"{src} (the task table) imports {dst}; it must import nothing"
+    if dst == TASK_TABLE:
+        return None
+    a, b = folder(src), folder(dst)
+    if a == "tasks" and b == "tasks" and src.split(".")[:3] != dst.split(".")[:3]:
+        return f"task {src} imports task {dst}; move what they share into the core"
+    if a == b:
+        return None
+    if a == "cli" and b == "tasks":
+        return f"{src} imports task {dst}; the CLI goes through the API"
+    if a == "probes.render" and b != "probes.base":
+        return f"{src} imports {dst}; render/ turns data into HTML and imports only probes/base/"
+    if FLOORS[b] >= FLOORS[a] and not (a == "probes" and b == "probes.api"):
+        where = "beside" if FLOORS[b] == FLOORS[a] else "above"
+        return f"{src} ({a}) imports {dst} ({b}), a folder {where} it; see scripts/check_imports.py for the floors"
+    return None
+
+
 def violations(edges: dict[str, set[str]]) -> list[str]:
-    out = []
-    for src, targets in sorted(edges.items()):
-        for dst in sorted(targets):
-            if dst == "depthprobe":
-                out.append(f"{src} imports the bare namespace 'depthprobe'; import a module of it")
-                continue
-            a, b = layer(src), layer(dst)
-            if a == "tasks" and src == TASK_TABLE:
-                out.append(f"{src} (the task table) imports {dst}; it must import nothing")
-            elif a == "tasks" and b == "tasks":
-                out.append(f"task {src} imports task {dst}; move what they share into the core")
-            elif a == "cli" and b == "tasks":
-                out.append(f"{src} imports task {dst}; the CLI goes through the API")
-            elif a == "api" and b == "tasks" and dst != TASK_TABLE:
-                out.append(f"{src} imports task {dst}; the API registers tasks through the table only")
-            elif ORDER[b] > ORDER[a]:
-                out.append(f"{a} module {src} imports {b} module {dst}; imports run cli -> api -> tasks -> core")
+    out = [p for src, targets in sorted(edges.items()) for dst in sorted(targets) if (p := problem(src, dst))]
     out += [f"import cycle among: {', '.join(c)}" for c in cycles(edges)]
     return out
 
@@ -116,12 +158,13 @@ def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
 
 
 def main() -> int:
-    problems = violations(graph())
+    edges = graph()
+    problems = violations(edges)
     for p in problems:
         print(p)
     if problems:
         return 1
-    print(f"imports: {sum(map(len, graph().values()))} edges between {len(graph())} modules, one way, no cycles")
+    print(f"imports: {sum(map(len, edges.values()))} edges between {len(edges)} modules, floors one way, no cycles")
     return 0
 
 

@@ -45,9 +45,9 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 
+from depthprobe.probes.base.errors import ProbeError, suggest
+from depthprobe.probes.base.options import ranged
 from depthprobe.probes.data.synthetic import sequences as repeated_sequences
-from depthprobe.probes.engine.errors import ProbeError, suggest
-from depthprobe.probes.engine.options import ranged
 from depthprobe.probes.engine.task import (
     Batch,
     Context,

@@ -24,10 +24,10 @@ from pathlib import Path
 import pandas as pd
 import torch
 
+from depthprobe.probes.base.batching import Batch
+from depthprobe.probes.base.errors import ProbeError, suggest
+from depthprobe.probes.base.options import ranged
 from depthprobe.probes.data.text import read_lines
-from depthprobe.probes.engine.batching import Batch
-from depthprobe.probes.engine.errors import ProbeError, suggest
-from depthprobe.probes.engine.options import ranged
 from depthprobe.probes.engine.task import Context, Examples, HeatmapPanel, Output, Task, add_sums, tidy
 from depthprobe.probes.hooks.capture import Captured, pattern_names
 from depthprobe.probes.measures.metrics import (

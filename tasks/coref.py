@@ -23,6 +23,10 @@ from typing import Any
 import pandas as pd
 import torch
 
+from depthprobe.probes.base.batching import by_length, pad
+from depthprobe.probes.base.errors import ProbeError
+from depthprobe.probes.base.options import ranged
+from depthprobe.probes.base.runtime import torch_threads
 from depthprobe.probes.data import coref as coref_data
 from depthprobe.probes.data.align import (
     Encoded,
@@ -31,10 +35,6 @@ from depthprobe.probes.data.align import (
     word_attention,
     word_pieces,
 )
-from depthprobe.probes.engine.batching import by_length, pad
-from depthprobe.probes.engine.errors import ProbeError
-from depthprobe.probes.engine.options import ranged
-from depthprobe.probes.engine.runtime import torch_threads
 from depthprobe.probes.engine.task import Batch, Context, Examples, HeatmapPanel, Output, Task, ViewPanel, tidy
 from depthprobe.probes.hooks.capture import Captured, pattern_names
 from depthprobe.probes.models.loading import Model

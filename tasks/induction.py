@@ -47,11 +47,11 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 
+from depthprobe.probes.base.batching import Batch
+from depthprobe.probes.base.errors import ProbeError
+from depthprobe.probes.base.options import ranged
 from depthprobe.probes.data import synthetic
 from depthprobe.probes.data.synthetic import frame, ordinary_ids, sequences
-from depthprobe.probes.engine.batching import Batch
-from depthprobe.probes.engine.errors import ProbeError
-from depthprobe.probes.engine.options import ranged
 from depthprobe.probes.engine.task import (
     Context,
     Examples,
@@ -71,7 +71,7 @@ from depthprobe.probes.render.viz import figure_svg, plot_text
 if TYPE_CHECKING:
     from depthprobe.probes.data.synthetic import DataConfig
     from depthprobe.probes.models.loading import NativeConfig
-    from depthprobe.probes.models.train import TrainConfig
+    from depthprobe.probes.training.train import TrainConfig
 
 ICL_TEXT = Path(__file__).parent / "data" / "tinyshakespeare.txt"  # built-in natural text
 ICL_CONTEXT = 512  # Olsson et al.'s documents: at least 512 tokens
@@ -632,7 +632,7 @@ class InductionSweep(Sweep):
     Options = SweepOptions
 
     def jobs(self, config: SweepConfig, options: SweepOptions) -> list[InductionJob]:
-        from depthprobe.probes.models.train import build_configs
+        from depthprobe.probes.training.train import build_configs
 
         o = options
         if o.eval_every < 1 or o.n_seqs < 1:
@@ -663,7 +663,7 @@ class InductionSweep(Sweep):
     def run_job(self, job: InductionJob, progress: bool = False) -> dict[str, Any]:
         """Train one depth's model, evaluating it every ``eval_every`` steps; its curve, training
         losses and summary row."""
-        from depthprobe.probes.models.train import train
+        from depthprobe.probes.training.train import train
 
         o, depth, curve = job.options, job.depth, []
 

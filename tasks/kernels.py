@@ -28,11 +28,11 @@ import numpy as np
 import pandas as pd
 import torch
 
+from depthprobe.probes.base.batching import Batch
+from depthprobe.probes.base.errors import ProbeError, suggest
+from depthprobe.probes.base.options import ranged
+from depthprobe.probes.base.runtime import torch_threads
 from depthprobe.probes.data.text import read_lines
-from depthprobe.probes.engine.batching import Batch
-from depthprobe.probes.engine.errors import ProbeError, suggest
-from depthprobe.probes.engine.options import ranged
-from depthprobe.probes.engine.runtime import torch_threads
 from depthprobe.probes.engine.task import Context, Examples, Output, Sweep, SweepConfig, Task, tidy
 from depthprobe.probes.hooks.capture import Captured, capture
 from depthprobe.probes.measures import kernels

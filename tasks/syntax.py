@@ -30,9 +30,9 @@ import numpy as np
 import pandas as pd
 import torch
 
+from depthprobe.probes.base.batching import Batch, length_batches
+from depthprobe.probes.base.errors import ProbeError
 from depthprobe.probes.data.align import Encoded, encode_pieces, unit_matrix, word_attention, word_pieces_many
-from depthprobe.probes.engine.batching import Batch, length_batches
-from depthprobe.probes.engine.errors import ProbeError
 from depthprobe.probes.engine.task import Context, Examples, HeatmapPanel, Output, Task, ViewPanel, tidy
 from depthprobe.probes.hooks.capture import Captured, pattern_names
 from depthprobe.probes.models.loading import Model

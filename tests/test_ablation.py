@@ -9,7 +9,7 @@ from typer.testing import CliRunner
 
 from depthprobe.cli.main import app
 from depthprobe.probes import capture, load
-from depthprobe.probes.api import run
+from depthprobe.probes.api.run import run
 from depthprobe.probes.hooks.interventions import ablate_heads
 from depthprobe.tasks.ablation import (
     control_heads,

@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from depthprobe.probes.base.errors import ProbeError
 from depthprobe.probes.data.align import (
     Encoded,
     encode_words,
@@ -12,7 +13,6 @@ from depthprobe.probes.data.align import (
     word_pieces,
     word_pieces_many,
 )
-from depthprobe.probes.engine.errors import ProbeError
 
 
 def test_split_word_sums_columns_and_averages_rows():

@@ -8,8 +8,8 @@ from typer.testing import CliRunner
 
 from depthprobe.cli.main import app
 from depthprobe.probes import load, run
+from depthprobe.probes.base.errors import ProbeError
 from depthprobe.probes.data.align import pieces_of_words, running_text, word_pieces
-from depthprobe.probes.engine.errors import ProbeError
 from depthprobe.probes.hooks.capture import capture, forward
 from depthprobe.probes.models.loading import ARCHITECTURES, Model, ModelInfo
 

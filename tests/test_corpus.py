@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from depthprobe.probes.base.errors import ProbeError
 from depthprobe.probes.data import corpus as C
-from depthprobe.probes.engine.errors import ProbeError
 
 UNICODE = "Thé cat sat on the mat. 😀 naïve café — 日本語のテキスト.\nThe dog ran; the cat sat.\n" * 40
 

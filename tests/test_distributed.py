@@ -16,11 +16,11 @@ import torch
 from helpers import run_python
 
 from depthprobe import probes
+from depthprobe.probes.base.errors import ProbeError
+from depthprobe.probes.base.runtime import seed_everything
 from depthprobe.probes.engine import distributed
 from depthprobe.probes.engine.distributed import JobResult, map_jobs, pack_state, plan_shards, unpack_state
-from depthprobe.probes.engine.errors import ProbeError
 from depthprobe.probes.engine.execute import accumulate, execute
-from depthprobe.probes.engine.runtime import seed_everything
 from depthprobe.probes.engine.task import Context, Output, RunConfig, Task, get_task
 from depthprobe.probes.models import spa
 from depthprobe.probes.models.loading import NativeConfig, load

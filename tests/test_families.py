@@ -5,11 +5,11 @@ from itertools import pairwise
 import pytest
 import torch
 
-from depthprobe.probes.engine.errors import ProbeError
+from depthprobe.probes.base.errors import ProbeError
 from depthprobe.probes.models import families as F
 from depthprobe.probes.models import spa as spa_models
 from depthprobe.probes.models.loading import NativeConfig, load
-from depthprobe.probes.models.train import fast_logits
+from depthprobe.probes.training.train import fast_logits
 
 
 def counted(member, vocab=64, context=16):

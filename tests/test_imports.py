@@ -1,4 +1,4 @@
-"""Imports run one way, cli -> api -> tasks -> core, and the core resolves tasks by name only."""
+"""Imports run one way between folders (floors, scripts/check_imports.py), and the core resolves tasks by name only."""
 
 import importlib.util
 from pathlib import Path
@@ -25,20 +25,31 @@ def _tree(tmp_path, files):
     return check_imports.violations(check_imports.graph(tmp_path))
 
 
-def test_core_importing_a_task_or_the_cli_is_refused(tmp_path):
+def test_a_floor_importing_a_floor_above_or_beside_it_is_refused(tmp_path):
     found = _tree(
         tmp_path,
         {
+            "tasks/x.py": "",
             "probes/engine/task.py": "def f():\n    from depthprobe import tasks\n",
-            "probes/models/loading.py": "import depthprobe.cli.main\n",
+            "probes/models/loading.py": "import depthprobe.cli.main\nfrom depthprobe.tasks import x\n",
+            "probes/hooks/capture.py": "from depthprobe.probes.training import loop\n",
+            "probes/training/loop.py": "",
+            "probes/render/viz.py": "from depthprobe.probes.data import align\n",
+            "probes/data/align.py": (
+                "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from depthprobe.probes.models import loading\n"
+            ),
             "cli/main.py": "",
         },
     )
     assert found == [
-        "core module depthprobe.probes.engine.task imports tasks module depthprobe.tasks; "
-        "imports run cli -> api -> tasks -> core",
-        "core module depthprobe.probes.models.loading imports cli module depthprobe.cli.main; "
-        "imports run cli -> api -> tasks -> core",
+        "depthprobe.probes.hooks.capture (probes.hooks) imports depthprobe.probes.training.loop (probes.training), "
+        "a folder beside it; see scripts/check_imports.py for the floors",
+        "depthprobe.probes.models.loading (probes.models) imports depthprobe.cli.main (cli), "
+        "a folder above it; see scripts/check_imports.py for the floors",
+        "depthprobe.probes.models.loading (probes.models) imports depthprobe.tasks.x (tasks), "
+        "a folder above it; see scripts/check_imports.py for the floors",
+        "depthprobe.probes.render.viz imports depthprobe.probes.data.align; "
+        "render/ turns data into HTML and imports only probes/base/",
     ]
 
 
@@ -47,19 +58,19 @@ def test_tasks_importing_tasks_or_the_api_and_cycles_are_refused(tmp_path):
         tmp_path,
         {
             "tasks/a.py": "from depthprobe.tasks.b import X\n",
-            "tasks/b.py": "from depthprobe.probes.api import run\n",
-            "probes/api.py": "",
-            "probes/x.py": "from depthprobe.probes import y\n",
-            "probes/y.py": "from depthprobe.probes.x import f\n",
+            "tasks/b.py": "from depthprobe.probes.api.run import run\n",
+            "probes/api/run.py": "",
+            "probes/models/x.py": "from depthprobe.probes.models import y\n",
+            "probes/models/y.py": "from depthprobe.probes.models.x import f\n",
             "cli/main.py": "from depthprobe.tasks import a\n",
         },
     )
     assert found == [
         "depthprobe.cli.main imports task depthprobe.tasks.a; the CLI goes through the API",
         "task depthprobe.tasks.a imports task depthprobe.tasks.b; move what they share into the core",
-        "tasks module depthprobe.tasks.b imports api module depthprobe.probes.api; "
-        "imports run cli -> api -> tasks -> core",
-        "import cycle among: depthprobe.probes.x, depthprobe.probes.y",
+        "depthprobe.tasks.b (tasks) imports depthprobe.probes.api.run (probes.api), "
+        "a folder above it; see scripts/check_imports.py for the floors",
+        "import cycle among: depthprobe.probes.models.x, depthprobe.probes.models.y",
     ]
 
 

@@ -13,12 +13,12 @@ from reference.kernels import uniform_recursion
 from typer.testing import CliRunner
 
 from depthprobe.cli.main import app
-from depthprobe.probes.api import run
-from depthprobe.probes.engine.errors import ProbeError
+from depthprobe.probes.api.run import run
+from depthprobe.probes.api.sweep import sweep
+from depthprobe.probes.base.errors import ProbeError
 from depthprobe.probes.hooks.capture import forward
 from depthprobe.probes.measures import kernels
 from depthprobe.probes.models import spa
-from depthprobe.probes.sweep import sweep
 
 runner = CliRunner()
 

@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from depthprobe.probes.api import run
+from depthprobe.probes.api.run import run
 from depthprobe.probes.measures import levine
 
 

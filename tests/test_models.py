@@ -260,7 +260,7 @@ def test_checkpoint_files_follow_the_umask(tmp_path, umask, file_mode, dir_mode)
     import os
     import stat
 
-    from depthprobe.probes.models.train import build_configs, train
+    from depthprobe.probes.training.train import build_configs, train
 
     old = os.umask(umask)
     try:

@@ -3,7 +3,7 @@
 import pytest
 
 from depthprobe.probes import ProbeError
-from depthprobe.probes.engine.options import coerce, parse_pairs
+from depthprobe.probes.base.options import coerce, parse_pairs
 
 
 @pytest.mark.parametrize(

@@ -4,7 +4,7 @@ import pytest
 from helpers import run_python
 
 from depthprobe.probes import ProbeError
-from depthprobe.probes.engine.registry import Registry
+from depthprobe.probes.base.registry import Registry
 
 
 class Thing:

@@ -124,7 +124,7 @@ def test_full_disk_is_one_line_and_leaves_nothing(tiny_bert_dir, tiny_fs):
 
 
 def test_a_concurrent_run_that_saved_first_wins(tiny_bert_dir, tmp_path, monkeypatch):
-    from depthprobe.probes import api
+    from depthprobe.probes.api.run import run as api
     from depthprobe.probes.render import report
 
     out = tmp_path / "run"
@@ -145,7 +145,7 @@ def test_a_concurrent_run_that_saved_first_wins(tiny_bert_dir, tmp_path, monkeyp
 
 SIGTERM_DURING_SAVE = """
 import os, signal, sys
-from depthprobe.probes.engine import artifacts
+from depthprobe.probes.base import artifacts
 real = artifacts.write_json
 def write_json(path, obj):
     real(path, obj)

@@ -14,7 +14,8 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from depthprobe.probes.engine.errors import ProbeError
+from depthprobe.probes.api.viz import model_views, split_words
+from depthprobe.probes.base.errors import ProbeError
 from depthprobe.probes.render.report import RunData, default_panels, panel_matrix, render, write_report
 from depthprobe.probes.render.viz import (
     MAX_TOKEN_CHARS,
@@ -26,11 +27,9 @@ from depthprobe.probes.render.viz import (
     display_token,
     encode_pattern,
     esc,
-    model_views,
     page,
     parse_indices,
     script_json,
-    split_words,
     views_html,
 )
 

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from depthprobe.probes.engine.runtime import torch_threads
+from depthprobe.probes.base.runtime import torch_threads
 
 
 def test_threads_set_inside_and_restored_after_an_error():
@@ -25,7 +25,7 @@ def test_a_signal_dropped_by_a_finalizer_is_raised_again():
     import os
     import signal
 
-    from depthprobe.probes.engine.runtime import Terminated, check_interrupt, sigterm_as_keyboardinterrupt
+    from depthprobe.probes.base.runtime import Terminated, check_interrupt, sigterm_as_keyboardinterrupt
 
     class Finalizer:
         def __del__(self) -> None:

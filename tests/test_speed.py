@@ -16,8 +16,8 @@ import torch
 from helpers import run_python
 from typer.testing import CliRunner
 
-from depthprobe.probes.engine.batching import auto_batch_size
-from depthprobe.probes.engine.errors import ProbeError
+from depthprobe.probes.base.batching import auto_batch_size
+from depthprobe.probes.base.errors import ProbeError
 from depthprobe.probes.models.loading import parse_dtype
 from depthprobe.probes.render.report import heatmap_svg as report_heatmap
 from depthprobe.probes.render.viz import colormap_rgb, heatmap_range, heatmap_svg

@@ -12,9 +12,9 @@ from typer.testing import CliRunner
 
 from depthprobe import probes
 from depthprobe.cli.main import app
-from depthprobe.probes.study import study
-from depthprobe.probes.study.config import resolve
-from depthprobe.probes.study.member import COLUMNS, plan
+from depthprobe.probes.api.study import study
+from depthprobe.probes.api.study_config import resolve
+from depthprobe.probes.api.study_member import COLUMNS, plan
 from tests.helpers import cli_error
 
 SHAKESPEARE = Path(__file__).resolve().parent.parent / "tasks" / "data" / "tinyshakespeare.txt"
@@ -69,7 +69,7 @@ def test_smoke_study_writes_every_member_and_file(smoke):
 def test_member_checkpoint_reloads_with_its_tokenizer_and_loss(smoke):
     """The saved member is the trained model: reloading it gives the recorded validation loss."""
     from depthprobe.probes.data import corpus as corpora
-    from depthprobe.probes.models.lm import LMConfig, evaluate
+    from depthprobe.probes.training.lm import LMConfig, evaluate
 
     row = smoke.table.iloc[1]
     model = probes.load(str(smoke.folder / "members" / row.member / "checkpoint"))
@@ -211,7 +211,7 @@ def test_spa_smoke_members_train_save_and_reload(tmp_path, corpus_file):
     """The spa family: skipless variants on text; their checkpoints reload through probes.load
     with the recorded validation loss."""
     from depthprobe.probes.data import corpus as corpora
-    from depthprobe.probes.models.lm import LMConfig, evaluate
+    from depthprobe.probes.training.lm import LMConfig, evaluate
 
     s = study("spa", "smoke", out=tmp_path / "spa", corpus=str(corpus_file), echo=lambda line: None, **TINY)
     table = s.table

@@ -7,7 +7,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from depthprobe.probes.study import study
+from depthprobe.probes.api.study import study
 
 SHAKESPEARE = Path(__file__).resolve().parent.parent / "tasks" / "data" / "tinyshakespeare.txt"
 TINY = {"vocab": 300, "min_tokens": 16384, "tokens_per_param": 1.0, "context": 32, "batch_size": 8,

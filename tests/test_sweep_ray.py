@@ -12,8 +12,8 @@ import pandas as pd
 import pytest
 from helpers import cli_error
 
-from depthprobe.probes.engine.errors import ProbeError
-from depthprobe.probes.sweep import SweepConfig, get_sweep, sweep
+from depthprobe.probes.api.sweep import SweepConfig, get_sweep, sweep
+from depthprobe.probes.base.errors import ProbeError
 
 # tiny settings: a few seconds each on one CPU core
 KERNELS = {"variants": ("vanilla", "e-spa"), "width": 16, "seq_len": 8, "samples": 2, "steps": 3}

@@ -14,7 +14,7 @@ from depthprobe.probes import NativeConfig, ProbeError, load
 from depthprobe.probes.data import synthetic
 from depthprobe.probes.data.synthetic import BOS, DataConfig
 from depthprobe.probes.models.loading import checkpoint_files
-from depthprobe.probes.models.train import (
+from depthprobe.probes.training.train import (
     LOSS_LOG,
     OPTIMIZER_STATE,
     OPTIMIZER_WEIGHTS,
@@ -270,8 +270,8 @@ def test_cli_train_bad_inputs(tmp_path):
 @pytest.mark.parametrize(
     "crash_in, after",
     [
-        ("depthprobe.probes.models.train.save_optimizer", False),
-        ("depthprobe.probes.models.train.save_optimizer", True),
+        ("depthprobe.probes.training.train.save_optimizer", False),
+        ("depthprobe.probes.training.train.save_optimizer", True),
         ("depthprobe.probes.models.loading.atomic_write_text", False),
     ],
 )

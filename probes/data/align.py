@@ -22,12 +22,14 @@ from __future__ import annotations
 from bisect import bisect_right
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from depthprobe.probes.engine.errors import ProbeError
-from depthprobe.probes.models.loading import Model
+from depthprobe.probes.base.errors import ProbeError
+
+if TYPE_CHECKING:  # annotations only: data sits below models
+    from depthprobe.probes.models.loading import Model
 
 
 @dataclass(frozen=True)

@@ -11,8 +11,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from depthprobe.probes.base.errors import ProbeError
 from depthprobe.probes.data.text import read_text
-from depthprobe.probes.engine.errors import ProbeError
 
 
 @dataclass(frozen=True)

@@ -29,8 +29,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from depthprobe.probes.base.errors import ProbeError
 from depthprobe.probes.data.conllu import Sentence, by_document, read_conllu, to_doc
-from depthprobe.probes.engine.errors import ProbeError
 
 SPAN_PREFIX = "coref_"
 

@@ -55,9 +55,9 @@ from typing import Any
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
+from depthprobe.probes.base.artifacts import cache_root, replace_file
+from depthprobe.probes.base.errors import ProbeError
 from depthprobe.probes.data.text import read_text
-from depthprobe.probes.engine.artifacts import cache_root, replace_file
-from depthprobe.probes.engine.errors import ProbeError
 
 # the repository root in a checkout or an editable install, site-packages/depthprobe in a wheel install:
 # either way tasks/ (package data included) sits beside probes/

@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
+from depthprobe.probes.base.errors import ProbeError
 from depthprobe.probes.data.text import nonempty_lines
-from depthprobe.probes.engine.errors import ProbeError
 
 
 def text_lines(path: str | Path) -> list[str]:

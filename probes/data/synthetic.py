@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, NamedTuple
 import numpy as np
 import torch
 
-from depthprobe.probes.engine.errors import ProbeError, unknown
+from depthprobe.probes.base.errors import ProbeError, unknown
 
 if TYPE_CHECKING:
     from depthprobe.probes.models.loading import Model

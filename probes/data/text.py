@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from depthprobe.probes.engine.errors import ProbeError
+from depthprobe.probes.base.errors import ProbeError
 
 MAX_STREAM = 1 << 30  # bytes kept from a pipe (-d <(...)); regular files are read whole
 _STREAMS: dict[tuple[str, int, int], bytes] = {}

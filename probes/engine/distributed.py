@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from depthprobe.probes.engine.errors import ProbeError, suggest
+from depthprobe.probes.base.errors import ProbeError, suggest
 from depthprobe.probes.engine.execute import accumulate, batch_costs
 from depthprobe.probes.engine.task import Context, Examples, Output, Task
 from depthprobe.probes.models.loading import Model
@@ -325,7 +325,7 @@ def run_shard(shard: Shard) -> tuple[bytes, int]:
     """On a worker: load the model, accumulate this shard's batches; the packed state and its batch count."""
     import ray
 
-    from depthprobe.probes.engine.runtime import seed_everything
+    from depthprobe.probes.base.runtime import seed_everything
     from depthprobe.probes.models.loading import load
 
     examples = ray.get(shard.examples) if isinstance(shard.examples, ray.ObjectRef) else shard.examples

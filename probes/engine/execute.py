@@ -13,8 +13,8 @@ from typing import Any
 
 import torch
 
-from depthprobe.probes.engine.batching import Batch
-from depthprobe.probes.engine.runtime import check_interrupt
+from depthprobe.probes.base.batching import Batch
+from depthprobe.probes.base.runtime import check_interrupt
 from depthprobe.probes.engine.task import Context, Examples, Output, Task
 from depthprobe.probes.hooks.capture import forward
 from depthprobe.probes.models.loading import Model

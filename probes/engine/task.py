@@ -41,10 +41,12 @@ from typing import TYPE_CHECKING, Any, ClassVar, Generic, NotRequired, TypedDict
 
 import pandas as pd
 
-from depthprobe.probes.engine.batching import Batch, length_batches
-from depthprobe.probes.engine.errors import ProbeError, suggest
-from depthprobe.probes.engine.options import check_ranges, coerce
-from depthprobe.probes.engine.registry import Registry
+from depthprobe.probes.base.batching import Batch, length_batches
+from depthprobe.probes.base.errors import ProbeError, suggest
+from depthprobe.probes.base.options import check_ranges, coerce
+from depthprobe.probes.base.registry import Registry
+from depthprobe.tasks import SWEEPS as SWEEP_LIBRARY
+from depthprobe.tasks import TASKS as TASK_LIBRARY
 
 if TYPE_CHECKING:  # only for annotations: loading models pulls in TransformerLens
     from depthprobe.probes.hooks.capture import Captured
@@ -222,6 +224,8 @@ class Task(Configurable, ABC, Generic[OptionsT, StateT]):
 
 
 TASKS: Registry[Task[Any, Any]] = Registry("task")
+# The task library's table (it imports nothing): a task's module is imported on first use.
+TASKS.register_lazy(TASK_LIBRARY)
 register = TASKS.register_class  # @register on a Task subclass adds it to the library
 
 
@@ -294,6 +298,7 @@ class Sweep(Configurable, ABC):
 
 
 SWEEPS: Registry[Sweep] = Registry("sweep task")
+SWEEPS.register_lazy(SWEEP_LIBRARY)
 register_sweep = SWEEPS.register_class  # @register_sweep on a Sweep subclass
 
 

@@ -15,7 +15,7 @@ from typing import Any, cast
 
 import torch
 
-from depthprobe.probes.engine.errors import ProbeError
+from depthprobe.probes.base.errors import ProbeError
 from depthprobe.probes.hooks.capture import Names, capture, resolve_names
 from depthprobe.probes.models.loading import Model
 

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from depthprobe.probes.engine.errors import ProbeError, suggest
+from depthprobe.probes.base.errors import ProbeError, suggest
 from depthprobe.probes.hooks import seam
 from depthprobe.probes.models.loading import Model
 

@@ -16,7 +16,7 @@ from typing import Any
 import pandas as pd
 import torch
 
-from depthprobe.probes.engine.errors import ProbeError
+from depthprobe.probes.base.errors import ProbeError
 from depthprobe.probes.hooks.cache import _inputs, outputs
 from depthprobe.probes.hooks.capture import capture, forward
 from depthprobe.probes.models.loading import Model

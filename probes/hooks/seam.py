@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from torch.nn import functional as F
 
-from depthprobe.probes.engine.errors import ProbeError
+from depthprobe.probes.base.errors import ProbeError
 
 INTERFACE = "depthprobe_eager"
 # Hugging Face attention classes whose eager attention is softmax(q k^T * scaling + mask) @ v,

@@ -35,8 +35,8 @@ import math
 import numpy as np
 import torch
 
-from depthprobe.probes.engine.errors import ProbeError
-from depthprobe.probes.engine.runtime import torch_threads
+from depthprobe.probes.base.errors import ProbeError
+from depthprobe.probes.base.runtime import torch_threads
 
 F64 = torch.float64
 

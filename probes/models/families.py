@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from typing import TYPE_CHECKING, Any
 
-from depthprobe.probes.engine.errors import ProbeError, suggest
+from depthprobe.probes.base.errors import ProbeError, suggest
 from depthprobe.probes.models.loading import Model, NativeConfig, load
 
 if TYPE_CHECKING:  # the spa module imports TransformerLens: loaded only where a spa member is used

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from depthprobe.probes.engine.errors import ProbeError
+from depthprobe.probes.base.errors import ProbeError
 
 
 def _hook_point():

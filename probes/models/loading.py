@@ -24,9 +24,9 @@ from typing import Any, cast
 
 import torch
 
-from depthprobe.probes.engine.artifacts import cache_root, replace_file, write_json
-from depthprobe.probes.engine.errors import ProbeError, suggest
-from depthprobe.probes.engine.options import check_seed, coerce, field_types, parse_pairs
+from depthprobe.probes.base.artifacts import cache_root, replace_file, write_json
+from depthprobe.probes.base.errors import ProbeError, suggest
+from depthprobe.probes.base.options import check_seed, coerce, field_types, parse_pairs
 
 log = logging.getLogger(__name__)
 

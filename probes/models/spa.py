@@ -65,8 +65,8 @@ from torch import nn
 from transformer_lens.hook_points import HookPoint
 from transformer_lens.HookedRootModule import HookedRootModule
 
-from depthprobe.probes.engine.errors import ProbeError, suggest
-from depthprobe.probes.engine.options import check_seed, coerce, field_types, parse_pairs
+from depthprobe.probes.base.errors import ProbeError, suggest
+from depthprobe.probes.base.options import check_seed, coerce, field_types, parse_pairs
 from depthprobe.probes.measures import kernels
 from depthprobe.probes.models.loading import Model, ModelInfo, check_size, resolve_device
 

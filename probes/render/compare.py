@@ -44,8 +44,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from depthprobe.probes.engine import artifacts
-from depthprobe.probes.engine.errors import ProbeError, suggest
+from depthprobe.probes.base import artifacts
+from depthprobe.probes.base.errors import ProbeError, suggest
 
 SCORE_COLUMNS = ["model", "task", "layer", "head", "metric", "value"]
 RUN_FILES = ("manifest.json", "scores.csv")

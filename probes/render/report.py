@@ -25,7 +25,7 @@ from urllib.parse import quote
 import numpy as np
 import pandas as pd
 
-from depthprobe.probes.engine.errors import ProbeError
+from depthprobe.probes.base.errors import ProbeError
 from depthprobe.probes.render.viz import MAX_TOKENS, View, esc, page, views_html, write_atomic
 from depthprobe.probes.render.viz import heatmap_svg as draw_heatmap
 

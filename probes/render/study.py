@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from depthprobe.probes.engine.errors import ProbeError, suggest
+from depthprobe.probes.base.errors import ProbeError, suggest
 from depthprobe.probes.render.report import table as html_table
 from depthprobe.probes.render.viz import esc, page, write_atomic
 

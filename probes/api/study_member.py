@@ -20,14 +20,14 @@ from typing import Any
 
 import pandas as pd
 
-from depthprobe.probes.api import Result
-from depthprobe.probes.api import run as run_task
+from depthprobe.probes.api.run import Result
+from depthprobe.probes.api.run import run as run_task
+from depthprobe.probes.api.study_config import StudyConfig
+from depthprobe.probes.base.errors import ProbeError
 from depthprobe.probes.data import corpus as corpora
-from depthprobe.probes.engine.errors import ProbeError
 from depthprobe.probes.models import families
-from depthprobe.probes.models.lm import LOG_COLUMNS, LMConfig, LMRun, train_lm
 from depthprobe.probes.models.loading import Model, load, resolve_device, save_checkpoint, size_limit
-from depthprobe.probes.study.config import StudyConfig
+from depthprobe.probes.training.lm import LOG_COLUMNS, LMConfig, LMRun, train_lm
 
 COLUMNS = [
     "family", "member", "variant", "depth", "d_model", "d_ff", "n_heads", "d_head", "budget",

@@ -28,10 +28,10 @@ from typing import Any
 
 import pandas as pd
 
-from depthprobe.probes.engine import artifacts
-from depthprobe.probes.engine.errors import ProbeError
-from depthprobe.probes.study.config import COSTS, FAMILIES, PRESETS, StudyConfig, resolve
-from depthprobe.probes.study.member import COLUMNS, Job, MemberOutput, base_row, cached_corpus, plan, run_member
+from depthprobe.probes.api.study_config import COSTS, FAMILIES, PRESETS, StudyConfig, resolve
+from depthprobe.probes.api.study_member import COLUMNS, Job, MemberOutput, base_row, cached_corpus, plan, run_member
+from depthprobe.probes.base import artifacts
+from depthprobe.probes.base.errors import ProbeError
 
 __all__ = ["COSTS", "FAMILIES", "PRESETS", "Study", "StudyConfig", "resolve", "study"]
 

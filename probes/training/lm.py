@@ -8,7 +8,7 @@ biases, norm gains or the SPA skip gains) with a linear warm-up and cosine decay
 ``min_lr_ratio`` of the peak, gradient clipping at norm 1.
 
 Two model kinds train here: native TransformerBridge decoders, through the fast path of
-:func:`depthprobe.probes.models.train.fast_logits` (the bridge's own parameters, without its
+:func:`depthprobe.probes.training.train.fast_logits` (the bridge's own parameters, without its
 per-hook Python overhead), and the SPA family's :class:`~depthprobe.probes.models.spa.SPATransformer`
 (called directly). A loss that is not finite stops the run with a one-line error: the member is
 recorded as failed (deep skipless networks can diverge) while the others go on.
@@ -24,11 +24,11 @@ from typing import Any
 
 import torch
 
+from depthprobe.probes.base.errors import ProbeError
+from depthprobe.probes.base.runtime import check_interrupt, torch_threads
 from depthprobe.probes.data import corpus as corpora
-from depthprobe.probes.engine.errors import ProbeError
-from depthprobe.probes.engine.runtime import check_interrupt, torch_threads
 from depthprobe.probes.models.loading import Model
-from depthprobe.probes.models.train import fast_logits, lm_loss
+from depthprobe.probes.training.train import fast_logits, lm_loss
 
 LOG_COLUMNS = ["step", "loss", "val_loss", "lr", "tokens", "elapsed_s"]
 

@@ -20,7 +20,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from depthprobe.probes.engine.errors import ProbeError
+from depthprobe.probes.base.errors import ProbeError
 
 DEFAULT_ROOT = Path("artifacts") / "runs"
 PACKAGES = [

@@ -2,7 +2,7 @@
 
 A sweep is registered by name like a task (``probe sweep --task NAME``; the protocol is
 :class:`~depthprobe.probes.engine.task.Sweep`). :func:`sweep` runs one and returns a
-:class:`~depthprobe.probes.api.Result`, saved like any run (scores.csv, summary, manifest,
+:class:`~depthprobe.probes.api.run.Result`, saved like any run (scores.csv, summary, manifest,
 report.html). Its members (one model per depth; kernels: per variant and depth) are independent
 jobs: ``backend="local"`` runs them here one after another, ``backend="ray"`` as Ray tasks
 (:func:`~depthprobe.probes.engine.distributed.map_jobs`); the driver combines their results into
@@ -15,9 +15,9 @@ import sys
 from functools import partial
 from typing import Any
 
-from depthprobe.probes.api import Result, seed_everything
-from depthprobe.probes.engine import artifacts
-from depthprobe.probes.engine.errors import ProbeError
+from depthprobe.probes.api.run import Result, seed_everything
+from depthprobe.probes.base import artifacts
+from depthprobe.probes.base.errors import ProbeError
 from depthprobe.probes.engine.task import SWEEPS, Sweep, SweepConfig, get_sweep, parse_depths, register_sweep
 
 __all__ = [

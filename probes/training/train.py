@@ -37,12 +37,12 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from depthprobe.probes.base.artifacts import replace_file
+from depthprobe.probes.base.errors import ProbeError
+from depthprobe.probes.base.options import check_seed
+from depthprobe.probes.base.runtime import check_interrupt, torch_threads
 from depthprobe.probes.data import synthetic
 from depthprobe.probes.data.synthetic import DataConfig
-from depthprobe.probes.engine.artifacts import replace_file
-from depthprobe.probes.engine.errors import ProbeError
-from depthprobe.probes.engine.options import check_seed
-from depthprobe.probes.engine.runtime import check_interrupt, torch_threads
 from depthprobe.probes.models.loading import (
     CHECKPOINT_CONFIG,
     Model,

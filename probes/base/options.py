@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from depthprobe.probes.engine.errors import ProbeError, suggest
+from depthprobe.probes.base.errors import ProbeError, suggest
 
 _TRUE, _FALSE = ("true", "1", "yes"), ("false", "0", "no")
 

@@ -10,20 +10,14 @@ from typing import Any
 import pandas as pd
 import torch
 
-from depthprobe.probes.engine import artifacts
-from depthprobe.probes.engine.batching import CPU_BATCH_SIZE, auto_batch_size
-from depthprobe.probes.engine.errors import ProbeError
+from depthprobe.probes.base import artifacts
+from depthprobe.probes.base.batching import CPU_BATCH_SIZE, auto_batch_size
+from depthprobe.probes.base.errors import ProbeError
+from depthprobe.probes.base.runtime import seed_everything
 from depthprobe.probes.engine.execute import execute
-from depthprobe.probes.engine.runtime import seed_everything
-from depthprobe.probes.engine.task import SWEEPS, TASKS, Context, HeatmapPanel, Output, RunConfig, ViewPanel, get_task
+from depthprobe.probes.engine.task import Context, HeatmapPanel, Output, RunConfig, ViewPanel, get_task
 from depthprobe.probes.measures.levine import DepthNote
 from depthprobe.probes.models.loading import DEFAULT_MODEL, Model, load, parse_dtype
-from depthprobe.tasks import SWEEPS as SWEEP_LIBRARY
-from depthprobe.tasks import TASKS as TASK_LIBRARY
-
-# The task library, registered lazily: the core imports a task's module only when it is used.
-TASKS.register_lazy(TASK_LIBRARY)
-SWEEPS.register_lazy(SWEEP_LIBRARY)
 
 
 @dataclass

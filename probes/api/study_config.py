@@ -12,8 +12,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from depthprobe.probes.engine.errors import ProbeError, suggest
-from depthprobe.probes.engine.options import check_seed
+from depthprobe.probes.base.errors import ProbeError, suggest
+from depthprobe.probes.base.options import check_seed
 
 FAMILIES = ("levine", "petty", "spa")
 SHRINKS = ("d_ff", "d_model", "d_attn")

@@ -14,7 +14,7 @@ def seed_everything(seed: int) -> None:
 
     import numpy as np
 
-    from depthprobe.probes.engine.options import check_seed
+    from depthprobe.probes.base.options import check_seed
 
     check_seed(seed)
     random.seed(seed)

@@ -12,7 +12,7 @@ import importlib
 from collections.abc import Iterator, Mapping
 from typing import Any, Generic, TypeVar
 
-from depthprobe.probes.engine.errors import unknown
+from depthprobe.probes.base.errors import unknown
 
 T = TypeVar("T")
 

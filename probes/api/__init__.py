@@ -1,0 +1,1 @@
+"""The API layer: one module per verb (run, sweep, study, compare, viz)."""

@@ -1,0 +1,179 @@
+"""The `probe viz` verb: run a model on a text and draw its attention (pieces or words).
+
+The forward pass and word alignment happen here; ``probes.render.viz`` only draws the views.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from depthprobe.probes.base.errors import ProbeError
+from depthprobe.probes.render.viz import MAX_TOKENS, View, esc, page, views_html
+
+_WORD = re.compile(r"\w+(?:['’]\w+)*|[^\w\s]", re.UNICODE)  # noqa: RUF001 (the typographic apostrophe)
+
+
+def split_words(text: str) -> list[str]:
+    """Words for --words: runs of letters/digits (with inner apostrophes), each other symbol alone."""
+    return _WORD.findall(text)
+
+
+@dataclass
+class Input:
+    """What goes through the model for a viz page."""
+
+    ids: list[int]
+    labels: list[str]  # one per unit shown (pieces, or specials + words)
+    encoded: Any = None  # probes.data.align.Encoded for --words
+    notes: list[str] = field(default_factory=list)
+
+
+def _piece_labels(tokenizer: Any, ids: Sequence[int]) -> list[str]:
+    """Readable piece labels: WordPiece/SentencePiece as they are, byte-level BPE decoded."""
+    decoder = getattr(getattr(tokenizer, "backend_tokenizer", None), "decoder", None)
+    if type(decoder).__name__ == "ByteLevel":
+        return [tokenizer.decode([i]) for i in ids]
+    return [str(t) for t in tokenizer.convert_ids_to_tokens(list(ids))]
+
+
+def _specials(model: Any) -> tuple[list[int], list[int]]:
+    head = [model.cls_id] if model.cls_id is not None else []
+    tail = [model.sep_id] if model.sep_id is not None else []
+    return head, tail
+
+
+def _why(model: Any, limit: int) -> str:
+    return "(the model's limit)" if limit == model.info.max_len else "(--max-tokens)"
+
+
+def piece_input(model: Any, text: str, limit: int) -> Input:
+    tok = model.tokenizer
+    pieces = list(tok(text, add_special_tokens=False)["input_ids"])
+    head, tail = _specials(model)
+    room = limit - len(head) - len(tail)
+    notes = []
+    if len(pieces) > room:
+        notes.append(
+            f"the text has {len(pieces)} pieces; showing the first {room} ({len(pieces) - room} cut) "
+            f"so that the input with its special tokens fits {limit} tokens {_why(model, limit)}"
+        )
+        pieces = pieces[:room]
+    ids = head + pieces + tail
+    return Input(ids, _piece_labels(tok, ids), None, notes)
+
+
+def word_input(model: Any, text: str, limit: int) -> Input:
+    from depthprobe.probes.data.align import encode_words, word_pieces
+
+    words = split_words(text)
+    head, tail = _specials(model)
+    lengths = [len(p) for p in word_pieces(model, words)]
+    used, keep = len(head) + len(tail), 0
+    while keep < len(words) and used + lengths[keep] <= limit:
+        used += lengths[keep]
+        keep += 1
+    notes = []
+    if keep < len(words):
+        notes.append(
+            f"the text has {len(words)} words ({sum(lengths)} pieces); showing the first {keep} "
+            f"({len(words) - keep} cut) so that the input fits {limit} tokens {_why(model, limit)}"
+        )
+    enc = encode_words(model, words[:keep])
+    tok = model.tokenizer
+    labels = (
+        ([_piece_labels(tok, head)[0]] if head else []) + words[:keep] + ([_piece_labels(tok, tail)[0]] if tail else [])
+    )
+    return Input(list(enc.ids), labels, enc, notes)
+
+
+def model_views(
+    model: Any,
+    text: str,
+    *,
+    layers: Sequence[int] | None = None,
+    heads: Sequence[int] | None = None,
+    words: bool = False,
+    max_tokens: int = MAX_TOKENS,
+) -> tuple[list[View], list[str]]:
+    """One :class:`View` per layer (the chosen heads) of ``model`` on ``text``, plus page notes."""
+    import torch
+
+    from depthprobe.probes.data.align import unit_matrix, word_attention
+    from depthprobe.probes.hooks.capture import forward
+
+    model.require_tokenizer("viz")
+    info = model.info
+    if max_tokens < 3:
+        raise ProbeError(f"--max-tokens must be at least 3, got {max_tokens}")
+    if not text or not text.strip():
+        raise ProbeError('the text is empty; pass --text "..." or a non-empty --file')
+    layers = list(range(info.n_layers)) if layers is None else list(layers)
+    heads = list(range(info.n_heads)) if heads is None else list(heads)
+    notes: list[str] = []
+    limit = min(max_tokens, info.max_len) if info.max_len else max_tokens
+    inp = word_input(model, text, limit) if words else piece_input(model, text, limit)
+    if (words and inp.encoded.n_words == 0) or len(inp.labels) == len(_specials(model)[0] + _specials(model)[1]):
+        raise ProbeError("the text yields no tokens to show; pass some words")
+    notes.extend(inp.notes)
+    ids = torch.tensor([inp.ids])  # [1, pos]
+    names = [f"blocks.{layer}.attn.hook_pattern" for layer in layers]
+    acts = forward(model, ids, torch.ones_like(ids), names)
+    views = []
+    for layer, name in zip(layers, names, strict=True):
+        pat = acts[name][:, heads].to(torch.float64).cpu()  # [1, head, query, key]
+        if words:
+            units = unit_matrix([inp.encoded], ids.shape[1])  # [1, unit, pos]
+            pat = word_attention(pat, units)  # [1, head, unit, unit]
+        unit = "word" if words else "piece"
+        views.append(
+            View(
+                title=f"layer {layer} ({unit} level)",
+                tokens=list(inp.labels),
+                pattern=pat[0].numpy(),
+                heads=[f"{layer}-{h}" for h in heads],
+                causal=info.causal,
+            )
+        )
+    if words:
+        notes.append(
+            "word level (Clark et al. 2019): attention TO a word is the sum over its pieces, "
+            "FROM a word the mean over its pieces; special tokens stay separate"
+        )
+    return views, notes
+
+
+def viz_page(
+    model: Any,
+    text: str,
+    *,
+    source: str,
+    layers: Sequence[int] | None = None,
+    heads: Sequence[int] | None = None,
+    words: bool = False,
+    max_tokens: int = MAX_TOKENS,
+) -> str:
+    """The whole `probe viz` page for ``model`` on ``text`` (``source`` says where it came from)."""
+    views, notes = model_views(model, text, layers=layers, heads=heads, words=words, max_tokens=max_tokens)
+    info = model.info
+    kind = (
+        "decoder (causal: the upper triangle is masked)"
+        if info.causal
+        else "encoder (bidirectional: patterns shown whole)"
+    )
+    meta = (
+        f"model <b>{esc(info.name)}</b> ({esc(info.resolved)}), {info.n_layers} layers x {info.n_heads} heads, "
+        f"{esc(kind)}; text from {esc(source)}"
+    )
+    cuts = "".join(f"<p class='cut'>{esc(n)}</p>" for n in notes)
+    body, payloads = views_html(views, max_tokens=max_tokens)
+    preview = text if len(text) <= 2000 else text[:2000] + f" … (+{len(text) - 2000} characters)"
+    head = (
+        f"<h1>Attention: {esc(info.name)}</h1><p class='meta'>{meta}</p>{cuts}"
+        f"<details><summary>text</summary><pre>{esc(preview)}</pre></details>"
+        "<p class='meta'>Click a head thumbnail to enlarge it; hover a cell or a token to see "
+        "the attention values. Rows are queries (attending from), columns keys (attended to).</p>"
+    )
+    return page(f"depthprobe attention: {info.name}", head + body, payloads)

@@ -1,0 +1,1 @@
+"""Training: the loops that train native models (synthetic data and text corpora)."""
