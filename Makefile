@@ -9,7 +9,7 @@ TORCH ?= torch==2.13.0
 export HF_HUB_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: install demo test test-fast check check-types bench clean
+.PHONY: install demo test test-fast check check-types wheel-check bench clean
 
 install: $(VENV)/.installed
 
@@ -35,12 +35,17 @@ TYPECHECK = mkdir -p build/typecheck/depthprobe && \
 	for p in probes tasks cli; do ln -sfn ../../../$$p build/typecheck/depthprobe/$$p; done && \
 	$(BIN)/mypy -p depthprobe.probes -p depthprobe.tasks -p depthprobe.cli
 
-# lint, format, types and import direction (cli -> api -> tasks -> core)
+# lint, format, types, the folder floors (scripts/check_imports.py) and sizes (scripts/check_sizes.py)
 check: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(TYPECHECK)
 	$(BIN)/python scripts/check_imports.py
+	$(BIN)/python scripts/check_sizes.py
+
+# what a user installs: a wheel built from this checkout, in a new virtual environment, run from outside
+wheel-check:
+	PYTHON=$(PYTHON) TORCH="$(TORCH)" scripts/wheel-smoke.sh
 
 check-types: install
 	$(TYPECHECK)

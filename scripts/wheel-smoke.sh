@@ -19,11 +19,13 @@ PIP="$WORK/venv/bin/pip"
 WHEEL="$(ls "$WORK"/dist/depthprobe-*.whl)"
 echo "wheel-smoke: built $(basename "$WHEEL")"
 
-# every tracked file of the three folders (but tests' own) must be in the wheel, under depthprobe/
+# every file of the three folders (tracked, or new and not ignored) must be in the wheel, under depthprobe/
 "$WORK/venv/bin/python" - "$ROOT" "$WHEEL" <<'PY'
-import subprocess, sys, zipfile
+import os, subprocess, sys, zipfile
 root, wheel = sys.argv[1], sys.argv[2]
-tracked = subprocess.run(["git", "-C", root, "ls-files", "probes", "tasks", "cli"], capture_output=True, text=True, check=True).stdout.split()
+listed = ["git", "-C", root, "ls-files", "--cached", "--others", "--exclude-standard", "probes", "tasks", "cli"]
+tracked = [f for f in subprocess.run(listed, capture_output=True, text=True, check=True).stdout.split()
+           if os.path.isfile(os.path.join(root, f))]
 inside = set(zipfile.ZipFile(wheel).namelist())
 missing = [f for f in tracked if f"depthprobe/{f}" not in inside]
 if missing:

@@ -39,7 +39,7 @@ import math
 import random
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import pandas as pd
 import torch
@@ -76,10 +76,10 @@ METHODS = ("mean", "zero")
 
 @dataclass(frozen=True)
 class Options:
-    source: str = "induction"  # induction | syntax | coref | attention-stats
+    source: Literal["induction", "syntax", "coref", "attention-stats"] = "induction"
     heads: str = "auto"  # auto (the source's top k) or L-H,... (0-indexed)
     k: int = ranged(3, min=1)  # heads taken with heads=auto
-    method: str = "mean"  # mean | zero
+    method: Literal["mean", "zero"] = "mean"
 
     def __post_init__(self) -> None:
         if self.source not in SOURCES:

@@ -20,6 +20,7 @@ import unicodedata
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
+from typing import Literal
 
 import pandas as pd
 import torch
@@ -55,7 +56,7 @@ CLARK_PUNCT = frozenset({".", ","})  # General_Analysis: token == "." or token =
 @dataclass(frozen=True)
 class Options:
     top: int = ranged(5, min=1)  # heads listed per metric in the summary
-    protocol: str = "pooled"  # pooled | clark (see the module docstring)
+    protocol: Literal["pooled", "clark"] = "pooled"  # see the module docstring
 
     def __post_init__(self) -> None:
         if self.protocol not in PROTOCOLS:

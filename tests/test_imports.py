@@ -3,6 +3,7 @@
 import importlib.util
 from pathlib import Path
 
+import pytest
 from helpers import run_python
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -36,7 +37,8 @@ def test_a_floor_importing_a_floor_above_or_beside_it_is_refused(tmp_path):
             "probes/training/loop.py": "",
             "probes/render/viz.py": "from depthprobe.probes.data import align\n",
             "probes/data/align.py": (
-                "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from depthprobe.probes.models import loading\n"
+                "from typing import TYPE_CHECKING\n"
+                "if TYPE_CHECKING:\n    from depthprobe.probes.models import loading\n"
             ),
             "cli/main.py": "",
         },
@@ -105,3 +107,49 @@ def test_the_package_and_the_cli_import_no_transformer_lens():
     res = run_python(code)
     assert res.returncode == 0, res.stderr
     assert res.stdout.strip() == "[]"
+
+
+HEAVY = ("torch", "pandas", "transformers", "transformer_lens")
+
+
+def _heavy_after(code: str) -> list[str]:
+    res = run_python("import sys\n" + code + f"\nprint(sorted(m for m in {HEAVY!r} if m in sys.modules))\n")
+    assert res.returncode == 0, res.stderr
+    return res.stdout.strip().splitlines()[-1]
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--help"],
+        ["list", "--help"],
+        ["list", "tasks"],
+        ["list", "models"],
+        ["list", "architectures"],
+        ["study", "--help"],
+    ],
+)
+def test_help_and_listings_import_no_torch_and_no_pandas(args):
+    code = (
+        "from typer.testing import CliRunner\n"
+        "from depthprobe.cli.main import app\n"
+        f"res = CliRunner().invoke(app, {args!r})\n"
+        "assert res.exit_code == 0, res.output\n"
+    )
+    assert _heavy_after(code) == "[]"
+
+
+def test_the_facade_and_a_core_module_import_nothing_heavy():
+    assert _heavy_after("import depthprobe.probes.base.errors") == "[]"
+    assert _heavy_after("import depthprobe.probes as p\nassert 'run' in dir(p) and 'capture' in p.__all__") == "[]"
+
+
+def test_the_facade_resolves_every_name_it_lists():
+    code = (
+        "import depthprobe.probes as p\n"
+        "missing = [n for n in p.__all__ if getattr(p, n, None) is None]\n"
+        "print(missing, p.run.__module__, p.ProbeError.__module__)\n"
+    )
+    res = run_python(code)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.split() == ["[]", "depthprobe.probes.api.run", "depthprobe.probes.base.errors"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 from typing import Any
 
@@ -10,10 +11,45 @@ from depthprobe.probes.base.errors import ProbeError, suggest
 _TRUE, _FALSE = ("true", "1", "yes"), ("false", "0", "no")
 
 
-def coerce(value: Any, typ: str, where: str) -> Any:
-    """Read ``value`` as the (string) annotation ``typ``: bool, int, float, tuple[...], X | None.
+def _plain(typ: Any) -> str:
+    """An annotation as source text: ``typing.Optional[typing.Literal['a']]`` -> ``Literal['a'] | None``."""
+    text = str(typ).strip().replace("typing.", "")
+    if text.startswith("Optional[") and text.endswith("]"):
+        text = text[len("Optional[") : -1] + " | None"
+    return text
 
-    Non-strings pass through unchanged (Python callers give typed values)."""
+
+def choices(typ: Any) -> tuple[Any, ...] | None:
+    """The values of a ``Literal[...]`` annotation (as a string), or None for any other type."""
+    text = _plain(typ)
+    if not text.startswith("Literal["):
+        return None
+    values = ast.literal_eval("(" + text[len("Literal[") : -1] + ",)")
+    return tuple(values)
+
+
+def check_choice(value: Any, allowed: tuple[Any, ...], where: str, key: str = "", flag: str = "") -> Any:
+    """``value`` if it is one of ``allowed``; else one line with a close match and the choices
+    (written as ``FLAG KEY=choice`` when a ``flag`` such as ``-O`` is given)."""
+    if value in allowed and not (isinstance(value, bool) and not any(isinstance(a, bool) for a in allowed)):
+        return value
+    names = [str(a) for a in allowed]
+    fix = " or ".join(f"{flag} {key}={n}" for n in names) if flag and key else "one of " + ", ".join(names)
+    raise ProbeError(f"{where}: unknown {key or 'value'} {value!r}{suggest(str(value), names)}; use {fix}")
+
+
+def coerce(value: Any, typ: str, where: str, key: str = "", flag: str = "") -> Any:
+    """Read ``value`` as the (string) annotation ``typ``: bool, int, float, tuple[...], X | None,
+    Literal[...] (the value must be one of the choices, whoever gives it).
+
+    Other non-strings pass through unchanged (Python callers give typed values)."""
+    text = _plain(typ)
+    optional = text.endswith("| None")
+    allowed = choices(text.removesuffix("| None").strip())
+    if allowed is not None:
+        if optional and (value is None or (isinstance(value, str) and value.lower() == "none")):
+            return None
+        return check_choice(value, allowed, where, key, flag)
     if not isinstance(value, str):
         return value
     kinds = [k.strip() for k in str(typ).split("|")]

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, Literal, NamedTuple
 
 import numpy as np
 import torch
@@ -40,7 +40,7 @@ BOS = 0  # the first token of every native-model sequence
 class DataConfig:
     """What a training run sees. ``held_out`` repeat lengths never occur in training data."""
 
-    kind: str = "induction"  # "induction" | "random"
+    kind: Literal["induction", "random"] = "induction"
     seq_len: int = 64  # tokens per sequence, BOS included
     vocab: int = 64  # BOS + vocab-1 ordinary tokens
     min_repeat: int = 4

@@ -164,7 +164,8 @@ class Configurable:
                 hint = suggest(key, fields)
                 known = ", ".join(fields) or "none"
                 raise ProbeError(f"task {self.name!r} has no option {key!r}{hint}; its options: {known}")
-        kwargs = {k: coerce(v, str(fields[k].type), f"task {self.name!r} option {k}") for k, v in options.items()}
+        where = f"task {self.name!r} option"
+        kwargs = {k: coerce(v, str(fields[k].type), f"{where} {k}", key=k, flag="-O") for k, v in options.items()}
         return check_ranges(self.Options(**kwargs), f"{self.name}: option")
 
 
