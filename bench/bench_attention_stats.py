@@ -18,7 +18,7 @@ from common import best_of, hf_eager, hf_forward
 
 from depthprobe import probes
 from depthprobe.probes.engine.task import Context, RunConfig, get_task
-from depthprobe.probes.models.loading import minilm_path
+from depthprobe.probes.models.hub import minilm_path
 
 EWT = Path(__file__).resolve().parent.parent.parent / "shared" / "data" / "ud-ewt-dev" / "en_ewt-ud-dev.conllu"
 

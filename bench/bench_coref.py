@@ -24,7 +24,7 @@ from common import hf_eager, hf_forward
 
 from depthprobe import probes
 from depthprobe.probes.engine.task import Context, RunConfig, get_task
-from depthprobe.probes.models.loading import minilm_path
+from depthprobe.probes.models.hub import minilm_path
 
 DATA = Path(__file__).resolve().parent.parent.parent / "shared" / "data"
 SETS = {"ontogum": DATA / "ontogum-dev", "gap": DATA / "gap-dev" / "gap-development.tsv"}

@@ -18,7 +18,7 @@ import time
 import torch
 
 from depthprobe.probes.api.sweep import sweep
-from depthprobe.tasks.kernels import DEFAULT_VARIANTS
+from depthprobe.tasks.kernels.sweep import DEFAULT_VARIANTS
 
 DEPTHS = (1, 2, 4, 8, 16, 32, 64)
 

@@ -27,9 +27,10 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from depthprobe.probes.data import corpus as corpora
-from depthprobe.probes.models.loading import NativeConfig, load
+from depthprobe.probes.models.loading import load
+from depthprobe.probes.models.model import NativeConfig
+from depthprobe.probes.training.fast_forward import lm_loss
 from depthprobe.probes.training.lm import LMConfig, logits_fn, module, optimizer
-from depthprobe.probes.training.train import lm_loss
 
 
 class Block(nn.Module):

@@ -32,7 +32,9 @@ import torch.nn.functional as F
 
 from depthprobe.probes.data import synthetic
 from depthprobe.probes.models.loading import load
-from depthprobe.probes.training.train import build_configs, fast_logits, lm_loss, parameters, train
+from depthprobe.probes.training.config import build_configs
+from depthprobe.probes.training.fast_forward import fast_logits, lm_loss
+from depthprobe.probes.training.train import parameters, train
 
 
 class PlainBlock(nn.Module):
@@ -113,7 +115,7 @@ class Emerged(Exception):
 
 
 def emergence(every: int, threshold: float) -> None:
-    from depthprobe.tasks.induction import evaluate
+    from depthprobe.tasks.induction.evaluation import evaluate
 
     native, data, cfg = build_configs()
     seen: list[tuple[int, float]] = []

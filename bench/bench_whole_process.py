@@ -86,7 +86,7 @@ def dump_batches(model_name: str, task_name: str, data: str | None, path: str, b
     """Write the probe run's batches as texts; prints [token count, model directory]."""
     from depthprobe import probes
     from depthprobe.probes.engine.task import Context, RunConfig, get_task
-    from depthprobe.probes.models.loading import minilm_path
+    from depthprobe.probes.models.hub import minilm_path
 
     model = probes.load(model_name)
     task = get_task(task_name)

@@ -29,8 +29,8 @@ def compare(
     """Compare runs across depth and width: compare.csv, peaks.csv and report.html."""
     import pandas as pd
 
-    from depthprobe.probes.render.compare import compare as api_compare
-    from depthprobe.probes.render.compare import peaks, save
+    from depthprobe.probes.api.compare import compare as api_compare
+    from depthprobe.probes.api.compare import peaks, save
 
     table = api_compare(runs or [], metrics=metric or None, task=task)
     path = save(table, out)

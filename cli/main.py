@@ -123,7 +123,7 @@ def guarded(fn: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         from depthprobe.probes.base.errors import ProbeError
-        from depthprobe.probes.base.runtime import Terminated, sigterm_as_keyboardinterrupt
+        from depthprobe.probes.base.signals import Terminated, sigterm_as_keyboardinterrupt
 
         try:
             with sigterm_as_keyboardinterrupt():
@@ -233,11 +233,9 @@ def run(
 ) -> None:
     """Run a task on a model, print its summary and write a run directory."""
     from depthprobe.probes.api.run import run as api_run
-    from depthprobe.probes.engine.task import get_task
-    from depthprobe.probes.models.loading import size_limit
+    from depthprobe.probes.models.device import size_limit
 
     prepare_out(out)
-    get_task(task)  # unknown task fails before anything is loaded
     with size_limit(max_params):
         result = api_run(
             model,
@@ -263,15 +261,15 @@ def run(
 @list_app.command("tasks")
 @guarded
 def list_tasks() -> None:
-    """Registered tasks with their options."""
+    """Registered tasks with their options (from the task cards: no task module is imported)."""
     import dataclasses
 
-    from depthprobe.probes.engine.task import TASKS, task_names
+    from depthprobe.tasks.cards import CARDS
 
-    for name in task_names():
-        t = TASKS.get(name)
-        opts = ", ".join(f"{f.name}={f.default}" for f in dataclasses.fields(t.Options))
-        typer.echo(f"{name:16s} {t.description}")
+    for name in sorted(CARDS):
+        card = CARDS[name]
+        opts = ", ".join(f"{f.name}={f.default}" for f in dataclasses.fields(card.options))
+        typer.echo(f"{name:16s} {card.description}")
         if opts:
             typer.echo(f"{'':16s} options: {opts}")
 
@@ -280,7 +278,7 @@ def list_tasks() -> None:
 @guarded
 def list_models() -> None:
     """Model aliases and whether each is available offline right now."""
-    from depthprobe.probes.models.loading import offline_models
+    from depthprobe.probes.models.architectures import offline_models
 
     typer.echo(f"{'alias':18s} {'offline':8s} {'hugging face id':42s} what")
     for row in offline_models():
@@ -296,7 +294,7 @@ def list_models() -> None:
 @guarded
 def list_architectures() -> None:
     """Model architectures that load, how, and which tasks and hooks work on them."""
-    from depthprobe.probes.models.loading import architecture_rows
+    from depthprobe.probes.models.architectures import architecture_rows
 
     rows = architecture_rows()
     typer.echo(f"{'architecture':18s} {'model_type':12s} {'causal':10s} loaded by")

@@ -89,7 +89,7 @@ def study(
         result = api_study(family, preset, out=out, backend=backend, address=address,
                            cpus_per_member=cpus_per_member, gpus_per_member=gpus_per_member, retries=retries,
                            echo=lambda line: typer.echo(line, err=True), **given)  # fmt: skip
-    except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM (runtime.Terminated carries the signal)
+    except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM (signals.Terminated carries the signal)
         where = out if out is not None else "the study folder"
         signum = getattr(exc, "signum", None)
         what = "interrupted" if signum is None else f"terminated by signal {signum}"

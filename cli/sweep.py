@@ -65,7 +65,7 @@ def sweep(
     }
     options = {k: v for k, v in explicit.items() if v is not None}
     options.update(parse_options(option))
-    from depthprobe.probes.models.loading import size_limit
+    from depthprobe.probes.models.device import size_limit
 
     with size_limit(max_params):
         result = api_sweep(

@@ -49,7 +49,7 @@ def train(
     max_params: int | None = typer.Option(None, "--max-params", help="Refuse models with more parameters than this."),
 ) -> None:
     """Train a native TransformerLens model with AdamW; checkpoints load anywhere a model name is accepted."""
-    from depthprobe.probes.models.loading import resolve_device, size_limit
+    from depthprobe.probes.models.device import resolve_device, size_limit
 
     if out is not None:
         prepare_out(out, may_exist=True)
@@ -84,7 +84,8 @@ def train(
 
 def _train(given: dict, out: Path | None, resume: bool, device: str | None, progress: bool) -> None:
     from depthprobe.probes.base.errors import ProbeError
-    from depthprobe.probes.training.train import build_configs, resume_configs
+    from depthprobe.probes.training.checkpoint import resume_configs
+    from depthprobe.probes.training.config import build_configs
     from depthprobe.probes.training.train import train as api_train
 
     if resume:

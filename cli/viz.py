@@ -45,8 +45,10 @@ def viz(
     """Write one self-contained HTML page of attention views (one per layer, all chosen heads)."""
     from depthprobe.probes.api.viz import viz_page
     from depthprobe.probes.base.errors import ProbeError
-    from depthprobe.probes.models.loading import load, parse_dtype
-    from depthprobe.probes.render.viz import index_ranges, parse_indices, write_atomic
+    from depthprobe.probes.models.device import parse_dtype
+    from depthprobe.probes.models.loading import load
+    from depthprobe.probes.render.attention import index_ranges, parse_indices
+    from depthprobe.probes.render.html import write_atomic
 
     prepare_out(out, may_exist=True, kind="file")
     torch_dtype = parse_dtype(dtype)

@@ -13,15 +13,15 @@ from typing import TYPE_CHECKING, Any
 
 # name -> "module:attribute" (module relative to depthprobe.probes)
 _NAMES: dict[str, str] = {
-    "ALIASES": "models.loading:ALIASES",
-    "DEFAULT_MODEL": "models.loading:DEFAULT_MODEL",
+    "ALIASES": "models.architectures:ALIASES",
+    "DEFAULT_MODEL": "models.architectures:DEFAULT_MODEL",
     "TASKS": "engine.task:TASKS",
     "Batch": "engine.task:Batch",
     "Cache": "hooks.cache:Cache",
     "Context": "engine.task:Context",
     "Examples": "engine.task:Examples",
-    "Model": "models.loading:Model",
-    "NativeConfig": "models.loading:NativeConfig",
+    "Model": "models.model:Model",
+    "NativeConfig": "models.model:NativeConfig",
     "Output": "engine.task:Output",
     "ProbeError": "base.errors:ProbeError",
     "Result": "api.run:Result",
@@ -29,7 +29,7 @@ _NAMES: dict[str, str] = {
     "Task": "engine.task:Task",
     "ablate_heads": "hooks.interventions:ablate_heads",
     "capture": "hooks.capture:capture",
-    "compare": "render.compare:compare",
+    "compare": "api.compare:compare",
     "encode_words": "data.align:encode_words",
     "forward": "hooks.capture:forward",
     "get_task": "engine.task:get_task",
@@ -40,7 +40,7 @@ _NAMES: dict[str, str] = {
     "resolve_names": "hooks.capture:resolve_names",
     "run": "api.run:run",
     "run_with_cache": "hooks.cache:run_with_cache",
-    "save_checkpoint": "models.loading:save_checkpoint",
+    "save_checkpoint": "models.checkpoints:save_checkpoint",
     "study": "api.study:study",
     "task_names": "engine.task:task_names",
     "word_attention": "data.align:word_attention",
@@ -67,6 +67,7 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # what static checkers and IDEs see; never run
+    from depthprobe.probes.api.compare import compare
     from depthprobe.probes.api.run import Result, run
     from depthprobe.probes.api.study import Study, study
     from depthprobe.probes.base.errors import ProbeError
@@ -85,13 +86,7 @@ if TYPE_CHECKING:  # what static checkers and IDEs see; never run
     from depthprobe.probes.hooks.cache import Cache, run_with_cache
     from depthprobe.probes.hooks.capture import capture, forward, resolve_names
     from depthprobe.probes.hooks.interventions import ablate_heads, patch
-    from depthprobe.probes.models.loading import (
-        ALIASES,
-        DEFAULT_MODEL,
-        Model,
-        NativeConfig,
-        load,
-        load_checkpoint,
-        save_checkpoint,
-    )
-    from depthprobe.probes.render.compare import compare
+    from depthprobe.probes.models.architectures import ALIASES, DEFAULT_MODEL
+    from depthprobe.probes.models.checkpoints import save_checkpoint
+    from depthprobe.probes.models.loading import load, load_checkpoint
+    from depthprobe.probes.models.model import Model, NativeConfig

@@ -14,8 +14,9 @@ folder beside it or above it (imports under ``if TYPE_CHECKING:`` are annotation
     1  probes/render/, probes/measures/  HTML/SVG from data (imports only probes/base/); tensor maths
     0  probes/base/               errors, options, registry, runtime, artifacts, batching
 
-``depthprobe.tasks`` (tasks/__init__.py, the task table) imports nothing; the engine's registry
-reads it, so it sits outside the floors.
+``depthprobe.tasks`` (tasks/__init__.py, the task table) imports nothing, and
+``depthprobe.tasks.cards`` (each task's description and options) only probes/base/: the engine's
+registry, the tasks and the CLI's ``probe list tasks`` read them, so they sit outside the floors.
 
 Run from anywhere: ``python scripts/check_imports.py``; prints each violation and exits 1.
 """
@@ -29,6 +30,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("probes", "tasks", "cli")
 TASK_TABLE = "depthprobe.tasks"
+TASK_CARDS = "depthprobe.tasks.cards"
 FLOORS = {
     "probes.base": 0,
     "probes.render": 1,
@@ -100,7 +102,9 @@ def problem(src: str, dst: str) -> str | None:
         return f"{src} imports the bare namespace 'depthprobe'; import a module of it"
     if src == TASK_TABLE:
         return f"{src} (the task table) imports {dst}; it must import nothing"
-    if dst == TASK_TABLE:
+    if src == TASK_CARDS and folder(dst) != "probes.base":
+        return f"{src} (the task cards) imports {dst}; it may import only probes/base/"
+    if dst in (TASK_TABLE, TASK_CARDS):
         return None
     a, b = folder(src), folder(dst)
     if a == "tasks" and b == "tasks" and src.split(".")[:3] != dst.split(".")[:3]:

@@ -59,7 +59,8 @@ def main() -> int:
         print(line)
     if found:
         return 1
-    print(f"sizes: every module of {', '.join(PACKAGES)} within {MAX_MODULE} lines, every function within {MAX_FUNCTION}")
+    where = ", ".join(PACKAGES)
+    print(f"sizes: every module of {where} within {MAX_MODULE} lines, every function within {MAX_FUNCTION}")
     return 0
 
 

@@ -9,12 +9,12 @@ TASKS = {
     "ablation": "depthprobe.tasks.ablation:Ablation",
     "attention-stats": "depthprobe.tasks.attention_stats:AttentionStats",
     "coref": "depthprobe.tasks.coref:Coref",
-    "induction": "depthprobe.tasks.induction:Induction",
-    "kernels": "depthprobe.tasks.kernels:Kernels",
+    "induction": "depthprobe.tasks.induction.task:Induction",
+    "kernels": "depthprobe.tasks.kernels.task:Kernels",
     "syntax": "depthprobe.tasks.syntax:Syntax",
 }
 
 SWEEPS = {
-    "induction": "depthprobe.tasks.induction:InductionSweep",
-    "kernels": "depthprobe.tasks.kernels:KernelSweep",
+    "induction": "depthprobe.tasks.induction.sweep:InductionSweep",
+    "kernels": "depthprobe.tasks.kernels.sweep:KernelSweep",
 }

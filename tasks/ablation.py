@@ -39,14 +39,13 @@ import math
 import random
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 import pandas as pd
 import torch
 import torch.nn.functional as F
 
-from depthprobe.probes.base.errors import ProbeError, suggest
-from depthprobe.probes.base.options import ranged
+from depthprobe.probes.base.errors import ProbeError
 from depthprobe.probes.data.synthetic import sequences as repeated_sequences
 from depthprobe.probes.engine.task import (
     Batch,
@@ -60,9 +59,9 @@ from depthprobe.probes.engine.task import (
 )
 from depthprobe.probes.hooks.capture import Captured, capture
 from depthprobe.probes.hooks.interventions import Head, ablate_heads, head_label, parse_heads
-from depthprobe.probes.models.loading import Model
+from depthprobe.probes.models.model import Model
+from depthprobe.tasks.cards import CARDS, AblationOptions
 
-SOURCES = ("induction", "syntax", "coref", "attention-stats")
 SOURCE_SCORE = {
     "induction": "induction",
     "syntax": "syntax_margin",
@@ -71,27 +70,9 @@ SOURCE_SCORE = {
 }
 SOURCE_OPTIONS: dict[str, dict[str, Any]] = {"induction": {"icl_windows": 0}}  # the ICL score is not used here
 MIN_COUNT = 10  # syntax: relations with fewer words are too noisy to select heads by
-METHODS = ("mean", "zero")
 
 
-@dataclass(frozen=True)
-class Options:
-    source: Literal["induction", "syntax", "coref", "attention-stats"] = "induction"
-    heads: str = "auto"  # auto (the source's top k) or L-H,... (0-indexed)
-    k: int = ranged(3, min=1)  # heads taken with heads=auto
-    method: Literal["mean", "zero"] = "mean"
-
-    def __post_init__(self) -> None:
-        if self.source not in SOURCES:
-            raise ProbeError(
-                f"ablation: unknown source {self.source!r}{suggest(self.source, SOURCES)}; "
-                f"use -O source= one of {', '.join(SOURCES)}"
-            )
-        if self.method not in METHODS:
-            raise ProbeError(
-                f"ablation: unknown method {self.method!r}{suggest(self.method, METHODS)}; "
-                "use -O method=mean or -O method=zero"
-            )
+Options = AblationOptions  # tasks/cards.py: the options, readable without importing this module
 
 
 # ----------------------------------------------------------------------------- pure functions
@@ -223,11 +204,7 @@ def _final_hidden(model: Model, ids: torch.Tensor, mask: torch.Tensor) -> torch.
 
 class Ablation(Task[Options, Plan]):
     name = "ablation"
-    description = (
-        "Ablate the heads a source task finds (its top k, or -O heads=L-H,...) and k random control "
-        "heads from the same layers; loss (causal) or embedding cosine (encoders) and the source "
-        "task's scores, with and without"
-    )
+    description = CARDS["ablation"].description
     needs_text = False
 
     def load(self, model: Model, ctx: Context[Options]) -> Examples:

@@ -20,14 +20,12 @@ import unicodedata
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from typing import Literal
 
 import pandas as pd
 import torch
 
 from depthprobe.probes.base.batching import Batch
-from depthprobe.probes.base.errors import ProbeError, suggest
-from depthprobe.probes.base.options import ranged
+from depthprobe.probes.base.errors import ProbeError
 from depthprobe.probes.data.text import read_lines
 from depthprobe.probes.engine.task import Context, Examples, HeatmapPanel, Output, Task, add_sums, tidy
 from depthprobe.probes.hooks.capture import Captured, pattern_names
@@ -37,12 +35,12 @@ from depthprobe.probes.measures.metrics import (
     js_distance_mean,
     uniform_entropy_sum,
 )
-from depthprobe.probes.models.loading import Model
+from depthprobe.probes.models.model import Model
+from depthprobe.tasks.cards import CARDS, AttentionStatsOptions
 
 SAMPLE = Path(__file__).parent / "data" / "sample.txt"
 
 
-PROTOCOLS = ("pooled", "clark")
 TITLES = {
     "entropy": "entropy (nats)",
     "entropy_cls": "entropy from [CLS] (nats)",
@@ -53,17 +51,7 @@ TITLES = {
 CLARK_PUNCT = frozenset({".", ","})  # General_Analysis: token == "." or token == ","
 
 
-@dataclass(frozen=True)
-class Options:
-    top: int = ranged(5, min=1)  # heads listed per metric in the summary
-    protocol: Literal["pooled", "clark"] = "pooled"  # see the module docstring
-
-    def __post_init__(self) -> None:
-        if self.protocol not in PROTOCOLS:
-            raise ProbeError(
-                f"attention-stats: unknown protocol {self.protocol!r}{suggest(self.protocol, PROTOCOLS)}; "
-                f"use -O protocol=pooled or -O protocol=clark"
-            )
+Options = AttentionStatsOptions  # tasks/cards.py: the options, readable without importing this module
 
 
 def is_punct(token: str, protocol: str = "pooled") -> bool:
@@ -102,7 +90,7 @@ class State:
 
 class AttentionStats(Task[Options, State]):
     name = "attention-stats"
-    description = "Per-head attention to [CLS]/BOS, [SEP], punctuation, previous/next token, self; entropy"
+    description = CARDS["attention-stats"].description
 
     def load(self, model: Model, ctx: Context[Options]) -> Examples:
         lines = read_lines(ctx.data) if ctx.data else read_lines(SAMPLE)

@@ -35,7 +35,8 @@ from depthprobe.probes.base.errors import ProbeError
 from depthprobe.probes.data.align import Encoded, encode_pieces, unit_matrix, word_attention, word_pieces_many
 from depthprobe.probes.engine.task import Context, Examples, HeatmapPanel, Output, Task, ViewPanel, tidy
 from depthprobe.probes.hooks.capture import Captured, pattern_names
-from depthprobe.probes.models.loading import Model
+from depthprobe.probes.models.model import Model
+from depthprobe.tasks.cards import CARDS, SyntaxOptions
 
 SAMPLE = Path(__file__).parent / "data" / "sample_syntax.conllu"
 ALL = "ALL"
@@ -60,10 +61,7 @@ CLARK_TABLE1 = {
 }
 
 
-@dataclass(frozen=True)
-class Options:
-    parser: str | None = None  # spaCy pipeline (installed name or directory) to parse raw-text --data
-    baseline_root: bool = True  # offsets may land on ROOT (position 0), as in Clark et al.'s code
+Options = SyntaxOptions  # tasks/cards.py: the options, readable without importing this module
 
 
 @dataclass(frozen=True)
@@ -203,10 +201,7 @@ class State:
 
 class Syntax(Task[Options, State]):
     name = "syntax"
-    description = (
-        "Clark et al. Table 1: per dependency relation, the head whose attention best finds "
-        "the governor, vs a fixed-offset baseline (CoNLL-U, or raw text with --parser)"
-    )
+    description = CARDS["syntax"].description
 
     def load(self, model: Model, ctx: Context[Options]) -> Examples:
         trees = read_trees(ctx.data, ctx.options.parser)

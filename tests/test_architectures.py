@@ -11,7 +11,8 @@ from depthprobe.probes import load, run
 from depthprobe.probes.base.errors import ProbeError
 from depthprobe.probes.data.align import pieces_of_words, running_text, word_pieces
 from depthprobe.probes.hooks.capture import capture, forward
-from depthprobe.probes.models.loading import ARCHITECTURES, Model, ModelInfo
+from depthprobe.probes.models.architectures import ARCHITECTURES
+from depthprobe.probes.models.model import Model, ModelInfo
 
 WORDS = ["the", "old", "man", "walked", "to", "london", "on", "monday", "."]
 KINDS = ("bytelevel", "roberta", "metaspace-first", "metaspace-never", "wordpiece")

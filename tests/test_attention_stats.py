@@ -304,7 +304,7 @@ def test_minilm_golden_values(minilm):
 @pytest.mark.slow
 def test_minilm_clark_protocol_matches_the_reference(minilm):
     """Both protocols on the built-in sample against a plain HF forward and the numpy references."""
-    from depthprobe.probes.models.loading import minilm_path
+    from depthprobe.probes.models.hub import minilm_path
     from depthprobe.tasks.attention_stats import SAMPLE
 
     lines = SAMPLE.read_text().splitlines()[:8]

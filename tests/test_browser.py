@@ -26,8 +26,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from depthprobe.probes.render.attention import MAX_TOKEN_CHARS, View, views_html
+from depthprobe.probes.render.html import page
 from depthprobe.probes.render.report import RunData, render
-from depthprobe.probes.render.viz import MAX_TOKEN_CHARS, View, page, views_html
 
 REPO = Path(__file__).resolve().parent.parent
 CHROMIUM = Path(os.environ.get("DEPTHPROBE_CHROMIUM", "/usr/bin/chromium"))

@@ -44,3 +44,16 @@ def test_python_callers_are_checked_too_and_optional_choices_take_none():
     assert coerce("none", t["parser"], "option parser") is None
     assert coerce(None, t["parser"], "option parser") is None
     assert coerce("custom", t["parser"], "option parser") == "custom"
+
+
+def test_every_task_takes_its_options_and_description_from_its_card():
+    from depthprobe.probes.engine.task import get_task
+    from depthprobe.tasks import TASKS as TABLE
+    from depthprobe.tasks.cards import CARDS
+
+    assert sorted(CARDS) == sorted(TABLE)
+    for name in TABLE:
+        task = get_task(name)
+        assert task.Options is CARDS[name].options, name
+        assert task.description == CARDS[name].description, name
+        assert dataclasses.fields(task.Options), name

@@ -11,8 +11,8 @@ from typer.testing import CliRunner
 
 from depthprobe.cli.main import app
 from depthprobe.probes import ProbeError, compare
-from depthprobe.probes.render.compare import peaks, save
-from depthprobe.probes.render.viz import esc
+from depthprobe.probes.api.compare import peaks, save
+from depthprobe.probes.render.html import esc
 
 runner = CliRunner()
 
@@ -352,7 +352,7 @@ def test_selector_named_like_a_table_column_is_kept_apart(tmp_path):
 
 
 def test_study_member_checkpoints_are_labelled_by_member_name():
-    from depthprobe.probes.render.compare import _short
+    from depthprobe.probes.api.compare import _short
 
     assert _short("artifacts/studies/s/members/petty-d_ff-b0200k-L04-s0/checkpoint") == "petty-d_ff-b0200k-L04-s0"
     assert _short("artifacts/models/induction-2l") == "induction-2l"

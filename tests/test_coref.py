@@ -11,9 +11,13 @@ import torch
 from reference.coref import ref_chains
 
 from depthprobe.probes import ProbeError, run
-from depthprobe.probes.data import coref as coref_data
+from depthprobe.probes.data import conll2012, coref_chains, coref_formats
+from depthprobe.probes.data import gap as gap_data
 from depthprobe.probes.hooks.capture import forward, pattern_names
 from depthprobe.tasks import coref as cr
+from depthprobe.tasks.coref import chains as cr_chains
+from depthprobe.tasks.coref import common as cr_common
+from depthprobe.tasks.coref import gap as cr_gap
 
 # ---------------------------------------------------------------- helpers
 
@@ -55,12 +59,12 @@ def write(tmp_path: Path, name: str, text: str) -> Path:
     return p
 
 
-def queries_of(path: Path) -> list[tuple[str, cr.Query, tuple[str, ...]]]:
+def queries_of(path: Path) -> list[tuple[str, cr_chains.Query, tuple[str, ...]]]:
     """Every evaluated mention of each document, one window per document (no model needed)."""
     out = []
-    for doc in coref_data.read_chain_docs(path):
+    for doc in coref_formats.read_chain_docs(path):
         words = tuple(t.text for t in doc)
-        for q in cr.window_queries(doc, coref_data.mentions(doc), 0, len(doc)):
+        for q in cr_chains.window_queries(doc, coref_chains.mentions(doc), 0, len(doc)):
             out.append((" ".join(words[q.start : q.end + 1]), q, words))
     return out
 
@@ -73,11 +77,11 @@ def text(words, c) -> str:
 
 
 def test_brackets_read_left_to_right_with_corefud_ids():
-    assert coref_data.parse_brackets("(13(3(14)", "f", 1) == [("open", "13"), ("open", "3"), ("single", "14")]
-    assert coref_data.parse_brackets("1)13)14)", "f", 1) == [("close", "1"), ("close", "13"), ("close", "14")]
-    assert coref_data.parse_brackets("(e12-person-1-new)e3)", "f", 1) == [("single", "e12"), ("close", "e3")]
-    assert coref_data.parse_brackets("(e5[1/2]-place-2", "f", 1) == [("open", "e5")]
-    assert coref_data.parse_brackets("(12|12)|(7)", "f", 1) == [("open", "12"), ("close", "12"), ("single", "7")]
+    assert coref_chains.parse_brackets("(13(3(14)", "f", 1) == [("open", "13"), ("open", "3"), ("single", "14")]
+    assert coref_chains.parse_brackets("1)13)14)", "f", 1) == [("close", "1"), ("close", "13"), ("close", "14")]
+    assert coref_chains.parse_brackets("(e12-person-1-new)e3)", "f", 1) == [("single", "e12"), ("close", "e3")]
+    assert coref_chains.parse_brackets("(e5[1/2]-place-2", "f", 1) == [("open", "e5")]
+    assert coref_chains.parse_brackets("(12|12)|(7)", "f", 1) == [("open", "12"), ("close", "12"), ("single", "7")]
 
 
 def test_nested_mentions_and_closing_the_latest_open(tmp_path):
@@ -96,8 +100,8 @@ def test_nested_mentions_and_closing_the_latest_open(tmp_path):
             ]
         }
     )
-    doc = coref_data.read_chain_docs(write(tmp_path, "n.conllu", text_))[0]
-    got = [(m.start, m.end, m.chain, doc[m.head].text) for m in coref_data.mentions(doc)]
+    doc = coref_formats.read_chain_docs(write(tmp_path, "n.conllu", text_))[0]
+    got = [(m.start, m.end, m.chain, doc[m.head].text) for m in coref_chains.mentions(doc)]
     assert got == [
         (0, 0, "3", "his"),
         (0, 1, "1", "mother"),
@@ -117,9 +121,9 @@ def test_chain_ids_are_per_document(tmp_path):
             "b": ["Mary PROPN - 2 nsubj (1);ran VERB - 0 root -", "She PRON - 2 nsubj (1);left VERB - 0 root -"],
         }
     )
-    docs = coref_data.read_chain_docs(write(tmp_path, "two.conllu", text_))
+    docs = coref_formats.read_chain_docs(write(tmp_path, "two.conllu", text_))
     assert [d.user_data["doc_id"] for d in docs] == ["a", "b"]
-    assert [[m.start for m in coref_data.mentions(d)] for d in docs] == [[0, 2], [0, 2]]
+    assert [[m.start for m in coref_chains.mentions(d)] for d in docs] == [[0, 2], [0, 2]]
 
 
 @pytest.mark.parametrize(
@@ -134,7 +138,7 @@ def test_chain_ids_are_per_document(tmp_path):
 def test_bad_brackets_fail_with_file_and_line(tmp_path, entity, line, what):
     p = write(tmp_path, "bad.conllu", conllu({"d": [f"John PROPN - 2 nsubj {entity};ran VERB - 0 root -"]}))
     with pytest.raises(ProbeError, match=rf"bad.conllu:{line}: .*{what}"):
-        coref_data.read_chain_docs(p)
+        coref_formats.read_chain_docs(p)
 
 
 # ---------------------------------------------------------------- CoNLL-2012
@@ -167,11 +171,11 @@ doc2 0 1 sleep VBP (VP*) - - - - * -
 
 
 def test_conll2012_reader_chains_heads_and_types(tmp_path):
-    docs = coref_data.read_chain_docs(write(tmp_path, "x.v4_gold_conll", CONLL12))
+    docs = coref_formats.read_chain_docs(write(tmp_path, "x.v4_gold_conll", CONLL12))
     assert [d.user_data["doc_id"] for d in docs] == ["(test/doc1); part 000", "(test/doc2); part 000"]
     d = docs[0]
     assert [s.text for s in d.sents] == ["John saw the president of the company .", "He met her ."]
-    got = [(d[m.start : m.end + 1].text, m.chain, d[m.head].text, d[m.head].pos_) for m in coref_data.mentions(d)]
+    got = [(d[m.start : m.end + 1].text, m.chain, d[m.head].text, d[m.head].pos_) for m in coref_chains.mentions(d)]
     assert got == [
         ("John", "0", "John", "PROPN"),
         ("the president of the company", "1", "president", "NOUN"),
@@ -180,15 +184,15 @@ def test_conll2012_reader_chains_heads_and_types(tmp_path):
         ("her", "1", "her", "PRON"),
     ]
     assert str(d[8].morph) == "Gender=Masc|Number=Sing|Person=3"
-    assert [m.chain for m in coref_data.mentions(docs[1])] == ["0", "0"]  # chain ids restart per document
+    assert [m.chain for m in coref_chains.mentions(docs[1])] == ["0", "0"]  # chain ids restart per document
 
 
 def test_ptb_head_rule():
-    assert coref_data.ptb_head(["DT", "NN", "IN", "DT", "NN"]) == 1  # the president of the company
-    assert coref_data.ptb_head(["PRP$", "NN"]) == 1  # his mother
-    assert coref_data.ptb_head(["NNP", "POS", "NN"]) == 2  # John 's dog
-    assert coref_data.ptb_head(["DT", "JJ"]) == 1  # no noun: the last word before any post-modifier
-    assert coref_data.ptb_head(["NNP", "CC", "NNP"]) == 0  # John and Mary: the first conjunct
+    assert conll2012.ptb_head(["DT", "NN", "IN", "DT", "NN"]) == 1  # the president of the company
+    assert conll2012.ptb_head(["PRP$", "NN"]) == 1  # his mother
+    assert conll2012.ptb_head(["NNP", "POS", "NN"]) == 2  # John 's dog
+    assert conll2012.ptb_head(["DT", "JJ"]) == 1  # no noun: the last word before any post-modifier
+    assert conll2012.ptb_head(["NNP", "CC", "NNP"]) == 0  # John and Mary: the first conjunct
 
 
 @pytest.mark.parametrize(
@@ -203,12 +207,12 @@ def test_ptb_head_rule():
 )
 def test_conll2012_errors(tmp_path, text_, line, what):
     with pytest.raises(ProbeError, match=rf"bad_conll:{line}: .*{what}"):
-        coref_data.read_chain_docs(write(tmp_path, "bad_conll", text_))
+        coref_formats.read_chain_docs(write(tmp_path, "bad_conll", text_))
 
 
 # ---------------------------------------------------------------- GAP
 
-GAP_HEADER = "\t".join(coref_data.GAP_COLUMNS)
+GAP_HEADER = "\t".join(gap_data.GAP_COLUMNS)
 
 
 def gap_row(i: int, text_: str, pron: str, a: str, a_ok: bool, b: str, b_ok: bool, pron_n: int = 1) -> str:
@@ -247,7 +251,7 @@ GAP_ROWS = [
 
 def test_gap_reader(tmp_path):
     p = write(tmp_path, "g.tsv", GAP_HEADER + "\n" + "\n".join(GAP_ROWS) + "\n")
-    rows = coref_data.read_gap(p)
+    rows = gap_data.read_gap(p)
     assert [r.line for r in rows] == [2, 3, 4, 5, 6, 7]
     assert [r.gender for r in rows[:3]] == ["feminine", "masculine", "masculine"]
     assert [r.answerable for r in rows] == [True] * 5 + [False]
@@ -261,33 +265,33 @@ def test_gap_bad_offsets_name_the_line(tmp_path):
     bad[5] = "3"  # A-offset no longer points at "mary"
     p = write(tmp_path, "g.tsv", GAP_HEADER + "\n" + GAP_ROWS[0] + "\n" + "\t".join(bad) + "\n")
     with pytest.raises(ProbeError, match=r"g.tsv:3: A-offset 3 does not point at 'mary'"):
-        coref_data.read_gap(p)
+        gap_data.read_gap(p)
     bad[5], bad[9] = bad[5].replace("3", "0"), "maybe"
     p.write_text(GAP_HEADER + "\n" + "\t".join(bad) + "\n")
     with pytest.raises(ProbeError, match=r"g.tsv:2: B-coref is 'maybe'"):
-        coref_data.read_gap(p)
+        gap_data.read_gap(p)
     p.write_text("ID\tText\n1\tx\n")
     with pytest.raises(ProbeError, match=r"g.tsv:1: not a GAP header"):
-        coref_data.read_gap(p)
+        gap_data.read_gap(p)
 
 
 def test_gap_nearest_baseline_distance_and_ties():
     base = dict(id="x", pronoun_offset=10, pronoun="he", a_coref=True, b_coref=False, line=2, text="")
     # A ends 2 before the pronoun, B starts 3 after it
-    assert cr.gap_nearest(coref_data.GapExample(a="ab", a_offset=6, b="cd", b_offset=15, **base)) == 0
+    assert cr_gap.gap_nearest(gap_data.GapExample(a="ab", a_offset=6, b="cd", b_offset=15, **base)) == 0
     # A ends 4 before, B starts 1 after: B is nearer
-    assert cr.gap_nearest(coref_data.GapExample(a="ab", a_offset=4, b="cd", b_offset=13, **base)) == 1
+    assert cr_gap.gap_nearest(gap_data.GapExample(a="ab", a_offset=4, b="cd", b_offset=13, **base)) == 1
     # equal gaps: the candidate appearing first wins
-    assert cr.gap_nearest(coref_data.GapExample(a="ab", a_offset=6, b="cd", b_offset=14, **base)) == 0
+    assert cr_gap.gap_nearest(gap_data.GapExample(a="ab", a_offset=6, b="cd", b_offset=14, **base)) == 0
 
 
 # ---------------------------------------------------------------- windows
 
 
 def test_windows_pack_whole_sentences_and_a_long_one_ends_the_window():
-    spans, skipped = cr.doc_windows([10, 200, 5, 5, 120, 3], n_special=2, limit=128)
+    spans, skipped = cr_chains.doc_windows([10, 200, 5, 5, 120, 3], n_special=2, limit=128)
     assert spans == [(0, 1), (2, 4), (4, 6)] and skipped == 1
-    spans, skipped = cr.doc_windows([126, 1], n_special=2, limit=128)  # 126 + 2 fits exactly
+    spans, skipped = cr_chains.doc_windows([126, 1], n_special=2, limit=128)  # 126 + 2 fits exactly
     assert spans == [(0, 1), (1, 2)] and skipped == 0
 
 
@@ -302,14 +306,14 @@ def test_window_membership_and_evaluated_mentions(tmp_path):
             ]
         }
     )
-    doc = coref_data.read_chain_docs(write(tmp_path, "w.conllu", text_))[0]
-    ms = coref_data.mentions(doc)
+    doc = coref_formats.read_chain_docs(write(tmp_path, "w.conllu", text_))[0]
+    ms = coref_chains.mentions(doc)
     # window = sentences 2-3 only: "he" has no earlier chain-mate starting inside; "him" does
-    qs = cr.window_queries(doc, ms, 2, 8)
+    qs = cr_chains.window_queries(doc, ms, 2, 8)
     assert [(q.start, q.end) for q in qs] == [(5, 5)]  # "him" (window-relative 7 - 2)
     assert [(c.start, c.end) for c in qs[0].cands] == [(2, 4), (1, 1)]  # "left Bill saw" then "he"
     # window = sentence 2 only: the mention crossing into sentence 3 is not part of it
-    assert cr.window_queries(doc, ms, 2, 5) == ()
+    assert cr_chains.window_queries(doc, ms, 2, 5) == ()
 
 
 def test_mention_whose_only_earlier_mate_contains_it_is_evaluated_and_wrong(tmp_path):
@@ -322,8 +326,8 @@ def test_mention_whose_only_earlier_mate_contains_it_is_evaluated_and_wrong(tmp_
             ]
         }
     )
-    doc = coref_data.read_chain_docs(write(tmp_path, "c.conllu", text_))[0]
-    qs = cr.window_queries(doc, coref_data.mentions(doc), 0, len(doc))
+    doc = coref_formats.read_chain_docs(write(tmp_path, "c.conllu", text_))[0]
+    qs = cr_chains.window_queries(doc, coref_chains.mentions(doc), 0, len(doc))
     assert len(qs) == 1 and (qs[0].start, qs[0].end) == (4, 5)
     assert qs[0].cands == () and qs[0].baselines == (False, False, False)
 
@@ -365,14 +369,16 @@ BASELINE_DOCS = {
 
 def test_baselines_choose_the_known_answers(tmp_path):
     p = write(tmp_path, "b.conllu", conllu(BASELINE_DOCS))
-    docs = {d.user_data["doc_id"]: d for d in coref_data.read_chain_docs(p)}
+    docs = {d.user_data["doc_id"]: d for d in coref_formats.read_chain_docs(p)}
 
     def choices(name: str) -> tuple[str, list[str]]:
         doc = docs[name]
         words = [t.text for t in doc]
-        m = coref_data.mentions(doc)[-1]  # the last mention is M
-        q = next(q for q in cr.window_queries(doc, coref_data.mentions(doc), 0, len(doc)) if q.start == m.start)
-        idx = cr.baseline_picks(doc, 0, m, q.cands)
+        m = coref_chains.mentions(doc)[-1]  # the last mention is M
+        q = next(
+            q for q in cr_chains.window_queries(doc, coref_chains.mentions(doc), 0, len(doc)) if q.start == m.start
+        )
+        idx = cr_chains.baseline_picks(doc, 0, m, q.cands)
         return " ".join(words[m.start : m.end + 1]), [text(words, q.cands[i]) for i in idx]
 
     assert choices("headmatch") == ("The dog", ["a cat", "The old dog", "The old dog"])
@@ -382,33 +388,33 @@ def test_baselines_choose_the_known_answers(tmp_path):
     m_text, picked = choices("nested")
     assert m_text == "She" and picked[0] == "his mother"  # nearest = the longer of the nested pair
     # correctness flags follow the chains: "his mother" is chain 2 like "She"
-    q = cr.window_queries(docs["nested"], coref_data.mentions(docs["nested"]), 0, len(docs["nested"]))[-1]
+    q = cr_chains.window_queries(docs["nested"], coref_chains.mentions(docs["nested"]), 0, len(docs["nested"]))[-1]
     assert q.baselines[0] is True
 
 
 def test_types_follow_the_head_upos(tmp_path):
     p = write(tmp_path, "b.conllu", conllu(BASELINE_DOCS))
-    kinds = {(name, cr.TYPES[q.kind]) for name, q, _ in queries_of(p)}
+    kinds = {(name, cr_chains.TYPES[q.kind]) for name, q, _ in queries_of(p)}
     assert ("The dog", "nominal") in kinds and ("she", "pronoun") in kinds
-    assert cr.mention_type("PROPN") == 1 and cr.mention_type("NUM") == 2
+    assert cr_chains.mention_type("PROPN") == 1 and cr_chains.mention_type("NUM") == 2
 
 
 def assert_matches_reference(result, ref: dict) -> None:
     s = result.scores
     n_all = sum(ref["n"].values())
     assert result.headline["n_mentions"] == n_all and n_all > 0
-    for t in cr.TYPES:
+    for t in cr_chains.TYPES:
         assert result.headline["n_by_type"][t] == ref["n"][t]
     for row in s.itertuples():
         want_n = n_all if row.type == "all" else ref["n"][row.type]
-        types = cr.TYPES if row.type == "all" else (row.type,)
+        types = cr_chains.TYPES if row.type == "all" else (row.type,)
         want = sum(ref["correct"][(t, row.layer, row.head)] for t in types) / want_n
         assert row.value == pytest.approx(want, abs=1e-12), (row.type, row.layer, row.head)
-    for b in cr.BASELINES:
+    for b in cr_chains.BASELINES:
         got = result.headline["baselines"][b]
-        want_all = sum(ref["base"][(b, t)] for t in cr.TYPES)
+        want_all = sum(ref["base"][(b, t)] for t in cr_chains.TYPES)
         assert got["all"] == pytest.approx(100 * want_all / n_all, abs=0.01)
-        for t in cr.TYPES:
+        for t in cr_chains.TYPES:
             if ref["n"][t]:
                 assert got[t] == pytest.approx(100 * ref["base"][(b, t)] / ref["n"][t], abs=0.01)
 
@@ -416,7 +422,7 @@ def assert_matches_reference(result, ref: dict) -> None:
 def test_task_equals_reference_on_the_sample_tiny_bert(tiny_bert):
     r = run(tiny_bert, "coref", batch_size=3, max_len=64)
     assert_matches_reference(r, ref_chains(tiny_bert, cr.SAMPLE, 64))
-    assert all(r.headline["n_by_type"][t] > 0 for t in cr.TYPES)  # the sample covers every type
+    assert all(r.headline["n_by_type"][t] > 0 for t in cr_chains.TYPES)  # the sample covers every type
 
 
 def test_task_equals_reference_on_ontogum_tiny_bert(tiny_bert, shared_data):
@@ -445,12 +451,12 @@ def test_padding_does_not_change_any_number(tiny_bert):
     states = []
     for items in ([short], [long_, short]):
         st = task.start(tiny_bert, ctx, cr.CorefExamples(items, 0, "", "chains", {}))
-        for batch in cr.budget_batches(items, [w.encoded.ids for w in items], 8, tiny_bert.pad_id, 1):
+        for batch in cr_common.budget_batches(items, [w.encoded.ids for w in items], 8, tiny_bert.pad_id, 1):
             task.accumulate(st, batch, forward(tiny_bert, batch.input_ids, batch.attention_mask, pattern_names(2)))
         states.append(st)
     alone = states[0].correct
     st_long = task.start(tiny_bert, ctx, cr.CorefExamples([long_], 0, "", "chains", {}))
-    for batch in cr.budget_batches([long_], [long_.encoded.ids], 8, tiny_bert.pad_id, 1):
+    for batch in cr_common.budget_batches([long_], [long_.encoded.ids], 8, tiny_bert.pad_id, 1):
         task.accumulate(st_long, batch, forward(tiny_bert, batch.input_ids, batch.attention_mask, pattern_names(2)))
     assert torch.equal(states[1].correct - st_long.correct, alone)
 
@@ -484,7 +490,7 @@ def test_outputs_summary_heatmaps_and_views(tiny_bert):
 
 def test_best_head_ties_go_to_lowest_layer_then_head():
     c = torch.tensor([[1, 3, 3], [3, 0, 0]])
-    assert cr.best_head(c) == (0, 1)
+    assert cr_common.best_head(c) == (0, 1)
 
 
 def test_no_evaluable_mentions_is_an_error(tiny_bert, tmp_path):
@@ -496,7 +502,7 @@ def test_no_evaluable_mentions_is_an_error(tiny_bert, tmp_path):
 # ---------------------------------------------------------------- GAP end to end
 
 
-def ref_gap(model, rows: list[coref_data.GapExample], limit: int) -> dict:
+def ref_gap(model, rows: list[gap_data.GapExample], limit: int) -> dict:
     tok = model.tokenizer
     L, H = model.info.n_layers, model.info.n_heads
     out = {"n": {}, "correct": {}, "nearest": {}, "first": {}}
@@ -563,7 +569,7 @@ def check_gap(r, ref: dict) -> None:
 def test_gap_end_to_end_equals_reference(tiny_bert, tmp_path):
     p = write(tmp_path, "g.tsv", GAP_HEADER + "\n" + "\n".join(GAP_ROWS) + "\n")
     r = run(tiny_bert, "coref", p, batch_size=2)
-    check_gap(r, ref_gap(tiny_bert, coref_data.read_gap(p), 64))
+    check_gap(r, ref_gap(tiny_bert, gap_data.read_gap(p), 64))
     assert r.headline["n_examples"] == 5
     assert list(r.summary["method"]) == ["examples", "best head", "nearest", "first candidate"]
     assert {"masculine", "feminine", "F/M"} <= set(r.summary.columns)
@@ -590,7 +596,7 @@ def test_minilm_gap_equals_reference(minilm, shared_data, tmp_path):
     lines = src.read_text(encoding="utf-8").split("\n")
     p = write(tmp_path, "gap.tsv", "\n".join(lines[:61]) + "\n")
     r = run(minilm, "coref", p)
-    check_gap(r, ref_gap(minilm, coref_data.read_gap(p), 512))
+    check_gap(r, ref_gap(minilm, gap_data.read_gap(p), 512))
 
 
 # ---------------------------------------------------------------- CLI, decoders, bert-base

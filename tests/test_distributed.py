@@ -22,8 +22,9 @@ from depthprobe.probes.engine import distributed
 from depthprobe.probes.engine.distributed import JobResult, map_jobs, pack_state, plan_shards, unpack_state
 from depthprobe.probes.engine.execute import accumulate, execute
 from depthprobe.probes.engine.task import Context, Output, RunConfig, Task, get_task
-from depthprobe.probes.models import spa
-from depthprobe.probes.models.loading import NativeConfig, load
+from depthprobe.probes.models import variant_net, variants
+from depthprobe.probes.models.loading import load
+from depthprobe.probes.models.model import NativeConfig
 
 REPO = Path(__file__).resolve().parent.parent
 TOL = 1e-9
@@ -151,8 +152,8 @@ def test_merge_kernels_text_and_theory(tiny_bert):
     whole, merged, n = whole_and_merged(tiny_bert, "kernels", batch_size=3)
     assert n >= 2
     assert_same_output(whole, merged)
-    m = spa.build(spa.SPAConfig(**{"width": 64, "heads": 4, "n_ctx": 16, "d_vocab": 64,
-                                   **spa.variant_config("vanilla", 3)}), device="cpu")  # fmt: skip
+    m = variant_net.build(variants.SPAConfig(**{"width": 64, "heads": 4, "n_ctx": 16, "d_vocab": 64,
+                                   **variants.variant_config("vanilla", 3)}), device="cpu")  # fmt: skip
     whole, merged, n = whole_and_merged(m, "kernels", n_random=6, seq_len=16, batch_size=2)
     assert n == 3 and "max_theory_gap" in merged.headline
     assert_same_output(whole, merged)

@@ -7,9 +7,10 @@ import torch
 
 from depthprobe.probes.base.errors import ProbeError
 from depthprobe.probes.models import families as F
-from depthprobe.probes.models import spa as spa_models
-from depthprobe.probes.models.loading import NativeConfig, load
-from depthprobe.probes.training.train import fast_logits
+from depthprobe.probes.models import variant_net, variants
+from depthprobe.probes.models.loading import load
+from depthprobe.probes.models.model import NativeConfig
+from depthprobe.probes.training.fast_forward import fast_logits
 
 
 def counted(member, vocab=64, context=16):
@@ -41,8 +42,8 @@ def test_count_params_splits_n_params(cfg):
 
 def test_count_params_of_spa_models():
     for variant, extra in (("vanilla", 0), ("pre-ln", 2 * 32), ("value-skipinit", 2 * 4)):
-        cfg = spa_models.SPAConfig(**spa_models.variant_config(variant, 3), width=32, heads=4, d_vocab=10, n_ctx=8)
-        nonembed, embed = F.count_params(spa_models.SPATransformer(cfg))
+        cfg = variants.SPAConfig(**variants.variant_config(variant, 3), width=32, heads=4, d_vocab=10, n_ctx=8)
+        nonembed, embed = F.count_params(variant_net.SPATransformer(cfg))
         assert embed == 2 * 10 * 32  # W_E and W_U
         assert nonembed == 3 * (4 * 32 * 32 + extra)
         assert nonembed + embed == cfg.n_params()

@@ -14,18 +14,16 @@ from depthprobe.cli.main import app
 from depthprobe.probes import NativeConfig, ProbeError, load, run
 from depthprobe.probes.api.sweep import sweep
 from depthprobe.probes.data import synthetic
-from depthprobe.tasks.induction import (
+from depthprobe.probes.data.synthetic import frame, ordinary_ids, sequences
+from depthprobe.tasks.induction.inputs import text_windows
+from depthprobe.tasks.induction.metrics import (
     chance_levels,
     copy_losses,
     copying_scores,
-    frame,
     head_score_sums,
     icl_from_losses,
     icl_positions,
     k_composition,
-    ordinary_ids,
-    sequences,
-    text_windows,
     token_losses,
 )
 
@@ -101,7 +99,7 @@ def test_copying_score_matches_the_full_vocabulary_eigenvalues(native2):
 
 def test_copying_score_of_an_identity_ov_circuit_is_one():
     model = load(NativeConfig(layers=1, d_model=8, heads=1, d_vocab=8, n_ctx=8), device="cpu")
-    from depthprobe.probes.training.train import inner
+    from depthprobe.probes.training.fast_forward import inner
 
     native = model.bridge.original_model
     attn = inner(inner(native.layers[0]).attn)
@@ -254,7 +252,8 @@ def test_chance_in_the_table_and_summary(native2):
 
 
 def test_k_composition_at_init_is_the_models_own_initialisation(tmp_path):
-    from depthprobe.probes.training.train import build_configs, train
+    from depthprobe.probes.training.config import build_configs
+    from depthprobe.probes.training.train import train
 
     native, data, cfg = build_configs(
         layers=2,

@@ -18,7 +18,7 @@ from depthprobe.probes.api.sweep import sweep
 from depthprobe.probes.base.errors import ProbeError
 from depthprobe.probes.hooks.capture import forward
 from depthprobe.probes.measures import kernels
-from depthprobe.probes.models import spa
+from depthprobe.probes.models import variant_net, variants
 
 runner = CliRunner()
 
@@ -232,8 +232,8 @@ def test_recursion_matches_finite_width_monte_carlo():
 
 
 def tiny(variant="vanilla", depth=3, **kw):
-    fields = {"width": 64, "heads": 4, "n_ctx": 16, "d_vocab": 64, **spa.variant_config(variant, depth), **kw}
-    return spa.build(spa.SPAConfig(**fields), device="cpu")
+    fields = {"width": 64, "heads": 4, "n_ctx": 16, "d_vocab": 64, **variants.variant_config(variant, depth), **kw}
+    return variant_net.build(variants.SPAConfig(**fields), device="cpu")
 
 
 def test_hook_points_and_shapes():
@@ -251,14 +251,14 @@ def test_hook_points_and_shapes():
         "blocks.1.attn.hook_z",
     ):
         assert name in hooks, name
-    ids = spa.random_tokens(2, 10, 64)
+    ids = variant_net.random_tokens(2, 10, 64)
     acts = forward(m, ids, torch.ones_like(ids), ["blocks.*.attn.hook_pattern", "blocks.1.hook_resid_post"])
     assert acts["blocks.0.attn.hook_pattern"].shape == (2, 4, 10, 10)
     assert acts["blocks.1.hook_resid_post"].shape == (2, 10, 64)
 
 
 def test_attention_variants_at_init():
-    ids = spa.random_tokens(1, 8, 64)
+    ids = variant_net.random_tokens(1, 8, 64)
     names = ["blocks.0.attn.hook_pattern"]
     uni = forward(tiny("vanilla"), ids, None, names)[names[0]][0, 0].double()
     assert torch.allclose(uni, kernels.uniform_attention(8), atol=1e-6)
@@ -276,18 +276,18 @@ def test_orthogonal_layers_follow_the_recursion_exactly_from_the_measured_input(
     """With orthogonal W_V W_O and a fixed attention matrix, Sigma_l = A_l Sigma_{l-1} A_l^T holds
     at any width, so theory started from the measured Sigma_0 matches to float32 precision."""
     m = tiny("e-spa", 4)
-    ids = spa.random_tokens(1, 16, 64)
+    ids = variant_net.random_tokens(1, 16, 64)
     names = ["blocks.0.hook_resid_pre", "blocks.3.hook_resid_post"]
     acts = forward(m, ids, None, names)
     s0 = kernels.kernel(acts[names[0]][0])
-    theory = spa.theory_kernels(m.bridge.cfg, 16, sigma0=s0)[-1]
+    theory = variant_net.theory_kernels(m.bridge.cfg, 16, sigma0=s0)[-1]
     assert torch.allclose(kernels.kernel(acts[names[1]][0]), theory, atol=1e-4 * float(theory.abs().max()))
 
 
 def test_padding_does_not_change_real_tokens():
     for variant, causal in (("vanilla", True), ("vanilla", False), ("e-spa", True)):
         m = tiny(variant, 2, causal=causal, attention="softmax") if variant == "vanilla" else tiny(variant, 2)
-        ids = spa.random_tokens(1, 10, 64)
+        ids = variant_net.random_tokens(1, 10, 64)
         padded = torch.cat([ids, torch.zeros(1, 4, dtype=torch.long)], 1)
         mask = torch.cat([torch.ones(1, 10), torch.zeros(1, 4)], 1).long()
         name = "blocks.1.hook_resid_post"
@@ -297,19 +297,19 @@ def test_padding_does_not_change_real_tokens():
 
 
 def test_spec_parsing_and_bad_specs():
-    cfg = spa.SPAConfig.parse("spa:variant=skip-scaled,depth=16,width=32,heads=2")
+    cfg = variants.SPAConfig.parse("spa:variant=skip-scaled,depth=16,width=32,heads=2")
     assert cfg.skip and cfg.scale == pytest.approx(0.25) and cfg.width == 32
-    assert spa.SPAConfig.parse(cfg.spec()) == cfg
-    auto = spa.SPAConfig.parse("spa:skip=true,branch_scale=none,depth=9")
-    assert auto.scale == pytest.approx(1 / 3) and spa.SPAConfig.parse(auto.spec()) == auto
+    assert variants.SPAConfig.parse(cfg.spec()) == cfg
+    auto = variants.SPAConfig.parse("spa:skip=true,branch_scale=none,depth=9")
+    assert auto.scale == pytest.approx(1 / 3) and variants.SPAConfig.parse(auto.spec()) == auto
     with pytest.raises(ProbeError, match="did you mean 'e-spa'"):
-        spa.SPAConfig.parse("spa:variant=e-sap")
+        variants.SPAConfig.parse("spa:variant=e-sap")
     with pytest.raises(ProbeError, match="unknown key 'widht'"):
-        spa.SPAConfig.parse("spa:widht=3")
+        variants.SPAConfig.parse("spa:widht=3")
     with pytest.raises(ProbeError, match="causal"):
-        spa.SPAConfig(attention="e-spa", causal=False)
+        variants.SPAConfig(attention="e-spa", causal=False)
     with pytest.raises(ProbeError, match="divisible"):
-        spa.SPAConfig(width=10, heads=3)
+        variants.SPAConfig(width=10, heads=3)
     m = tiny()
     with pytest.raises(ProbeError, match="n_ctx"):
         m.bridge(torch.zeros(1, 17, dtype=torch.long))
@@ -320,7 +320,7 @@ def test_spec_parsing_and_bad_specs():
 def test_training_changes_weights_and_reduces_loss():
     m = tiny("pre-ln", 2, attention="softmax", d_vocab=8, width=32)
     before = m.bridge.blocks[0].attn.W_K.detach().clone()
-    losses = spa.train_synthetic(m.bridge, 40, 12, batch=16, lr=3e-3)
+    losses = variant_net.train_synthetic(m.bridge, 40, 12, batch=16, lr=3e-3)
     assert not torch.equal(before, m.bridge.blocks[0].attn.W_K)
     assert np.mean(losses[-10:]) < np.mean(losses[:5])
 
@@ -353,7 +353,7 @@ def test_task_excludes_specials_by_default_for_encoders(tiny_bert):
 
 def _reference_stats(model, lines, drop_first):
     """Per-layer metrics averaged over lines, computed here from one forward pass per line."""
-    from depthprobe.tasks.kernels import resid_names
+    from depthprobe.tasks.kernels.accumulator import resid_names
 
     names = resid_names(model.info.n_layers)
     out = {}
@@ -478,12 +478,12 @@ def test_float64_model_runs_in_float64_with_the_same_weights():
     assert torch.equal(m32.bridge.W_E.double(), m64.bridge.W_E)  # Gaussian draws: the float32 ones, cast
     w = m64.bridge.blocks[0].attn.W_V
     assert float((w @ w.T - torch.eye(64, dtype=torch.float64)).abs().max().detach()) < 1e-12  # orthogonal in float64
-    ids = spa.random_tokens(2, 16, 64)
+    ids = variant_net.random_tokens(2, 16, 64)
     name = "blocks.2.hook_resid_post"
     a32, a64 = (forward(m, ids, None, [name])[name] for m in (m32, m64))
     assert a64.dtype == torch.float64 and torch.allclose(a32.double(), a64, atol=1e-4)
     with pytest.raises(ProbeError, match="float32 or float64"):
-        spa.SPAConfig(dtype="float16")
+        variants.SPAConfig(dtype="float16")
 
 
 def test_dong_preset_collapses_doubly_exponentially_in_float64(tmp_path):
@@ -500,7 +500,7 @@ def test_dong_preset_collapses_doubly_exponentially_in_float64(tmp_path):
     f32 = sweep("kernels", (5,), variants=("dong",), width=64, seq_len=32, samples=4)
     r32 = f32.scores.set_index(["layer", "metric"]).value
     assert r32[1, "resid_ratio_fro"] == pytest.approx(r[1], rel=1e-4)  # the same model
-    cfg = spa.SPAConfig(**spa.variant_config("dong", 4))
+    cfg = variants.SPAConfig(**variants.variant_config("dong", 4))
     assert (cfg.attention, cfg.causal, cfg.skip, cfg.mlp) == ("softmax", False, False, False)
 
 
@@ -515,8 +515,8 @@ def test_uniform_causal_collapse_is_plain_exponential():
 @pytest.mark.parametrize("attention", ["e-spa", "u-spa", "value-skipinit"])
 def test_kernel_controlled_attention_with_mlp_is_refused(attention):
     with pytest.raises(ProbeError, match="TAT-style leaky-ReLU"):
-        spa.SPAConfig(attention=attention, mlp=True)
-    assert spa.SPAConfig(attention="softmax", mlp=True).mlp  # baselines keep their MLPs
+        variants.SPAConfig(attention=attention, mlp=True)
+    assert variants.SPAConfig(attention="softmax", mlp=True).mlp  # baselines keep their MLPs
 
 
 def test_cli_dtype_dong_and_refusals(tmp_path):

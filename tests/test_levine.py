@@ -43,7 +43,7 @@ def test_every_run_summary_carries_the_line(tiny_bert):
 
 
 def test_random_init_models_get_the_number_without_a_side():
-    from depthprobe.probes.models import spa
+    from depthprobe.probes.models import variant_net
 
     note = levine.DepthNote(8, 256, random_init=True)
     assert note.line().startswith(
@@ -51,5 +51,5 @@ def test_random_init_models_get_the_number_without_a_side():
         "random-init weights, so no regime label"
     )
     assert note.as_dict()["side"] is None
-    res = run(spa.build("spa:variant=vanilla,depth=2,width=16,heads=2,n_ctx=8"), "kernels", n_random=2)
+    res = run(variant_net.build("spa:variant=vanilla,depth=2,width=16,heads=2,n_ctx=8"), "kernels", n_random=2)
     assert "no regime label" in res.notes[-1] and res.headline["depth_efficiency"]["side"] is None

@@ -7,7 +7,7 @@ import torch
 from helpers import cli_error
 
 from depthprobe.probes import NativeConfig, ProbeError, load, load_checkpoint, save_checkpoint
-from depthprobe.probes.models.loading import resolve_device
+from depthprobe.probes.models.device import resolve_device
 
 
 def test_local_hf_directories_load_with_real_facts(tiny_bert, tiny_gpt2):
@@ -160,7 +160,7 @@ def test_empty_model_name_has_its_own_message():
     ],
 )
 def test_models_too_big_for_the_machine_are_refused_before_building(monkeypatch, tmp_path, args, fragment):
-    import depthprobe.probes.models.loading as probe_models
+    import depthprobe.probes.models.device as probe_models
 
     monkeypatch.setattr(probe_models, "available_memory", lambda dev=None: 8 * 10**9)  # an 8 GB machine
     cli_error([*args, "--out", str(tmp_path / "o")], fragment, "8GB available")
@@ -168,7 +168,8 @@ def test_models_too_big_for_the_machine_are_refused_before_building(monkeypatch,
 
 
 def test_parameter_counts_are_exact_and_max_params_refuses(tmp_path):
-    from depthprobe.probes.models.spa import SPAConfig, SPATransformer
+    from depthprobe.probes.models.variant_net import SPATransformer
+    from depthprobe.probes.models.variants import SPAConfig
 
     for spec in (
         "native:layers=3,d_model=48,heads=4,attn_only=false",
@@ -223,7 +224,7 @@ def test_pickle_weights_and_custom_code_are_refused(tiny_bert_dir, tmp_path):
 
 @pytest.mark.parametrize("damage", ["truncate", "random"])
 def test_corrupt_checkpoint_weights_name_the_file(tmp_path, damage):
-    from depthprobe.probes.models.loading import checkpoint_files
+    from depthprobe.probes.models.checkpoints import checkpoint_files
 
     small_checkpoint(tmp_path / "ck")
     weights = checkpoint_files(tmp_path / "ck") / "model.safetensors"
@@ -260,7 +261,8 @@ def test_checkpoint_files_follow_the_umask(tmp_path, umask, file_mode, dir_mode)
     import os
     import stat
 
-    from depthprobe.probes.training.train import build_configs, train
+    from depthprobe.probes.training.config import build_configs
+    from depthprobe.probes.training.train import train
 
     old = os.umask(umask)
     try:
@@ -284,40 +286,40 @@ def test_weights_digest_is_remembered_per_file_version(tmp_path, monkeypatch):
     import hashlib
     import os
 
-    from depthprobe.probes.models import loading
+    from depthprobe.probes.models import hub
 
     monkeypatch.setenv("DEPTHPROBE_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setattr(loading, "HASH_CACHE_MIN_BYTES", 0)
+    monkeypatch.setattr(hub, "HASH_CACHE_MIN_BYTES", 0)
     weights = tmp_path / "model.safetensors"
     weights.write_bytes(b"weights v1")
     real = "sha256:" + hashlib.sha256(b"weights v1").hexdigest()
-    assert loading._hash_file(weights) == real
+    assert hub._hash_file(weights) == real
     store = tmp_path / "cache" / "weights-sha256.json"
     known = json.loads(store.read_text())
     assert list(known.values()) == [real.removeprefix("sha256:")]
     # the remembered digest is what a second run reads (made visible by planting another value)
     key = next(iter(known))
     store.write_text(json.dumps({key: "ab" * 32}))
-    assert loading._hash_file(weights) == "sha256:" + "ab" * 32
+    assert hub._hash_file(weights) == "sha256:" + "ab" * 32
     # the file changed (new size and time): hashed again
     weights.write_bytes(b"weights version 2")
     os.utime(weights, ns=(1, 1))
-    assert loading._hash_file(weights) == "sha256:" + hashlib.sha256(b"weights version 2").hexdigest()
+    assert hub._hash_file(weights) == "sha256:" + hashlib.sha256(b"weights version 2").hexdigest()
     # a damaged cache is ignored and rewritten
     store.write_text("{not json")
-    assert loading._hash_file(weights) == "sha256:" + hashlib.sha256(b"weights version 2").hexdigest()
+    assert hub._hash_file(weights) == "sha256:" + hashlib.sha256(b"weights version 2").hexdigest()
     assert len(json.loads(store.read_text())) == 1
 
 
 def test_small_files_are_hashed_not_remembered_and_hub_blobs_are_named_by_digest(tmp_path, monkeypatch):
     import hashlib
 
-    from depthprobe.probes.models import loading
+    from depthprobe.probes.models import hub
 
     monkeypatch.setenv("DEPTHPROBE_CACHE", str(tmp_path / "cache"))
     small = tmp_path / "model.safetensors"
     small.write_bytes(b"tiny")
-    assert loading._hash_file(small) == "sha256:" + hashlib.sha256(b"tiny").hexdigest()
+    assert hub._hash_file(small) == "sha256:" + hashlib.sha256(b"tiny").hexdigest()
     assert not (tmp_path / "cache").exists()
     # a Hugging Face cache snapshot links to blobs/<sha256>: the name is the digest
     digest = hashlib.sha256(b"hub weights").hexdigest()
@@ -327,4 +329,4 @@ def test_small_files_are_hashed_not_remembered_and_hub_blobs_are_named_by_digest
     snap = tmp_path / "hub" / "snapshots" / "abc123"
     snap.mkdir(parents=True)
     (snap / "model.safetensors").symlink_to(blob)
-    assert loading._weights_id(snap) == "sha256:" + digest
+    assert hub._weights_id(snap) == "sha256:" + digest

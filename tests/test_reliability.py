@@ -124,7 +124,7 @@ def test_full_disk_is_one_line_and_leaves_nothing(tiny_bert_dir, tiny_fs):
 
 
 def test_a_concurrent_run_that_saved_first_wins(tiny_bert_dir, tmp_path, monkeypatch):
-    from depthprobe.probes.api.run import run as api
+    from depthprobe.probes.api import run as api
     from depthprobe.probes.render import report
 
     out = tmp_path / "run"
@@ -343,7 +343,7 @@ def test_model_name_with_mathtext_characters_is_drawn_as_written(tiny_gpt2_dir, 
     assert res.exit_code == 0, res.output
     assert (out / "plots" / "kernels_vs_layer.svg").exists()
     assert "run$\\bad{$" in (out / "report.html").read_text()
-    from depthprobe.probes.render.viz import plot_text
+    from depthprobe.probes.render.charts import plot_text
 
     assert plot_text("run$\\bad{$") == "run\\$\\bad{\\$"
 

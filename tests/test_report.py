@@ -16,22 +16,18 @@ from typer.testing import CliRunner
 
 from depthprobe.probes.api.viz import model_views, split_words
 from depthprobe.probes.base.errors import ProbeError
-from depthprobe.probes.render.report import RunData, default_panels, panel_matrix, render, write_report
-from depthprobe.probes.render.viz import (
+from depthprobe.probes.render.attention import (
     MAX_TOKEN_CHARS,
     SCALE,
     View,
-    bundle_js,
-    clean,
     decode_pattern,
     display_token,
     encode_pattern,
-    esc,
-    page,
     parse_indices,
-    script_json,
     views_html,
 )
+from depthprobe.probes.render.html import bundle_js, clean, esc, page, script_json
+from depthprobe.probes.render.report import RunData, default_panels, panel_matrix, render, write_report
 
 EVIL = "</script><img src=x onerror=alert(1)>"
 

@@ -25,7 +25,7 @@ def test_a_signal_dropped_by_a_finalizer_is_raised_again():
     import os
     import signal
 
-    from depthprobe.probes.base.runtime import Terminated, check_interrupt, sigterm_as_keyboardinterrupt
+    from depthprobe.probes.base.signals import Terminated, check_interrupt, sigterm_as_keyboardinterrupt
 
     class Finalizer:
         def __del__(self) -> None:

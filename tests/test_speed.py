@@ -18,9 +18,9 @@ from typer.testing import CliRunner
 
 from depthprobe.probes.base.batching import auto_batch_size
 from depthprobe.probes.base.errors import ProbeError
-from depthprobe.probes.models.loading import parse_dtype
+from depthprobe.probes.models.device import parse_dtype
+from depthprobe.probes.render.charts import colormap_rgb, heatmap_range, heatmap_svg
 from depthprobe.probes.render.report import heatmap_svg as report_heatmap
-from depthprobe.probes.render.viz import colormap_rgb, heatmap_range, heatmap_svg
 
 SVG = "{http://www.w3.org/2000/svg}"
 

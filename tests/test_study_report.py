@@ -14,7 +14,8 @@ import pandas as pd
 import pytest
 
 from depthprobe.probes import ProbeError
-from depthprobe.probes.render.study import levine_differences, read_study, render_study, write_report
+from depthprobe.probes.api.study_report import render_study, write_report
+from depthprobe.probes.render.study_data import levine_differences, read_study
 
 COLUMNS = (
     "family member variant depth d_model d_ff n_heads d_head budget params_nonembed params_embed tokens flops "

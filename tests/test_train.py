@@ -13,18 +13,11 @@ from depthprobe.cli.main import app
 from depthprobe.probes import NativeConfig, ProbeError, load
 from depthprobe.probes.data import synthetic
 from depthprobe.probes.data.synthetic import BOS, DataConfig
-from depthprobe.probes.models.loading import checkpoint_files
-from depthprobe.probes.training.train import (
-    LOSS_LOG,
-    OPTIMIZER_STATE,
-    OPTIMIZER_WEIGHTS,
-    TrainConfig,
-    build_configs,
-    fast_logits,
-    parameters,
-    resume_configs,
-    train,
-)
+from depthprobe.probes.models.checkpoints import checkpoint_files
+from depthprobe.probes.training.checkpoint import LOSS_LOG, OPTIMIZER_STATE, OPTIMIZER_WEIGHTS, resume_configs
+from depthprobe.probes.training.config import TrainConfig, build_configs
+from depthprobe.probes.training.fast_forward import fast_logits
+from depthprobe.probes.training.train import parameters, train
 
 TINY = dict(layers=1, d_model=32, heads=2, vocab=16, seq_len=24, batch_size=8, warmup=5, log_every=5)
 runner = CliRunner()
@@ -270,9 +263,9 @@ def test_cli_train_bad_inputs(tmp_path):
 @pytest.mark.parametrize(
     "crash_in, after",
     [
-        ("depthprobe.probes.training.train.save_optimizer", False),
-        ("depthprobe.probes.training.train.save_optimizer", True),
-        ("depthprobe.probes.models.loading.atomic_write_text", False),
+        ("depthprobe.probes.training.checkpoint.save_optimizer", False),
+        ("depthprobe.probes.training.checkpoint.save_optimizer", True),
+        ("depthprobe.probes.models.checkpoints.atomic_write_text", False),
     ],
 )
 def test_a_crash_inside_a_save_leaves_the_previous_checkpoint_resumable(tmp_path, monkeypatch, crash_in, after):

@@ -15,9 +15,21 @@ from depthprobe.probes.base.batching import CPU_BATCH_SIZE, auto_batch_size
 from depthprobe.probes.base.errors import ProbeError
 from depthprobe.probes.base.runtime import seed_everything
 from depthprobe.probes.engine.execute import execute
-from depthprobe.probes.engine.task import Context, HeatmapPanel, Output, RunConfig, ViewPanel, get_task
+from depthprobe.probes.engine.task import (
+    Context,
+    Examples,
+    HeatmapPanel,
+    Output,
+    RunConfig,
+    Task,
+    ViewPanel,
+    get_task,
+)
 from depthprobe.probes.measures.levine import DepthNote
-from depthprobe.probes.models.loading import DEFAULT_MODEL, Model, load, parse_dtype
+from depthprobe.probes.models.architectures import DEFAULT_MODEL
+from depthprobe.probes.models.device import parse_dtype
+from depthprobe.probes.models.loading import load
+from depthprobe.probes.models.model import Model
 
 
 @dataclass
@@ -138,10 +150,7 @@ def run(
     task_obj = get_task(task)
     name = model.info.name if isinstance(model, Model) else model
     _check_backend(backend, workers, address, model)
-    if data is not None and not Path(data).exists():
-        raise ProbeError(f"data path {data} does not exist; check the path (or omit --data for the built-in sample)")
-    if data is not None and (Path(data).is_char_device() or Path(data).is_block_device()):
-        raise ProbeError(f"data path {data} is a device, not a file; give a text file or folder")
+    _check_data(data)
     torch_dtype = parse_dtype(dtype)
     config = RunConfig(
         model=name,
@@ -159,30 +168,75 @@ def run(
     with timer("load_model"):
         mdl = model if isinstance(model, Model) else load(model, device=device, dtype=torch_dtype)
     if batch_size is None and mdl.device.type == "cuda":
-        config = dataclasses.replace(config, batch_size=cuda_batch_size(mdl, max_len))
-        ctx = dataclasses.replace(ctx, config=config)
+        ctx = dataclasses.replace(ctx, config=dataclasses.replace(config, batch_size=cuda_batch_size(mdl, max_len)))
+    examples = _examples(task_obj, mdl, ctx, timer)
+    with timer("forward_and_accumulate"):
+        out, n_batches, n_workers = _execute(
+            task_obj, mdl, ctx, examples, progress, backend, torch_dtype, workers, address
+        )
+    return _result(out, mdl, ctx.config, examples, n_batches, backend, n_workers, timer.times)
+
+
+def _check_data(data: str | Path | None) -> None:
+    """Refuse a data path that is missing or a device, before anything is loaded."""
+    if data is not None and not Path(data).exists():
+        raise ProbeError(f"data path {data} does not exist; check the path (or omit --data for the built-in sample)")
+    if data is not None and (Path(data).is_char_device() or Path(data).is_block_device()):
+        raise ProbeError(f"data path {data} is a device, not a file; give a text file or folder")
+
+
+def _examples(task_obj: Task[Any, Any], mdl: Model, ctx: Context[Any], timer: artifacts.Timer) -> Examples:
+    """The task's examples, the first ``--limit`` of them; refuses an empty input."""
     if task_obj.needs_text:
-        mdl.require_tokenizer(task)
+        mdl.require_tokenizer(ctx.config.task)
     with timer("load_data"):
         examples = task_obj.load(mdl, ctx)
-    examples = examples.head(limit)
+    examples = examples.head(ctx.config.limit)
     if not examples:
-        raise ProbeError(f"no examples to run {task!r} on: the input is empty; pass a file with content")
-    with timer("forward_and_accumulate"):
-        bar = _progress(progress, len(examples), config.batch_size)
-        update = None if bar is None else bar.update
-        if backend == "ray":
-            from depthprobe.probes.engine.distributed import run_sharded
+        raise ProbeError(f"no examples to run {ctx.config.task!r} on: the input is empty; pass a file with content")
+    return examples
 
-            out, n_batches, n_workers = run_sharded(
-                task_obj, mdl, ctx, examples, spec=name, dtype=torch_dtype, workers=workers, address=address,
-                on_examples=update,
-            )  # fmt: skip
-        else:
-            out, n_batches = execute(task_obj, mdl, ctx, examples, update)
-            n_workers = 1
-        if bar is not None:
-            bar.close()
+
+def _execute(
+    task_obj: Task[Any, Any],
+    mdl: Model,
+    ctx: Context[Any],
+    examples: Examples,
+    progress: bool,
+    backend: str,
+    torch_dtype: torch.dtype,
+    workers: int | None,
+    address: str | None,
+) -> tuple[Output, int, int]:
+    """The forward passes and accumulation, here or sharded over Ray: (output, batches, workers)."""
+    bar = _progress(progress, len(examples), ctx.config.batch_size)
+    update = None if bar is None else bar.update
+    if backend == "ray":
+        from depthprobe.probes.engine.distributed import run_sharded
+
+        out, n_batches, n_workers = run_sharded(
+            task_obj, mdl, ctx, examples, spec=ctx.config.model, dtype=torch_dtype, workers=workers, address=address,
+            on_examples=update,
+        )  # fmt: skip
+    else:
+        out, n_batches = execute(task_obj, mdl, ctx, examples, update)
+        n_workers = 1
+    if bar is not None:
+        bar.close()
+    return out, n_batches, n_workers
+
+
+def _result(
+    out: Output,
+    mdl: Model,
+    config: RunConfig,
+    examples: Examples,
+    n_batches: int,
+    backend: str,
+    n_workers: int,
+    timings: dict[str, float],
+) -> Result:
+    """The run's :class:`Result`: the task's output, the depth note, counts and the resolved config."""
     note, depth = depth_note(mdl)
     headline = {**out.headline, "depth_efficiency": depth}
     counts = {"examples": len(examples), "skipped": examples.skipped, "batches": n_batches}
@@ -201,7 +255,7 @@ def run(
         },
         model_info=mdl.info.as_dict(),
         device=str(mdl.device),
-        timings=timer.times,
+        timings=timings,
         counts=counts,
     )
 

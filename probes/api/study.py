@@ -11,7 +11,7 @@ The folder::
 
     OUT/study.json                 the resolved config (a rerun must match it) and the plan
     OUT/study.csv                  one row per member (member.COLUMNS)
-    OUT/report.html                offline report (probes.render.study)
+    OUT/report.html                offline report (probes.api.study_report)
     OUT/members/<member>/          member.json, loss.csv, checkpoint/ (weights + tokenizer.json),
                                    runs/{kernels-init,induction,kernels,attention-stats}/ (probe run folders)
 """
@@ -28,10 +28,11 @@ from typing import Any
 
 import pandas as pd
 
-from depthprobe.probes.api.study_config import COSTS, FAMILIES, PRESETS, StudyConfig, resolve
+from depthprobe.probes.api.study_config import COSTS, PRESETS, StudyConfig, resolve
 from depthprobe.probes.api.study_member import COLUMNS, Job, MemberOutput, base_row, cached_corpus, plan, run_member
 from depthprobe.probes.base import artifacts
 from depthprobe.probes.base.errors import ProbeError
+from depthprobe.probes.models.families import FAMILIES
 
 __all__ = ["COSTS", "FAMILIES", "PRESETS", "Study", "StudyConfig", "resolve", "study"]
 
@@ -106,7 +107,7 @@ def study(
              gpus_per_job=gpus_per_member, retries=retries,
              on_done=lambda i, r: finished(i, r.value if r.ok else None, member_error(r.error)))  # fmt: skip
     write_table(folder)
-    from depthprobe.probes.render.study import write_report
+    from depthprobe.probes.api.study_report import write_report
 
     write_report(folder)
     return Study(config=cfg, folder=folder)

@@ -14,8 +14,8 @@ from typing import Any
 
 from depthprobe.probes.base.errors import ProbeError, suggest
 from depthprobe.probes.base.options import check_seed
+from depthprobe.probes.models.families import FAMILIES
 
-FAMILIES = ("levine", "petty", "spa")
 SHRINKS = ("d_ff", "d_model", "d_attn")
 
 

@@ -25,8 +25,11 @@ from depthprobe.probes.api.run import run as run_task
 from depthprobe.probes.api.study_config import StudyConfig
 from depthprobe.probes.base.errors import ProbeError
 from depthprobe.probes.data import corpus as corpora
-from depthprobe.probes.models import families
-from depthprobe.probes.models.loading import Model, load, resolve_device, save_checkpoint, size_limit
+from depthprobe.probes.models import families, family_member
+from depthprobe.probes.models.checkpoints import save_checkpoint
+from depthprobe.probes.models.device import resolve_device, size_limit
+from depthprobe.probes.models.loading import load
+from depthprobe.probes.models.model import Model
 from depthprobe.probes.training.lm import LOG_COLUMNS, LMConfig, LMRun, train_lm
 
 COLUMNS = [
@@ -35,12 +38,11 @@ COLUMNS = [
     "induction_best", "induction_chance", "kernel_cos_last", "kernel_cos_last_init", "entropy_mean",
     "icl_score", "tokens_per_s", "wall_s", "device", "status", "error",
 ]  # fmt: skip
-PROBES = ("induction", "kernels", "attention-stats")  # after training; kernels also at init (kernels-init)
 
 
 @dataclass(frozen=True)
 class Job:
-    member: families.Member
+    member: family_member.Member
     seed: int
     config: StudyConfig
 
@@ -91,9 +93,9 @@ def build(job: Job, corpus: corpora.Corpus, device: Any) -> Model:
     """The member's model at init, with the corpus's tokenizer attached."""
     m, cfg = job.member, job.config
     if m.family == "spa":
-        from depthprobe.probes.models import spa
+        from depthprobe.probes.models import variant_net
 
-        model = spa.build(m.spa(corpus.vocab, cfg.context, job.seed), device=device, name=job.name)
+        model = variant_net.build(m.spa(corpus.vocab, cfg.context, job.seed), device=device, name=job.name)
     else:
         model = load(m.native(corpus.vocab, cfg.context, job.seed), device=device)
         model.info = dataclasses.replace(model.info, name=job.name)
@@ -211,9 +213,9 @@ def _write_log(path: Path, run: LMRun) -> None:
 def _save_model(model: Model, job: Job, corpus: corpora.Corpus, folder: Path) -> None:
     extra = {"study": {"member": job.name, "family": job.member.family, "corpus": corpus.label}}
     if model.info.source == "spa":
-        from depthprobe.probes.models import spa
+        from depthprobe.probes.models import variant_net
 
-        spa.save_checkpoint(model, folder, extra)
+        variant_net.save_checkpoint(model, folder, extra)
         corpora.save_tokenizer(corpus.tokenizer, folder)
     else:
         save_checkpoint(model, folder, extra, write_more=lambda f: corpora.save_tokenizer(corpus.tokenizer, f))

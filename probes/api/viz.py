@@ -1,6 +1,6 @@
 """The `probe viz` verb: run a model on a text and draw its attention (pieces or words).
 
-The forward pass and word alignment happen here; ``probes.render.viz`` only draws the views.
+The forward pass and word alignment happen here; ``probes.render.attention`` only draws the views.
 """
 
 from __future__ import annotations
@@ -11,7 +11,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from depthprobe.probes.base.errors import ProbeError
-from depthprobe.probes.render.viz import MAX_TOKENS, View, esc, page, views_html
+from depthprobe.probes.render.attention import MAX_TOKENS, View, views_html
+from depthprobe.probes.render.html import esc, page
 
 _WORD = re.compile(r"\w+(?:['’]\w+)*|[^\w\s]", re.UNICODE)  # noqa: RUF001 (the typographic apostrophe)
 

@@ -116,6 +116,19 @@ def umask() -> int:
     return mask
 
 
+def _try_write(parent: Path, path: Path, flag: str) -> None:
+    """Create and remove a hidden file in ``parent``: ``os.access`` says yes to root everywhere,
+    also under /proc or /sys, where nothing can be created."""
+    try:
+        fd, name = tempfile.mkstemp(prefix=".depthprobe-check-", dir=parent)
+    except OSError as exc:
+        raise ProbeError(
+            f"{flag} {path}: cannot create files in {parent} ({exc.strerror}); choose another {flag}"
+        ) from None
+    os.close(fd)
+    os.unlink(name)
+
+
 def check_out(path: str | Path, flag: str = "--out", *, may_exist: bool = False, kind: str = "folder") -> Path:
     """Refuse an output location that cannot be written, before any work is done.
 
@@ -134,6 +147,8 @@ def check_out(path: str | Path, flag: str = "--out", *, may_exist: bool = False,
         raise ProbeError(f"{flag} {path}: {parent} is a file, not a folder; choose another {flag}")
     if parent.is_dir() and not os.access(parent, os.W_OK | os.X_OK):
         raise ProbeError(f"{flag} {path}: {parent} is not writable; choose another {flag}")
+    if parent.is_dir():
+        _try_write(parent, path, flag)
     if kind == "folder" and path.exists() and not path.is_dir():
         raise ProbeError(f"{flag} {path} is a file; give a folder")
     if kind == "file" and path.is_dir():

@@ -29,7 +29,7 @@ import torch
 from depthprobe.probes.base.errors import ProbeError
 
 if TYPE_CHECKING:  # annotations only: data sits below models
-    from depthprobe.probes.models.loading import Model
+    from depthprobe.probes.models.model import Model
 
 
 @dataclass(frozen=True)

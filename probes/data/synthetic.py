@@ -31,7 +31,7 @@ import torch
 from depthprobe.probes.base.errors import ProbeError, unknown
 
 if TYPE_CHECKING:
-    from depthprobe.probes.models.loading import Model
+    from depthprobe.probes.models.model import Model
 
 BOS = 0  # the first token of every native-model sequence
 

@@ -35,7 +35,7 @@ import torch
 from depthprobe.probes.base.errors import ProbeError, suggest
 from depthprobe.probes.engine.execute import accumulate, batch_costs
 from depthprobe.probes.engine.task import Context, Examples, Output, Task
-from depthprobe.probes.models.loading import Model
+from depthprobe.probes.models.model import Model
 
 BACKENDS = ("local", "ray")
 INSTALL = "pip install 'depthprobe[ray]'"

@@ -14,10 +14,10 @@ from typing import Any
 import torch
 
 from depthprobe.probes.base.batching import Batch
-from depthprobe.probes.base.runtime import check_interrupt
+from depthprobe.probes.base.signals import check_interrupt
 from depthprobe.probes.engine.task import Context, Examples, Output, Task
 from depthprobe.probes.hooks.capture import forward
-from depthprobe.probes.models.loading import Model
+from depthprobe.probes.models.model import Model
 
 
 def accumulate(

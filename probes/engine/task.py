@@ -50,7 +50,7 @@ from depthprobe.tasks import TASKS as TASK_LIBRARY
 
 if TYPE_CHECKING:  # only for annotations: loading models pulls in TransformerLens
     from depthprobe.probes.hooks.capture import Captured
-    from depthprobe.probes.models.loading import Model
+    from depthprobe.probes.models.model import Model
 
 SCORE_COLUMNS = ["model", "task", "layer", "head", "metric", "value"]
 

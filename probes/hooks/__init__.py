@@ -1,1 +1,1 @@
-"""Hooks: scoped capture of activations, the attention seam, caches, ablation and patching."""
+"""Hooks: scoped capture of activations, eager attention for edits, caches, ablation and patching."""

@@ -17,7 +17,7 @@ import torch
 
 from depthprobe.probes.base.errors import ProbeError
 from depthprobe.probes.hooks.capture import Names, capture, resolve_names
-from depthprobe.probes.models.loading import Model
+from depthprobe.probes.models.model import Model
 
 
 def _layer_key(name: str) -> tuple[int, str]:

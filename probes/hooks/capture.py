@@ -23,8 +23,8 @@ from typing import Any
 import torch
 
 from depthprobe.probes.base.errors import ProbeError, suggest
-from depthprobe.probes.hooks import seam
-from depthprobe.probes.models.loading import Model
+from depthprobe.probes.hooks import eager_attention
+from depthprobe.probes.models.model import Model
 
 HookFn = Callable[[torch.Tensor, Any], torch.Tensor | None]
 
@@ -76,6 +76,23 @@ def _open_captures(model: Model) -> int:
     return getattr(model.bridge, "_depthprobe_open", 0)
 
 
+def _hook_fns(model: Model, names: Names, fn: HookFn | None) -> dict[str, HookFn | None]:
+    """Resolved hook name -> its edit function (None: capture only), checked before any pass."""
+    if not isinstance(names, Mapping):
+        return dict.fromkeys(resolve_names(model, names), fn)
+    if fn is not None:
+        raise ProbeError("give either a dict of name -> function or one fn for all names, not both")
+    if not names:
+        raise ProbeError("capture needs at least one hook name")
+    fns: dict[str, HookFn | None] = {}
+    for pattern, f in names.items():
+        if not callable(f):
+            raise ProbeError(f"the value for {pattern!r} must be a function fn(tensor, hook), got {type(f).__name__}")
+        for n in resolve_names(model, pattern):
+            fns[n] = f
+    return fns
+
+
 @contextmanager
 def capture(
     model: Model,
@@ -100,27 +117,11 @@ def capture(
     there, quietly. Edits of pattern or score hooks that could not take effect are refused
     before any forward pass, naming ``hook_z``.
     """
-    if isinstance(names, Mapping):
-        if fn is not None:
-            raise ProbeError("give either a dict of name -> function or one fn for all names, not both")
-        if not names:
-            raise ProbeError("capture needs at least one hook name")
-        fns: dict[str, HookFn | None] = {}
-        for pattern, f in names.items():
-            if not callable(f):
-                raise ProbeError(
-                    f"the value for {pattern!r} must be a function fn(tensor, hook), got {type(f).__name__}"
-                )
-            for n in resolve_names(model, pattern):
-                fns[n] = f
-        resolved = list(fns)
-    else:
-        resolved = resolve_names(model, names)
-        fns = dict.fromkeys(resolved, fn)
-    seam.install(model.bridge)  # pattern and score hooks fire where the tensors are used
-    seam.check_editable(model.bridge, [n for n, f in fns.items() if f is not None])
+    fns = _hook_fns(model, names, fn)
+    eager_attention.install(model.bridge)  # pattern and score hooks fire where the tensors are used
+    eager_attention.check_editable(model.bridge, [n for n, f in fns.items() if f is not None])
     acts = Captured()
-    wanted, fired = set(resolved), set()
+    wanted, fired = set(fns), set()
     stop = stop_early and _open_captures(model) == 0
 
     def make_hook(name: str, edit: HookFn | None) -> HookFn:

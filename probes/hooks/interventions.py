@@ -19,7 +19,7 @@ import torch
 from depthprobe.probes.base.errors import ProbeError
 from depthprobe.probes.hooks.cache import _inputs, outputs
 from depthprobe.probes.hooks.capture import capture, forward
-from depthprobe.probes.models.loading import Model
+from depthprobe.probes.models.model import Model
 
 Head = tuple[int, int]
 _LABEL = re.compile(r"^(\d+)-(\d+)$")
@@ -118,6 +118,20 @@ def _metric_value(metric: Callable[[torch.Tensor], Any], logits: torch.Tensor) -
     return float(value.item() if isinstance(value, torch.Tensor) else value)
 
 
+def _write_clean(clean_act: torch.Tensor, slot: int, per_head: bool) -> Callable[[torch.Tensor, Any], torch.Tensor]:
+    """A hook that writes the clean activation of one head (``hook_z``) or one position into the pass."""
+
+    def write(t: torch.Tensor, hook: Any) -> torch.Tensor:
+        t = t.clone()
+        if per_head:
+            t[:, :, slot] = clean_act[:, :, slot]
+        else:
+            t[:, slot] = clean_act[:, slot]
+        return t
+
+    return write
+
+
 def patch(
     model: Model,
     clean: Any,
@@ -152,20 +166,9 @@ def patch(
     rows = []
     for name in sorted(cache, key=lambda n: int(n.split(".")[1])):
         layer = int(name.split(".")[1])
-        clean_act = cache[name]
         slots = range(model.info.n_heads) if per_head else range(c_ids.shape[1])
         for slot in slots:
-
-            def write(
-                t: torch.Tensor, hook: Any, slot: int = slot, clean_act: torch.Tensor = clean_act
-            ) -> torch.Tensor:
-                t = t.clone()
-                if per_head:
-                    t[:, :, slot] = clean_act[:, :, slot]
-                else:
-                    t[:, slot] = clean_act[:, slot]
-                return t
-
+            write = _write_clean(cache[name], slot, per_head)
             with torch.no_grad(), capture(model, {name: write}, store=False):
                 out = outputs(model, x_ids, x_mask)
             rows.append(

@@ -26,92 +26,19 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from depthprobe.probes.base.errors import ProbeError, suggest
-from depthprobe.probes.models.loading import Model, NativeConfig, load
-
-if TYPE_CHECKING:  # the spa module imports TransformerLens: loaded only where a spa member is used
-    from depthprobe.probes.models.spa import SPAConfig
+from depthprobe.probes.models.family_member import Member
 
 FAMILIES = ("levine", "petty", "spa")
 SHRINKS = ("d_ff", "d_model", "d_attn")
 TOLERANCE = 0.01  # members match their target non-embedding count within 1%
-NATIVE_VARIANT = "pre-ln"
 
 # top-level parameter names: the native model (TransformerLens NativeModel) and SPATransformer
 EMBEDDING = frozenset({"tok_embed", "pos", "head", "W_E", "W_U"})
 NON_EMBEDDING = frozenset({"layers", "ln_out", "blocks"})
-
-
-@dataclass(frozen=True)
-class Member:
-    """One model shape of a family. ``d_ff`` is 0 for spa members (attention-only blocks);
-    ``budget`` is the target non-embedding count (None for spa); ``variant`` is the spa variant
-    name, or "pre-ln" for native members; ``shrink`` the petty mode; ``pair`` the levine pair
-    (see :func:`levine` for depths shared by two pairs)."""
-
-    family: str
-    name: str
-    depth: int
-    d_model: int
-    n_heads: int
-    d_head: int
-    d_ff: int
-    budget: int | None = None
-    variant: str = NATIVE_VARIANT
-    shrink: str | None = None
-    pair: tuple[int, int] | None = None
-
-    @property
-    def d_attn(self) -> int:
-        """Attention width n_heads * d_head (d_model except in petty's d_attn mode)."""
-        return self.n_heads * self.d_head
-
-    def native(self, vocab: int, context: int, seed: int) -> NativeConfig:
-        """The native decoder of a levine or petty member."""
-        if self.family == "spa":
-            raise ProbeError(f"member {self.name} is an spa model; build it with Member.spa(...)")
-        return NativeConfig(
-            layers=self.depth,
-            d_model=self.d_model,
-            heads=self.n_heads,
-            d_head=self.d_head,
-            d_mlp=self.d_ff,
-            d_vocab=vocab,
-            n_ctx=context,
-            attn_only=False,
-            norm="ln",
-            positional="learned",
-            act_fn="gelu",
-            seed=seed,
-        )
-
-    def spa(self, vocab: int, context: int, seed: int) -> SPAConfig:
-        """The SPA model of an spa member: softmax attention for the baselines, attention-only."""
-        if self.family != "spa":
-            raise ProbeError(f"member {self.name} is a native model; build it with Member.native(...)")
-        from depthprobe.probes.models import spa as spa_models
-
-        return spa_models.SPAConfig(
-            **spa_models.variant_config(self.variant, self.depth, attention="softmax"),
-            width=self.d_model,
-            heads=self.n_heads,
-            n_ctx=context,
-            d_vocab=vocab,
-            seed=seed,
-            mlp=False,
-        )
-
-    def build(self, vocab: int, context: int, seed: int, device: str | None = None) -> Model:
-        """The member as a loaded :class:`Model` (random init with ``seed``)."""
-        if self.family == "spa":
-            from depthprobe.probes.models import spa as spa_models
-
-            return spa_models.build(self.spa(vocab, context, seed), device=device, name=self.name)
-        return load(self.native(vocab, context, seed), device=device)
 
 
 # ----------------------------------------------------------------------------- counting
@@ -121,7 +48,7 @@ def count_params(model: Any) -> tuple[int, int]:
     """(non-embedding, embedding) parameter counts of a built model, each tensor once.
 
     ``model``: a :class:`Model`, a TransformerBridge over a native model, the native model itself
-    or an :class:`~probes.models.spa.SPATransformer`. Embedding: token embedding, positional
+    or an :class:`~probes.models.variant_net.SPATransformer`. Embedding: token embedding, positional
     embedding, unembedding and its bias (tok_embed, pos, head; W_E, W_U). Non-embedding: the
     blocks and the final norm (layers, ln_out; blocks)."""
     module = getattr(model, "bridge", model)
@@ -477,16 +404,16 @@ def spa(
     if width % heads:
         raise ProbeError(f"spa: width={width} is not divisible by heads={heads}; pick a multiple")
     depths = _check_depths(depths, "spa")
-    from depthprobe.probes.models import spa as spa_models
+    from depthprobe.probes.models.variants import VARIANTS, variant_config
 
-    causal = [v for v in spa_models.VARIANTS if spa_models.variant_config(v, 1).get("causal", True)]
+    causal = [v for v in VARIANTS if variant_config(v, 1).get("causal", True)]
     if not variants:
         raise ProbeError(f"spa: no variants; choose from {', '.join(causal)}")
     if len(set(variants)) != len(variants):
         raise ProbeError(f"spa: variants repeat ({', '.join(variants)}); give each once")
     for v in variants:
         if v not in causal:
-            reason = " (it is non-causal, so it cannot train a language model)" if v in spa_models.VARIANTS else ""
+            reason = " (it is non-causal, so it cannot train a language model)" if v in VARIANTS else ""
             raise ProbeError(f"spa: unknown variant {v!r}{reason}{suggest(v, causal)}; choose from {', '.join(causal)}")
     members = []
     for variant in variants:

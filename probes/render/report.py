@@ -13,9 +13,7 @@ is escaped; plots are embedded as ``data:`` images, which can neither run script
 
 from __future__ import annotations
 
-import base64
 import json
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,8 +24,9 @@ import numpy as np
 import pandas as pd
 
 from depthprobe.probes.base.errors import ProbeError
-from depthprobe.probes.render.viz import MAX_TOKENS, View, esc, page, views_html, write_atomic
-from depthprobe.probes.render.viz import heatmap_svg as draw_heatmap
+from depthprobe.probes.render.attention import MAX_TOKENS, View, views_html
+from depthprobe.probes.render.charts import heatmap_svg as draw_heatmap
+from depthprobe.probes.render.html import esc, page, svg_img, table, write_atomic
 
 MAX_DEFAULT_PANELS = 12  # heatmaps drawn when the task lists none (one per metric)
 MAX_PANELS = 48  # panels drawn at most; the rest are named in a note
@@ -98,28 +97,6 @@ class RunData:
 # ----------------------------------------------------------------------------------------------
 # tables
 # ----------------------------------------------------------------------------------------------
-
-
-def _cell(value: Any) -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return ""
-    if isinstance(value, (float, np.floating)):
-        return esc(f"{float(value):.4g}")
-    if isinstance(value, (dict, list)):
-        return esc(json.dumps(value, ensure_ascii=False))
-    return esc(value)
-
-
-def table(records: Sequence[Mapping[str, Any]], columns: Sequence[str] | None = None) -> str:
-    """An HTML table of records; every header and cell escaped."""
-    if not records:
-        return "<p class='meta'>(empty)</p>"
-    cols = list(columns) if columns else list(dict.fromkeys(k for r in records for k in r))
-    head = "".join(f"<th>{esc(c)}</th>" for c in cols)
-    rows = "".join("<tr>" + "".join(f"<td>{_cell(r.get(c))}</td>" for c in cols) + "</tr>" for r in records)
-    return (
-        f"<div class='tablewrap'><table class='data'><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table></div>"
-    )
 
 
 def _key_values(d: Mapping[str, Any]) -> str:
@@ -202,14 +179,9 @@ def default_panels(scores: pd.DataFrame | None) -> tuple[list[dict[str, Any]], l
 
 
 def heatmap_svg(grid: pd.DataFrame) -> str:
-    """A layer x head heatmap (layer 0 at the top) as SVG text, drawn directly (``viz.heatmap_svg``)."""
+    """A layer x head heatmap (layer 0 at the top) as SVG text, drawn directly (``charts.heatmap_svg``)."""
     values = grid.to_numpy(dtype=float)  # [layer, head]
     return draw_heatmap(values, list(grid.index), list(grid.columns), annotate=values.size <= ANNOTATE_CELLS)
-
-
-def _svg_img(svg: str, alt: str) -> str:
-    data = base64.b64encode(svg.encode("utf-8")).decode("ascii")
-    return f'<img alt="{esc(alt)}" src="data:image/svg+xml;base64,{data}">'
 
 
 def heatmaps_html(scores: pd.DataFrame | None, panels: Sequence[Mapping[str, Any]]) -> str:
@@ -245,7 +217,7 @@ def heatmaps_html(scores: pd.DataFrame | None, panels: Sequence[Mapping[str, Any
         if n_rows > grid.notna().sum().sum():
             caption += f"; mean of {n_rows} rows over {int(grid.notna().sum().sum())} cells"
         figures.append(
-            f"<figure class='heatmap'><h3>{esc(title)}</h3>{_svg_img(heatmap_svg(grid), title)}"
+            f"<figure class='heatmap'><h3>{esc(title)}</h3>{svg_img(heatmap_svg(grid), title)}"
             f"<figcaption>{esc(caption)}</figcaption></figure>"
         )
     note_html = "".join(f"<p class='note'>{esc(n)}</p>" for n in notes)
@@ -274,7 +246,7 @@ def _plots_html(plots: Mapping[str, str]) -> str:
     if not plots:
         return ""
     figs = "".join(
-        f"<figure class='plot'>{_svg_img(svg, name)}<figcaption>{esc(name)}.svg</figcaption></figure>"
+        f"<figure class='plot'>{svg_img(svg, name)}<figcaption>{esc(name)}.svg</figcaption></figure>"
         for name, svg in plots.items()
     )
     return f"<h2>Plots</h2>{figs}"

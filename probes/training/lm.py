@@ -8,8 +8,8 @@ biases, norm gains or the SPA skip gains) with a linear warm-up and cosine decay
 ``min_lr_ratio`` of the peak, gradient clipping at norm 1.
 
 Two model kinds train here: native TransformerBridge decoders, through the fast path of
-:func:`depthprobe.probes.training.train.fast_logits` (the bridge's own parameters, without its
-per-hook Python overhead), and the SPA family's :class:`~depthprobe.probes.models.spa.SPATransformer`
+:func:`depthprobe.probes.training.fast_forward.fast_logits` (the bridge's own parameters, without its
+per-hook Python overhead), and the SPA family's :class:`~depthprobe.probes.models.variant_net.SPATransformer`
 (called directly). A loss that is not finite stops the run with a one-line error: the member is
 recorded as failed (deep skipless networks can diverge) while the others go on.
 """
@@ -25,10 +25,11 @@ from typing import Any
 import torch
 
 from depthprobe.probes.base.errors import ProbeError
-from depthprobe.probes.base.runtime import check_interrupt, torch_threads
+from depthprobe.probes.base.runtime import torch_threads
+from depthprobe.probes.base.signals import check_interrupt
 from depthprobe.probes.data import corpus as corpora
-from depthprobe.probes.models.loading import Model
-from depthprobe.probes.training.train import fast_logits, lm_loss
+from depthprobe.probes.models.model import Model
+from depthprobe.probes.training.fast_forward import fast_logits, lm_loss
 
 LOG_COLUMNS = ["step", "loss", "val_loss", "lr", "tokens", "elapsed_s"]
 

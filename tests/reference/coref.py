@@ -6,9 +6,9 @@ from pathlib import Path
 
 import torch
 
-from depthprobe.probes.data import coref as coref_data
+from depthprobe.probes.data import coref_chains
 from depthprobe.probes.hooks.capture import forward, pattern_names
-from depthprobe.tasks import coref as cr
+from depthprobe.tasks.coref import chains as cr_chains
 
 BRACKET = re.compile(r"\(([^()|]+)\)|\(([^()|]+)|([^()|]+)\)")
 PRON = {
@@ -81,8 +81,8 @@ def ref_head(d: dict, s: int, e: int) -> int:
 
 def ref_agree(d: dict, i: int) -> tuple[str, str, str]:
     w = d["words"][i].lower()
-    if d["upos"][i] == "PRON" and w in coref_data.PRONOUNS:
-        return coref_data.PRONOUNS[w]
+    if d["upos"][i] == "PRON" and w in coref_chains.PRONOUNS:
+        return coref_chains.PRONOUNS[w]
     f = d["feats"][i]
     person = f.get("Person", "" if d["upos"][i] == "PRON" else "3")
     return f.get("Number", ""), f.get("Gender", ""), person
@@ -92,9 +92,9 @@ def ref_chains(model, path: Path, max_len: int) -> dict:
     """docs/coref.md with plain loops: counts[(type, layer, head)] correct, n[type], baselines."""
     tok = model.tokenizer
     L, H = model.info.n_layers, model.info.n_heads
-    correct = {(t, layer_idx, h): 0 for t in cr.TYPES for layer_idx in range(L) for h in range(H)}
-    n = dict.fromkeys(cr.TYPES, 0)
-    base = {(b, t): 0 for b in cr.BASELINES for t in cr.TYPES}
+    correct = {(t, layer_idx, h): 0 for t in cr_chains.TYPES for layer_idx in range(L) for h in range(H)}
+    n = dict.fromkeys(cr_chains.TYPES, 0)
+    base = {(b, t): 0 for b in cr_chains.BASELINES for t in cr_chains.TYPES}
     for d in ref_documents(path):
         pieces = []
         for w in d["words"]:

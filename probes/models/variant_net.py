@@ -1,4 +1,6 @@
-"""A hookable transformer family for depth studies of signal propagation (docs/kernels.md).
+"""The depth-study network: a hookable transformer for studies of signal propagation (docs/kernels.md)
+in every named variant (skipless, skips, pre-/post-LN, Value-SkipInit, E-SPA, U-SPA, Dong et al.'s);
+its configuration and the variants are :mod:`probes.models.variants`.
 
 TransformerBridge's native models are always pre-LN with skips, so they cannot express skipless
 or normalisation-free networks. This family is built on TransformerLens's ``HookedRootModule`` and
@@ -52,11 +54,9 @@ skip, no MLP, Dong et al.'s doubly exponential collapse).
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -65,190 +65,11 @@ from torch import nn
 from transformer_lens.hook_points import HookPoint
 from transformer_lens.HookedRootModule import HookedRootModule
 
-from depthprobe.probes.base.errors import ProbeError, suggest
-from depthprobe.probes.base.options import check_seed, coerce, field_types, parse_pairs
+from depthprobe.probes.base.errors import ProbeError
 from depthprobe.probes.measures import kernels
-from depthprobe.probes.models.loading import Model, ModelInfo, check_size, resolve_device
-
-ATTENTIONS = ("softmax", "uniform", "value-skipinit", "e-spa", "u-spa")
-NORMS = ("none", "pre", "post")
-SPA = ("e-spa", "u-spa")
-ORTHOGONAL_BY_DEFAULT = ("value-skipinit", "e-spa", "u-spa")
-KERNEL_CONTROLLED = ("value-skipinit", "e-spa", "u-spa")  # attention built to hold a kernel; no MLPs
-DTYPES = {"float32": torch.float32, "float64": torch.float64}
-
-
-@dataclass(frozen=True)
-class SPAConfig:
-    """One member of the family. ``branch_scale`` None means 1/sqrt(depth)."""
-
-    depth: int = 4
-    width: int = 256
-    heads: int = 4
-    n_ctx: int = 128
-    d_vocab: int = 4096
-    attention: str = "softmax"
-    skip: bool = False
-    branch_scale: float | None = 1.0
-    norm: str = "none"
-    causal: bool = True
-    mlp: bool = False
-    d_mlp: int | None = None  # None: 4 * width
-    orthogonal: bool | None = None  # None: orthogonal W_V/W_O for value-skipinit, e-spa, u-spa
-    gamma_last: float = 0.005
-    rho_last: float = 0.8
-    seed: int = 0
-    dtype: str = "float32"  # float32 or float64: parameters, buffers and activations
-
-    def __post_init__(self) -> None:
-        for name in ("depth", "width", "heads", "n_ctx", "d_vocab"):
-            if getattr(self, name) < 1:
-                raise ProbeError(f"spa model: {name} must be at least 1, got {getattr(self, name)}")
-        if self.width % self.heads:
-            raise ProbeError(f"spa model: width={self.width} is not divisible by heads={self.heads}; pick a multiple")
-        if self.attention not in ATTENTIONS:
-            raise ProbeError(
-                f"spa model: unknown attention {self.attention!r}{suggest(self.attention, ATTENTIONS)}; "
-                f"choose from {', '.join(ATTENTIONS)}"
-            )
-        if self.norm not in NORMS:
-            raise ProbeError(f"spa model: norm must be one of {', '.join(NORMS)}, got {self.norm!r}")
-        if self.attention in SPA and not self.causal:
-            raise ProbeError(
-                f"spa model: {self.attention} builds causal (lower-triangular) attention; "
-                "drop causal=false or pick another attention"
-            )
-        if not 0 < self.gamma_last < 50:
-            raise ProbeError(f"spa model: gamma_last must be in (0, 50), got {self.gamma_last}")
-        if not 0 <= self.rho_last < 1:
-            raise ProbeError(f"spa model: rho_last must be in [0, 1), got {self.rho_last}")
-        if self.branch_scale is not None and not self.branch_scale > 0:
-            raise ProbeError(f"spa model: branch_scale must be positive, got {self.branch_scale}")
-        if self.dtype not in DTYPES:
-            raise ProbeError(f"spa model: dtype must be float32 or float64, got {self.dtype!r}")
-        check_seed(self.seed, "spa model: seed")
-        if self.mlp and self.attention in KERNEL_CONTROLLED:
-            raise ProbeError(
-                f"spa model: {self.attention} with MLP blocks is refused: its attention holds a target "
-                "kernel, but plain ReLU MLPs push cosines toward 1 and nothing here builds the TAT-style "
-                "leaky-ReLU MLPs He et al. pair it with; use attention-only blocks (mlp=false, sweep "
-                "--attn-only) or a baseline variant"
-            )
-
-    @property
-    def torch_dtype(self) -> torch.dtype:
-        return DTYPES[self.dtype]
-
-    def n_params(self) -> int:
-        """Parameter count of :class:`SPATransformer` for this config."""
-        d, d_mlp = self.width, self.d_mlp or 4 * self.width
-        ln = 2 * d if self.norm != "none" else 0
-        block = 4 * d * d + ln + (2 * self.heads if self.attention == "value-skipinit" else 0)
-        if self.mlp:
-            block += 2 * d * d_mlp + ln
-        return 2 * self.d_vocab * d + self.depth * block
-
-    def n_bytes(self, training: bool = False) -> int:
-        """float32 weights (x4 when training: gradients and Adam's moments) + per-layer masks; SPA
-        variants add their float64 target kernels and float32 bias per layer."""
-        per_layer = self.n_ctx**2 * (1 + (8 * 3 + 4 if self.attention in SPA else 0))
-        scale = 2 if self.dtype == "float64" else 1
-        return scale * (16 if training else 4) * self.n_params() + self.depth * per_layer
-
-    def check_size(self, training: bool = False, device: Any = None) -> None:
-        check_size(
-            self.n_params(), self.n_bytes(training), f"spa model (depth {self.depth}, width {self.width})", device
-        )
-
-    @property
-    def head_dim(self) -> int:
-        return self.width // self.heads
-
-    @property
-    def scale(self) -> float:
-        return 1.0 / math.sqrt(self.depth) if self.branch_scale is None else self.branch_scale
-
-    @property
-    def is_orthogonal(self) -> bool:
-        return self.attention in ORTHOGONAL_BY_DEFAULT if self.orthogonal is None else self.orthogonal
-
-    def spec(self) -> str:
-        return "spa:" + ",".join(f"{k}={_fmt(v)}" for k, v in dataclasses.asdict(self).items())
-
-    @classmethod
-    def parse(cls, spec: str) -> SPAConfig:
-        """``spa:variant=e-spa,depth=16,width=256`` -> SPAConfig (variant presets first, then keys)."""
-        types = field_types(cls)
-        pairs = parse_pairs(spec, "spa", ["variant", *types], "spa:variant=e-spa,depth=8")
-        kwargs: dict[str, Any] = {k: coerce(v, types[k], f"spa spec {k}") for k, v in pairs.items() if k != "variant"}
-        depth = kwargs.get("depth", cls.depth)
-        preset = variant_config(pairs["variant"], depth) if "variant" in pairs else {}
-        return cls(**{**preset, **kwargs})
-
-
-def _fmt(v: Any) -> str:
-    return str(v).lower() if isinstance(v, bool) or v is None else str(v)
-
-
-# ----------------------------------------------------------------------------- named variants
-
-
-@dataclass(frozen=True)
-class Variant:
-    name: str
-    description: str
-    make: Callable[[int], dict[str, Any]]  # depth -> SPAConfig fields
-
-
-VARIANTS: dict[str, Variant] = {
-    v.name: v
-    for v in (
-        Variant(
-            "vanilla",
-            "no skip, no LayerNorm, attention only (He et al.'s vanilla transformer)",
-            lambda depth: {"skip": False},
-        ),
-        Variant("skip", "skip connections, branch scale 1", lambda depth: {"skip": True, "branch_scale": 1.0}),
-        Variant(
-            "skip-scaled",
-            "skip connections, branch scale 1/sqrt(depth)",
-            lambda depth: {"skip": True, "branch_scale": 1.0 / math.sqrt(depth)},
-        ),
-        Variant(
-            "value-skipinit",
-            "no skip; attention alpha I + beta A with alpha=1, beta=0 at init",
-            lambda depth: {"attention": "value-skipinit"},
-        ),
-        Variant("u-spa", "no skip; U-SPA attention (uniform target kernel)", lambda depth: {"attention": "u-spa"}),
-        Variant("e-spa", "no skip; E-SPA attention (exponential target kernel)", lambda depth: {"attention": "e-spa"}),
-        Variant(
-            "dong",
-            "no skip, no MLP, non-causal softmax attention at random init: Dong et al.'s doubly "
-            "exponential collapse (use dtype float64 to follow it past two layers)",
-            lambda depth: {"attention": "softmax", "causal": False, "skip": False, "mlp": False},
-        ),
-        Variant(
-            "pre-ln", "skips with pre-LayerNorm (the standard GPT-2 block)", lambda depth: {"skip": True, "norm": "pre"}
-        ),
-        Variant(
-            "post-ln",
-            "skips with post-LayerNorm (the original / BERT block)",
-            lambda depth: {"skip": True, "norm": "post"},
-        ),
-    )
-}
-BASELINE = ("vanilla", "skip", "skip-scaled", "pre-ln", "post-ln")  # take the --attention option
-
-
-def variant_config(name: str, depth: int, attention: str = "uniform") -> dict[str, Any]:
-    """SPAConfig fields of a named variant at ``depth``; baselines use ``attention``."""
-    if name not in VARIANTS:
-        raise ProbeError(f"unknown variant {name!r}{suggest(name, VARIANTS)}; choose from {', '.join(VARIANTS)}")
-    fields = {"depth": depth, **VARIANTS[name].make(depth)}
-    if name in BASELINE:
-        fields["attention"] = attention
-    return fields
-
+from depthprobe.probes.models.device import resolve_device
+from depthprobe.probes.models.model import Model, ModelInfo
+from depthprobe.probes.models.variants import SPA, SPAConfig
 
 # ----------------------------------------------------------------------------- modules
 
@@ -477,7 +298,7 @@ def _theory_sub(cfg: SPAConfig, s: torch.Tensor, f: Callable[[torch.Tensor], tor
 
 
 def build(cfg: SPAConfig | str, device: str | torch.device | None = None, name: str | None = None):
-    """An SPA model wrapped as a :class:`probes.models.loading.Model` (tokenizer None)."""
+    """An SPA model wrapped as a :class:`probes.models.model.Model` (tokenizer None)."""
     if isinstance(cfg, str):
         name = name or cfg
         cfg = SPAConfig.parse(cfg)
@@ -488,7 +309,7 @@ def build(cfg: SPAConfig | str, device: str | torch.device | None = None, name: 
 
 
 def wrap(net: SPATransformer, name: str = "spa", weights: str = "", device: torch.device | None = None) -> Model:
-    """``net`` as a :class:`probes.models.loading.Model` (tokenizer None); ``device`` defaults to
+    """``net`` as a :class:`probes.models.model.Model` (tokenizer None); ``device`` defaults to
     the device of its weights."""
     cfg = net.cfg
     info = ModelInfo(
@@ -553,7 +374,7 @@ def save_checkpoint(model: Model, folder: str | Path, extra: dict[str, Any] | No
     pickled; ``probes.load(folder)`` (or ``probe run -m folder``) loads it back."""
     from safetensors.torch import save_file
 
-    from depthprobe.probes.models.loading import (
+    from depthprobe.probes.models.checkpoints import (
         CHECKPOINT_CONFIG,
         CHECKPOINT_WEIGHTS,
         SPA_FORMAT,
@@ -575,7 +396,8 @@ def load_checkpoint(folder: str | Path, device: torch.device, name: str | None =
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
-    from depthprobe.probes.models.loading import CHECKPOINT_WEIGHTS, _hash_file, checkpoint_meta
+    from depthprobe.probes.models.checkpoints import CHECKPOINT_WEIGHTS, checkpoint_meta
+    from depthprobe.probes.models.hub import _hash_file
 
     d = Path(folder)
     cfg = SPAConfig.parse(str(checkpoint_meta(d).get("spa", "")))

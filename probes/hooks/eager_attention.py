@@ -1,14 +1,14 @@
-"""Attention edits that take effect on every architecture.
+"""Eager attention for delegating modules, so that attention edits take effect on every architecture.
 
 On some families (BERT, RoBERTa, OPT, GPT-J) TransformerBridge delegates attention to the wrapped
 Hugging Face module and fires ``hook_pattern`` / ``hook_attn_scores`` only afterwards, on weights
 the module has already used: an edit there changes the captured tensor but not the output, and
-``hook_attn_scores`` receives the post-softmax weights. For those modules this seam routes the
-attention product through a function that computes exactly what the module's eager attention
+``hook_attn_scores`` receives the post-softmax weights. For those modules :func:`install` routes
+the attention product through a function that computes exactly what the module's eager attention
 computes, firing the bridge's own hooks where the tensors are used: the pre-softmax scores (mask
 added) through ``hook_attn_scores``, the softmax weights through ``hook_pattern`` before they
 multiply the values. Edits then act like ``z = pattern @ v``. A delegating module of any other
-family gets no seam; edits of those two hooks there are refused before any forward pass, naming
+family is left as it is; edits of those two hooks there are refused before any forward pass, naming
 ``hook_z`` (the per-head output, which always takes effect).
 """
 
@@ -32,7 +32,6 @@ INTERFACE = "depthprobe_eager"
 INTERFACE_CLASSES = frozenset({"BertSelfAttention", "RobertaSelfAttention", "OPTAttention"})
 # Classes whose attention product is the method ``_attn(query, key, value, attention_mask)``.
 METHOD_CLASSES = frozenset({"GPTJAttention"})
-EDIT_HOOKS = ("hook_pattern", "hook_attn_scores")
 
 _BRIDGE: weakref.WeakKeyDictionary[torch.nn.Module, Any] = weakref.WeakKeyDictionary()
 _registered = False
@@ -103,8 +102,8 @@ def _register() -> None:
 
 
 def install(bridge: Any) -> None:
-    """Give every delegating attention of ``bridge`` the seam where its family is known (idempotent)."""
-    if getattr(bridge, "_depthprobe_seam", False):
+    """Route every delegating attention of ``bridge`` through eager attention where its family is known (idempotent)."""
+    if getattr(bridge, "_depthprobe_eager_attention", False):
         return
     config_copy = None
     for block in getattr(bridge, "blocks", []):
@@ -115,7 +114,7 @@ def install(bridge: Any) -> None:
             kind = type(module).__name__
             if kind in INTERFACE_CLASSES:
                 _register()
-                if config_copy is None:  # one copy per model: only these modules use the seam
+                if config_copy is None:  # one copy per model: only these modules use the eager function
                     config_copy = copy.copy(module.config)
                     config_copy._attn_implementation_internal = INTERFACE
                 module.config = config_copy
@@ -124,9 +123,9 @@ def install(bridge: Any) -> None:
             else:
                 continue
             _BRIDGE[module] = attn
-            attn._depthprobe_seamed = True
+            attn._depthprobe_eager = True
             break
-    bridge._depthprobe_seam = True
+    bridge._depthprobe_eager_attention = True
 
 
 _LAYER = re.compile(r"^blocks\.(\d+)\.attn\.(hook_pattern|hook_attn_scores)$")
@@ -140,7 +139,7 @@ def check_editable(bridge: Any, names: Sequence[str]) -> None:
         if m is None:
             continue
         attn = bridge.blocks[int(m.group(1))].attn
-        if _delegates(attn) and not getattr(attn, "_depthprobe_seamed", False):
+        if _delegates(attn) and not getattr(attn, "_depthprobe_eager", False):
             kind = type(attn.original_component).__name__
             raise ProbeError(
                 f"an edit of {name} would be ignored: {kind} computes attention inside the Hugging Face "

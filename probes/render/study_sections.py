@@ -1,0 +1,375 @@
+"""The sections of a study's report: the family's own plots (levine, petty, spa), the kernel
+collapse at init vs after training, and the per-layer probe curves across depth.
+
+Plots are inline SVG line charts (``probes.render.lines``: lines with markers, seed spread as
+min-max error bars, optional log x and zero line); the per-layer probe curves are
+``probes.render.compare.plot_svg`` charts embedded as ``data:`` images. Failed members are left
+out of every plot. The probe runs arrive compared (``ProbeCurves``, built by
+``probes.api.study_report``); nothing here reads a run folder.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from depthprobe.probes.render.compare import plot_svg
+from depthprobe.probes.render.html import esc, svg_img
+from depthprobe.probes.render.html import table as html_table
+from depthprobe.probes.render.lines import PALETTE, Series, budget_text, chart_svg, finite
+from depthprobe.probes.render.study_data import (
+    MAX_CURVE_POINTS,
+    StudyData,
+    cell_text,
+    crossover,
+    levine_differences,
+    num,
+    probe_members,
+    read_losses,
+    seed_spread,
+    thin,
+)
+
+SPREAD = "error bars: min to max over seeds"
+EXPECTED = {
+    "levine": (
+        "Expected signature (Levine et al. 2020): deep minus shallow validation loss is about 0 at small "
+        "budgets and clearly negative at large ones, and the crossover budget grows with the pair's depth. "
+        "This page reports what the study measured; it does not test the expectation."
+    ),
+    "petty": (
+        "Expected (Petty et al. 2023): loss falls steeply up to 3-4 layers, then flattens, then worsens once "
+        "d_ff drops below d_model. This page reports what the study measured; it does not test the expectation."
+    ),
+    "spa": (
+        "Expected (He et al. 2023): deep skipless vanilla trains far slower or not at all; E-SPA and U-SPA "
+        "train; standard pre-LN is still best at equal steps. This page reports what the study measured; "
+        "it does not test the expectation."
+    ),
+}
+
+
+# ----------------------------------------------------------------------------------------------
+# figures
+# ----------------------------------------------------------------------------------------------
+
+
+def _series(label: str, agg: pd.DataFrame, x: str, **kw: Any) -> Series:
+    agg = agg.sort_values(x)
+    return Series(
+        label,
+        tuple(zip(agg[x].astype(float), agg["mean"].astype(float), strict=True)),
+        tuple(zip(agg["lo"].astype(float), agg["hi"].astype(float), strict=True)),
+        **kw,
+    )
+
+
+def _loss_vs_depth(lines: list[Series], depths: Sequence[float]) -> str:
+    """The petty and spa figure: final validation loss against depth, one tick per depth."""
+    chart = chart_svg(
+        lines,
+        title="validation loss vs depth",
+        x_label="depth (layers)",
+        y_label="validation loss (nats/token)",
+        x_ticks=[(d, f"{int(d)}") for d in depths],
+    )
+    return _figure(chart)
+
+
+def _figure(svg: str, caption: str = "") -> str:
+    cap = f"<figcaption>{esc(caption)}</figcaption>" if caption else ""
+    return f"<figure class='plot'>{svg}{cap}</figure>"
+
+
+# ----------------------------------------------------------------------------------------------
+# family sections
+# ----------------------------------------------------------------------------------------------
+
+
+def levine_section(study: StudyData) -> str:
+    ok = study.ok.assign(budget=num(study.ok, "budget"), depth=num(study.ok, "depth"))
+    ok = ok.assign(budget=ok["budget"].fillna(num(ok, "params_nonembed")))
+    agg = seed_spread(ok, ["depth", "budget"], "val_loss")
+    budgets = sorted(set(agg["budget"].astype(float)))
+    ticks = [(b, budget_text(b)) for b in budgets]
+    lines = [_series(f"L={int(d)}", g, "budget") for d, g in agg.groupby("depth", sort=True)]
+    parts = [
+        "<h2>Validation loss vs non-embedding budget</h2>",
+        f"<p class='meta'>One line per depth; mean over seeds, {SPREAD}. Budget: the target non-embedding "
+        "parameter count (members match it within 1%).</p>",
+        _figure(
+            chart_svg(
+                lines,
+                title="validation loss vs budget",
+                x_label="non-embedding parameters",
+                y_label="validation loss (nats/token)",
+                log_x=True,
+                x_ticks=ticks,
+            )
+        ),
+    ]
+    diffs = levine_differences(study)
+    parts.append("<h2>Deep minus shallow</h2>")
+    parts.append(f"<p class='meta'>{esc(EXPECTED['levine'])}</p>")
+    if diffs.empty:
+        parts.append("<p class='note'>no pair has both depths finished at any budget; nothing to compare</p>")
+        return "\n".join(parts)
+    parts += _deep_minus_shallow(diffs, ticks)
+    return "\n".join(parts)
+
+
+def _deep_minus_shallow(diffs: pd.DataFrame, ticks: list[tuple[float, str]]) -> list[str]:
+    """The deep-minus-shallow chart of every pair, its table and where each pair crosses zero."""
+    pair_lines = [
+        _series(f"L={int(a)} vs L={int(b)}", g, "budget") for (a, b), g in diffs.groupby(["shallow", "deep"], sort=True)
+    ]
+    parts = [
+        f"<p class='meta'>val_loss(2L) - val_loss(L) for the same budget and seed; mean over seeds, "
+        f"{SPREAD}; the black line is zero (below it the deeper member is better).</p>"
+    ]
+    parts.append(
+        _figure(
+            chart_svg(
+                pair_lines,
+                title="deep minus shallow validation loss",
+                x_label="non-embedding parameters",
+                y_label="val_loss(2L) - val_loss(L)",
+                log_x=True,
+                zero=True,
+                x_ticks=ticks,
+            )
+        )
+    )
+    records = [
+        {
+            "pair": f"({int(r.shallow)}, {int(r.deep)})",
+            "budget": budget_text(r.budget),
+            "mean": f"{r.mean:+.4f}",
+            "min": f"{r.lo:+.4f}",
+            "max": f"{r.hi:+.4f}",
+            "seeds": int(r.n),
+            "per seed": ", ".join(f"s{s}: {v:+.4f}" for s, v in sorted(r.per_seed.items())),
+        }
+        for r in diffs.itertuples()
+    ]
+    parts.append("<div class='differences'>" + html_table(records) + "</div>")
+    said = []
+    for (a, b), _ in diffs.groupby(["shallow", "deep"], sort=True):
+        c = crossover(diffs, a, b)
+        where = (
+            f"every seed below zero from {budget_text(c)} up"
+            if c is not None
+            else "not below zero for every seed at the largest budgets"
+        )
+        said.append(f"pair ({int(a)}, {int(b)}): {where}")
+    parts.append(f"<p class='meta'>Measured: {esc('; '.join(said))}.</p>")
+    return parts
+
+
+def _petty_group(study: StudyData, row: pd.Series) -> str:
+    shrink = row.get("variant")
+    if not isinstance(shrink, str) or not shrink:
+        shrink = str(study.config.get("shrink", "d_ff"))
+    budget = row.get("budget")
+    b = budget_text(budget) if finite(budget) else "?"
+    return f"budget {b}, shrink {shrink}"
+
+
+def petty_section(study: StudyData) -> str:
+    ok = study.ok.assign(depth=num(study.ok, "depth"))
+    ok = ok.assign(group=[_petty_group(study, r) for _, r in ok.iterrows()])
+    agg = seed_spread(ok, ["group", "depth"], "val_loss")
+    lines = [_series(g, a, "depth") for g, a in agg.groupby("group", sort=False)]
+    depths = sorted(set(ok["depth"].dropna().astype(float)))
+    ticks = [(d, f"{int(d)}") for d in depths]
+    parts = [
+        "<h2>Validation loss vs depth</h2>",
+        f"<p class='meta'>{esc(EXPECTED['petty'])}</p>",
+        f"<p class='meta'>One line per budget and shrink mode; mean over seeds, {SPREAD}.</p>",
+        _loss_vs_depth(lines, depths),
+    ]
+    shapes = ok.assign(d_ff=num(ok, "d_ff"), d_model=num(ok, "d_model"))
+    shapes = shapes.sort_values("depth").drop_duplicates(["group", "depth"])
+    width_lines = []
+    for k, (g, s) in enumerate(shapes.groupby("group", sort=False)):
+        color = PALETTE[k % len(PALETTE)]
+        marks = tuple("d_ff < d_model" if f < m else "" for f, m in zip(s["d_ff"], s["d_model"], strict=True))
+        width_lines.append(
+            Series(f"d_ff, {g}", tuple(zip(s["depth"], s["d_ff"], strict=True)), marks=marks, color=color)
+        )
+        width_lines.append(
+            Series(f"d_model, {g}", tuple(zip(s["depth"], s["d_model"], strict=True)), dashed=True, color=color)
+        )
+    narrow = shapes[shapes["d_ff"] < shapes["d_model"]]
+    where = ", ".join(f"L={int(d)} ({g})" for d, g in zip(narrow["depth"], narrow["group"], strict=True))
+    parts += [
+        "<h2>Width vs depth</h2>",
+        "<p class='meta'>d_ff (solid) and d_model (dashed) of each depth; points where d_ff &lt; d_model are "
+        f"marked. d_ff below d_model at: {esc(where) if where else 'no depth'}.</p>",
+        _figure(
+            chart_svg(width_lines, title="d_ff vs depth", x_label="depth (layers)", y_label="width", x_ticks=ticks)
+        ),
+    ]
+    return "\n".join(parts)
+
+
+def spa_section(study: StudyData) -> str:
+    ok = study.ok.assign(depth=num(study.ok, "depth"), variant=study.ok.get("variant", "?"))
+    ok = ok.assign(variant=ok["variant"].fillna("?").astype(str))
+    curves, notes = read_losses(study, list(ok["member"]))
+    variants = list(dict.fromkeys(ok["variant"]))
+    color = {v: PALETTE[k % len(PALETTE)] for k, v in enumerate(variants)}
+    parts = [
+        "<h2>Training loss curves</h2>",
+        f"<p class='meta'>{esc(EXPECTED['spa'])}</p>",
+        "<p class='meta'>One plot per depth, one line per variant: training loss (loss.csv) at each step, "
+        f"mean over the seeds that logged that step; long curves are thinned to {MAX_CURVE_POINTS} points.</p>",
+    ]
+    parts += [f"<p class='note'>{esc(n)}</p>" for n in notes]
+    for depth, at in ok.groupby("depth", sort=True):
+        lines = []
+        for v in variants:
+            frames = [curves[m] for m in at[at["variant"] == v]["member"] if m in curves]
+            if not frames:
+                continue
+            mean = pd.concat(frames).groupby("step", sort=True)["loss"].mean().reset_index()
+            mean = thin(mean)
+            lines.append(Series(v, tuple(zip(mean["step"], mean["loss"], strict=True)), color=color[v]))
+        if lines:
+            parts.append(
+                _figure(
+                    chart_svg(
+                        lines, title=f"training loss, depth {int(depth)}", x_label="step", y_label="training loss"
+                    )
+                )
+            )
+    agg = seed_spread(ok, ["variant", "depth"], "val_loss")
+    lines = [
+        _series(v, agg[agg["variant"] == v], "depth", color=color[v]) for v in variants if (agg["variant"] == v).any()
+    ]
+    depths = sorted(set(ok["depth"].dropna().astype(float)))
+    parts += [
+        "<h2>Final validation loss vs depth</h2>",
+        f"<p class='meta'>One line per variant; mean over seeds, {SPREAD}.</p>",
+        _loss_vs_depth(lines, depths),
+    ]
+    return "\n".join(parts)
+
+
+SECTIONS = {"levine": levine_section, "petty": petty_section, "spa": spa_section}
+
+
+# ----------------------------------------------------------------------------------------------
+# every family: kernel collapse and per-layer probe curves
+# ----------------------------------------------------------------------------------------------
+
+
+def _group(study: StudyData, row: pd.Series) -> str:
+    if study.family == "levine":
+        b = row.get("budget")
+        return f"budget {budget_text(b)}" if finite(b) else "budget ?"
+    if study.family == "petty":
+        return _petty_group(study, row)
+    return str(row.get("variant") or "?")
+
+
+def kernels_section(study: StudyData) -> str:
+    ok = study.ok.assign(depth=num(study.ok, "depth"))
+    init, trained = num(ok, "kernel_cos_last_init"), num(ok, "kernel_cos_last")
+    if not (np.isfinite(init).any() or np.isfinite(trained).any()):
+        return ""
+    ok = ok.assign(group=[_group(study, r) for _, r in ok.iterrows()])
+    lines = []
+    for k, (g, rows) in enumerate(ok.groupby("group", sort=False)):
+        color = PALETTE[k % len(PALETTE)]
+        for col, when, dashed in (("kernel_cos_last", "trained", False), ("kernel_cos_last_init", "init", True)):
+            agg = seed_spread(rows, ["depth"], col)
+            if len(agg):
+                lines.append(_series(f"{g}, {when}", agg, "depth", color=color, dashed=dashed))
+    records = [
+        {
+            "member": m,
+            "depth": cell_text("depth", d),
+            "at init": cell_text("", a),
+            "trained": cell_text("", b),
+            "trained - init": f"{b - a:+.4f}" if finite(a, b) else "",
+        }
+        for m, d, a, b in zip(ok["member"], ok["depth"], init, trained, strict=True)
+    ]
+    depths = sorted(set(ok["depth"].dropna().astype(float)))
+    return "\n".join(
+        [
+            "<h2>Kernel collapse at init and after training</h2>",
+            "<p class='meta'>kernel_cos_last: mean cosine between token representations at the last layer "
+            f"(1 = collapsed). Solid: after training; dashed: at init; mean over seeds, {SPREAD}.</p>",
+            _figure(
+                chart_svg(
+                    lines,
+                    title="last-layer kernel cosine vs depth",
+                    x_label="depth (layers)",
+                    y_label="kernel_cos_last",
+                    x_ticks=[(d, f"{int(d)}") for d in depths],
+                )
+            ),
+            html_table(records),
+        ]
+    )
+
+
+@dataclass(frozen=True)
+class ProbeCurves:
+    """One probe task of a study's members, compared across depth, as its part of the page shows it."""
+
+    task: str  # the task folder's name
+    title: str
+    table: pd.DataFrame | None = None  # the comparison table of the member runs (label: member name)
+    peaks: pd.DataFrame | None = None  # where each drawn metric peaks, per member
+    drawn: tuple[str, ...] = ()  # metrics drawn, one plot each
+    rest: tuple[str, ...] = ()  # metrics named in a note only
+    error: str | None = None  # why the member runs could not be compared
+
+
+def _probe_task_html(curves: ProbeCurves) -> list[str]:
+    parts = [f"<h3>{esc(curves.title)}</h3>"]
+    if curves.error is not None or curves.table is None:
+        return [*parts, f"<p class='error'>{esc(curves.task)}: {esc(curves.error)}</p>"]
+    peak = curves.peaks
+    if peak is not None and len(peak):
+        cols = ["metric", "label", "peak_layer", "peak_relative_depth", "peak_value", "layer_mean"]
+        recs = [
+            {c: (cell_text(c, r[c]) if c not in ("metric", "label", "peak_layer") else r[c]) for c in cols}
+            for r in peak.to_dict("records")
+        ]
+        parts.append(html_table(recs, cols))
+    parts += [
+        f"<figure class='plot'>{svg_img(plot_svg(curves.table, m), f'{curves.task}: {m}')}</figure>"
+        for m in curves.drawn
+    ]
+    if curves.rest:
+        parts.append(f"<p class='meta'>not drawn: {esc(', '.join(curves.rest))}</p>")
+    return parts
+
+
+def probes_section(study: StudyData, probes: Sequence[ProbeCurves]) -> str:
+    """Per-layer probe curves across depth: one part per probe task of the drawn members."""
+    members = probe_members(study)
+    parts = ["<h2>Per-layer probe curves across depth</h2>"]
+    if not probes:
+        parts.append("<p class='note'>no probe runs under members/*/runs; nothing to draw</p>")
+        return "\n".join(parts)
+    seeds = "one seed (the lowest) per configuration; " if len(members) < len(study.ok) else ""
+    parts.append(
+        f"<p class='meta'>Each line is one member ({seeds}label: member name); x is relative depth "
+        "(block l at (l + 0.5) / L). Solid: the best head of each layer; dashed: the mean over heads. "
+        "Every metric of a task: probe compare members/*/runs/TASK.</p>"
+    )
+    for curves in probes:
+        parts += _probe_task_html(curves)
+    return "\n".join(parts)
+
+
+__all__ = ["SECTIONS", "ProbeCurves", "kernels_section", "probes_section"]

@@ -1,0 +1,73 @@
+"""The training fast path: a native model's logits computed from its own parameters.
+
+Speed: the bridge wraps every submodule of TransformerLens's ``NativeModel`` in a Python
+component with a dozen hook points, and its LayerNorm is re-implemented in Python; at toy
+sizes that overhead dominates a training step. :func:`fast_logits` computes the same
+function directly from the innermost ``nn.Module``s (the very same parameter tensors), with
+fused LayerNorm and ``scaled_dot_product_attention``. Nothing is copied: after training,
+the bridge (hooks and all) computes this function, which ``tests/test_train.py`` checks.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from depthprobe.probes.base.errors import ProbeError
+from depthprobe.probes.models.model import Model
+
+
+def inner(module: Any) -> Any:
+    """The innermost original module under TransformerLens bridge wrappers (duck-typed: the
+    modules' attributes are TransformerLens internals)."""
+    while "_original_component" in module._modules:
+        module = module._modules["_original_component"]
+    return module
+
+
+def _attention(attn: Any, x: torch.Tensor) -> torch.Tensor:
+    """NativeAttention's function without its pattern output. x: [batch, pos, d_model]."""
+    b, t, _ = x.shape
+    h, dh = attn.n_heads, attn.d_head
+    if attn.kv_repeats != 1:
+        raise ProbeError("grouped-query attention is not supported by the training fast path")
+    q = inner(attn.q)(x).view(b, t, h, dh).transpose(1, 2)  # [b, h, t, dh]
+    k = inner(attn.k)(x).view(b, t, h, dh).transpose(1, 2)
+    v = inner(attn.v)(x).view(b, t, h, dh).transpose(1, 2)
+    if attn.rotary is not None:
+        q, k = attn.rotary.apply_rope(q, k)
+    z = F.scaled_dot_product_attention(q, k, v, is_causal=attn.causal, scale=1.0 / attn.scale)
+    return inner(attn.o)(z.transpose(1, 2).reshape(b, t, h * dh))  # [b, t, h*dh] -> [b, t, d]
+
+
+def fast_logits(model: Model, tokens: torch.Tensor) -> torch.Tensor:
+    """Logits [batch, pos, vocab] of a native model, computed from its own parameters.
+
+    Same function as ``model.bridge(tokens)`` (checked in tests) at a fraction of the
+    Python overhead; used for training only, never for probing.
+    """
+    native = model.bridge.original_model
+    if float(getattr(native, "output_logits_soft_cap", -1.0)) > 0:
+        raise ProbeError("logit soft-capping is not supported by the training fast path")
+    t = tokens.shape[1]
+    h = inner(native.tok_embed)(tokens)  # [b, t, d]
+    if native.pos is not None:
+        h = h + inner(native.pos).weight[:t]
+    for wrapped in native.layers:
+        block = inner(wrapped)
+        h = h + _attention(inner(block.attn), inner(block.ln1)(h))
+        if not block.cfg.attn_only:
+            mlp = inner(block.mlp)
+            mid = mlp.act(inner(mlp.fc_in)(inner(block.ln2)(h)))
+            if mlp.ln is not None:
+                mid = mlp.ln(mid)
+            h = h + inner(mlp.fc_out)(mid)
+    return inner(native.head)(inner(native.ln_out)(h))
+
+
+def lm_loss(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """Mean next-token cross-entropy over every position. logits [b, t, v], tokens [b, t]."""
+    v = logits.shape[-1]
+    return F.cross_entropy(logits[:, :-1].reshape(-1, v), tokens[:, 1:].reshape(-1))

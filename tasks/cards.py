@@ -1,0 +1,104 @@
+"""Every task's card: its one-line description and its options, readable without importing the task.
+
+`probe list tasks` and the options parser need only these, so listing the tasks loads neither
+torch nor pandas. Each task module takes its ``Options`` and ``description`` from its card (a test
+holds every registered task to its card). Enumerated options are ``Literal[...]``: the options
+parser reads the choices from the annotation and refuses anything else with the choices named.
+A new task adds a card here, a line in the task table (``tasks/__init__.py``) and its module.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from depthprobe.probes.base.options import ranged
+
+
+@dataclass(frozen=True)
+class AblationOptions:
+    source: Literal["induction", "syntax", "coref", "attention-stats"] = "induction"
+    heads: str = "auto"  # auto (the source's top k) or L-H,... (0-indexed)
+    k: int = ranged(3, min=1)  # heads taken with heads=auto
+    method: Literal["mean", "zero"] = "mean"
+
+
+@dataclass(frozen=True)
+class AttentionStatsOptions:
+    top: int = ranged(5, min=1)  # heads listed per metric in the summary
+    protocol: Literal["pooled", "clark"] = "pooled"  # see tasks/attention_stats.py's docstring
+
+
+@dataclass(frozen=True)
+class CorefOptions:
+    format: Literal["auto", "conllu", "conll2012", "gap"] = "auto"
+    views: int = ranged(4, min=0)  # evaluated mentions (or GAP examples) shown with the best head's attention
+    gap_max_len: int = ranged(512, min=3)  # GAP texts longer than this many pieces (incl. specials) are skipped
+
+
+@dataclass(frozen=True)
+class InductionOptions:
+    repeat_len: int = ranged(25, min=2)  # S, the length of r
+    n_seqs: int = ranged(64, min=1)  # repeated sequences scored
+    top: int = ranged(5, min=1)  # heads listed per metric in the summary
+    icl_text: str | None = None  # UTF-8 text for the ICL score (default: the built-in Tiny Shakespeare)
+    icl_windows: int = ranged(64, min=0)  # at most this many text windows, evenly spread; 0 skips the ICL score
+
+
+@dataclass(frozen=True)
+class KernelsOptions:
+    exclude_special: bool | None = None  # encoders: drop [CLS]/[SEP] (None: yes)
+    include_bos: bool | None = None  # decoders: keep BOS in the kernel (None: no)
+    layers: tuple[int, ...] = ranged((), min=0)  # layers whose kernels are saved and drawn; (): four spread over 0..L
+    kernel_len: int = ranged(64, min=2)  # leading positions kept in the averaged kernel matrices
+    n_random: int = ranged(16, min=1)  # random sequences for models without a tokenizer
+    seq_len: int | None = ranged(None, min=2)  # their length (None: --max-len, capped at the model's context)
+
+
+@dataclass(frozen=True)
+class SyntaxOptions:
+    parser: str | None = None  # spaCy pipeline (installed name or directory) to parse raw-text --data
+    baseline_root: bool = True  # offsets may land on ROOT (position 0), as in Clark et al.'s code
+
+
+@dataclass(frozen=True)
+class Card:
+    """What a task is, in one line, and the frozen dataclass of its options."""
+
+    description: str
+    options: type
+
+
+CARDS: dict[str, Card] = {
+    "ablation": Card(
+        "Ablate the heads a source task finds (its top k, or -O heads=L-H,...) and k random control "
+        "heads from the same layers; loss (causal) or embedding cosine (encoders) and the source "
+        "task's scores, with and without",
+        AblationOptions,
+    ),
+    "attention-stats": Card(
+        "Per-head attention to [CLS]/BOS, [SEP], punctuation, previous/next token, self; entropy",
+        AttentionStatsOptions,
+    ),
+    "coref": Card(
+        "Antecedent selection by attention (Clark Table 2): CoNLL-U Entity chains, "
+        "CoNLL-2012 *_conll, or GAP TSV; best head vs nearest / head-match / rule-based",
+        CorefOptions,
+    ),
+    "induction": Card(
+        "Per-head induction, previous-token and duplicate-token scores on repeated random "
+        "tokens with chance levels; repeat copying and ICL scores (causal); copying and "
+        "K-composition, trained and at init (native)",
+        InductionOptions,
+    ),
+    "kernels": Card(
+        "Signal propagation per layer: mean cosine, residual ratios, contraction exponent, effective ranks, "
+        "kernel maps",
+        KernelsOptions,
+    ),
+    "syntax": Card(
+        "Clark et al. Table 1: per dependency relation, the head whose attention best finds "
+        "the governor, vs a fixed-offset baseline (CoNLL-U, or raw text with --parser)",
+        SyntaxOptions,
+    ),
+}
