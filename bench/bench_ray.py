@@ -10,7 +10,14 @@ files back to the driver); a second Ray run with one CPU per member shows what p
 give on this machine. Each mode runs `--rounds` times after its warm-up; the best is kept.
 Target: overhead at most 1.15x.
 
-    .venv/bin/python bench/bench_ray.py [--family levine] [--rounds 2]
+Where a member's time goes: for each mode the members' own wall time (`wall_s`, measured inside
+the member, so without Ray's round trip) and training throughput (`tokens_per_s`) are printed,
+and the torch threads a one-CPU Ray worker gets (Ray sets OMP_NUM_THREADS to the task's CPUs).
+`--address HOST:PORT` (or auto) joins a running cluster (`ray start`) instead of starting an
+instance; the CPUs are then the cluster's, and "one member at a time" reserves
+a whole node per member (on a cluster of one-CPU nodes, that is one member per node).
+
+    .venv/bin/python bench/bench_ray.py [--family levine] [--rounds 2] [--address 127.0.0.1:6379]
 """
 
 from __future__ import annotations
@@ -34,30 +41,46 @@ def _noop(x: int) -> int:
     return x
 
 
-def timed(family: str, **kwargs) -> float:
+def _threads(_: int) -> tuple[int, str]:
+    import torch
+
+    return torch.get_num_threads(), os.environ.get("OMP_NUM_THREADS", "-")
+
+
+def timed(family: str, **kwargs) -> tuple[float, list[float], list[float]]:
+    """The study's wall time, its members' own wall times and training tokens per second."""
     with tempfile.TemporaryDirectory() as tmp:
         t0 = time.perf_counter()
         s = study(family, "smoke", out=Path(tmp) / "s", echo=lambda line: None, **kwargs)
         elapsed = time.perf_counter() - t0
-        bad = s.table[s.table.status != "ok"]
+        table = s.table
+        bad = table[table.status != "ok"]
         if len(bad):
             raise SystemExit(f"members failed: {bad.error.tolist()}")
-    return elapsed
+    return elapsed, [float(x) for x in table.wall_s], [float(x) for x in table.tokens_per_s]
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--family", default="levine", choices=["levine", "petty", "spa"])
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--address", default=None, help="join this Ray cluster instead of starting an instance")
     args = ap.parse_args()
     import ray
 
-    cpus = os.cpu_count() or 1
-    ray.init(num_cpus=cpus, include_dashboard=False, log_to_driver=False)
+    if args.address:
+        ray.init(address=args.address, log_to_driver=False)
+        cpus = int(ray.cluster_resources().get("CPU", 1))
+    else:
+        cpus = os.cpu_count() or 1
+        ray.init(num_cpus=cpus, include_dashboard=False, log_to_driver=False)
     ray.get([ray.remote(_noop).remote(i) for i in range(cpus)])  # workers up before timing
+    # a job must fit on one node: on a cluster of small nodes, "one at a time" is one per node
+    node_cpus = max(int(n["Resources"].get("CPU", 1)) for n in ray.nodes() if n["Alive"])
+    threads = ray.get(ray.remote(_threads).options(num_cpus=1).remote(0))
     modes = {
         "local": {},
-        "ray, one member at a time": {"backend": "ray", "cpus_per_member": cpus},
+        "ray, one member at a time": {"backend": "ray", "cpus_per_member": node_cpus},
         "ray, parallel members": {"backend": "ray", "cpus_per_member": 1},
     }
     best = {}
@@ -65,10 +88,17 @@ def main() -> None:
         # one untimed run per mode: Ray keeps worker processes per resource shape, and a new worker
         # spends seconds importing torch and TransformerLens (a real study uses one shape throughout)
         timed(args.family, **kwargs)
-        best[name] = min(timed(args.family, **kwargs) for _ in range(args.rounds))
+        best[name] = min((timed(args.family, **kwargs) for _ in range(args.rounds)), key=lambda r: r[0])
     ray.shutdown()
-    for name, t in best.items():
-        print(f"{name:28s} {t:6.1f} s")
+    print(
+        f"a one-CPU Ray worker runs torch with {threads[0]} thread(s) (OMP_NUM_THREADS={threads[1]}); "
+        f"this process: {__import__('torch').get_num_threads()}"
+    )
+    for name, (t, walls, speeds) in best.items():
+        members = ", ".join(f"{w:.1f} s" for w in walls)
+        rate = sum(speeds) / len(speeds)
+        print(f"{name:28s} {t:6.1f} s   members' own wall time: {members}; training {rate:,.0f} tokens/s")
+    best = {name: r[0] for name, r in best.items()}
     print(
         f"smoke study ({args.family}) on Ray vs local, Ray start-up excluded: "
         f"{best['ray, one member at a time'] / best['local']:.2f}x overhead (target <= 1.15x); "

@@ -1,7 +1,7 @@
 """Training step time of a study member against a plain-PyTorch model of the same shape.
 
 The member is built and trained exactly as `probe study` does it (a native TransformerBridge
-decoder with MLPs, `probes.models.lm`'s step: the corpus batch of (seed, step), the fast forward
+decoder with MLPs, `probes.training.lm`'s step: the corpus batch of (seed, step), the fast forward
 path, AdamW with decay on matrices only, clipping at 1, the warm-up/cosine learning rate). The
 baseline is a minimal nanoGPT-style PyTorch model with the same shape (pre-LN blocks with biases,
 causal scaled_dot_product_attention, GELU MLP of width d_ff, learned positions, untied unembedding)

@@ -147,6 +147,13 @@ def guarded(fn: Callable[..., Any]) -> Callable[..., Any]:
         except Exception as exc:  # internal error: keep it to one line unless --debug
             if _DEBUG["on"]:
                 raise
+            if isinstance(exc, (MemoryError, RuntimeError)):  # a failed allocation is the machine's size: exit 2
+                from depthprobe.probes.models.device import out_of_memory_error
+
+                oom = out_of_memory_error(exc, f"probe {fn.__name__}")
+                if oom is not None:
+                    err(str(oom))
+                    raise typer.Exit(oom.exit_code) from None
             first = (str(exc).strip().splitlines() or [""])[0]
             err(f"internal error: {type(exc).__name__}: {first} (rerun with probe --debug ... for the traceback)")
             raise typer.Exit(1) from None
@@ -230,12 +237,26 @@ def run(
     address: str | None = typer.Option(
         None, "--address", help="Ray cluster: auto or HOST:PORT (--backend ray; default: start a local instance)."
     ),
+    plugin: list[str] = typer.Option(
+        [],
+        "--plugin",
+        help="A Python file or module that registers tasks (@probes.register), imported first (repeatable).",
+    ),
 ) -> None:
     """Run a task on a model, print its summary and write a run directory."""
     from depthprobe.probes.api.run import run as api_run
+    from depthprobe.probes.base.errors import ProbeError
+    from depthprobe.probes.engine.plugins import load_plugin
     from depthprobe.probes.models.device import size_limit
 
+    if plugin and backend != "local":
+        raise ProbeError(
+            "--plugin runs with --backend local only (Ray workers do not import it); "
+            "install the plugin as a package with a depthprobe.tasks entry point to shard it"
+        )
     prepare_out(out)
+    for spec in plugin:
+        load_plugin(spec)
     with size_limit(max_params):
         result = api_run(
             model,
@@ -272,6 +293,10 @@ def list_tasks() -> None:
         typer.echo(f"{name:16s} {card.description}")
         if opts:
             typer.echo(f"{'':16s} options: {opts}")
+    from depthprobe.probes.engine.plugins import entry_point_tasks
+
+    for name, ref in sorted(entry_point_tasks(set(CARDS)).items()):  # installed packages' tasks
+        typer.echo(f"{name:16s} from an installed package ({ref}; its module is imported on first use)")
 
 
 @list_app.command("models")

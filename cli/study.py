@@ -9,6 +9,7 @@ import typer
 from depthprobe.cli.main import CPUS_PER_MEMBER, GPUS_PER_MEMBER, MEMBER_ADDRESS, MEMBER_BACKEND, app, err, guarded
 from depthprobe.probes.api.study_config import COSTS
 
+MEMBERS_FAILED = 3  # the exit code of a study that ran with failed members (their errors in study.csv)
 PRESET_HELP = " ".join(f"{name}: {cost}." for name, cost in COSTS.items())
 
 
@@ -61,6 +62,7 @@ def study(
         None, "--max-params", help="Members with more parameters than this fail (the rest go on)."
     ),
 ) -> None:
+    from depthprobe.probes.api.study import default_folder
     from depthprobe.probes.api.study import study as api_study
     from depthprobe.probes.api.study_config import parse_floats, parse_names
     from depthprobe.probes.api.sweep import parse_depths
@@ -85,15 +87,14 @@ def study(
         "device": device,
         "max_params": max_params,
     }
+    folder = out if out is not None else default_folder(family, preset)
     try:
-        result = api_study(family, preset, out=out, backend=backend, address=address,
+        result = api_study(family, preset, out=folder, backend=backend, address=address,
                            cpus_per_member=cpus_per_member, gpus_per_member=gpus_per_member, retries=retries,
                            echo=lambda line: typer.echo(line, err=True), **given)  # fmt: skip
     except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM (signals.Terminated carries the signal)
-        where = out if out is not None else "the study folder"
         signum = getattr(exc, "signum", None)
-        what = "interrupted" if signum is None else f"terminated by signal {signum}"
-        err(f"{what}; finished members are kept in {where}: rerun the same command to continue")
+        err(f"{'interrupted' if signum is None else f'terminated by signal {signum}'}; {_left_behind(folder)}")
         raise typer.Exit(130 if signum is None else 128 + signum) from None
     table = result.table
     cols = ["member", "depth", "d_model", "d_ff", "params_nonembed", "tokens", "val_loss", "val_bpb", "status"]
@@ -101,7 +102,18 @@ def study(
 
     with pd.option_context("display.width", 200, "display.max_columns", 20, "display.max_rows", 500):
         typer.echo(table[cols].to_string(index=False))
+    typer.echo(f"wrote {result.folder}")
     failed = int((table.status == "failed").sum())
     if failed:
         typer.echo(f"{failed} member(s) failed; their errors are in study.csv", err=True)
-    typer.echo(f"wrote {result.folder}")
+        raise typer.Exit(MEMBERS_FAILED)
+
+
+def _left_behind(folder: Path) -> str:
+    """What an interrupted study leaves, as it is on disk."""
+    from depthprobe.probes.api.study import STUDY_JSON, finished_members
+
+    if not (folder / STUDY_JSON).exists():
+        return "nothing was written"
+    done, _ = finished_members(folder)
+    return f"finished members are kept in {folder} ({len(done)} so far): rerun the same command to continue"

@@ -145,5 +145,5 @@ def _interrupted(out: Path, code: int = 130) -> None:
             err=True,
         )
     except (OSError, ValueError, KeyError):
-        typer.echo("error: interrupted before the first checkpoint; nothing was written", err=True)
+        typer.echo(f"error: interrupted before the first checkpoint; no checkpoint was written to {out}", err=True)
     raise typer.Exit(code)

@@ -28,13 +28,16 @@ _NAMES: dict[str, str] = {
     "Study": "api.study:Study",
     "Task": "engine.task:Task",
     "ablate_heads": "hooks.interventions:ablate_heads",
+    "attribute": "hooks.attribution:attribute",
     "capture": "hooks.capture:capture",
     "compare": "api.compare:compare",
+    "direct_logit_attribution": "hooks.lens:direct_logit_attribution",
     "encode_words": "data.align:encode_words",
     "forward": "hooks.capture:forward",
     "get_task": "engine.task:get_task",
     "load": "models.loading:load",
     "load_checkpoint": "models.loading:load_checkpoint",
+    "logit_lens": "hooks.lens:logit_lens",
     "patch": "hooks.interventions:patch",
     "register": "engine.task:register",
     "resolve_names": "hooks.capture:resolve_names",
@@ -43,6 +46,7 @@ _NAMES: dict[str, str] = {
     "save_checkpoint": "models.checkpoints:save_checkpoint",
     "study": "api.study:study",
     "task_names": "engine.task:task_names",
+    "tidy": "engine.task:tidy",
     "word_attention": "data.align:word_attention",
 }
 
@@ -82,10 +86,13 @@ if TYPE_CHECKING:  # what static checkers and IDEs see; never run
         get_task,
         register,
         task_names,
+        tidy,
     )
+    from depthprobe.probes.hooks.attribution import attribute
     from depthprobe.probes.hooks.cache import Cache, run_with_cache
     from depthprobe.probes.hooks.capture import capture, forward, resolve_names
     from depthprobe.probes.hooks.interventions import ablate_heads, patch
+    from depthprobe.probes.hooks.lens import direct_logit_attribution, logit_lens
     from depthprobe.probes.models.architectures import ALIASES, DEFAULT_MODEL
     from depthprobe.probes.models.checkpoints import save_checkpoint
     from depthprobe.probes.models.loading import load, load_checkpoint

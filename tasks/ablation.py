@@ -38,7 +38,7 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import pandas as pd
@@ -46,7 +46,7 @@ import torch
 import torch.nn.functional as F
 
 from depthprobe.probes.base.errors import ProbeError
-from depthprobe.probes.data.synthetic import sequences as repeated_sequences
+from depthprobe.probes.engine.execute import accumulate
 from depthprobe.probes.engine.task import (
     Batch,
     Context,
@@ -57,8 +57,8 @@ from depthprobe.probes.engine.task import (
     get_task,
     tidy,
 )
-from depthprobe.probes.hooks.capture import Captured, capture
-from depthprobe.probes.hooks.interventions import Head, ablate_heads, head_label, parse_heads
+from depthprobe.probes.hooks.capture import Captured, HookFn
+from depthprobe.probes.hooks.interventions import Head, head_label, parse_heads
 from depthprobe.probes.models.model import Model
 from depthprobe.tasks.cards import CARDS, AblationOptions
 
@@ -149,15 +149,24 @@ def paired(delta: torch.Tensor) -> tuple[float, float]:
 
 @dataclass
 class Plan:
-    """What load decides, before any forward pass: the source, the behaviour data and its task tokens."""
+    """What load decides, before any forward pass: the source task's context and examples (the
+    behaviour data, batched as the source batches them) and the positions of the task's tokens."""
 
     model: Model
     source: str
-    ids: torch.Tensor  # [n, pos] behaviour data, padded
-    mask: torch.Tensor  # [n, pos]
+    sctx: Context
+    examples: Examples
     task_slice: slice | None  # loss positions of the task's tokens (induction), None: every token
     given: list[Head] | None  # heads named with -O heads=, or None for auto
-    source_options: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Pass:
+    """One run of the source task, with the behaviour measured on the same forward passes."""
+
+    output: Output
+    behaviour: dict[str, torch.Tensor]  # per example: loss, loss_task (causal) or embedding (encoders)
+    means: dict[int, torch.Tensor]  # layer -> [head, d_head] mean hook_z over real tokens (clean pass, mean method)
 
 
 def _source_context(ctx: Context, source: str, options: dict[str, Any]) -> Context:
@@ -176,30 +185,70 @@ def _source_context(ctx: Context, source: str, options: dict[str, Any]) -> Conte
     return Context(config=config, options=get_task(source).parse_options(options))
 
 
-def _behaviour_data(
-    model: Model, ctx: Context, source: str, options: dict[str, Any]
-) -> tuple[torch.Tensor, torch.Tensor, slice | None]:
-    if source == "induction":
-        o = get_task("induction").parse_options(options)
-        n = o.n_seqs if ctx.config.limit is None else min(o.n_seqs, ctx.config.limit)
-        ids = repeated_sequences(model, o.repeat_len, n, ctx.config.seed)
-        s, p = o.repeat_len, 1
-        return ids, torch.ones_like(ids), slice(p + s, p + 2 * s - 1)
-    task = get_task(source)
-    sctx = _source_context(ctx, source, options)
-    examples = task.load(model, sctx).head(ctx.config.limit)
-    batches = list(task.batches(model, examples, sctx))
-    width = max(b.input_ids.shape[1] for b in batches)
-    ids = torch.cat([F.pad(b.input_ids.cpu(), (0, width - b.input_ids.shape[1]), value=model.pad_id) for b in batches])
-    mask = torch.cat([F.pad(b.attention_mask.cpu(), (0, width - b.attention_mask.shape[1])) for b in batches])
-    return ids, mask, None
+def _task_slice(plan_source: str, sctx: Context) -> slice | None:
+    """Induction: the loss positions of the second copy r_1..r_{S-1}; the others: every token."""
+    if plan_source != "induction":
+        return None
+    s, p = sctx.options.repeat_len, 1
+    return slice(p + s, p + 2 * s - 1)
 
 
-def _final_hidden(model: Model, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+def _store(t: torch.Tensor, hook: Any) -> None:
+    return None  # capture only
+
+
+def _edits(heads: list[Head], method: str, means: dict[int, torch.Tensor]) -> dict[str, HookFn]:
+    """hook_z edits writing each head's mean output (or zero): what ``ablate_heads`` does, with the
+    means of the clean pass instead of a pass of their own per head set."""
+    by_layer: dict[int, list[int]] = {}
+    for layer, head in heads:
+        by_layer.setdefault(layer, []).append(head)
+
+    def make(layer: int) -> HookFn:
+        idx = by_layer[layer]
+
+        def fn(z: torch.Tensor, hook: Any) -> torch.Tensor:  # z [batch, pos, head, d_head]
+            z = z.clone()
+            z[:, :, idx] = 0.0 if method == "zero" else means[layer][idx].to(z.dtype)
+            return z
+
+        return fn
+
+    return {f"blocks.{layer}.attn.hook_z": make(layer) for layer in by_layer}
+
+
+def _run(plan: Plan, seed: int, edits: dict[str, HookFn], mean_layers: bool) -> Pass:
+    """The source task over its examples (under ``edits``), the behaviour of the same passes and,
+    with ``mean_layers``, every layer's mean hook_z: one forward pass per source batch."""
+    model, task = plan.model, get_task(plan.source)
     last = f"blocks.{model.info.n_layers - 1}.hook_resid_post"
-    with torch.no_grad(), capture(model, last) as acts:
-        model.bridge(ids.to(model.device), attention_mask=mask.to(model.device), return_type=None)
-    return acts[last].float().cpu()
+    z_names = {layer: f"blocks.{layer}.attn.hook_z" for layer in range(model.info.n_layers)} if mean_layers else {}
+    extra: dict[str, HookFn] = {} if model.info.causal else {last: _store}
+    extra.update(dict.fromkeys(z_names.values(), _store))
+    extra.update(edits)
+    parts: dict[str, list[torch.Tensor]] = {}
+    sums: dict[int, torch.Tensor | float] = dict.fromkeys(z_names, 0.0)
+    n = 0.0
+
+    def observe(batch: Batch, acts: Captured) -> None:
+        nonlocal n
+        ids, mask = batch.input_ids.cpu(), batch.attention_mask.cpu()
+        if model.info.causal:
+            loss = masked_losses(acts["logits"].cpu(), ids, mask)
+            parts.setdefault("loss", []).append(loss.nanmean(1))
+            part = loss if plan.task_slice is None else loss[:, plan.task_slice]
+            parts.setdefault("loss_task", []).append(part.nanmean(1))
+        else:
+            parts.setdefault("embedding", []).append(mean_pooled(acts[last].float().cpu(), mask))
+        w = batch.attention_mask.to(model.device).to(torch.float32)[..., None, None]  # [b, pos, 1, 1]
+        for layer, name in z_names.items():
+            sums[layer] = sums[layer] + (acts[name].float() * w).sum((0, 1))
+        n += float(batch.attention_mask.sum())
+
+    torch.manual_seed(seed)
+    state, _ = accumulate(task, model, plan.sctx, plan.examples, extra=extra, observe=observe)
+    means = {layer: torch.as_tensor(s) / n for layer, s in sums.items()}
+    return Pass(task.finalize(state, plan.sctx), {k: torch.cat(v) for k, v in parts.items()}, means)
 
 
 class Ablation(Task[Options, Plan]):
@@ -213,9 +262,9 @@ class Ablation(Task[Options, Plan]):
         if source_task.needs_text:
             model.require_tokenizer(o.source)
         given = None if o.heads.strip().lower() == "auto" else parse_heads(model, o.heads)
-        options = dict(SOURCE_OPTIONS.get(o.source, {}))
-        ids, mask, task_slice = _behaviour_data(model, ctx, o.source, options)
-        return Examples([Plan(model, o.source, ids, mask, task_slice, given, options)])
+        sctx = _source_context(ctx, o.source, dict(SOURCE_OPTIONS.get(o.source, {})))
+        examples = source_task.load(model, sctx).head(ctx.config.limit)
+        return Examples([Plan(model, o.source, sctx, examples, _task_slice(o.source, sctx), given)])
 
     def batches(self, model: Model, examples: list[Any], ctx: Context[Options]) -> Iterator[Batch]:
         return iter(())  # every forward pass runs under an intervention, in finalize
@@ -230,34 +279,35 @@ class Ablation(Task[Options, Plan]):
         return None
 
     def merge(self, a: Plan, b: Plan) -> Plan:
-        """Nothing is accumulated: every forward pass runs once, in ``finalize``, on one plan."""
+        """Nothing is accumulated: every forward pass runs in ``finalize``, on one plan."""
         return a
 
     def finalize(self, plan: Plan, ctx: Context[Options]) -> Output:
-        o, model = ctx.options, plan.model
-        clean_source = self._source(plan, ctx)
-        clean_score = head_scores(plan.source, clean_source.scores, clean_source.files)
+        o, model, seed = ctx.options, plan.model, ctx.config.seed
+        clean_pass = _run(plan, seed, {}, mean_layers=o.method == "mean")
+        clean, clean_score = (
+            clean_pass.behaviour,
+            head_scores(plan.source, clean_pass.output.scores, clean_pass.output.files),
+        )
         found = plan.given if plan.given is not None else top_heads(clean_score, o.k)
-        control = control_heads(found, model.info.n_heads, ctx.config.seed)
+        control = control_heads(found, model.info.n_heads, seed)
         conditions = {"found": found, "control": control} if control else {"found": found}
-        clean = self._behaviour(plan, ctx.config.batch_size)
         rows = self._rows(clean, "clean", clean_score, plan)
         measured: dict[str, dict[str, Any]] = {}
         for cond, heads in conditions.items():
-            with ablate_heads(model, heads, o.method, data=plan.ids, attention_mask=plan.mask):
-                out = self._behaviour(plan, ctx.config.batch_size)
-                src = self._source(plan, ctx)
-            score = head_scores(plan.source, src.scores, src.files)
-            measured[cond] = {"heads": heads, "behaviour": out, "score": score}
-            rows += self._rows(out, cond, score, plan)
+            ablated = _run(plan, seed, _edits(heads, o.method, clean_pass.means), mean_layers=False)
+            score = head_scores(plan.source, ablated.output.scores, ablated.output.files)
+            measured[cond] = {"heads": heads, "behaviour": ablated.behaviour, "score": score}
+            rows += self._rows(ablated.behaviour, cond, score, plan)
             rows += [
                 {"layer": layer, "head": head, "metric": "ablated", "value": 1.0, "condition": cond}
                 for layer, head in heads
             ]
         scores = tidy(rows, ctx.config.model, self.name)
         summary = summarise(clean, clean_score, measured, model.info.causal)
-        headline = _headline(plan, o, found, control, summary)
-        notes = _notes(plan, o, found, control, summary, model, ctx.config.seed)
+        n_examples = len(next(iter(clean.values())))
+        headline = _headline(plan, o, found, control, summary, n_examples)
+        notes = _notes(plan, o, found, control, summary, seed, n_examples)
         return Output(
             scores=scores,
             summary=summary,
@@ -272,38 +322,6 @@ class Ablation(Task[Options, Plan]):
                 for c in ("clean", *conditions)
             ],
         )
-
-    @staticmethod
-    def _source(plan: Plan, ctx: Context) -> Output:
-        """The source task's output on the same data and settings (under whatever intervention is active)."""
-        from depthprobe.probes.engine.execute import execute
-
-        task = get_task(plan.source)
-        sctx = _source_context(ctx, plan.source, plan.source_options)
-        examples = task.load(plan.model, sctx).head(ctx.config.limit)
-        torch.manual_seed(ctx.config.seed)
-        out, _ = execute(task, plan.model, sctx, examples)
-        return out
-
-    @staticmethod
-    def _behaviour(plan: Plan, batch_size: int) -> dict[str, torch.Tensor]:
-        """Per example: loss and loss_task (causal) or the mean-pooled final embedding (encoders)."""
-        model, out = plan.model, {}
-        parts: dict[str, list[torch.Tensor]] = {}
-        for start in range(0, len(plan.ids), batch_size):
-            ids, mask = plan.ids[start : start + batch_size], plan.mask[start : start + batch_size]
-            if model.info.causal:
-                with torch.no_grad():
-                    logits = model.bridge(ids.to(model.device), attention_mask=mask.to(model.device))
-                loss = masked_losses(logits.cpu(), ids, mask)
-                parts.setdefault("loss", []).append(loss.nanmean(1))
-                task = loss if plan.task_slice is None else loss[:, plan.task_slice]
-                parts.setdefault("loss_task", []).append(task.nanmean(1))
-            else:
-                parts.setdefault("embedding", []).append(mean_pooled(_final_hidden(model, ids, mask), mask))
-        for k, v in parts.items():
-            out[k] = torch.cat(v)
-        return out
 
     @staticmethod
     def _rows(behaviour: dict[str, torch.Tensor], cond: str, score: pd.Series, plan: Plan) -> list[dict]:
@@ -360,14 +378,16 @@ def _row(summary: pd.DataFrame, cond: str) -> dict[str, Any] | None:
     return None if hit.empty else hit.iloc[0].to_dict()
 
 
-def _headline(plan: Plan, o: Options, found: list[Head], control: list[Head], summary: pd.DataFrame) -> dict:
+def _headline(
+    plan: Plan, o: Options, found: list[Head], control: list[Head], summary: pd.DataFrame, n_examples: int
+) -> dict:
     h: dict[str, Any] = {
         "source": plan.source,
         "method": o.method,
         "selection": "given" if plan.given else "auto",
         "found_heads": [head_label(*x) for x in found],
         "control_heads": [head_label(*x) for x in control],
-        "n_examples": len(plan.ids),
+        "n_examples": n_examples,
     }
     f, c = _row(summary, "found"), _row(summary, "control")
     if f is None:
@@ -383,7 +403,7 @@ def _headline(plan: Plan, o: Options, found: list[Head], control: list[Head], su
 
 
 def _notes(
-    plan: Plan, o: Options, found: list[Head], control: list[Head], summary: pd.DataFrame, model: Model, seed: int
+    plan: Plan, o: Options, found: list[Head], control: list[Head], summary: pd.DataFrame, seed: int, n_examples: int
 ) -> list[str]:
     how = (
         "heads given with -O heads"
@@ -396,12 +416,12 @@ def _notes(
             f"found ({how}): {', '.join(head_label(*h) for h in found)}; control (random, same layers, "
             f"seed {seed}): {listed}"
         ),
-        f"{o.method} ablation of hook_z over {len(plan.ids)} examples; heads are L-H, 0-indexed",
+        f"{o.method} ablation of hook_z over {n_examples} examples; heads are L-H, 0-indexed",
     ]
     if not control:
         notes.append("no control: the found heads fill their layers")
     for r in summary.to_dict("records"):
-        if model.info.causal:
+        if plan.model.info.causal:
             notes.append(
                 f"{r['condition']}: loss on the task's tokens {r['loss_task_clean']:.3f} -> "
                 f"{r['loss_task_ablated']:.3f} ({r['loss_task_change']:+.3f} +- {r['loss_task_change_se']:.3f}"

@@ -36,6 +36,7 @@ from depthprobe.probes.measures.metrics import (
     uniform_entropy_sum,
 )
 from depthprobe.probes.models.model import Model
+from depthprobe.probes.hooks.interventions import head_label
 from depthprobe.tasks.cards import CARDS, AttentionStatsOptions
 
 SAMPLE = Path(__file__).parent / "data" / "sample.txt"
@@ -200,7 +201,7 @@ class AttentionStats(Task[Options, State]):
                     "metric": metric,
                     "mean": round(g["value"].mean(), 4),
                     "heads_over_0.5": int((g["value"] > 0.5).sum()),
-                    "top_heads": ", ".join(f"{r.layer}-{r.head} ({r.value:.2f})" for r in best.itertuples()),
+                    "top_heads": ", ".join(f"{head_label(r.layer, r.head)} ({r.value:.2f})" for r in best.itertuples()),
                 }
             )
         return pd.DataFrame(out)

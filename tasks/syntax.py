@@ -36,6 +36,7 @@ from depthprobe.probes.data.align import Encoded, encode_pieces, unit_matrix, wo
 from depthprobe.probes.engine.task import Context, Examples, HeatmapPanel, Output, Task, ViewPanel, tidy
 from depthprobe.probes.hooks.capture import Captured, pattern_names
 from depthprobe.probes.models.model import Model
+from depthprobe.probes.hooks.interventions import head_label
 from depthprobe.tasks.cards import CARDS, SyntaxOptions
 
 SAMPLE = Path(__file__).parent / "data" / "sample_syntax.conllu"
@@ -324,7 +325,7 @@ class Syntax(Task[Options, State]):
         acc = correct / np.maximum(total, 1)[:, None, None, None]  # [relation, dir, layer, head]
         base_acc = base / np.maximum(total, 1)[:, None]  # [relation, offset]
         scores = self._scores(state, acc, total, ctx)
-        summary, best = self._summary(state, acc, base_acc, total)
+        summary, best, heads = self._summary(state, acc, base_acc, total)
         baselines = pd.DataFrame(
             [
                 {"relation": rel, "offset": off, "count": int(total[i]), "accuracy": float(base_acc[i, j])}
@@ -352,7 +353,7 @@ class Syntax(Task[Options, State]):
             notes=self._notes(state, ctx),
             headline=headline,
             heatmaps=heatmaps,
-            views=self._views(state, best, info.causal),
+            views=self._views(state, best, heads, info.causal),
             files={"baselines.csv": baselines.to_csv(index=False).encode()},
         )
 
@@ -370,12 +371,14 @@ class Syntax(Task[Options, State]):
                 "count": total[r].astype(int),
             }
         )
-        return tidy(df.to_dict("records"), ctx.config.model, self.name)
+        return tidy(df, ctx.config.model, self.name)
 
     def _summary(
         self, state: State, acc: np.ndarray, base_acc: np.ndarray, total: np.ndarray
-    ) -> tuple[pd.DataFrame, dict]:
-        rows, best = [], {}
+    ) -> tuple[pd.DataFrame, dict, dict[str, tuple[int, int]]]:
+        rows: list[dict] = []
+        best: dict = {}
+        heads: dict[str, tuple[int, int]] = {}
         order = [len(state.relations) - 1, *range(len(state.relations) - 1)]  # ALL first
         for i in order:
             rel = state.relations[i]
@@ -387,8 +390,8 @@ class Syntax(Task[Options, State]):
             row = {
                 "relation": rel,
                 "count": int(total[i]),
-                "best_head": f"{layer}-{head}",
-                "clark_notation": f"{layer + 1}-{head + 1}",
+                "best_head": head_label(layer, head),
+                "clark_notation": head_label(layer + 1, head + 1),
                 "direction": DIRECTIONS[d],
                 "accuracy": round(a, 2),
                 "baseline": round(b, 2),
@@ -400,11 +403,12 @@ class Syntax(Task[Options, State]):
                 "clark_baseline": published[2] if published else None,
             }
             rows.append(row)
+            heads[rel] = (int(layer), int(head))  # structured; the rows carry the printed labels
             best[rel] = {
                 k: row[k]
                 for k in ("best_head", "clark_notation", "direction", "accuracy", "baseline", "offset", "count")
             }
-        return pd.DataFrame(rows), best
+        return pd.DataFrame(rows), best, heads
 
     @staticmethod
     def _notes(state: State, ctx: Context) -> list[str]:
@@ -434,15 +438,15 @@ class Syntax(Task[Options, State]):
         return notes
 
     @staticmethod
-    def _views(state: State, best: dict, causal: bool) -> list[ViewPanel]:
+    def _views(state: State, best: dict, best_heads: dict[str, tuple[int, int]], causal: bool) -> list[ViewPanel]:
         if state.view is None:
             return []
         heads, labels = [], []
         for rel in HEATMAP_RELATIONS:
             if rel in best:
-                layer, head = map(int, best[rel]["best_head"].split("-"))
+                layer, head = best_heads[rel]
                 heads.append((layer, head))
-                labels.append(f"{layer}-{head} {rel} ({best[rel]['direction']})")
+                labels.append(f"{head_label(layer, head)} {rel} ({best[rel]['direction']})")
         w = state.view["w"]
         pattern = [w[layer, head].tolist() for layer, head in heads]
         return [

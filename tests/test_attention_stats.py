@@ -279,10 +279,10 @@ def test_save_writes_a_complete_run_directory(tiny_bert, tmp_path):
 def test_interrupted_save_leaves_nothing_behind(tiny_bert, tmp_path, monkeypatch):
     from depthprobe.probes.render import report
 
-    def interrupted(run_dir):
+    def interrupted(run_dir, data):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(report, "write_report", interrupted)
+    monkeypatch.setattr(report, "write_page", interrupted)
     r = run(tiny_bert, "attention-stats", limit=2)
     with pytest.raises(KeyboardInterrupt):
         r.save(tmp_path / "run")

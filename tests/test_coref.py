@@ -482,7 +482,7 @@ def test_outputs_summary_heatmaps_and_views(tiny_bert):
     row = v["pattern"][0][v["query"]]
     for c in v["candidates"]:
         assert c["attention"] == pytest.approx(row[c["head"]], abs=1e-4)
-    layer, head = r.headline["best_head"]
+    layer, head = map(int, r.headline["best_head"].split("-"))  # L-H, 0-indexed
     best = r.scores[(r.scores.type == "all")].sort_values(["value", "layer", "head"], ascending=[False, True, True])
     assert (best.iloc[0]["layer"], best.iloc[0]["head"]) == (layer, head)
     assert r.headline["best_head_clark"] == f"{layer + 1}-{head + 1}"

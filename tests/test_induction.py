@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import xml.etree.ElementTree as ET
 from fractions import Fraction
 
 import pandas as pd
@@ -386,7 +387,17 @@ def test_sweep_table_and_plot(tmp_path):
     assert res.summary.depth.tolist() == [1, 2]
     chance = (sum(Fraction(1, k) for k in range(7, 12)) / 5 + sum(Fraction(1, k) for k in range(12, 22)) / 10) / 2
     assert res.headline["induction_chance"] == round(float(chance), 4)  # held-out lengths 5 and 10
-    assert res.plots["induction_vs_step"].lstrip().startswith("<?xml") and "<svg" in res.plots["induction_vs_step"]
+    svg = ET.fromstring(res.plots["induction_vs_step"])  # a standalone SVG file: the namespace is named
+    assert svg.tag == "{http://www.w3.org/2000/svg}svg"
+    shown = {g.get("data-label"): g for g in svg.iter("{http://www.w3.org/2000/svg}g") if g.get("class") == "series"}
+    assert list(shown) == ["1 layer", "2 layers"]  # a line per depth, with a point per evaluated step
+    for depth, label in ((1, "1 layer"), (2, "2 layers")):
+        tips = [
+            c.findtext("{http://www.w3.org/2000/svg}title")
+            for c in shown[label].iter("{http://www.w3.org/2000/svg}circle")
+        ]
+        rows = t[t.depth == depth]
+        assert tips == [f"{label}: x={s}, y={v:.4g}" for s, v in zip(rows.step, rows.best_induction, strict=True)]
     path = res.save(tmp_path / "sweep")
     assert (path / "plots" / "induction_vs_step.svg").exists() and (path / "train_loss.csv").exists()
 

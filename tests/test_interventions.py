@@ -64,7 +64,7 @@ def test_patching_residuals_per_layer_and_position(native):
         return logits[0, -1, 5]
 
     df = patch(native, clean, corrupt, metric=last_logit)
-    assert list(df.columns) == ["model", "task", "layer", "head", "position", "metric", "value"]
+    assert list(df.columns) == ["model", "task", "layer", "head", "position", "hook", "metric", "value"]
     assert len(df) == 2 * 5 and set(df.metric) == {"last_logit"}
     layer0 = df[df.layer == 0].set_index("position")["value"]
     # the embedding at an unchanged position is the same in both runs: patching it changes nothing

@@ -128,15 +128,15 @@ def test_a_concurrent_run_that_saved_first_wins(tiny_bert_dir, tmp_path, monkeyp
     from depthprobe.probes.render import report
 
     out = tmp_path / "run"
-    real = report.write_report
+    real = report.write_page
 
-    def other_run_finishes_meanwhile(run_dir):
+    def other_run_finishes_meanwhile(run_dir, data):
         if not out.exists():  # while this run writes its report, another one saves to the same --out
-            monkeypatch.setattr(report, "write_report", real)
+            monkeypatch.setattr(report, "write_page", real)
             api.run(str(tiny_bert_dir), "attention-stats", limit=1).save(out)
-        return real(run_dir)
+        return real(run_dir, data)
 
-    monkeypatch.setattr(report, "write_report", other_run_finishes_meanwhile)
+    monkeypatch.setattr(report, "write_page", other_run_finishes_meanwhile)
     res = invoke("run", "--model", tiny_bert_dir, "--limit", "2", "--out", out)
     one_line_error(res, f"another run wrote {out} first")
     assert (out / "manifest.json").exists() and '"limit": 1' in (out / "manifest.json").read_text()

@@ -5,9 +5,9 @@ tidy table with one row per (model, layer, metric); ``save(table, out)`` writes 
 ``peaks.csv``, ``compare.json`` and an offline ``report.html`` (drawn by ``probes.render.compare``).
 The rules, also in docs/compare.md:
 
-- **Run folder**: a folder holding ``manifest.json`` and ``scores.csv``. Any other folder (a study,
-  a folder of runs) stands for every run folder below it, at any depth; hidden folders (the
-  ``.*.partial`` folders of unfinished writes) are skipped and a run folder is not searched inside.
+- **Run folder**: a folder holding ``manifest.json`` and ``scores.csv`` (one with no rows is refused, never
+  dropped). Any other folder (a study, a folder of runs) stands for every run folder below it, at any depth;
+  hidden folders (``.*.partial``, unfinished writes) are skipped and a run folder is not searched inside.
 - **Metric**: a metric of ``scores.csv`` together with the values of its *selector* columns, joined by
   ``/`` (``accuracy/nsubj/dependent->head`` for syntax, ``accuracy/pronoun`` for coref). A selector
   is a text column that takes several values for the same layer, head and metric; columns that
@@ -407,6 +407,9 @@ def compare(
     if isinstance(runs, (str, Path)):
         runs = [runs]
     read = _one_task([read_run(p) for p in find_runs(runs)], task)
+    empty = [r.path / "scores.csv" for r in read if r.scores.dropna(subset=["layer", "metric"]).empty]
+    if empty:  # refused, not dropped: a run missing from the table would pass unnoticed
+        raise ProbeError(f"{empty[0]} has no rows (only a header); re-run that task or leave the run out")
     labels = _labels(read)
     selectors = _selectors([r.scores for r in read])
     table = pd.concat([_run_table(r, lb, selectors) for r, lb in zip(read, labels, strict=True)], ignore_index=True)

@@ -62,11 +62,36 @@ class Result:
     def task(self) -> str:
         return self.config["task"]
 
+    def __repr__(self) -> str:
+        """One line: task, model and sizes (the tables and patterns are in the attributes)."""
+        saved = f", saved to {self.path}" if self.path is not None else ""
+        return (
+            f"Result(task={self.task!r}, model={self.model_info['name']!r}, scores {len(self.scores)} rows, "
+            f"summary {len(self.summary)} rows, {len(self.views)} views, {len(self.plots)} plots{saved})"
+        )
+
     def manifest(self) -> dict[str, Any]:
         return artifacts.manifest(self.config, self.model_info, self.device, self.timings, self.counts)
 
+    def summary_json(self) -> dict[str, Any]:
+        """What ``summary.json`` holds, as JSON data (numpy scalars as numbers, NaN as null)."""
+        return artifacts.jsonable(
+            {
+                "task": self.task,
+                "model": self.model_info["name"],
+                "headline": self.headline,
+                "notes": self.notes,
+                "counts": self.counts,
+                "heatmaps": self.heatmaps,
+                "summary": self.summary.to_dict(orient="records"),
+            }
+        )
+
     def save(self, directory: str | Path | None = None) -> Path:
-        """Write the run directory atomically; returns its path."""
+        """Write the run directory atomically; returns its path. The report is drawn from this
+        Result in memory (``probe report RUN_DIR`` draws the same page from the saved files)."""
+        from depthprobe.probes.render import report
+
         final = (
             Path(directory)
             if directory
@@ -75,19 +100,9 @@ class Result:
         with artifacts.atomic_dir(final) as tmp:
             self.scores.to_csv(tmp / "scores.csv", index=False)
             self.summary.to_csv(tmp / "summary.csv", index=False)
-            artifacts.write_json(
-                tmp / "summary.json",
-                {
-                    "task": self.task,
-                    "model": self.model_info["name"],
-                    "headline": self.headline,
-                    "notes": self.notes,
-                    "counts": self.counts,
-                    "heatmaps": self.heatmaps,
-                    "summary": self.summary.to_dict(orient="records"),
-                },
-            )
-            artifacts.write_json(tmp / "manifest.json", self.manifest())
+            summary, manifest = self.summary_json(), artifacts.jsonable(self.manifest())
+            artifacts.write_json(tmp / "summary.json", summary)
+            artifacts.write_json(tmp / "manifest.json", manifest)
             if self.views:
                 artifacts.write_json(tmp / "views.json", self.views)
             for name, svg in self.plots.items():
@@ -96,9 +111,15 @@ class Result:
             for name, data in self.files.items():
                 (tmp / name).parent.mkdir(parents=True, exist_ok=True)
                 (tmp / name).write_bytes(data)
-            from depthprobe.probes.render import report
-
-            report.write_report(tmp)
+            page = report.RunData(
+                summary=summary,
+                scores=self.scores,
+                manifest=manifest,
+                views=artifacts.jsonable(self.views),
+                plots=dict(sorted(self.plots.items())),
+                files=report.file_sizes(tmp),
+            )
+            report.write_page(tmp, page)
         self.path = final
         return final
 
@@ -261,14 +282,14 @@ def _result(
 
 
 def _check_backend(backend: str, workers: int | None, address: str | None, model: str | Model) -> None:
-    from depthprobe.probes.engine import distributed
+    from depthprobe.probes.engine import distributed, ray_cluster
 
     distributed.check_backend(backend)
     if backend == "local":
         if workers is not None or address is not None:
             raise ProbeError("--workers and --address apply to --backend ray; add --backend ray or drop them")
         return
-    distributed.require_ray()
+    ray_cluster.require_ray()
     if isinstance(model, Model):
         raise ProbeError(
             f"--backend ray loads the model on every worker: pass its name ({model.info.name!r}), not a loaded Model"

@@ -1,15 +1,18 @@
 """Depth-width studies (DESIGN.md §3.7): train an equal-parameter family on text, probe every member.
 
 ``study(family, preset, out=..., **options)`` plans the members (:mod:`.config`, the family math in
-``probes.models.families``), runs each as an independent job (:func:`.member.run_member`, in this
-process or as Ray tasks), writes every finished member's folder atomically as soon as it
-finishes, then ``study.csv`` and ``report.html``. Rerunning the same study on the same ``out``
-keeps the finished members and runs the rest (failed ones again); a failed member is recorded with
-its error while the others go on; an interrupt never leaves a member folder half-written.
+``probes.models.families``), checks every setting, ``out`` and then the corpus before it writes
+anything (a setting that would fail every member is refused here, not per member), runs each
+member as an independent job (:func:`.member.run_member`, in this process or as Ray tasks),
+writes every finished member's folder atomically as soon as it finishes, then ``study.csv`` and
+``report.html``. Rerunning the same study on the same ``out`` keeps the finished members whose
+files are intact (``member.json`` lists their SHA-256) and runs the rest (failed and damaged ones
+again); a corpus whose text changed since is refused; a failed member is recorded with its error
+while the others go on; an interrupt never leaves a member folder half-written.
 
 The folder::
 
-    OUT/study.json                 the resolved config (a rerun must match it) and the plan
+    OUT/study.json                 the resolved config and the corpus (a rerun must match both), the plan
     OUT/study.csv                  one row per member (member.COLUMNS)
     OUT/report.html                offline report (probes.api.study_report)
     OUT/members/<member>/          member.json, loss.csv, checkpoint/ (weights + tokenizer.json),
@@ -18,6 +21,8 @@ The folder::
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import json
 import shutil
 import sys
@@ -29,9 +34,22 @@ from typing import Any
 import pandas as pd
 
 from depthprobe.probes.api.study_config import COSTS, PRESETS, StudyConfig, resolve
-from depthprobe.probes.api.study_member import COLUMNS, Job, MemberOutput, base_row, cached_corpus, plan, run_member
+from depthprobe.probes.api.study_member import (
+    COLUMNS,
+    MEMBER_JSON,
+    Job,
+    MemberOutput,
+    base_row,
+    cached_corpus,
+    member_params,
+    plan,
+    probe_inputs,
+    run_member,
+)
 from depthprobe.probes.base import artifacts
 from depthprobe.probes.base.errors import ProbeError
+from depthprobe.probes.data import corpus as corpora
+from depthprobe.probes.models.checkpoints import CHECKPOINT_WEIGHTS, checkpoint_files
 from depthprobe.probes.models.families import FAMILIES
 
 __all__ = ["COSTS", "FAMILIES", "PRESETS", "Study", "StudyConfig", "resolve", "study"]
@@ -77,13 +95,22 @@ def study(
     **options: Any,
 ) -> Study:
     """Run (or continue) a study; returns it. ``options`` override the preset (StudyConfig fields)."""
+    from depthprobe.probes.engine.distributed import check_member_backend
+
     cfg = resolve(family, preset, **options)
+    check_member_backend(backend, address, cpus_per_member, gpus_per_member, retries)
     jobs = plan(cfg)  # impossible budgets fail here, before anything is written
-    cached_corpus(cfg)  # and a bad corpus (the tokenizer is trained here once, then cached)
-    folder = Path(out) if out is not None else DEFAULT_ROOT / artifacts.run_id(f"study-{cfg.family}", cfg.preset)
-    done = open_folder(folder, cfg, jobs)
+    folder = Path(out) if out is not None else default_folder(cfg.family, cfg.preset)
+    saved = check_folder(folder, cfg)  # before the corpus is read
+    if backend == "local":  # Ray workers may have devices the driver lacks
+        from depthprobe.probes.models.device import resolve_device
+
+        resolve_device(cfg.device)
+    corpus = cached_corpus(cfg)  # a bad corpus fails here (the tokenizer is trained once, then cached)
+    check_corpus(cfg, corpus, jobs)
     say = echo or (lambda line: print(line, file=sys.stderr))
-    todo = [j for j in jobs if j.name not in done]
+    done = open_folder(folder, cfg, jobs, corpus, saved, say)
+    todo = [dataclasses.replace(j, corpus_digest=corpus.digest) for j in jobs if j.name not in done]
     if done:
         say(f"{len(done)} finished member(s) kept in {folder}; {len(todo)} to run")
     counter = {"n": len(done)}
@@ -123,39 +150,101 @@ def member_error(error: str | None) -> str | None:
     return message if sep and kind in probe_errors else f"internal error: {error}"
 
 
-def open_folder(folder: Path, cfg: StudyConfig, jobs: list[Job]) -> set[str]:
-    """Create the study folder, or check that an existing one holds this study; returns the names
-    of its finished (ok) members."""
+def default_folder(family: str, preset: str) -> Path:
+    """Where a study without ``out`` goes: ``artifacts/studies/<id>``."""
+    return DEFAULT_ROOT / artifacts.run_id(f"study-{family}", preset)
+
+
+def check_folder(folder: Path, cfg: StudyConfig) -> dict[str, Any] | None:
+    """Check ``--out`` before any work: a new folder that can be written (None), or an existing
+    study of the same settings (its study.json)."""
     meta = folder / STUDY_JSON
-    if folder.exists():
-        if not folder.is_dir():
-            raise ProbeError(f"--out {folder} is a file, not a folder; choose another --out")
-        if not meta.exists():
-            if any(folder.iterdir()):
-                raise ProbeError(f"--out {folder} exists and holds no study ({STUDY_JSON}); pass a new --out")
-        else:
-            saved = _saved_config(meta)
-            clash = [k for k, v in cfg.as_dict().items() if k not in RESUMABLE and _norm(saved.get(k)) != _norm(v)]
-            if clash:
-                what = ", ".join(f"{k} {saved.get(k)!r} (now {getattr(cfg, k)!r})" for k in clash[:3])
-                raise ProbeError(
-                    f"{folder} holds another study ({what}); rerun with the same options to continue it, "
-                    "or pass a new --out"
-                )
-            return finished_members(folder)
-    artifacts.check_out(folder, "--out", may_exist=True)
+    if folder.exists() and not folder.is_dir():
+        raise ProbeError(f"--out {folder} is a file, not a folder; choose another --out")
+    if not meta.exists():
+        if folder.exists() and any(folder.iterdir()):
+            raise ProbeError(f"--out {folder} exists and holds no study ({STUDY_JSON}); pass a new --out")
+        artifacts.check_out(folder, "--out", may_exist=True)
+        return None
+    saved = _saved_study(meta)
+    config = dict(saved["config"])
+    clash = [k for k, v in cfg.as_dict().items() if k not in RESUMABLE and _norm(config.get(k)) != _norm(v)]
+    if clash:
+        what = ", ".join(f"{k} {config.get(k)!r} (now {getattr(cfg, k)!r})" for k in clash[:3])
+        raise ProbeError(
+            f"{folder} holds another study ({what}); rerun with the same options to continue it, or pass a new --out"
+        )
+    return saved
+
+
+def check_corpus(cfg: StudyConfig, corpus: corpora.Corpus, jobs: list[Job]) -> None:
+    """Refuse, before anything is written, what would fail every member: a context the corpus's
+    streams cannot fill, a validation text without probe inputs, --max-params below every member."""
+    corpora.train_batch(corpus.train_ids, 0, 0, 1, cfg.context)
+    corpora.val_windows(corpus.val_ids, cfg.context, corpus.bos, limit=1)
+    if not probe_inputs(corpus, 1, cfg.context):
+        raise ProbeError(
+            "the validation text (the last 10% of --corpus) has no line of 3 or more words for the probes "
+            "(kernels, attention-stats); give a corpus of sentences or paragraphs, not one word a line"
+        )
+    smallest = min(member_params(j, corpus.vocab) for j in jobs)
+    if cfg.max_params is not None and smallest > cfg.max_params:
+        raise ProbeError(
+            f"--max-params {cfg.max_params:,} is below every member (the smallest has {smallest:,} parameters); "
+            "raise --max-params or drop it"
+        )
+
+
+def open_folder(
+    folder: Path,
+    cfg: StudyConfig,
+    jobs: list[Job],
+    corpus: corpora.Corpus,
+    saved: dict[str, Any] | None,
+    say: Callable[[str], None],
+) -> set[str]:
+    """Create the study folder (``saved`` None), or continue the existing one after checking that
+    its corpus is this text; returns the names of its finished members whose files are intact."""
+    record = {"label": corpus.label, "digest": corpus.digest, "key": corpus.key}
+    if saved is not None:
+        _check_same_corpus(folder, cfg, saved.get("corpus"), corpus)
+        done, damaged = finished_members(folder)
+        for name, why in sorted(damaged.items()):
+            say(f"{name}: damaged ({why}); training it again")
+        if "corpus" not in saved:  # a study folder written before study.json recorded its corpus
+            artifacts.replace_file(folder / STUDY_JSON, lambda p: artifacts.write_json(p, {**saved, "corpus": record}))
+        return done
     folder.mkdir(parents=True, exist_ok=True)
     payload: dict[str, Any] = {"family": cfg.family, "preset": cfg.preset, "config": cfg.as_dict(),
-               "members": [j.name for j in jobs]}  # fmt: skip
+               "corpus": record, "members": [j.name for j in jobs]}  # fmt: skip
     if cfg.family == "levine":
         payload["config"]["pairs"] = [[d, 2 * d] for d in cfg.depths]
-    artifacts.replace_file(meta, lambda p: artifacts.write_json(p, payload))
+    artifacts.replace_file(folder / STUDY_JSON, lambda p: artifacts.write_json(p, payload))
     return set()
 
 
-def _saved_config(meta: Path) -> dict[str, Any]:
+def _check_same_corpus(folder: Path, cfg: StudyConfig, record: Any, corpus: corpora.Corpus) -> None:
+    """The study's corpus record (or, in an older folder, its finished members' corpus keys) must
+    match the text read now."""
+    if isinstance(record, dict):
+        same = record.get("digest") == corpus.digest
+    else:
+        metas = [m for name in _member_names(folder) if (m := member_json(folder, name)) is not None]
+        same = all(
+            m.get("corpus_key", corpus.key) == corpus.key for m in metas if m.get("row", {}).get("status") == "ok"
+        )
+    if not same:
+        raise ProbeError(
+            f"{folder} holds a study of another text: --corpus {cfg.corpus or corpora.BUILTIN_LABEL} changed since "
+            f"that study ran; pass a new --out to study the new text (or remove {folder} to train every member again)"
+        )
+
+
+def _saved_study(meta: Path) -> dict[str, Any]:
     try:
-        return dict(json.loads(meta.read_text())["config"])
+        saved = dict(json.loads(meta.read_text()))
+        dict(saved["config"])
+        return saved
     except (OSError, ValueError, KeyError, TypeError):
         raise ProbeError(f"{meta} is unreadable; pass a new --out (or remove that folder)") from None
 
@@ -166,21 +255,53 @@ def _norm(v: Any) -> Any:
 
 def member_json(folder: Path, name: str) -> dict[str, Any] | None:
     try:
-        return json.loads((folder / MEMBERS / name / "member.json").read_text())
+        meta = json.loads((folder / MEMBERS / name / MEMBER_JSON).read_text())
     except (OSError, ValueError):
         return None
+    return meta if isinstance(meta, dict) else None
 
 
-def finished_members(folder: Path) -> set[str]:
+def _member_names(folder: Path) -> list[str]:
     root = folder / MEMBERS
     if not root.is_dir():
-        return set()
-    out = set()
-    for d in root.iterdir():
-        meta = member_json(folder, d.name) if d.is_dir() and not d.name.startswith(".") else None
-        if meta is not None and meta.get("row", {}).get("status") == "ok":
-            out.add(d.name)
-    return out
+        return []
+    return sorted(d.name for d in root.iterdir() if d.is_dir() and not d.name.startswith("."))
+
+
+def finished_members(folder: Path) -> tuple[set[str], dict[str, str]]:
+    """The finished (ok) members whose files are intact, and the damaged ones with what is wrong."""
+    done: set[str] = set()
+    damaged: dict[str, str] = {}
+    for name in _member_names(folder):
+        meta = member_json(folder, name)
+        if meta is None or meta.get("row", {}).get("status") != "ok":
+            continue
+        why = member_damage(folder / MEMBERS / name, meta)
+        if why is None:
+            done.add(name)
+        else:
+            damaged[name] = why
+    return done, damaged
+
+
+def member_damage(member: Path, meta: dict[str, Any]) -> str | None:
+    """What is wrong with a finished member's files (None: nothing): each file listed in its
+    member.json must be there with its SHA-256; a member.json without that list (an older study)
+    must at least name a checkpoint whose weights are there."""
+    files = meta.get("files")
+    if not isinstance(files, dict):
+        try:
+            weights = checkpoint_files(member / "checkpoint") / CHECKPOINT_WEIGHTS
+        except ProbeError:
+            return "its checkpoint's depthprobe.json is missing or unreadable"
+        return None if weights.is_file() else f"{weights.relative_to(member)} is missing"
+    for rel, digest in files.items():
+        path = member / rel
+        if not path.is_file():
+            return f"{rel} is missing"
+        if hashlib.sha256(path.read_bytes()).hexdigest() != digest:
+            return f"{rel} is not the file the member wrote"
+    return None
 
 
 def write_member(folder: Path, output: MemberOutput) -> Path:

@@ -10,6 +10,7 @@ driver records it as ``failed`` with its error.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import io
 import math
 import tempfile
@@ -38,6 +39,7 @@ COLUMNS = [
     "induction_best", "induction_chance", "kernel_cos_last", "kernel_cos_last_init", "entropy_mean",
     "icl_score", "tokens_per_s", "wall_s", "device", "status", "error",
 ]  # fmt: skip
+MEMBER_JSON = "member.json"  # the row, the corpus and the SHA-256 of every other file of the member
 
 
 @dataclass(frozen=True)
@@ -45,6 +47,7 @@ class Job:
     member: family_member.Member
     seed: int
     config: StudyConfig
+    corpus_digest: str | None = None  # the corpus text the driver checked: a member refuses another one
 
     @property
     def name(self) -> str:
@@ -77,16 +80,64 @@ def base_row(job: Job) -> dict[str, Any]:
     return row
 
 
-_CORPORA: dict[tuple[str | None, int], corpora.Corpus] = {}
+_CORPORA: dict[tuple[str | None, int, tuple[tuple[str, int, int], ...]], corpora.Corpus] = {}
 
 
 def cached_corpus(cfg: StudyConfig) -> corpora.Corpus:
-    """The study's corpus, read and tokenized once per process (the tokenizer is cached on disk)."""
-    key = (cfg.corpus, cfg.vocab)
+    """The study's corpus, read and tokenized once per process while its files stay the same (the
+    tokenizer is cached on disk): a file edited, added or removed gives a new corpus; a pipe is read once."""
+    key = (cfg.corpus, cfg.vocab, corpora.corpus_stamp(cfg.corpus))
     if key not in _CORPORA:
         _CORPORA.clear()
         _CORPORA[key] = corpora.load_corpus(cfg.corpus, vocab=cfg.vocab)
     return _CORPORA[key]
+
+
+def member_params(job: Job, vocab: int) -> int:
+    """The member's parameter count, as --max-params sees it, without building the model."""
+    m, cfg = job.member, job.config
+    if m.family == "spa":
+        return m.spa(vocab, cfg.context, job.seed).n_params()
+    return m.native(vocab, cfg.context, job.seed).n_params()
+
+
+def probe_inputs(corpus: corpora.Corpus, n: int, context: int) -> list[str]:
+    """Up to ``n`` pieces of the validation text for the text probes (kernels, attention-stats):
+    its lines of 3 or more words, in order; a line longer than the context (BOS + its pieces) is
+    cut into runs of whole words that fit, so that a corpus without line breaks is probed too."""
+    limit = context - 1
+    out: list[str] = []
+    for line in corpus.val_text.splitlines():
+        if len(out) >= n:
+            break
+        if len(line.split()) < 3:
+            continue
+        if _n_pieces(corpus, line.strip()) <= limit:
+            out.append(line.strip())
+        else:
+            out.extend(_cut(corpus, line.split(), limit))
+    return out[:n]
+
+
+def _n_pieces(corpus: corpora.Corpus, text: str) -> int:
+    return len(corpus.tokenizer.encode(text, add_special_tokens=False).ids)
+
+
+def _cut(corpus: corpora.Corpus, words: list[str], limit: int) -> list[str]:
+    """Runs of whole words of at most ``limit`` pieces each (byte-level BPE pre-tokenizes at spaces,
+    so a run's pieces are its words' pieces); runs of fewer than 3 words are dropped."""
+    runs: list[list[str]] = [[]]
+    size = 0
+    for w in words:
+        k = _n_pieces(corpus, " " + w if runs[-1] else w)
+        if runs[-1] and size + k > limit:
+            runs.append([])
+            k = _n_pieces(corpus, w)
+            size = 0
+        runs[-1].append(w)
+        size += k
+    texts = [" ".join(r) for r in runs if len(r) >= 3]
+    return [t for t in texts if _n_pieces(corpus, t) <= limit]
 
 
 def build(job: Job, corpus: corpora.Corpus, device: Any) -> Model:
@@ -146,6 +197,8 @@ def _run_member(job: Job) -> MemberOutput:
     cfg = job.config
     device = resolve_device(cfg.device)
     corpus = cached_corpus(cfg)
+    if job.corpus_digest is not None and corpus.digest != job.corpus_digest:
+        raise ProbeError(f"--corpus {cfg.corpus} changed while the study ran; rerun the study with a new --out")
     row = base_row(job)
     with tempfile.TemporaryDirectory(prefix="depthprobe-member-") as tmp:
         folder = Path(tmp)
@@ -154,7 +207,7 @@ def _run_member(job: Job) -> MemberOutput:
         tokens = member_tokens(job, nonembed)
         lr, trials = pick_lr(job, corpus, tokens, device)
         lines = folder / "val-lines.txt"
-        lines.write_text("\n".join(_probe_lines(corpus.val_text, cfg.probe_lines)) + "\n", encoding="utf-8")
+        lines.write_text("\n".join(probe_inputs(corpus, cfg.probe_lines, cfg.context)) + "\n", encoding="utf-8")
         init = probe(model, "kernels", folder / "runs" / "kernels-init", data=lines, max_len=cfg.context)
         run = train_lm(model, corpus, lm_config(cfg, tokens, lr, job.seed))
         _write_log(folder / "loss.csv", run)
@@ -183,8 +236,11 @@ def _run_member(job: Job) -> MemberOutput:
             tokens_per_s=run.tokens_per_s, device=str(device), status="ok", error="",
         )  # fmt: skip
         row["wall_s"] = time.perf_counter() - t0
-        (folder / "member.json").write_text(_json({"row": row, "corpus": corpus.label, "corpus_key": corpus.key}))
         files = {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+    digests = {rel: hashlib.sha256(data).hexdigest() for rel, data in files.items()}
+    meta = {"row": row, "corpus": corpus.label, "corpus_key": corpus.key, "corpus_digest": corpus.digest,
+            "files": digests}  # fmt: skip
+    files[MEMBER_JSON] = _json(meta).encode()
     return MemberOutput(row=row, files=files)
 
 
@@ -192,10 +248,6 @@ def probe(model: Model, task: str, out: Path, data: Path | None = None, max_len:
     result = run_task(model, task, data, max_len=max_len, progress=False, **options)
     result.save(out)
     return result
-
-
-def _probe_lines(text: str, n: int) -> list[str]:
-    return [ln.strip() for ln in text.splitlines() if len(ln.split()) >= 3][:n]
 
 
 def _mean_metric(result: Result, metric: str) -> float | None:

@@ -52,7 +52,9 @@ def sweep(
     ``gpus_per_member`` GPUs on the cluster at ``address`` (``auto``, ``HOST:PORT``, or None: a
     local instance), retrying a failed member ``retries`` times; a member that still fails fails
     the sweep with one line naming it."""
-    _check_backend(backend, address, cpus_per_member, gpus_per_member, retries)
+    from depthprobe.probes.engine.distributed import check_member_backend
+
+    check_member_backend(backend, address, cpus_per_member, gpus_per_member, retries)
     sw = get_sweep(task)
     config = SweepConfig(
         task=task, depths=tuple(depths), seed=seed, device=device, options=tuple(sorted(options.items()))
@@ -70,7 +72,12 @@ def sweep(
     info = {"name": f"sweep-{task}", "source": "sweep", "depths": list(config.depths)}
     return Result.from_output(
         out,
-        config={**config.as_dict(), "kind": "sweep", "backend": backend},
+        config={
+            **config.as_dict(),
+            "kind": "sweep",
+            "backend": backend,
+            "workers": 1 if backend == "local" else len(jobs),
+        },
         model_info=info,
         device=str(device or "auto"),
         timings=timer.times,
@@ -81,21 +88,6 @@ def sweep(
 def run_sweep_job(task: str, job: Any) -> Any:
     """One member of the sweep registered as ``task`` (what a Ray worker runs)."""
     return get_sweep(task).run_job(job)
-
-
-def _check_backend(backend: str, address: str | None, cpus: float, gpus: float, retries: int) -> None:
-    from depthprobe.probes.engine import distributed
-
-    distributed.check_backend(backend)
-    if retries < 0:
-        raise ProbeError(f"--retries must be 0 or more, got {retries}")
-    if cpus < 0 or gpus < 0:
-        raise ProbeError("--cpus-per-member and --gpus-per-member must be 0 or more")
-    if backend == "local":
-        if address is not None:
-            raise ProbeError("--address applies to --backend ray; add --backend ray or drop it")
-        return
-    distributed.require_ray()  # an unreachable address is refused when the session opens (ray_session)
 
 
 def _local_member(sw: Sweep, job: Any, retries: int, progress: bool) -> Any:

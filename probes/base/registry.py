@@ -3,7 +3,10 @@
 Entries are either objects (``register``) or lazy references ``"package.module:Object"``
 (``register_lazy``) that are imported on first use, so that listing names or suggesting a close
 match imports nothing. A lazy reference to a class is instantiated once, like
-:meth:`Registry.register_class`.
+:meth:`Registry.register_class`, and must give an instance of the registry's ``base`` when it has one.
+
+Registering a name again from the module that registered it replaces the entry, so that re-running a
+notebook cell or reloading a module needs no restart; from another module it is refused.
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ import importlib
 from collections.abc import Iterator, Mapping
 from typing import Any, Generic, TypeVar
 
-from depthprobe.probes.base.errors import unknown
+from depthprobe.probes.base.errors import ProbeError, unknown
 
 T = TypeVar("T")
 
@@ -22,15 +25,18 @@ def _module_of(item: Any) -> str:
 
 
 class Registry(Generic[T]):
-    def __init__(self, kind: str) -> None:
+    def __init__(self, kind: str, base: type | None = None) -> None:
         self.kind = kind
+        self.base = base  # what a lazy entry must resolve to (checked on first use)
         self._items: dict[str, T] = {}
         self._lazy: dict[str, str] = {}  # name -> "module:object", imported by get()
 
     def register(self, name: str, item: T) -> T:
+        """Add ``item`` under ``name``; the same name from the same module replaces the old item."""
         lazy = self._lazy.get(name)
-        if name in self._items or (lazy is not None and lazy.partition(":")[0] != _module_of(item)):
-            raise ValueError(f"{self.kind} {name!r} is already registered")
+        owner = _module_of(self._items[name]) if name in self._items else lazy and lazy.partition(":")[0]
+        if owner and owner != _module_of(item):
+            raise ValueError(f"{self.kind} {name!r} is already registered by module {owner}; pick another name")
         self._lazy.pop(name, None)  # the module a lazy entry names may also register its object
         self._items[name] = item
         return item
@@ -61,8 +67,12 @@ class Registry(Generic[T]):
         module, _, attr = self._lazy[name].partition(":")
         obj = getattr(importlib.import_module(module), attr)
         if name in self._lazy:  # importing the module did not register it itself
+            item = obj() if isinstance(obj, type) else obj
+            if self.base is not None and not isinstance(item, self.base):
+                ref, base = self._lazy[name], self.base.__name__
+                raise ProbeError(f"{self.kind} {name!r} ({ref}) is not a {base} subclass; point its entry at one")
             self._lazy.pop(name)
-            self._items[name] = obj() if isinstance(obj, type) else obj
+            self._items[name] = item
 
     def names(self) -> list[str]:
         return sorted([*self._items, *self._lazy])

@@ -7,8 +7,9 @@ Choices (the design leaves them open; they are fixed here):
   (``tasks/data/tinyshakespeare.txt``, about 1.1 MB, public domain). A folder stands for every
   regular, non-hidden file below it (hidden files and folders, whose names start with ``.``, are
   skipped), read in order of their relative paths compared component by component, and joined with
-  one newline. Files are read as UTF-8 (a byte-order mark is dropped; bad bytes are reported as
-  ``file:line``).
+  one newline; a link (to a file or a folder) whose target lies outside the folder is refused,
+  naming it, and links to folders are not followed. Files are read as UTF-8 (a byte-order mark is
+  dropped; bad bytes are reported as ``file:line``).
 - **Split.** By characters, in two contiguous blocks: the training text is the first
   ``floor(len(text) * (1 - val_fraction))`` characters, the validation text the rest (the last 10%
   by default). The fraction must lie in (0, 0.5].
@@ -47,6 +48,7 @@ import functools
 import hashlib
 import math
 import os
+import stat
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -74,15 +76,27 @@ _MASK64 = (1 << 64) - 1
 
 
 def _corpus_files(folder: Path) -> list[Path]:
-    """Regular, non-hidden files below ``folder``, in order of their relative paths."""
+    """Regular, non-hidden files below ``folder``, in order of their relative paths. A link whose
+    target lies outside ``folder`` is refused; links to folders are not followed."""
     found: list[tuple[tuple[str, ...], Path]] = []
+    inside = folder.resolve()
     for root, dirs, files in os.walk(folder):
         dirs[:] = [d for d in dirs if not d.startswith(".")]
+        for name in [*dirs, *(f for f in files if not f.startswith("."))]:
+            _check_link(Path(root) / name, inside, folder)
         for name in files:
             path = Path(root) / name
             if not name.startswith(".") and path.is_file():
                 found.append((path.relative_to(folder).parts, path))
     return [p for _, p in sorted(found)]
+
+
+def _check_link(path: Path, inside: Path, folder: Path) -> None:
+    if path.is_symlink() and not path.resolve().is_relative_to(inside):
+        raise ProbeError(
+            f"--corpus {folder}: {path} is a link to {path.resolve()}, outside the folder; "
+            "copy that file into the folder or remove the link"
+        )
 
 
 def read_corpus(path: str | Path | None) -> tuple[str, str]:
@@ -106,6 +120,16 @@ def read_corpus(path: str | Path | None) -> tuple[str, str]:
     if not text.strip():
         raise ProbeError(f"--corpus {path} holds no text (empty or only whitespace); give a UTF-8 text file or folder")
     return text, path.resolve().name or str(path)
+
+
+def corpus_stamp(path: str | Path | None) -> tuple[tuple[str, int, int], ...]:
+    """(path, size, mtime) of every regular file :func:`read_corpus` reads: it changes when a file
+    is edited, added or removed. A pipe has none (it can be read once only)."""
+    if path is None or not Path(path).exists():
+        return ()
+    files = _corpus_files(Path(path)) if Path(path).is_dir() else [Path(path)]
+    stats = [(str(f), f.stat()) for f in files]
+    return tuple((name, st.st_size, st.st_mtime_ns) for name, st in stats if stat.S_ISREG(st.st_mode))
 
 
 def split_text(text: str, val_fraction: float = 0.1) -> tuple[str, str]:
@@ -136,6 +160,11 @@ def _check_vocab(vocab: int) -> None:
 
 def cache_dir_default() -> Path:
     return cache_root() / "tokenizers"
+
+
+def text_digest(text: str) -> str:
+    """SHA-256 (hex) of the whole corpus text, both splits: what a study records to know its corpus."""
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
 def corpus_key(train_text: str, vocab: int) -> str:
@@ -247,6 +276,7 @@ class Corpus:
 
     label: str
     key: str  # the tokenizer's cache key (SHA-256 hex)
+    digest: str  # text_digest of the whole text (both splits)
     vocab: int  # the real vocabulary size (may be below the one asked for on a tiny corpus)
     tokenizer: Tokenizer
     train_ids: torch.Tensor  # 1-D int64, never holds bos
@@ -270,6 +300,7 @@ def load_corpus(
     return Corpus(
         label=label,
         key=corpus_key(train, vocab),
+        digest=text_digest(text),
         vocab=tok.get_vocab_size(),
         tokenizer=tok,
         train_ids=encode(tok, train),

@@ -11,21 +11,17 @@ functions here that need it, so the local backend never imports it.
   (:meth:`Task.merge`) and finalizes once. No attention map leaves a worker.
 - :func:`map_jobs` runs ``fn(job)`` for every job, locally in order or as Ray tasks with the given
   resources, retrying failures, and reports each one to ``on_done`` as it finishes.
-- :func:`ray_session` starts a local Ray instance (or connects to a cluster) and shuts it down
-  again if it started it.
+
+Joining Ray (a local instance or a cluster) and checking a job's resources against the cluster
+are in :mod:`.ray_cluster`.
 """
 
 from __future__ import annotations
 
 import io
 import itertools
-import logging
-import os
 import pickle
-import socket
-import sys
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import reduce
 from typing import Any
@@ -34,12 +30,13 @@ import torch
 
 from depthprobe.probes.base.errors import ProbeError, suggest
 from depthprobe.probes.engine.execute import accumulate, batch_costs
+from depthprobe.probes.engine.ray_cluster import check_feasible, cluster_cpus, ray_session, require_ray
 from depthprobe.probes.engine.task import Context, Examples, Output, Task
 from depthprobe.probes.models.model import Model
 
+__all__ = ["BACKENDS", "JobResult", "check_backend", "check_member_backend", "map_jobs", "run_sharded"]
+
 BACKENDS = ("local", "ray")
-INSTALL = "pip install 'depthprobe[ray]'"
-CONNECT_TIMEOUT_S = 5.0  # an address that does not answer a TCP connection within this is unreachable
 
 
 def check_backend(backend: str) -> None:
@@ -47,94 +44,18 @@ def check_backend(backend: str) -> None:
         raise ProbeError(f"unknown backend {backend!r}{suggest(backend, BACKENDS)}; use --backend local or ray")
 
 
-def require_ray() -> Any:
-    """The ``ray`` module, or a one-line error saying how to install it."""
-    try:
-        import ray
-    except ImportError:
-        raise ProbeError(f"--backend ray needs Ray, which is not installed: {INSTALL}") from None
-    return ray
-
-
-def check_reachable(address: str, timeout: float = CONNECT_TIMEOUT_S) -> None:
-    """Refuse a ``HOST:PORT`` that is malformed or does not accept a TCP connection within
-    ``timeout`` seconds (Ray itself keeps retrying an unreachable address for minutes)."""
-    host, _, port = address.rpartition(":")
-    if not host or not port.isdigit():
-        raise ProbeError(f"--address {address!r} is not HOST:PORT or auto, e.g. --address 10.0.0.5:6379")
-    try:
-        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout):
-            pass
-    except OSError as exc:
-        reason = exc.strerror or type(exc).__name__
-        raise ProbeError(
-            f"cannot reach a Ray cluster at {address} ({reason}); start one there with "
-            f"`ray start --head --port={port}` or check the address"
-        ) from None
-
-
-def _quiet_ray_logging() -> None:
-    for name in ("ray", "ray._private", "ray.data", "ray.tune"):
-        logging.getLogger(name).setLevel(logging.ERROR)
-    os.environ.setdefault("RAY_DEDUP_LOGS", "0")
-
-
-@contextmanager
-def _stderr_silenced() -> Iterator[None]:
-    """File descriptor 2 goes to /dev/null in the block: Ray's C++ core writes its connection
-    retries there directly (one warning a second while it cannot join a cluster)."""
-    sys.stderr.flush()
-    saved = os.dup(2)
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    try:
-        os.dup2(devnull, 2)
-        yield
-    finally:
-        os.dup2(saved, 2)
-        os.close(saved)
-        os.close(devnull)
-
-
-@contextmanager
-def ray_session(address: str | None = None, num_cpus: int | None = None) -> Iterator[Any]:
-    """Ray, initialised for the block: a new local instance (``address`` None, with ``num_cpus``,
-    default all of this machine's) or the cluster at ``address`` (``auto``: the one this machine
-    belongs to; ``HOST:PORT``: its head). A session already open in this process is reused and
-    left open; otherwise the driver disconnects at the end (a local instance stops)."""
-    ray = require_ray()
-    if address not in (None, "auto"):
-        check_reachable(address)
-    if ray.is_initialized():
-        yield ray
+def check_member_backend(backend: str, address: str | None, cpus: float, gpus: float, retries: int) -> None:
+    """The member-job options of `probe study` and `probe sweep`, checked before anything is written."""
+    check_backend(backend)
+    if retries < 0:
+        raise ProbeError(f"--retries must be 0 or more, got {retries}")
+    if cpus < 0 or gpus < 0:
+        raise ProbeError("--cpus-per-member and --gpus-per-member must be 0 or more")
+    if backend == "local":
+        if address is not None:
+            raise ProbeError("--address applies to --backend ray; add --backend ray or drop it")
         return
-    _quiet_ray_logging()
-    common: dict[str, Any] = dict(log_to_driver=False, logging_level=logging.ERROR, ignore_reinit_error=True)
-    try:
-        if address is None:
-            # "local": a new instance even when this machine runs a cluster (`ray start`)
-            ray.init(address="local", num_cpus=num_cpus or os.cpu_count() or 1, include_dashboard=False, **common)
-        else:
-            with _stderr_silenced():
-                ray.init(address=address, **common)
-    except ConnectionError as exc:
-        first = (str(exc).strip().splitlines() or [""])[0]
-        if address == "auto":
-            raise ProbeError(
-                f"no running Ray cluster found for --address auto ({first}); start one with `ray start --head` "
-                "or omit --address"
-            ) from None
-        raise ProbeError(
-            f"cannot join the Ray cluster at {address} ({first}); if it uses token authentication (Ray's "
-            "default from 2.59), set RAY_AUTH_MODE=token here too (docs/distributed.md)"
-        ) from None
-    try:
-        yield ray
-    finally:
-        ray.shutdown()
-
-
-def cluster_cpus(ray: Any) -> int:
-    return max(1, int(ray.cluster_resources().get("CPU", 1)))
+    require_ray()  # an unreachable address is refused when the session opens (ray_session)
 
 
 # ----------------------------------------------------------------------------- the job map
@@ -193,7 +114,12 @@ def map_jobs(
         raise ProbeError("CPUs and GPUs per job must be 0 or more")
     if backend == "local":
         return _local_map(fn, jobs, retries, on_done)
+    if not jobs:  # nothing to run: no Ray session (joining a cluster takes seconds)
+        return []
     with ray_session(address) as ray:
+        check_feasible(
+            ray, cpus_per_job, gpus_per_job, "lower --cpus-per-member / --gpus-per-member or add a node that has them"
+        )
         return _ray_map(ray, fn, jobs, cpus_per_job, gpus_per_job, retries, on_done)
 
 
@@ -371,6 +297,7 @@ def run_sharded(
                 on_examples(sum(sizes[j] for j in shards[i]))
 
         gpus = 1 if model.device.type == "cuda" else 0
+        check_feasible(ray, 1, gpus, "run with --device cpu or add a node with a GPU")
         results = _ray_map(ray, run_shard, jobs, 1, gpus, 0, done)
     for r in results:
         if not r.ok:

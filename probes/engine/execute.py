@@ -8,7 +8,7 @@ the batches per worker and merges the states.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -16,7 +16,7 @@ import torch
 from depthprobe.probes.base.batching import Batch
 from depthprobe.probes.base.signals import check_interrupt
 from depthprobe.probes.engine.task import Context, Examples, Output, Task
-from depthprobe.probes.hooks.capture import forward
+from depthprobe.probes.hooks.capture import Captured, HookFn, Names, forward
 from depthprobe.probes.models.model import Model
 
 
@@ -27,12 +27,22 @@ def accumulate(
     examples: Examples,
     on_batch: Callable[[int], None] | None = None,
     batches: range | None = None,
+    extra: Mapping[str, HookFn] | None = None,
+    observe: Callable[[Batch, Captured], None] | None = None,
 ) -> tuple[Any, int]:
     """A state started over ``examples`` that has accumulated the task's batches (only those whose
     index is in ``batches``, when given); returns it and the number of batches run. Only the hooks
     the task names are captured; each batch's activations are freed before the next forward pass,
-    so memory stays flat as the data grows."""
-    names = task.hook_names(model, ctx)
+    so memory stays flat as the data grows.
+
+    ``extra`` (hook name -> function) joins the same pass: edits (an ablation) and further
+    captures, which ``observe(batch, acts)`` reads before they are freed; with ``observe`` the
+    logits are kept too on causal models. One capture holds them all, so the pass still stops
+    after the last hook it needs."""
+    names: Names = task.hook_names(model, ctx)
+    if extra:
+        names = {**dict.fromkeys(names, _keep), **extra}
+    logits = task.wants_logits(model) or (observe is not None and model.info.causal)
     state = task.start(model, ctx, examples)
     n_batches = 0
     for i, batch in enumerate(task.batches(model, examples, ctx)):
@@ -41,16 +51,23 @@ def accumulate(
             if i >= batches.stop:
                 break
             continue
-        acts = forward(model, batch.input_ids, batch.attention_mask, names, logits=task.wants_logits(model))
+        acts = forward(model, batch.input_ids, batch.attention_mask, names, logits=logits)
         for k, v in list(acts.items()):  # half-precision patterns: float32 copies for the metrics
             if v.dtype in (torch.bfloat16, torch.float16):
                 acts[k] = v.float()
         task.accumulate(state, batch, acts)
+        if observe is not None:
+            observe(batch, acts)
         del acts  # free this batch's patterns before the next forward pass allocates its own
         n_batches += 1
         if on_batch is not None:
             on_batch(len(batch.items))
     return state, n_batches
+
+
+def _keep(t: torch.Tensor, hook: Any) -> None:
+    """Capture only (no edit): the task's own hooks beside ``extra`` ones."""
+    return None
 
 
 def execute(

@@ -45,6 +45,7 @@ from depthprobe.probes.base.batching import Batch, length_batches
 from depthprobe.probes.base.errors import ProbeError, suggest
 from depthprobe.probes.base.options import check_ranges, coerce
 from depthprobe.probes.base.registry import Registry
+from depthprobe.probes.engine.plugins import entry_point_tasks
 from depthprobe.tasks import SWEEPS as SWEEP_LIBRARY
 from depthprobe.tasks import TASKS as TASK_LIBRARY
 
@@ -150,6 +151,14 @@ class Output:
     files: dict[str, bytes] = field(default_factory=dict)  # extra artifact files
 
 
+def annotation(typ: Any) -> str:
+    """A dataclass field's type as annotation text: ``int`` whether the module that declared it
+    uses ``from __future__ import annotations`` (a string) or not (the class itself)."""
+    if isinstance(typ, str):
+        return typ
+    return typ.__name__ if isinstance(typ, type) else str(typ).replace("typing.", "")
+
+
 class Configurable:
     """A named plugin with a frozen ``Options`` dataclass, set with ``--option key=value``."""
 
@@ -165,7 +174,9 @@ class Configurable:
                 known = ", ".join(fields) or "none"
                 raise ProbeError(f"task {self.name!r} has no option {key!r}{hint}; its options: {known}")
         where = f"task {self.name!r} option"
-        kwargs = {k: coerce(v, str(fields[k].type), f"{where} {k}", key=k, flag="-O") for k, v in options.items()}
+        kwargs = {
+            k: coerce(v, annotation(fields[k].type), f"{where} {k}", key=k, flag="-O") for k, v in options.items()
+        }
         return check_ranges(self.Options(**kwargs), f"{self.name}: option")
 
 
@@ -224,10 +235,14 @@ class Task(Configurable, ABC, Generic[OptionsT, StateT]):
         return cls.merge is not Task.merge
 
 
-TASKS: Registry[Task[Any, Any]] = Registry("task")
-# The task library's table (it imports nothing): a task's module is imported on first use.
+TASKS: Registry[Task[Any, Any]] = Registry("task", Task)
+# The task library's table (it imports nothing): a task's module is imported on first use; then
+# installed packages' `depthprobe.tasks` entry points, the same way (probes/engine/plugins.py).
 TASKS.register_lazy(TASK_LIBRARY)
-register = TASKS.register_class  # @register on a Task subclass adds it to the library
+TASKS.register_lazy(entry_point_tasks(set(TASK_LIBRARY)))
+# @register on a Task subclass adds it to the library; registering the same name again from the
+# same module (a re-run notebook cell, a reloaded module) replaces it
+register = TASKS.register_class
 
 
 def get_task(name: str) -> Task[Any, Any]:
@@ -298,7 +313,7 @@ class Sweep(Configurable, ABC):
         return self.combine(config, options, [self.run_job(job, progress) for job in jobs])
 
 
-SWEEPS: Registry[Sweep] = Registry("sweep task")
+SWEEPS: Registry[Sweep] = Registry("sweep task", Sweep)
 SWEEPS.register_lazy(SWEEP_LIBRARY)
 register_sweep = SWEEPS.register_class  # @register_sweep on a Sweep subclass
 
@@ -320,9 +335,9 @@ def add_sums(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
     return {k: a[k] + b[k] if k in a and k in b else a.get(k, b.get(k)) for k in {**a, **b}}
 
 
-def tidy(rows: Iterable[dict[str, Any]], model: str, task: str) -> pd.DataFrame:
-    """Rows -> the tidy score table with the standard columns first."""
-    df = pd.DataFrame(list(rows))
+def tidy(rows: Iterable[dict[str, Any]] | pd.DataFrame, model: str, task: str) -> pd.DataFrame:
+    """Rows (or a frame) -> the tidy score table with the standard columns first."""
+    df = rows.copy() if isinstance(rows, pd.DataFrame) else pd.DataFrame(list(rows))
     if df.empty:
         return pd.DataFrame(columns=SCORE_COLUMNS)
     if "model" not in df:

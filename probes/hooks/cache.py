@@ -1,5 +1,11 @@
-"""``run_with_cache``: one forward pass, its logits and every asked-for activation, as
+"""``run_with_cache``: one forward pass, its logits (or loss) and every asked-for activation, as
 TransformerLens users expect.
+
+The cache is a dict of hook name -> tensor (copies) with depthprobe's ``stack`` and
+``accumulated_resid``; every other verb of TransformerLens's ``ActivationCache``
+(``cache["pattern", 1]``, ``decompose_resid``, ``stack_head_results``, ``apply_ln_to_stack``,
+``logit_attrs``, ``get_full_resid_decomposition``, ...) is the library's own, run on the same
+tensors (``cache.tl`` is that ``ActivationCache``).
 
 Encoders without a trained head over the vocabulary (``model.has_lm_head`` is False, e.g. the
 sentence encoder minilm) return the final hidden states [batch, pos, d_model] in place of logits:
@@ -10,13 +16,15 @@ from __future__ import annotations
 
 import fnmatch
 import re
-from collections.abc import Mapping, Sequence
-from typing import Any, cast
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 
 from depthprobe.probes.base.errors import ProbeError
 from depthprobe.probes.hooks.capture import Names, capture, resolve_names
+from depthprobe.probes.hooks.inputs import inputs
+from depthprobe.probes.hooks.loss import ReturnType, check_return_type, token_loss
 from depthprobe.probes.models.model import Model
 
 
@@ -26,11 +34,38 @@ def _layer_key(name: str) -> tuple[int, str]:
 
 
 class Cache(dict):
-    """hook name -> tensor (a clone: later in-place edits of the model's tensors leave it alone)."""
+    """hook name -> tensor (a clone: later in-place edits of the model's tensors leave it alone);
+    with ``grad=True``, ``name + "_grad"`` -> its gradient too."""
 
-    def __init__(self, tensors: dict[str, torch.Tensor], n_layers: int) -> None:
+    def __init__(self, tensors: dict[str, torch.Tensor], n_layers: int, bridge: Any = None) -> None:
         super().__init__(tensors)
         self.n_layers = n_layers
+        self.bridge = bridge
+        self.has_batch_dim = True
+
+    def __getitem__(self, key: Any) -> Any:
+        if isinstance(key, tuple):  # TransformerLens's short names: cache["pattern", 1]
+            return self.tl[key]
+        return super().__getitem__(key)
+
+    @property
+    def tl(self) -> Any:
+        """TransformerLens's ``ActivationCache`` over the same tensors."""
+        from transformer_lens import ActivationCache
+
+        if self.bridge is None:
+            raise ProbeError("this cache has no model; build it with probes.run_with_cache")
+        return ActivationCache(dict(self.items()), self.bridge, has_batch_dim=self.has_batch_dim)
+
+    def __getattr__(self, name: str) -> Any:
+        """TransformerLens's cache verbs (``decompose_resid``, ``stack_head_results``, ``logit_attrs``...)."""
+        if name.startswith("_") or name in ("n_layers", "bridge", "has_batch_dim"):
+            raise AttributeError(name)
+        from transformer_lens import ActivationCache
+
+        if not hasattr(ActivationCache, name):
+            raise AttributeError(f"'Cache' object has no attribute {name!r}")
+        return getattr(self.tl, name)
 
     def stack(self, pattern: str) -> torch.Tensor:
         """Tensors whose names match ``pattern`` (``blocks.*.hook_resid_post``), stacked on a new
@@ -54,28 +89,19 @@ class Cache(dict):
             )
         return torch.stack([self[n] for n in names])
 
+    def remove_batch_dim(self) -> None:
+        """Drop the batch axis of a batch of one, in place (as TransformerLens does)."""
+        sizes = {v.shape[0] for v in self.values()}
+        if sizes != {1}:
+            raise ProbeError(f"remove_batch_dim needs a batch of one, the cache holds {sorted(sizes)}")
+        for k in list(self):
+            dict.__setitem__(self, k, dict.__getitem__(self, k)[0])
+        self.has_batch_dim = False
+
     def to(self, device: str | torch.device) -> Cache:
-        return Cache({k: v.to(device) for k, v in self.items()}, self.n_layers)
-
-
-def _inputs(model: Model, texts_or_ids: Any, attention_mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-    if isinstance(texts_or_ids, str) or (
-        isinstance(texts_or_ids, Sequence) and texts_or_ids and all(isinstance(t, str) for t in texts_or_ids)
-    ):
-        if attention_mask is not None:
-            raise ProbeError("attention_mask goes with token ids; texts are padded and masked by model.encode")
-        return model.encode(cast(Any, texts_or_ids))
-    ids = (
-        torch.as_tensor(texts_or_ids, dtype=torch.long) if not isinstance(texts_or_ids, torch.Tensor) else texts_or_ids
-    )
-    if ids.dim() == 1:
-        ids = ids[None]
-    if ids.dim() != 2 or ids.numel() == 0:
-        raise ProbeError("give texts (a string or a list of strings) or token ids [batch, pos]")
-    mask = torch.ones_like(ids) if attention_mask is None else attention_mask
-    if mask.shape != ids.shape:
-        raise ProbeError(f"attention_mask has shape {list(mask.shape)} but the ids {list(ids.shape)}")
-    return ids.to(model.device), mask.to(model.device)
+        out = Cache({k: v.to(device) for k, v in self.items()}, self.n_layers, self.bridge)
+        out.has_batch_dim = self.has_batch_dim
+        return out
 
 
 def _every_hook(model: Model) -> list[str]:
@@ -87,32 +113,69 @@ def _every_hook(model: Model) -> list[str]:
 
 
 def outputs(model: Model, ids: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
-    """The logits of one pass (final hidden states for encoders without an LM head), no cache."""
+    """The logits of one pass (final hidden states for encoders without an LM head), no cache;
+    in the autograd graph when gradients are on."""
     if model.has_lm_head:
         return model.bridge(ids, attention_mask=mask)
     last = f"blocks.{model.info.n_layers - 1}.hook_resid_post"
-    with capture(model, last) as acts:
+    with capture(model, last, grad=torch.is_grad_enabled()) as acts:
         model.bridge(ids, attention_mask=mask, return_type=None)
     return acts[last]
 
 
+def _check_names(model: Model, names: Names | None) -> list[str]:
+    if names is not None and not isinstance(names, str | Mapping | list | tuple):
+        raise ProbeError(
+            f"names must be a hook name, a list of them (globs allowed) or a dict of name -> function, "
+            f"got {type(names).__name__}; e.g. names='blocks.*.attn.hook_pattern'"
+        )
+    wanted: Any = _every_hook(model) if names is None else names
+    return list(wanted) if isinstance(wanted, Mapping) else resolve_names(model, wanted)
+
+
 def run_with_cache(
-    model: Model, texts_or_ids: Any, names: Names | None = None, *, attention_mask: torch.Tensor | None = None
-) -> tuple[torch.Tensor, Cache]:
+    model: Model,
+    texts_or_ids: Any,
+    names: Names | None = None,
+    *,
+    attention_mask: torch.Tensor | None = None,
+    return_type: ReturnType = "logits",
+    loss_per_token: bool = False,
+    grad: bool = False,
+) -> tuple[Any, Cache]:
     """``(logits, cache)`` for texts (encoded with ``model.encode``: padded, masked) or token ids.
 
     ``names`` (one name, a list with globs, or a dict of name -> edit function) limits the cache;
     None caches every hook. Logits are [batch, pos, vocab]; for encoders without a trained head,
-    the final hidden states [batch, pos, d_model] (see the module notes).
+    the final hidden states [batch, pos, d_model] (see the module notes). ``return_type="loss"``
+    gives the next-token loss of a causal model instead (mean over real tokens, or [batch, pos - 1]
+    with ``loss_per_token``; padding is 0 there), ``"both"`` gives ``(logits, loss)``. ``grad=True``
+    (TransformerLens's ``incl_bwd``) backpropagates the mean loss and caches ``name + "_grad"``.
     """
-    ids, mask = _inputs(model, texts_or_ids, attention_mask)
+    check_return_type(model, return_type, loss_per_token, grad)
+    ids, mask = inputs(model, texts_or_ids, attention_mask)
+    keys = _check_names(model, names)
+    wanted: Names = names if isinstance(names, Mapping) else keys
     last = f"blocks.{model.info.n_layers - 1}.hook_resid_post"
-    wanted: Names = _every_hook(model) if names is None else names
     lm = model.has_lm_head
-    keys = list(wanted) if isinstance(wanted, Mapping) else resolve_names(model, wanted)
     extra = [] if lm or last in keys else [last]
-    with torch.no_grad(), capture(model, wanted, clone=True) as acts, capture(model, extra or last) as final:
+    with (
+        torch.set_grad_enabled(grad),
+        capture(model, wanted, clone=not grad, grad=grad) as acts,
+        capture(model, extra or last, grad=grad) as final,
+    ):
         out = model.bridge(ids, attention_mask=mask, return_type="logits" if lm else None)
-    cache = Cache(dict(acts), model.info.n_layers)
-    logits = out if lm else (cache[last] if last in cache else final[last].clone())
-    return logits, cache
+    logits = out if lm else (acts[last] if last in acts else final[last])
+    if not grad and not lm:
+        logits = logits.clone()
+    loss = token_loss(logits, ids, mask, per_token=loss_per_token) if return_type != "logits" else None
+    tensors = {k: v.detach().clone() if grad else v for k, v in acts.items()}
+    if grad and loss is not None:
+        grads = torch.autograd.grad(loss, [acts[k] for k in acts], allow_unused=True)
+        for k, g in zip(list(acts), grads, strict=True):
+            tensors[f"{k}_grad"] = torch.zeros_like(tensors[k]) if g is None else g
+        logits, loss = logits.detach(), loss.detach()
+    cache = Cache(tensors, model.info.n_layers, model.bridge)
+    if return_type == "both":
+        return (logits, loss), cache
+    return (loss if return_type == "loss" else logits), cache

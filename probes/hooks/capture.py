@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from depthprobe.probes.base.errors import ProbeError, suggest
-from depthprobe.probes.hooks import eager_attention
+from depthprobe.probes.hooks import eager_attention, guard
 from depthprobe.probes.models.model import Model
 
 HookFn = Callable[[torch.Tensor, Any], torch.Tensor | None]
@@ -38,6 +38,11 @@ def resolve_names(model: Model, names: str | Sequence[str]) -> list[str]:
     string) is one name, not a sequence of characters."""
     if isinstance(names, str):
         names = [names]
+    if not isinstance(names, Sequence) or not all(isinstance(n, str) for n in names):
+        raise ProbeError(
+            f"hook names must be a string or a list of strings (globs allowed), got {type(names).__name__}; "
+            "e.g. names='blocks.*.attn.hook_pattern'"
+        )
     available = list(model.bridge.hook_dict)
     out: list[str] = []
     for name in names:
@@ -53,7 +58,23 @@ def resolve_names(model: Model, names: str | Sequence[str]) -> list[str]:
                 "hook names follow TransformerLens, e.g. blocks.0.attn.hook_pattern"
             )
         out.extend(m for m in matches if m not in out)
-    return out
+    return _ungated(model, out, explicit={n for n in names if n in available})
+
+
+def _ungated(model: Model, names: list[str], explicit: set[str]) -> list[str]:
+    """Drop hooks the bridge keeps off (``hook_result`` until ``set_use_attn_result(True)``...) from
+    glob matches; refuse them when named."""
+    gated = getattr(model.bridge, "_gated_hook_reason", None)
+    if gated is None or not names:
+        return names
+    for name in names:
+        reason = gated(getattr(model.bridge.hook_dict[name], "name", None) or name)
+        if reason is not None and name in explicit:
+            raise ProbeError(f"hook {name!r} is off on {model.name}; call model.bridge.set_{reason}(True) first")
+    kept = [n for n in names if gated(getattr(model.bridge.hook_dict[n], "name", None) or n) is None]
+    if not kept:
+        raise ProbeError(f"every hook matching {names[0]!r} is off on {model.name}; name it to see which setter")
+    return kept
 
 
 class Captured(dict):
@@ -78,6 +99,11 @@ def _open_captures(model: Model) -> int:
 
 def _hook_fns(model: Model, names: Names, fn: HookFn | None) -> dict[str, HookFn | None]:
     """Resolved hook name -> its edit function (None: capture only), checked before any pass."""
+    if fn is not None and not callable(fn):
+        raise ProbeError(
+            f"fn must be a function fn(tensor, hook), got {type(fn).__name__}; "
+            "for a different edit per hook pass the dict as names= (name -> function)"
+        )
     if not isinstance(names, Mapping):
         return dict.fromkeys(resolve_names(model, names), fn)
     if fn is not None:
@@ -110,12 +136,14 @@ def capture(
     ``fn(tensor, hook)`` follows the TransformerLens convention: return a tensor to replace
     the activation, or None to leave it. With ``store`` the (possibly edited) activations are
     kept in the yielded dict, detached; with ``grad`` they are kept as the very tensors the pass
-    goes on with, gradients attached (run the model outside inference mode for attribution);
+    goes on with (the hook hands the kept tensor back, so a reshaped view such as ``hook_z`` or
+    ``hook_q`` is in the graph), gradients attached (run the model outside inference mode);
     with ``clone``, as copies that later in-place edits in the same pass cannot change.
     With ``stop_early`` the forward pass is abandoned as soon as every name has fired, unless
     another capture is open on the model (its hooks must see the whole pass); the block ends
     there, quietly. Edits of pattern or score hooks that could not take effect are refused
-    before any forward pass, naming ``hook_z``.
+    before any forward pass, naming ``hook_z``. Hooks act on the model itself, so a capture is
+    refused while another thread has one open on the same model (see :mod:`.guard`).
     """
     fns = _hook_fns(model, names, fn)
     eager_attention.install(model.bridge)  # pattern and score hooks fire where the tensors are used
@@ -133,19 +161,22 @@ def capture(
             fired.add(name)
             if stop and wanted.issubset(fired):
                 raise _StopForward
+            if grad and store:  # the pass goes on with the kept tensor, so its gradient is the real one
+                return acts[name]
             return out
 
         return hook
 
     bridge = model.bridge
-    bridge._depthprobe_open = _open_captures(model) + 1
-    try:
-        with bridge.hooks(fwd_hooks=[(n, make_hook(n, f)) for n, f in fns.items()]):
-            yield acts
-    except _StopForward:
-        pass
-    finally:
-        bridge._depthprobe_open -= 1
+    with guard.hold(bridge, model.name, editing=any(f is not None for f in fns.values())):
+        bridge._depthprobe_open = _open_captures(model) + 1
+        try:
+            with bridge.hooks(fwd_hooks=[(n, make_hook(n, f)) for n, f in fns.items()]):
+                yield acts
+        except _StopForward:
+            pass
+        finally:
+            bridge._depthprobe_open -= 1
 
 
 def forward(

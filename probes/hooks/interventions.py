@@ -3,7 +3,8 @@
 Heads are labelled ``L-H``, 0-indexed (``1-2`` is layer 1, head 2). Ablation replaces a head's
 output ``hook_z`` [batch, pos, head, d_head] by zero or by its mean over a data set (the default:
 zero shifts activations off-distribution). Patching follows TransformerLens: run the corrupted
-input with one clean activation written in, and record a metric of the logits.
+input with one clean activation written in, and record a metric of the logits
+(:mod:`.grains` says which slots, :mod:`.patching` the table).
 """
 
 from __future__ import annotations
@@ -17,8 +18,11 @@ import pandas as pd
 import torch
 
 from depthprobe.probes.base.errors import ProbeError
-from depthprobe.probes.hooks.cache import _inputs, outputs
+from depthprobe.probes.hooks.cache import outputs, run_with_cache
 from depthprobe.probes.hooks.capture import capture, forward
+from depthprobe.probes.hooks.grains import Per, layout
+from depthprobe.probes.hooks.inputs import inputs
+from depthprobe.probes.hooks.patching import each_slot, plan, row, table, value
 from depthprobe.probes.models.model import Model
 
 Head = tuple[int, int]
@@ -43,8 +47,12 @@ def parse_heads(model: Model, heads: str | Head | Sequence[str | Head]) -> list[
                     f"bad head {item.strip()!r}: write heads as L-H, 0-indexed (e.g. 1-2 is layer 1, head 2)"
                 )
             layer, head = int(m.group(1)), int(m.group(2))
-        else:
+        elif isinstance(item, Sequence) and len(item) == 2 and all(hasattr(x, "__index__") for x in item):
             layer, head = (int(x) for x in item)
+        else:
+            raise ProbeError(
+                f"bad head {item!r}: a head is (layer, head) or 'L-H'; give several as a list, e.g. [(0, 1), (1, 2)]"
+            )
         if not (0 <= layer < model.info.n_layers and 0 <= head < model.info.n_heads):
             raise ProbeError(
                 f"head {layer}-{head} does not exist: {model.name} has layers 0-{model.info.n_layers - 1} "
@@ -61,7 +69,7 @@ def mean_z(
     model: Model, data: Any, layers: Sequence[int], attention_mask: torch.Tensor | None = None, batch_size: int = 32
 ) -> dict[int, torch.Tensor]:
     """Mean of ``hook_z`` over every real (unpadded) token of ``data``: layer -> [head, d_head]."""
-    ids, mask = _inputs(model, data, attention_mask)
+    ids, mask = inputs(model, data, attention_mask)
     names = [f"blocks.{layer}.attn.hook_z" for layer in layers]
     sums: dict[int, torch.Tensor | float] = {layer: 0.0 for layer in layers}
     n = 0.0
@@ -113,20 +121,12 @@ def ablate_heads(
         yield parsed
 
 
-def _metric_value(metric: Callable[[torch.Tensor], Any], logits: torch.Tensor) -> float:
-    value = metric(logits)
-    return float(value.item() if isinstance(value, torch.Tensor) else value)
-
-
-def _write_clean(clean_act: torch.Tensor, slot: int, per_head: bool) -> Callable[[torch.Tensor, Any], torch.Tensor]:
-    """A hook that writes the clean activation of one head (``hook_z``) or one position into the pass."""
+def _write_clean(clean_act: torch.Tensor, index: tuple[Any, ...]) -> Callable[[torch.Tensor, Any], torch.Tensor]:
+    """A hook that writes one slot (a head, a position, or both) of the clean activation into the pass."""
 
     def write(t: torch.Tensor, hook: Any) -> torch.Tensor:
         t = t.clone()
-        if per_head:
-            t[:, :, slot] = clean_act[:, :, slot]
-        else:
-            t[:, slot] = clean_act[:, slot]
+        t[index] = clean_act[index].to(t.dtype)
         return t
 
     return write
@@ -136,52 +136,32 @@ def patch(
     model: Model,
     clean: Any,
     corrupt: Any,
-    hooks: str = "blocks.*.hook_resid_pre",
+    hooks: str | Sequence[str] = "blocks.*.hook_resid_pre",
     metric: Callable[[torch.Tensor], Any] | None = None,
     task: str = "patching",
+    *,
+    per: Per | None = None,
+    positions: Sequence[int] | None = None,
 ) -> pd.DataFrame:
-    """Activation patching: the corrupted input, with one clean activation written in.
+    """Activation patching: the corrupted input, with one slot of one clean activation written in.
 
-    ``hooks`` is ``blocks.*.hook_resid_pre`` (or another residual hook: one row per layer x position)
-    or ``blocks.*.attn.hook_z`` (one row per head, all positions). ``metric(logits) -> float`` (logits as
-    :func:`run_with_cache` gives them: final hidden states for encoders without an LM head).
-    Returns a tidy table: model, task, layer, head, position, metric, value (head or position is
-    empty where it does not apply); the clean and corrupted values are in ``df.attrs``."""
-    if metric is None:
-        raise ProbeError("patch needs metric=, a function of the logits [batch, pos, vocab] giving a number")
-    c_ids, c_mask = _inputs(model, clean, None)
-    x_ids, x_mask = _inputs(model, corrupt, None)
-    if c_ids.shape != x_ids.shape:
-        raise ProbeError(
-            f"clean and corrupted inputs must have the same shape in tokens, got {list(c_ids.shape)} and "
-            f"{list(x_ids.shape)}; pick corruptions that keep the token count"
-        )
-    per_head = hooks.endswith("attn.hook_z")
-    from depthprobe.probes.hooks.cache import run_with_cache
-
-    logits, cache = run_with_cache(model, c_ids, names=hooks, attention_mask=c_mask)
+    ``hooks``: one hook name or a list (globs allowed): residuals, ``hook_attn_out``, per-head
+    ``attn.hook_z`` / ``hook_q/k/v``, ``attn.hook_pattern`` / ``hook_attn_scores``...
+    ``per``: ``"position"``, ``"head"`` or ``"head_position"`` (default: ``head`` for per-head hooks,
+    ``position`` otherwise; see :mod:`.grains`); ``positions`` limits the positions patched.
+    ``metric(logits) -> float`` (logits as :func:`run_with_cache` gives them: final hidden states
+    for encoders without an LM head). Returns the tidy table of :mod:`.patching` (one row per hook
+    x slot, the metric of the patched run); the clean and corrupted values are in ``df.attrs``."""
+    p = plan(model, clean, corrupt, hooks, metric, per, positions)
+    assert metric is not None
+    (c_ids, c_mask), (x_ids, x_mask) = p.clean, p.corrupt
+    logits, cache = run_with_cache(model, c_ids, names=list(p.grains), attention_mask=c_mask)
+    rows = []
     with torch.no_grad():
         corrupt_logits = outputs(model, x_ids, x_mask)
-    name_metric = getattr(metric, "__name__", "metric")
-    rows = []
-    for name in sorted(cache, key=lambda n: int(n.split(".")[1])):
-        layer = int(name.split(".")[1])
-        slots = range(model.info.n_heads) if per_head else range(c_ids.shape[1])
-        for slot in slots:
-            write = _write_clean(cache[name], slot, per_head)
-            with torch.no_grad(), capture(model, {name: write}, store=False):
-                out = outputs(model, x_ids, x_mask)
-            rows.append(
-                {
-                    "model": model.name,
-                    "task": task,
-                    "layer": layer,
-                    "head": slot if per_head else pd.NA,
-                    "position": pd.NA if per_head else slot,
-                    "metric": name_metric,
-                    "value": _metric_value(metric, out),
-                }
-            )
-    df = pd.DataFrame(rows, columns=["model", "task", "layer", "head", "position", "metric", "value"])
-    df.attrs.update(clean=_metric_value(metric, logits), corrupt=_metric_value(metric, corrupt_logits))
-    return df
+        for name in p.grains:
+            for slot in each_slot(p, name, cache[name]):
+                with capture(model, {name: _write_clean(cache[name], slot.index(layout(name)))}, store=False):
+                    out = outputs(model, x_ids, x_mask)
+                rows.append(row(model, task, metric, name, slot, value(metric, out)))
+    return table(rows, value(metric, logits), value(metric, corrupt_logits))

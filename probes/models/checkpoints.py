@@ -40,7 +40,8 @@ def save_checkpoint(
     Every file goes into a fresh folder ``ckpt-...`` inside ``directory``; then ``directory/depthprobe.json``,
     which names that folder under the key ``checkpoint``, is replaced in one ``os.replace``: that rename
     is the single switch from the previous checkpoint to the new one. An interrupt at any moment leaves
-    one complete checkpoint behind. Older ``ckpt-*`` folders are removed after the switch.
+    one complete checkpoint behind, and no partial folder: it is removed as the interrupt unwinds.
+    Older ``ckpt-*`` folders are removed after the switch.
     ``write_more(folder)`` writes further files (optimizer state, loss log) into the new folder.
     """
     from safetensors.torch import save_file
@@ -54,12 +55,16 @@ def save_checkpoint(
     name = "ckpt-" + (f"{int(step):08d}-" if step is not None else "") + secrets.token_hex(4)
     tmp = out / f".{name}.tmp"
     tmp.mkdir()  # mode 0o777 & ~umask
-    state = {k: v.detach().cpu().contiguous() for k, v in model.bridge.state_dict().items()}
-    save_safetensors(save_file, state, tmp / CHECKPOINT_WEIGHTS)
-    if write_more is not None:
-        write_more(tmp)
-    (tmp / CHECKPOINT_CONFIG).write_text(json.dumps(meta, indent=2))
-    os.rename(tmp, out / name)  # a complete folder, not yet current
+    try:
+        state = {k: v.detach().cpu().contiguous() for k, v in model.bridge.state_dict().items()}
+        save_safetensors(save_file, state, tmp / CHECKPOINT_WEIGHTS)
+        if write_more is not None:
+            write_more(tmp)
+        (tmp / CHECKPOINT_CONFIG).write_text(json.dumps(meta, indent=2))
+        os.rename(tmp, out / name)  # a complete folder, not yet current
+    except BaseException:  # an error or an interrupt (Ctrl-C, SIGTERM) leaves no partial folder behind
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     atomic_write_text(out / CHECKPOINT_CONFIG, json.dumps({**meta, "checkpoint": name}, indent=2))  # the switch
     _prune(out, keep=name)
     return out
@@ -114,9 +119,9 @@ def checkpoint_meta(directory: str | Path) -> dict[str, Any]:
             raise ValueError("not a JSON object")
         return meta
     except (OSError, ValueError) as exc:
-        raise ProbeError(
-            f"{path} is not a valid depthprobe checkpoint config ({exc}); re-save it with probe train"
-        ) from None
+        study = Path(directory).name == "checkpoint" and (Path(directory).parent / "member.json").exists()
+        fix = resave_hint({"study": {}} if study else {})
+        raise ProbeError(f"{path} is not a valid depthprobe checkpoint config ({exc}); {fix}") from None
 
 
 def checkpoint_files(directory: str | Path, meta: dict[str, Any] | None = None) -> Path:
@@ -133,16 +138,36 @@ def checkpoint_files(directory: str | Path, meta: dict[str, Any] | None = None) 
         raise ProbeError(
             f"{d / CHECKPOINT_CONFIG} names the folder {sub}, which is missing from {d}; restore it or train afresh"
         )
+    if not (d / sub).resolve().is_relative_to(d.resolve()):
+        raise ProbeError(
+            f"{d / CHECKPOINT_CONFIG} names {sub}, a link to {(d / sub).resolve()} outside {d}; "
+            f"put the checkpoint's own folder there (or re-save the model)"
+        )
     return d / sub
+
+
+def resave_hint(meta: dict[str, Any]) -> str:
+    """How to rebuild a checkpoint: a study member's by rerunning its study, any other by probe train."""
+    if isinstance(meta.get("study"), dict):
+        return "rerun its study (the same probe study command and --out) to rebuild the member"
+    return "re-save it with probe train"
 
 
 def attach_tokenizer(model: Model, folder: Path) -> Model:
     """Give a checkpoint's model the tokenizer saved beside its weights (``tokenizer.json``, a
-    byte-level BPE trained by a study), so text tasks run on it; without one it stays None."""
+    byte-level BPE trained by a study), so text tasks run on it; without one it stays None. A
+    tokenizer with more entries than the model's vocabulary (a file from another model) is refused."""
     if (folder / TOKENIZER_FILE).exists():
         from depthprobe.probes.data import corpus
 
-        model.tokenizer = corpus.hf_tokenizer(corpus.load_tokenizer(folder / TOKENIZER_FILE))
+        tok = corpus.load_tokenizer(folder / TOKENIZER_FILE)
+        vocab = getattr(getattr(model.bridge, "cfg", None), "d_vocab", None)
+        if isinstance(vocab, int) and tok.get_vocab_size() > vocab:
+            raise ProbeError(
+                f"{folder / TOKENIZER_FILE} has {tok.get_vocab_size()} entries but the model's vocabulary is "
+                f"{vocab}; it belongs to another model: restore the tokenizer.json saved with this checkpoint"
+            )
+        model.tokenizer = corpus.hf_tokenizer(tok)
         model.special_ids = frozenset(model.tokenizer.all_special_ids)
     return model
 

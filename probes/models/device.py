@@ -4,6 +4,7 @@ before it is built."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -98,12 +99,19 @@ def native_bytes(cfg: NativeConfig, training: bool = False) -> int:
 
 
 def available_memory(dev: torch.device | None = None) -> int | None:
-    """Bytes free for a new model: free GPU memory on CUDA; MemAvailable (psutil or /proc/meminfo) on CPU."""
+    """Bytes free for a new model: free GPU memory on CUDA; on CPU the least of MemAvailable (psutil or
+    /proc/meminfo), the address space ``ulimit -v`` leaves and the memory cgroup's room (a container's
+    limit). None when none of them is known."""
     if dev is not None and dev.type == "cuda":
         try:
             return int(torch.cuda.mem_get_info(dev)[0])
         except (RuntimeError, AssertionError):  # no query available (driver, build): do not guess
             return None
+    known = [n for n in (_mem_available(), address_space_left(), cgroup_memory_left()) if n is not None]
+    return min(known) if known else None  # none known (unknown platform): only --max-params applies
+
+
+def _mem_available() -> int | None:
     try:
         import psutil
 
@@ -116,7 +124,90 @@ def available_memory(dev: torch.device | None = None) -> int | None:
                 return int(line.split()[1]) * 1024
     except (OSError, ValueError, IndexError):
         pass
-    return None  # unknown platform: only --max-params applies
+    return None
+
+
+def address_space_left() -> int | None:
+    """Bytes of address space ``RLIMIT_AS`` (``ulimit -v``) still allows: the limit less what the process
+    maps already (VmSize); None without a limit."""
+    try:
+        import resource
+
+        limit = resource.getrlimit(resource.RLIMIT_AS)[0]
+    except (ImportError, OSError, ValueError):  # no resource module (Windows)
+        return None
+    if limit == resource.RLIM_INFINITY or limit < 0:
+        return None
+    mapped = _field("/proc/self/status", "VmSize:")
+    return max(limit - (mapped or 0) * 1024, 0)
+
+
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+PROC_CGROUP = Path("/proc/self/cgroup")
+NO_CGROUP_LIMIT = 2**60  # cgroup v1 writes "no limit" as a number near 2**63
+
+
+def cgroup_memory_left(root: Path = CGROUP_ROOT, proc: Path = PROC_CGROUP) -> int | None:
+    """Bytes this process's memory cgroup, or any parent of it, still allows: the least, over them, of
+    the limit (v2 ``memory.max``, v1 ``memory.limit_in_bytes``) less the usage, not counting file cache
+    the kernel can reclaim (``inactive_file``); None when no cgroup sets a limit."""
+    left = [n for d in _cgroup_dirs(root, proc) if (n := _cgroup_room(d)) is not None]
+    return min(left) if left else None
+
+
+def _cgroup_dirs(root: Path, proc: Path) -> list[Path]:
+    """The process's memory cgroup folders and their parents up to the mount (its root when the
+    recorded path is not visible, as in a cgroup namespace)."""
+    try:
+        lines = proc.read_text().splitlines()
+    except OSError:
+        lines = []
+    out: list[Path] = []
+    for line in lines:
+        _, controllers, rel = [*line.split(":", 2), "", ""][:3]
+        if controllers and "memory" not in controllers.split(","):
+            continue
+        mount = root if not controllers else root / "memory"
+        d = mount / rel.strip().lstrip("/")
+        if not d.is_dir():
+            d = mount
+        out += [d, *[p for p in d.parents if p.is_relative_to(mount)]]
+    return out
+
+
+def _cgroup_room(d: Path) -> int | None:
+    for limit_file, usage_file, cache_key in (
+        ("memory.max", "memory.current", "inactive_file"),
+        ("memory.limit_in_bytes", "memory.usage_in_bytes", "total_inactive_file"),
+    ):
+        try:
+            text = (d / limit_file).read_text().strip()
+        except OSError:
+            continue
+        if not text.isdigit() or int(text) >= NO_CGROUP_LIMIT:  # "max": no limit here
+            return None
+        usage = _read_int(d / usage_file) or 0
+        cache = _field(d / "memory.stat", cache_key + " ") or 0  # memory.stat counts bytes
+        return max(int(text) - usage + min(cache, usage), 0)
+    return None
+
+
+def _read_int(path: Path) -> int | None:
+    try:
+        return int(path.read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def _field(path: str | Path, key: str) -> int | None:
+    """The number after ``key`` in a file of ``key value`` lines (/proc/self/status, memory.stat)."""
+    try:
+        for line in Path(path).read_text().splitlines():
+            if line.startswith(key):
+                return int(line[len(key) :].split()[0])
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
 
 
 def _human(n: float, unit: str = "") -> str:
@@ -136,9 +227,43 @@ def check_size(n_params: int, n_bytes: int, what: str, dev: torch.device | None 
         )
     free = available_memory(dev)
     if free is not None and n_bytes > free:
-        where = "GPU" if dev is not None and dev.type == "cuda" else "machine"
+        room = f"{_human(free, 'B')} available"
+        if dev is not None and dev.type == "cuda":
+            where = f"the GPU has {room}"
+        else:
+            where = f"this process has {room} (the least of free memory, ulimit -v and the container's memory limit)"
         raise ProbeError(
-            f"{what} needs about {_human(n_bytes, 'B')} ({n_params:,} parameters) but the {where} "
-            f"has {_human(free, 'B')} available; make the model smaller (fewer layers or a smaller width) "
+            f"{what} needs about {_human(n_bytes, 'B')} ({n_params:,} parameters) but {where}; "
+            "make the model smaller (fewer layers or a smaller width) "
             "or use a bigger machine"
         )
+
+
+ALLOCATION_FAILURES = ("can't allocate memory", "out of memory", "cannot allocate memory")
+
+
+@contextmanager
+def allocation_errors(what: str) -> Iterator[None]:
+    """Turn a failed allocation within the block (MemoryError, torch's CPU allocator or CUDA out of
+    memory) into a one-line :class:`ProbeError`: the size check estimates, the allocator decides."""
+    try:
+        yield
+    except (MemoryError, RuntimeError) as exc:
+        error = out_of_memory_error(exc, what)
+        if error is None:
+            raise
+        raise error from None
+
+
+def out_of_memory_error(exc: BaseException, what: str) -> ProbeError | None:
+    """The one-line error for a failed allocation, or None when ``exc`` is something else."""
+    text = str(exc).lower()
+    if not isinstance(exc, MemoryError) and not any(m in text for m in ALLOCATION_FAILURES):
+        return None
+    size = re.search(r"tried to allocate (?:(\d+) bytes|([0-9.]+ ?[KMGT]i?B))", str(exc))
+    amount = "" if size is None else _human(int(size[1]), "B") if size[1] else size[2]
+    return ProbeError(
+        f"{what} ran out of memory"
+        + (f" (it tried to allocate {amount})" if amount else "")
+        + "; use a smaller model or --batch-size, or a machine (or ulimit -v, container limit) with more memory"
+    )

@@ -34,8 +34,9 @@ from depthprobe.probes.models.checkpoints import (
     check_hf_folder,
     checkpoint_files,
     checkpoint_meta,
+    resave_hint,
 )
-from depthprobe.probes.models.device import check_size, native_bytes, resolve_device
+from depthprobe.probes.models.device import allocation_errors, check_size, native_bytes, resolve_device
 from depthprobe.probes.models.hub import (
     _hash_file,
     _hub_reachable,
@@ -154,8 +155,14 @@ def load(
 ) -> Model:
     """Load a model by alias, Hugging Face id, local directory, native spec or checkpoint.
 
-    An existing folder always wins over a spec; ``native:`` and ``spa:`` start specs."""
+    An existing folder always wins over a spec; ``native:`` and ``spa:`` start specs. A model the
+    size check lets through but the allocator cannot hold fails with one line (ProbeError)."""
     dev = resolve_device(device)
+    with allocation_errors(f"loading model {name if isinstance(name, str) else _spec(name)}"):
+        return _load(name, dev, dtype)
+
+
+def _load(name: str | NativeConfig, dev: torch.device, dtype: torch.dtype | None) -> Model:
     if isinstance(name, NativeConfig):
         check_size(name.n_params(), native_bytes(name), f"native model {_spec(name)}", dev)
         return _load_native(name, "native", dev, dtype)
@@ -307,6 +314,7 @@ def load_checkpoint(
     if meta.get("format") == SPA_FORMAT:
         module, _, _ = SPEC_BUILDERS["spa"].partition(":")
         model = importlib.import_module(module).load_checkpoint(d, dev, name=name)
+        check_finite(model, d)
         return attach_tokenizer(model, d)
     try:
         cfg = NativeConfig(**meta["native"])
@@ -314,7 +322,7 @@ def load_checkpoint(
         raise ProbeError(f"{config} is not a valid depthprobe checkpoint config: {exc}") from None
     weights = checkpoint_files(d, meta) / CHECKPOINT_WEIGHTS
     if not weights.exists():
-        raise ProbeError(f"checkpoint {d} has no {CHECKPOINT_WEIGHTS}; re-save it with probe train")
+        raise ProbeError(f"checkpoint {d} has no {CHECKPOINT_WEIGHTS}; {resave_hint(meta)}")
     check_size(cfg.n_params(), native_bytes(cfg), f"checkpoint {d}", dev)
     try:
         with safe_open(str(weights), framework="pt", device="cpu") as fh:
@@ -336,5 +344,22 @@ def load_checkpoint(
             "the file is truncated or corrupt: restore it or re-save with probe train"
         ) from None
     model.bridge.load_state_dict(state)
+    check_finite(model, weights)
     model.info = dataclasses.replace(model.info, source="checkpoint", resolved=str(d))
     return attach_tokenizer(model, checkpoint_files(d, meta))
+
+
+def check_finite(model: Model, weights: Path) -> None:
+    """Refuse a checkpoint whose weights hold NaN or infinity (a diverged training run, a damaged
+    file): every score of such a model is NaN, so it is refused (exit 2) rather than warned about.
+    A sum per tensor (NaN or infinity makes it non-finite; an overflow is told apart by the exact check),
+    about 1 ns a weight on CPU, far below reading them."""
+    for key, tensor in model.bridge.state_dict().items():
+        if not tensor.is_floating_point() or bool(torch.isfinite(tensor.sum())):
+            continue
+        if not bool(torch.isfinite(tensor).all()):
+            bad = int((~torch.isfinite(tensor)).sum())
+            raise ProbeError(
+                f"{weights} holds NaN or infinite weights ({bad:,} of {tensor.numel():,} values of {key}); "
+                "training diverged or the file is damaged: restore it, or train again (a lower --lr helps)"
+            )

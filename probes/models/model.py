@@ -118,6 +118,14 @@ class Model:
     device: torch.device
     special_ids: frozenset[int] = field(default_factory=frozenset)
 
+    def __repr__(self) -> str:
+        i = self.info
+        kind = "decoder" if i.causal else "encoder"
+        return (
+            f"Model({i.name!r}, {kind}, {i.n_layers} layers x {i.n_heads} heads, d_model {i.d_model}, "
+            f"max_len {i.max_len}, {self.device})"
+        )
+
     @property
     def name(self) -> str:
         return self.info.name

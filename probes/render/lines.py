@@ -1,9 +1,12 @@
-"""Line charts as direct SVG (no plotting library): the one line-chart helper of the reports.
+"""Line charts as direct SVG (no plotting library): the one line-chart helper of the reports and
+of the tasks' plots.
 
 ``chart_svg`` draws series of (x, y) points with markers, optional min-max error bars, point
-marks, dashed lines, a log x axis and a zero line. Its markup is inline SVG for a page (each
-series a ``<g class='series' data-label=...>``, which tests read back) or, with ``standalone``,
-a file of its own for a ``data:`` image. Only finite points are drawn.
+marks, dashed lines, a log x axis, a zero line and dotted reference lines (``rules``). Its
+markup is inline SVG for a page (each series a ``<g class='series' data-label=...>``, which
+tests read back) or, with ``standalone``, a file of its own (``plots/*.svg``, a ``data:``
+image). ``row_svg`` lays several charts (each a ``Chart``) side by side under one title. Only
+finite points are drawn.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from typing import Any
 
 from depthprobe.probes.render.html import esc
 
+SVG_NS = " xmlns='http://www.w3.org/2000/svg'"
 PALETTE = (
     "#1f77b4",
     "#ff7f0e",
@@ -115,14 +119,20 @@ def _drawable(series: Sequence[Series], log_x: bool) -> list[Series]:
 
 
 def _frame(
-    kept: list[Series], log_x: bool, zero: bool, x_range: tuple[float, float] | None, size: tuple[int, int]
+    kept: list[Series],
+    log_x: bool,
+    zero: bool,
+    x_range: tuple[float, float] | None,
+    size: tuple[int, int],
+    rules: Sequence[float],
 ) -> tuple[_Frame | None, list[float]]:
-    """The plot frame and the y ticks of the drawable series (None when there is no point)."""
+    """The plot frame and the y ticks of the drawable series and rules (None when there is no point)."""
     xs = [x for s in kept for x, _ in s.points]
     ys = [y for s in kept for _, y in s.points]
     ys += [v for s in kept for lo_hi in s.spread for v in lo_hi if finite(v)]
     if zero:
         ys.append(0.0)
+    ys += [r for r in rules if finite(r)]
     if not xs:
         return None, []
     fx = (lambda v: math.log10(v)) if log_x else (lambda v: v)
@@ -143,9 +153,14 @@ def _frame(
 
 
 def _axes(
-    f: _Frame, yt: list[float], x_ticks: Sequence[tuple[float, str]] | None, log_x: bool, zero: bool
+    f: _Frame,
+    yt: list[float],
+    x_ticks: Sequence[tuple[float, str]] | None,
+    log_x: bool,
+    zero: bool,
+    rules: Sequence[float],
 ) -> list[str]:
-    """Grid lines, tick labels, the plot's border and the zero line."""
+    """Grid lines, tick labels, the plot's border, the zero line and the dotted rules."""
     out = []
     for t in yt:
         y = f.py(t)
@@ -170,6 +185,12 @@ def _axes(
             f"<line class='zero' x1='{f.left}' x2='{f.left + f.plot_w}' y1='{f.py(0):.1f}' y2='{f.py(0):.1f}' "
             "stroke='#000' stroke-width='1.2'/>"
         )
+    for r in rules:
+        if finite(r):
+            out.append(
+                f"<line class='rule' x1='{f.left}' x2='{f.left + f.plot_w}' y1='{f.py(r):.1f}' y2='{f.py(r):.1f}' "
+                f"stroke='#777' stroke-dasharray='2 3'><title>{esc(f'y = {r:.4g}')}</title></line>"
+            )
     return out
 
 
@@ -204,19 +225,46 @@ def _series_svg(s: Series, color: str, f: _Frame) -> list[str]:
     return out
 
 
-def _legend(kept: list[Series], f: _Frame, height: int) -> list[str]:
-    """Three legend entries per row under the plot."""
+def _legend(kept: list[Series], f: _Frame, height: int, cols: int) -> list[str]:
+    """``cols`` legend entries per row under the plot."""
     out = []
     for k, s in enumerate(kept):
         color = s.color or PALETTE[k % len(PALETTE)]
-        col, row = k % 3, k // 3
-        lx, ly = f.left + col * (f.plot_w / 3), height + 4 + row * 18
+        col, row = k % cols, k // cols
+        lx, ly = f.left + col * (f.plot_w / cols), height + 4 + row * 18
         dash = " stroke-dasharray='6 4'" if s.dashed else ""
         out.append(
             f"<line x1='{lx:.1f}' x2='{lx + 22:.1f}' y1='{ly:.1f}' y2='{ly:.1f}' stroke='{color}' "
             f"stroke-width='2'{dash}/><text class='legend' x='{lx + 27:.1f}' y='{ly + 4:.1f}'>{esc(s.label)}</text>"
         )
     return out
+
+
+@dataclass(frozen=True)
+class Chart:
+    """One line chart: its series and how to draw them (the options of ``chart_svg``)."""
+
+    series: tuple[Series, ...]
+    title: str
+    x_label: str
+    y_label: str
+    log_x: bool = False
+    zero: bool = False
+    x_ticks: tuple[tuple[float, str], ...] | None = None
+    x_range: tuple[float, float] | None = None
+    width: int = 660
+    height: int = 320
+    rules: tuple[float, ...] = ()  # y values marked by a dotted grey line (a threshold, a level)
+    legend_cols: int = 3  # legend entries per row under the plot
+
+    def __post_init__(self) -> None:
+        if self.legend_cols < 1:
+            raise ValueError(f"legend_cols must be at least 1, got {self.legend_cols}")
+
+    @property
+    def total_height(self) -> int:
+        """The height with the legend (``legend_cols`` entries a row under the plot)."""
+        return self.height + 18 * math.ceil(len(self.series) / self.legend_cols)
 
 
 def chart_svg(
@@ -231,41 +279,117 @@ def chart_svg(
     x_range: tuple[float, float] | None = None,
     width: int = 660,
     height: int = 320,
+    rules: Sequence[float] = (),
+    legend_cols: int = 3,
     standalone: bool = False,
 ) -> str:
     """A line chart as inline SVG markup: each series a ``<g class='series' data-label=...>`` holding
     a polyline (its finite points, in order), a circle per point (with a hover title), min-max error
-    bars (``<line class='spread'>``) and point marks; ``zero`` draws a line at y = 0 (class ``zero``).
+    bars (``<line class='spread'>``) and point marks; ``zero`` draws a line at y = 0 (class ``zero``)
+    and ``rules`` a dotted line at each of their y values (class ``rule``, inside the y range);
+    ``legend_cols`` legend entries share a row.
     With ``log_x`` x is drawn on a log scale (points with x <= 0 are left out). ``x_range`` fixes
     the x axis (default: the points' range, padded); ``standalone`` names the SVG namespace, for a
-    chart that is a file or a ``data:`` image of its own."""
-    kept = _drawable(series, log_x)
-    f, yt = _frame(kept, log_x, zero, x_range, (width, height))
+    chart that is a file or a ``data:`` image of its own. Without a finite point: a note, an SVG
+    one when ``standalone``."""
+    chart = Chart(
+        tuple(series),
+        title,
+        x_label,
+        y_label,
+        log_x=log_x,
+        zero=zero,
+        x_ticks=None if x_ticks is None else tuple(x_ticks),
+        x_range=x_range,
+        width=width,
+        height=height,
+        rules=tuple(rules),
+        legend_cols=legend_cols,
+    )
+    svg = _render(chart, SVG_NS if standalone else "")
+    if svg is None:
+        note = f"{title}: no finite values to draw"
+        return _note_svg(note, width, height, SVG_NS) if standalone else f"<p class='note'>{esc(note)}</p>"
+    return svg
+
+
+def _render(c: Chart, place: str) -> str | None:
+    """The chart's ``<svg class='chart'{place} ...>`` element (None when it has no finite point)."""
+    kept = _drawable(c.series, c.log_x)
+    f, yt = _frame(kept, c.log_x, c.zero, c.x_range, (c.width, c.height), c.rules)
     if f is None:
-        return f"<p class='note'>{esc(title)}: no finite values to draw</p>"
-    total_h = height + 18 * math.ceil(len(kept) / 3)
-    ns = " xmlns='http://www.w3.org/2000/svg'" if standalone else ""
+        return None
+    width, height, total_h = c.width, c.height, c.total_height
     out = [
-        f"<svg class='chart'{ns} width='{width}' height='{total_h}' viewBox='0 0 {width} {total_h}' role='img' "
-        f"aria-label='{esc(title)}' font-family='DejaVu Sans, Arial, sans-serif' font-size='11'>",
+        f"<svg class='chart'{place} width='{width}' height='{total_h}' viewBox='0 0 {width} {total_h}' role='img' "
+        f"aria-label='{esc(c.title)}' font-family='DejaVu Sans, Arial, sans-serif' font-size='11'>",
         f"<rect width='{width}' height='{total_h}' fill='#ffffff'/>",
-        f"<text x='{width / 2:g}' y='16' text-anchor='middle' font-size='13'>{esc(title)}</text>",
+        f"<text x='{width / 2:g}' y='16' text-anchor='middle' font-size='13'>{esc(c.title)}</text>",
     ]
-    out += _axes(f, yt, x_ticks, log_x, zero)
+    out += _axes(f, yt, c.x_ticks, c.log_x, c.zero, c.rules)
     base = f.top + f.plot_h
-    scale = " (log scale)" if log_x else ""
+    scale = " (log scale)" if c.log_x else ""
     out.append(
-        f"<text x='{f.left + f.plot_w / 2:g}' y='{base + 30}' text-anchor='middle'>{esc(x_label + scale)}</text>"
+        f"<text x='{f.left + f.plot_w / 2:g}' y='{base + 30}' text-anchor='middle'>{esc(c.x_label + scale)}</text>"
     )
     out.append(
         f"<text transform='translate(14 {f.top + f.plot_h / 2:g}) rotate(-90)' "
-        f"text-anchor='middle'>{esc(y_label)}</text>"
+        f"text-anchor='middle'>{esc(c.y_label)}</text>"
     )
     for k, s in enumerate(kept):
         out += _series_svg(s, s.color or PALETTE[k % len(PALETTE)], f)
-    out += _legend(kept, f, height)
+    out += _legend(kept, f, height, c.legend_cols)
     out.append("</svg>")
     return "".join(out)
 
 
-__all__ = ["PALETTE", "Series", "budget_text", "chart_svg", "finite", "nice_ticks"]
+def _note_svg(note: str, width: int, height: int, place: str) -> str:
+    """An SVG element of the chart's size that says why there is no chart."""
+    return (
+        f"<svg class='chart note'{place} width='{width}' height='{height}' viewBox='0 0 {width} {height}' "
+        f"role='img' aria-label='{esc(note)}' font-family='DejaVu Sans, Arial, sans-serif' font-size='12'>"
+        f"<rect width='{width}' height='{height}' fill='#ffffff'/>"
+        f"<text x='{width / 2:g}' y='{height / 2:g}' text-anchor='middle' fill='#555'>{esc(note)}</text></svg>"
+    )
+
+
+def wrap_text(text: str, limit: int) -> list[str]:
+    """``text`` in lines of at most ``limit`` characters, each broken after its last space or comma
+    (a model name such as ``spa:depth=4,width=64,...`` has no spaces), or at ``limit`` where a line
+    has neither; joined, the lines give ``text`` back."""
+    lines = []
+    while len(text) > limit:
+        cut = max(text.rfind(" ", 0, limit), text.rfind(",", 0, limit)) + 1  # just after the space or comma
+        cut = cut or limit
+        lines.append(text[:cut])
+        text = text[cut:]
+    return [*lines, text]
+
+
+def row_svg(charts: Sequence[Chart], *, title: str = "", gap: int = 12, standalone: bool = False) -> str:
+    """Charts side by side in one SVG (``<svg class='charts'>``), each its own ``<svg class='chart'>``
+    as ``chart_svg`` draws it (a note in its place when it has no finite point), under ``title``
+    (wrapped to the row's width, at most 8 px a character at 13 px)."""
+    width = sum(c.width for c in charts) + gap * max(len(charts) - 1, 0)
+    lines = wrap_text(title, max(20, width // 8)) if title else []
+    top = 8 + 17 * len(lines)
+    height = top + max((c.total_height for c in charts), default=0)
+    out = [
+        f"<svg class='charts'{SVG_NS if standalone else ''} width='{width}' height='{height}' "
+        f"viewBox='0 0 {width} {height}' font-family='DejaVu Sans, Arial, sans-serif' font-size='13'>",
+        f"<rect width='{width}' height='{height}' fill='#ffffff'/>",
+    ]
+    out += [
+        f"<text class='title' x='{width / 2:g}' y='{17 * (i + 1)}' text-anchor='middle'>{esc(line)}</text>"
+        for i, line in enumerate(lines)
+    ]
+    x = 0
+    for c in charts:
+        place = f" x='{x}' y='{top}'"
+        out.append(_render(c, place) or _note_svg(f"{c.title}: no finite values to draw", c.width, c.height, place))
+        x += c.width + gap
+    out.append("</svg>")
+    return "".join(out)
+
+
+__all__ = ["PALETTE", "Chart", "Series", "budget_text", "chart_svg", "finite", "nice_ticks", "row_svg", "wrap_text"]

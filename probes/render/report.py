@@ -76,11 +76,7 @@ class RunData:
                 data.plots[svg.stem] = svg.read_text(encoding="utf-8")
             except (OSError, UnicodeDecodeError) as exc:
                 data.problems.append(f"plots/{svg.name} cannot be read: {exc}")
-        data.files = sorted(
-            (p.relative_to(run_dir).as_posix(), p.stat().st_size)
-            for p in run_dir.rglob("*")
-            if p.is_file() and p.name != "report.html"
-        )
+        data.files = file_sizes(run_dir)
         return data
 
     def _read(self, name: str, run_dir: Path, reader: Any) -> Any:
@@ -321,14 +317,27 @@ def render(data: RunData) -> str:
     return page(title, "\n".join(p for p in parts if p), payloads)
 
 
+def file_sizes(run_dir: Path) -> list[tuple[str, int]]:
+    """(relative path, bytes) of every file of a run folder but its report, sorted."""
+    return sorted(
+        (p.relative_to(run_dir).as_posix(), p.stat().st_size)
+        for p in Path(run_dir).rglob("*")
+        if p.is_file() and p.name != "report.html"
+    )
+
+
 def write_report(run_dir: Path) -> Path:
-    """Render ``run_dir/report.html`` from the run's saved files; returns its path.
+    """Render ``run_dir/report.html`` from the run's saved files (``probe report``); returns its path."""
+    return write_page(Path(run_dir), RunData.read(Path(run_dir)))
+
+
+def write_page(run_dir: Path, data: RunData) -> Path:
+    """Render ``data`` as ``run_dir/report.html``, the one builder of a run's page (a Result being
+    saved passes its data from memory, ``probe report`` reads it from the folder).
 
     A failure while drawing (a bug, not bad input) still writes a page: the summary, the notes
     and the error, so that a finished run is never lost to its report; a warning says so.
     """
-    run_dir = Path(run_dir)
-    data = RunData.read(run_dir)
     try:
         text = render(data)
     except Exception as exc:
@@ -352,16 +361,7 @@ _NOTEBOOK_STYLE = """<style>
 
 def result_html(result: Any) -> str:
     """Notebook display of a Result: notes, summary, heatmaps and plots (no script)."""
-    data = RunData(
-        summary={
-            "task": result.task,
-            "model": result.model_info["name"],
-            "notes": result.notes,
-            "summary": result.summary.to_dict(orient="records"),
-            "heatmaps": result.heatmaps,
-        },
-        scores=result.scores,
-    )
+    data = RunData(summary=result.summary_json(), scores=result.scores)
     title = f"depthprobe: {result.task} on {result.model_info['name']}"
     parts = [f"<h2>{esc(title)}</h2>"]
     parts.append("<ul>" + "".join(f"<li>{esc(n)}</li>" for n in result.notes) + "</ul>")

@@ -142,6 +142,12 @@ def save(
 
 def read_training(directory: Path) -> dict[str, Any]:
     """The ``training`` record of a checkpoint written by :func:`save`."""
+    if not (directory / CHECKPOINT_CONFIG).exists():
+        partial = sorted(directory.glob(".ckpt-*.tmp")) if directory.is_dir() else []
+        why = f"its first save was interrupted ({partial[0].name} is partial)" if partial else "nothing was saved there"
+        raise ProbeError(
+            f"{directory} holds no checkpoint ({CHECKPOINT_CONFIG} is missing: {why}); drop --resume to train afresh"
+        )
     try:
         meta = json.loads((directory / CHECKPOINT_CONFIG).read_text())
         return meta["training"]

@@ -17,6 +17,7 @@ import torch
 
 from depthprobe.probes.data.align import unit_matrix, word_attention
 from depthprobe.probes.engine.task import Batch, Context, HeatmapPanel, Output, ViewPanel, tidy
+from depthprobe.probes.hooks.interventions import head_label
 from depthprobe.tasks.coref.chains import BASELINES, TYPES, Query, Window
 from depthprobe.tasks.coref.common import best_head, clark, heatmap_rows, pct
 
@@ -218,7 +219,7 @@ def _chain_rows(state: ChainState, layer: int, head: int, best: Sequence[int]) -
     rows.append(
         {
             "method": "best head",
-            "head": f"{layer}-{head}",
+            "head": head_label(layer, head),
             "clark_head": clark(layer, head),
             "all": pct(best[0], total),
             **{t: pct(best[k + 1], n[k]) for k, t in enumerate(TYPES)},
@@ -247,7 +248,7 @@ def _chain_notes(state: ChainState, layer: int, head: int, best: Sequence[int]) 
         f"{total} mentions evaluated ({n[0]} pronoun, {n[1]} proper, {n[2]} nominal) of "
         f"{c.get('mentions', 0)} in {c.get('documents', 0)} documents; {c.get('windows', 0)} windows, "
         f"{state.n_windows} of them with an evaluated mention (only those are run)",
-        f"best head {layer}-{head} (0-indexed; Clark's 1-indexed layer-head {clark(layer, head)}): "
+        f"best head {head_label(layer, head)} (0-indexed; Clark's 1-indexed layer-head {clark(layer, head)}): "
         f"{pct(best[0], total)}% vs nearest {pct(sum(state.base[0]), total)}%, head match "
         f"{pct(sum(state.base[1]), total)}%, rule-based {pct(sum(state.base[2]), total)}%",
         "Clark et al. 2019 (BERT-base, CoNLL-2012), All/Pronoun/Proper/Nominal: head 5-4 65/64/73/58; "
@@ -260,7 +261,7 @@ def _chain_headline(state: ChainState, layer: int, head: int, best: Sequence[int
     return {
         "n_mentions": total,
         "n_by_type": dict(zip(TYPES, n, strict=False)),
-        "best_head": [layer, head],
+        "best_head": head_label(layer, head),
         "best_head_clark": clark(layer, head),
         "accuracy": pct(best[0], total),
         "accuracy_by_type": {t: pct(best[k + 1], n[k]) for k, t in enumerate(TYPES)},
@@ -283,10 +284,10 @@ def _finish_chain_view(v: dict, layer: int, head: int) -> ViewPanel:
     pick = cands[top]
     return {
         "title": f'{v["doc"]}: "{v["mention"]}" ({v["type"]}) -> "{pick["text"]}" '
-        f"({'correct' if pick['in_chain'] else 'wrong'}), head {layer}-{head}",
+        f"({'correct' if pick['in_chain'] else 'wrong'}), head {head_label(layer, head)}",
         "tokens": v["tokens"],
         "pattern": [m.tolist()],
-        "heads": [f"{layer}-{head} (Clark {clark(layer, head)})"],
+        "heads": [f"{head_label(layer, head)} (Clark {clark(layer, head)})"],
         "causal": False,
         "query": v["query"],
         "candidates": cands,

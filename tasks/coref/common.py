@@ -11,6 +11,7 @@ import torch
 
 from depthprobe.probes.base.batching import by_length, pad
 from depthprobe.probes.engine.task import Batch
+from depthprobe.probes.hooks.interventions import head_label
 
 PATTERN_BUDGET = 1 << 30  # bytes of float32 attention patterns held for one batch
 
@@ -43,7 +44,8 @@ def pct(k: int | float, n: int) -> float | None:
 
 
 def clark(layer_idx: int, h: int) -> str:
-    return f"{layer_idx + 1}-{h + 1}"
+    """Clark et al.'s 1-indexed name of a head (DESIGN §2), beside the L-H label."""
+    return head_label(layer_idx + 1, h + 1)
 
 
 def heatmap_rows(correct: torch.Tensor, n: Sequence[int], labels: Sequence[str], column: str) -> list[dict]:

@@ -16,6 +16,7 @@ import torch
 from depthprobe.probes.base.errors import ProbeError
 from depthprobe.probes.data import gap as gap_data
 from depthprobe.probes.engine.task import Batch, Context, HeatmapPanel, Output, ViewPanel, tidy
+from depthprobe.probes.hooks.interventions import head_label
 from depthprobe.tasks.coref.common import best_head, clark, heatmap_rows, pct
 
 GENDERS = ("masculine", "feminine", "other")
@@ -175,7 +176,7 @@ def gap_output(state: GapState, ctx: Context) -> Output:
             "F/M": None,
         }
     ]
-    rows.append(line("best head", f"{layer}-{head}", int(tot[layer, head]), state.correct[:, layer, head].tolist()))
+    rows.append(line("best head", head_label(layer, head), int(tot[layer, head]), state.correct[:, layer, head].tolist()))
     for i, name in enumerate(("nearest", "first candidate")):
         rows.append(line(name, "", sum(state.base[i]), state.base[i]))
     summary = pd.DataFrame(rows)
@@ -184,12 +185,12 @@ def gap_output(state: GapState, ctx: Context) -> Output:
     notes = [
         f"GAP: {total} examples with exactly one true candidate ({n[m_i]} masculine, {n[f_i]} feminine); "
         f"{c.get('unanswerable', 0)} of {c.get('rows', 0)} rows have no or two true candidates and are not used",
-        f"best head {layer}-{head} (Clark {clark(layer, head)}): {pct(int(tot[layer, head]), total)}% vs "
+        f"best head {head_label(layer, head)} (Clark {clark(layer, head)}): {pct(int(tot[layer, head]), total)}% vs "
         f"nearest {pct(sum(state.base[0]), total)}%, first candidate {pct(sum(state.base[1]), total)}%",
     ]
     headline = {
         "n_examples": total,
-        "best_head": [layer, head],
+        "best_head": head_label(layer, head),
         "best_head_clark": clark(layer, head),
         "gap": {r["method"]: {k: r[k] for k in ("all", "masculine", "feminine", "F/M")} for r in rows[1:]},
     }
@@ -211,6 +212,6 @@ def _gap_view(v: dict, layer: int, head: int) -> ViewPanel:
         "tokens": [f"{it.names[0]} (pronoun)", f"{it.names[1]} (A)", f"{it.names[2]} (B)"],
         # one head; only the pronoun's row is meaningful: attention to A and to B
         "pattern": [[[0.0, float(att[0]), float(att[1])], [0.0] * 3, [0.0] * 3]],
-        "heads": [f"{layer}-{head} (Clark {clark(layer, head)})"],
+        "heads": [f"{head_label(layer, head)} (Clark {clark(layer, head)})"],
         "causal": False,
     }

@@ -11,6 +11,7 @@ import pandas as pd
 import torch
 
 from depthprobe.probes.models.model import Model
+from depthprobe.probes.hooks.interventions import head_label
 
 if TYPE_CHECKING:
     from depthprobe.tasks.induction.task import Options, State
@@ -57,7 +58,7 @@ def run_notes(
     model = state.model
     notes = [
         f"{state.n} sequences of {'[BOS] r r' if model.info.causal else '[CLS] r r [SEP]'} with "
-        f"|r| = {state.repeat_len} distinct random ordinary tokens; heads are layer.head, 0-indexed",
+        f"|r| = {state.repeat_len} distinct random ordinary tokens; heads are L-H, 0-indexed",
         "chance (1 / attendable positions, averaged over the scored queries): "
         + ", ".join(f"{k} {v:.4f}" for k, v in chance.items()),
     ]
@@ -79,7 +80,7 @@ def run_notes(
 
 
 def summarise(scores: pd.DataFrame, top: int, model_level: dict[str, float]) -> pd.DataFrame:
-    """Per metric: mean, chance level, heads over 0.5 and the top heads (layer.head, 0-indexed)."""
+    """Per metric: mean, chance level, heads over 0.5 and the top heads (L-H, 0-indexed)."""
     out = []
     for metric, g in scores.groupby("metric", sort=False):
         best = g.nlargest(top, "value")
@@ -90,7 +91,7 @@ def summarise(scores: pd.DataFrame, top: int, model_level: dict[str, float]) -> 
                 "mean": round(float(g["value"].mean()), 4),
                 "chance": None if pd.isna(chance) else round(float(chance), 4),
                 "heads_over_0.5": int((g["value"] > 0.5).sum()),
-                "top_heads": ", ".join(f"{r.layer}.{r.head} ({r.value:.2f})" for r in best.itertuples()),
+                "top_heads": ", ".join(f"{head_label(r.layer, r.head)} ({r.value:.2f})" for r in best.itertuples()),
             }
         )
     for metric, value in model_level.items():

@@ -16,7 +16,7 @@ from depthprobe.probes.base.errors import ProbeError
 from depthprobe.probes.base.options import ranged
 from depthprobe.probes.engine.task import Output, Sweep, SweepConfig
 from depthprobe.probes.models.model import Model
-from depthprobe.probes.render.charts import figure_svg, plot_text
+from depthprobe.probes.render.lines import Series, chart_svg
 from depthprobe.tasks.induction.evaluation import evaluate
 from depthprobe.tasks.induction.metrics import chance_levels
 
@@ -221,28 +221,18 @@ def _sweep_notes(summary: pd.DataFrame, lengths: Sequence[int], o: SweepOptions)
 
 
 def line_plot(table: pd.DataFrame, column: str, ylabel: str, hline: float | None = None) -> str:
-    """SVG text: ``column`` vs step, one line per depth (deterministic output)."""
-    import matplotlib
-
-    matplotlib.use("Agg", force=False)
-    import matplotlib.pyplot as plt
-
-    with matplotlib.rc_context({"svg.hashsalt": "depthprobe", "svg.fonttype": "none"}):
-        fig, ax = plt.subplots(figsize=(6.4, 4.0))
-        for depth, g in table.groupby("depth"):
-            ax.plot(
-                g["step"],
-                g[column],
-                marker="o",
-                markersize=3,
-                label=plot_text(f"{depth} layer{'s' if depth > 1 else ''}"),
-            )
-        if hline is not None:
-            ax.axhline(hline, color="grey", linestyle=":", linewidth=1)
-        ax.set_xlabel("training step")
-        ax.set_ylabel(plot_text(ylabel))
-        ax.legend()
-        ax.grid(alpha=0.3)
-        fig.tight_layout()
-        svg = figure_svg(fig)
-    return svg
+    """Standalone SVG text: ``column`` vs training step, one line per depth, and a dotted line at
+    ``hline`` (the phase-change threshold)."""
+    lines = []
+    for depth, g in table.groupby("depth"):
+        points = zip(g["step"].astype(float).tolist(), g[column].astype(float).tolist(), strict=True)
+        lines.append(Series(f"{depth} layer{'s' if depth > 1 else ''}", tuple(points)))
+    title = f"{ylabel} vs training step" + (f" (dotted: threshold {hline:g})" if hline is not None else "")
+    return chart_svg(
+        lines,
+        title=title,
+        x_label="training step",
+        y_label=ylabel,
+        rules=() if hline is None else (hline,),
+        standalone=True,
+    )

@@ -16,6 +16,7 @@ from depthprobe.probes.data.synthetic import frame, ordinary_ids, sequences
 from depthprobe.probes.engine.task import Context, Examples, Output, Task, ViewPanel, add_sums, tidy
 from depthprobe.probes.hooks.capture import Captured, pattern_names
 from depthprobe.probes.models.model import Model
+from depthprobe.probes.hooks.interventions import head_label
 from depthprobe.tasks.cards import CARDS, InductionOptions
 from depthprobe.tasks.induction.inputs import icl_losses, icl_windows, read_icl_text, token_strings
 from depthprobe.tasks.induction.metrics import (
@@ -146,7 +147,7 @@ class Induction(Task[Options, State]):
         summary = summarise(scores, ctx.options.top, model_level)
         best = scores[scores.metric == "induction"].nlargest(1, "value").iloc[0]
         headline = {
-            "best_induction_head": f"{int(best['layer'])}.{int(best['head'])}",
+            "best_induction_head": head_label(int(best["layer"]), int(best["head"])),
             "best_induction_score": round(float(best["value"]), 4),
             "induction_chance": round(chance["induction"], 4),
             "n_sequences": state.n,
@@ -180,7 +181,7 @@ class Induction(Task[Options, State]):
             r = g.nlargest(1, "value").iloc[0]
             layer, head = int(r["layer"]), int(r["head"])
             heads.append(pattern[layer, head])
-            labels.append(f"{layer}-{head} best {metric} ({r['value']:.2f})")
+            labels.append(f"{head_label(layer, head)} best {metric} ({r['value']:.2f})")
         return {
             "title": f"best induction head on one repeated sequence (|r| = {state.repeat_len})",
             "tokens": token_strings(state.model, ids),

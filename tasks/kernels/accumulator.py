@@ -24,14 +24,6 @@ ACCUMULATED = (
 )  # per sequence, averaged over sequences
 CONTRACTION = "contraction_exponent"  # log(r_l) / log(r_{l-1}) of the mean resid_ratio_fro; layer 0: NaN
 METRICS = (*ACCUMULATED, CONTRACTION)
-THEORY_METRICS = (
-    "mean_cosine",
-    "resid_ratio_fro",
-    "effective_rank_centred",
-    "effective_rank_uncentred",
-    CONTRACTION,
-)  # what a kernel alone fixes
-
 
 COLLAPSED = 0.99  # mean cosine at which we call the representation rank-collapsed
 

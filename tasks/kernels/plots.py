@@ -1,5 +1,6 @@
-"""Figures and files of the kernels task and sweep: metrics vs layer, kernel heatmaps, and the
-``kernels.npz`` encoder. Drawing only; nothing here runs a model.
+"""Figures and files of the kernels task and sweep: metrics vs layer (line charts of
+``probes.render.lines``), kernel heatmaps (matplotlib), and the ``kernels.npz`` encoder. Drawing
+only; nothing here runs a model.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from depthprobe.probes.render.charts import figure_svg, plot_text
+from depthprobe.probes.render.lines import PALETTE, Chart, Series, nice_ticks, row_svg
 
 
 def tight_svg(fig: Any) -> str:
@@ -27,26 +29,54 @@ def pyplot():
 
 
 def plot_layers(means: dict[str, np.ndarray], theory: dict[str, np.ndarray], title: str) -> str:
-    """Mean cosine and residual ratios vs layer (theory dashed), both effective ranks beside."""
-    plt = pyplot()
-    fig, (ax, bx) = plt.subplots(1, 2, figsize=(9, 3.4))
-    layers = np.arange(len(means["mean_cosine"]))
-    for name, style in (("mean_cosine", "o-"), ("resid_ratio_fro", "s-"), ("resid_ratio_l1inf", "^-")):
-        ax.plot(layers, means[name], style, ms=3, label=name)
-    if "mean_cosine" in theory:
-        ax.plot(layers, theory["mean_cosine"], "k--", lw=1, label="mean_cosine (theory)")
-    ax.set(xlabel="layer (0 = embeddings)", ylabel="value", title=plot_text(title))
-    ax.legend(fontsize=7)
-    for name, style, label in (
-        ("effective_rank_centred", "o-", "centred X (spread)"),
-        ("effective_rank_uncentred", "s-", "uncentred X (1 = collapsed)"),
-    ):
-        bx.plot(layers, means[name], style, ms=3, label=label)
-        if name in theory:
-            bx.plot(layers, theory[name], "k--", lw=1)
-    bx.set(xlabel="layer", ylabel="effective rank", title="effective rank (theory dashed)")
-    bx.legend(fontsize=7)
-    return tight_svg(fig)
+    """Standalone SVG text: mean cosine and residual ratios vs layer, both effective ranks in a
+    chart beside; theory dashed in its metric's colour, under ``title``."""
+    last = len(means["mean_cosine"]) - 1
+    ticks = tuple((t, f"{t:g}") for t in nice_ticks(0, max(last, 1)) if t == int(t) and t <= last)
+    left = _layer_lines(
+        means,
+        theory,
+        (
+            ("mean_cosine", "mean_cosine", True),
+            ("resid_ratio_fro", "resid_ratio_fro", False),
+            ("resid_ratio_l1inf", "resid_ratio_l1inf", False),
+        ),
+    )
+    right = _layer_lines(
+        means,
+        theory,
+        (
+            ("effective_rank_centred", "centred X (spread)", True),
+            ("effective_rank_uncentred", "uncentred X (1 = collapsed)", True),
+        ),
+    )
+    x_label = "layer (0 = embeddings)"
+    return row_svg(
+        [
+            Chart(left, "mean cosine and residual ratios", x_label, "value", x_ticks=ticks, width=440, legend_cols=2),
+            Chart(right, "effective rank", x_label, "effective rank", x_ticks=ticks, width=440, legend_cols=1),
+        ],
+        title=title,
+        standalone=True,
+    )
+
+
+def _layer_lines(
+    means: dict[str, np.ndarray], theory: dict[str, np.ndarray], names: tuple[tuple[str, str, bool], ...]
+) -> tuple[Series, ...]:
+    """A solid line per (metric, label, with theory) and a dashed one of the same colour for its
+    theory where asked for and known."""
+    lines = []
+    for k, (name, label, with_theory) in enumerate(names):
+        color = PALETTE[k]
+        lines.append(Series(label, _by_layer(means[name]), color=color))
+        if with_theory and name in theory:
+            lines.append(Series(f"{label} (theory)", _by_layer(theory[name]), dashed=True, color=color))
+    return tuple(lines)
+
+
+def _by_layer(values: np.ndarray) -> tuple[tuple[float, float], ...]:
+    return tuple((float(i), float(v)) for i, v in enumerate(np.asarray(values, dtype=np.float64)))
 
 
 def plot_heatmaps(panels: list[tuple[str, np.ndarray]], ncols: int, title: str) -> str:

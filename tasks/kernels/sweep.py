@@ -21,9 +21,9 @@ from depthprobe.probes.engine.task import Output, Sweep, SweepConfig
 from depthprobe.probes.measures import kernels
 from depthprobe.probes.measures.levine import threshold
 from depthprobe.probes.models import variant_net, variants
-from depthprobe.probes.render.charts import plot_text
+from depthprobe.probes.render.lines import PALETTE, Series, chart_svg
 from depthprobe.tasks.kernels.accumulator import COLLAPSED, CONTRACTION, METRICS, Accumulator, measure, theory_rows
-from depthprobe.tasks.kernels.plots import npz_bytes, plot_heatmaps, pyplot, tight_svg
+from depthprobe.tasks.kernels.plots import npz_bytes, plot_heatmaps
 
 DEFAULT_VARIANTS = ("vanilla", "skip", "skip-scaled", "value-skipinit", "u-spa", "e-spa")
 
@@ -303,19 +303,26 @@ class KernelSweep(Sweep):
 
     @staticmethod
     def _plot_depth(table: pd.DataFrame, o: SweepOptions) -> str:
-        plt = pyplot()
-        fig, ax = plt.subplots(figsize=(6, 3.6))
+        """Standalone SVG text: final-layer mean cosine vs depth (log scale), a solid line per
+        variant, its theory dashed in the same colour, a dotted line at the collapse level."""
+        lines = []
         for i, (v, g) in enumerate(table.groupby("variant", sort=False)):
-            color = f"C{i}"
-            ax.plot(g["depth"], g["final_cosine"], "o-", color=color, ms=4, label=plot_text(v))
+            color = PALETTE[i % len(PALETTE)]
+            depth = g["depth"].astype(float).tolist()
+            lines.append(
+                Series(str(v), tuple(zip(depth, g["final_cosine"].astype(float).tolist(), strict=True)), color=color)
+            )
             if g["theory_cosine"].notna().any():
-                ax.plot(g["depth"], g["theory_cosine"], "--", color=color, lw=1)
-        ax.set_xscale("log", base=2)
-        ax.set(
-            xlabel="depth L",
-            ylabel="final-layer mean off-diagonal cosine",
-            title=f"rank collapse vs depth (width {o.width}, T={o.seq_len}; dashed: theory)",
+                theory = tuple(zip(depth, g["theory_cosine"].astype(float).tolist(), strict=True))
+                lines.append(Series(f"{v} (theory)", theory, dashed=True, color=color))
+        depths = sorted({int(d) for d in table["depth"]})
+        return chart_svg(
+            lines,
+            title=f"rank collapse vs depth (width {o.width}, T={o.seq_len}; dashed: theory; dotted: {COLLAPSED})",
+            x_label="depth L",
+            y_label="final-layer mean off-diagonal cosine",
+            log_x=True,
+            x_ticks=[(float(d), str(d)) for d in depths],
+            rules=(COLLAPSED,),
+            standalone=True,
         )
-        ax.axhline(COLLAPSED, color="grey", lw=0.5, ls=":")
-        ax.legend(fontsize=7)
-        return tight_svg(fig)

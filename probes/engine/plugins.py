@@ -1,0 +1,90 @@
+"""Users' tasks from outside the library: a file or module named on the command line, or an
+installed package's ``depthprobe.tasks`` entry points.
+
+- ``probe run --plugin my_task.py`` (or ``--plugin package.module``) imports the plugin before the
+  task is looked up; the plugin registers its tasks with ``@probes.register``, as in a notebook.
+- An installed package declares its tasks in its ``pyproject.toml``::
+
+      [project.entry-points."depthprobe.tasks"]
+      my-task = "my_package.tasks:MyTask"
+
+  and they join the registry lazily: the module is imported when the task is first used, and
+  what it names must be a :class:`~depthprobe.probes.engine.task.Task` subclass (or instance).
+
+``docs/plugins.md`` walks through writing one.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+import warnings
+from importlib import metadata
+from pathlib import Path
+from types import ModuleType
+
+from depthprobe.probes.base.errors import ProbeError
+
+ENTRY_POINT_GROUP = "depthprobe.tasks"
+
+
+def entry_point_tasks(taken: set[str]) -> dict[str, str]:
+    """``name -> "module:object"`` of installed packages' tasks; a name in ``taken`` is skipped
+    with a warning (the library's own task keeps it)."""
+    entries: dict[str, str] = {}
+    for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
+        dist = ep.dist.name if ep.dist is not None else "an installed package"
+        if ep.name in taken or ep.name in entries:
+            warnings.warn(f"{dist}: task {ep.name!r} is already registered; its entry point is ignored", stacklevel=2)
+        elif ep.value.count(":") != 1:
+            warnings.warn(f"{dist}: entry point {ep.name} = {ep.value!r} is not 'module:Class'; ignored", stacklevel=2)
+        else:
+            entries[ep.name] = ep.value
+    return entries
+
+
+def _module_name(path: Path) -> str:
+    """A file's module name: its stem under a private prefix, so it never shadows an installed module."""
+    return "depthprobe_plugin_" + "".join(c if c.isalnum() else "_" for c in path.stem)
+
+
+def _import_file(path: Path, spec_text: str) -> ModuleType:
+    if not path.is_file():
+        raise ProbeError(f"--plugin {spec_text} does not exist; pass a Python file or an importable module name")
+    name = _module_name(path)
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise ProbeError(f"--plugin {spec_text} is not a Python file; pass a .py file or a module name")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses and pickling look the module up by name
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        sys.modules.pop(name, None)
+        raise
+    return module
+
+
+def load_plugin(spec_text: str) -> ModuleType:
+    """Import a plugin (a ``.py`` file or a module name) so that the tasks it registers can run.
+
+    Loading the same file or module again re-runs it; its tasks replace their earlier versions."""
+    path = Path(spec_text)
+    try:
+        if spec_text.endswith(".py") or path.is_file() or "/" in spec_text or "\\" in spec_text:
+            return _import_file(path, spec_text)
+        if spec_text in sys.modules:
+            return importlib.reload(sys.modules[spec_text])
+        return importlib.import_module(spec_text)
+    except ProbeError:
+        raise
+    except ModuleNotFoundError as exc:
+        if exc.name is not None and spec_text.startswith(exc.name):
+            raise ProbeError(
+                f"cannot import --plugin module {spec_text!r} ({exc}); pass a file path (my_task.py) "
+                "or install the package that holds it"
+            ) from None
+        raise ProbeError(f"--plugin {spec_text} failed to import: {type(exc).__name__}: {exc}") from None
+    except Exception as exc:  # the plugin's own code failed: say where, in one line
+        raise ProbeError(f"--plugin {spec_text} failed to import: {type(exc).__name__}: {exc}") from None

@@ -1,0 +1,96 @@
+"""What one patch writes: the grain of each hook (``per``) and the slots it is cut into.
+
+Three layouts (TransformerLens's), told apart by the hook's name:
+
+- per-head vectors [batch, pos, head, d]: ``attn.hook_z``, ``attn.hook_q/k/v``, ``attn.hook_result``;
+- per-head maps [batch, head, query, key]: ``attn.hook_pattern``, ``attn.hook_attn_scores``
+  (a position is the query, i.e. destination, position);
+- everything else [batch, pos, ...] (residuals, ``hook_attn_out``, ``q.hook_out``, ``o.hook_in``...).
+
+``per`` is ``"position"`` (one slot per position, every head), ``"head"`` (one per head, every
+position) or ``"head_position"``; the default is the hook's natural grain: ``head`` for the
+per-head layouts, ``position`` for the rest (which has no heads to cut).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal, get_args
+
+from depthprobe.probes.base.errors import ProbeError
+
+Per = Literal["position", "head", "head_position"]
+Layout = Literal["heads", "maps", "positions"]
+_HEADS = re.compile(r"attn\.hook_(z|q|k|v|result)$")
+_MAPS = re.compile(r"attn\.hook_(pattern|attn_scores)$")
+_LAYER = re.compile(r"^blocks\.(\d+)\.(.*)$")
+
+
+def layout(name: str) -> Layout:
+    if _HEADS.search(name):
+        return "heads"
+    return "maps" if _MAPS.search(name) else "positions"
+
+
+def grain(name: str, per: Per | None) -> Per:
+    """The grain a hook is patched at, checked before any pass."""
+    kind = layout(name)
+    if per is None:
+        return "position" if kind == "positions" else "head"
+    if per not in get_args(Per):
+        raise ProbeError(f"unknown per={per!r}; use one of {', '.join(get_args(Per))}")
+    if kind == "positions" and per != "position":
+        raise ProbeError(
+            f"{name} has no head axis, so it cannot be patched per={per!r}; use per='position' "
+            "or a per-head hook (blocks.*.attn.hook_z, hook_q/k/v, hook_pattern)"
+        )
+    return per
+
+
+def layer_and_hook(name: str) -> tuple[int | None, str]:
+    """``blocks.1.attn.hook_z`` -> (1, ``attn.hook_z``); ``hook_embed`` -> (None, ``hook_embed``)."""
+    m = _LAYER.match(name)
+    return (int(m.group(1)), m.group(2)) if m else (None, name)
+
+
+@dataclass(frozen=True)
+class Slot:
+    head: int | None
+    position: int | None
+
+    def index(self, kind: Layout) -> tuple[Any, ...]:
+        """The index of this slot in a tensor of the layout (batch first)."""
+        every = slice(None)
+        pos = every if self.position is None else self.position
+        head = every if self.head is None else self.head
+        if kind == "heads":
+            return (every, pos, head)
+        if kind == "maps":
+            return (every, head, pos)
+        return (every, pos)
+
+
+def slots(per: Per, n_heads: int, positions: Sequence[int]) -> list[Slot]:
+    if per == "position":
+        return [Slot(None, p) for p in positions]
+    if per == "head":
+        return [Slot(h, None) for h in range(n_heads)]
+    return [Slot(h, p) for p in positions for h in range(n_heads)]
+
+
+def check_positions(positions: Sequence[int] | None, n_pos: int) -> list[int]:
+    """Positions to patch (all by default), each inside the input."""
+    if positions is None:
+        return list(range(n_pos))
+    if isinstance(positions, int):
+        positions = [positions]
+    try:
+        out = [int(p) for p in positions]
+    except (TypeError, ValueError):
+        raise ProbeError("positions must be a list of token positions (ints), e.g. positions=[2, 3]") from None
+    bad = [p for p in out if not -n_pos <= p < n_pos]
+    if bad or not out:
+        raise ProbeError(f"positions must lie in 0..{n_pos - 1} (the inputs have {n_pos} tokens), got {out}")
+    return sorted({p % n_pos for p in out})

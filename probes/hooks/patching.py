@@ -1,0 +1,97 @@
+"""What :func:`~depthprobe.probes.hooks.interventions.patch` and
+:func:`~depthprobe.probes.hooks.attribution.attribute` share: the checked plan (inputs, hooks and
+their grains, positions), made before any forward pass, and the tidy table they both return:
+``model, task, layer, head, position, hook, metric, value`` (layer, head or position empty where
+they do not apply; ``hook`` is the hook name without its ``blocks.{i}.`` prefix)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pandas as pd
+import torch
+
+from depthprobe.probes.base.errors import ProbeError
+from depthprobe.probes.hooks import eager_attention
+from depthprobe.probes.hooks.capture import resolve_names
+from depthprobe.probes.hooks.grains import Per, Slot, check_positions, grain, layer_and_hook, layout, slots
+from depthprobe.probes.hooks.inputs import inputs
+from depthprobe.probes.models.model import Model
+
+COLUMNS = ["model", "task", "layer", "head", "position", "hook", "metric", "value"]
+Metric = Callable[[torch.Tensor], Any]
+
+
+@dataclass(frozen=True)
+class Plan:
+    clean: tuple[torch.Tensor, torch.Tensor]  # ids, mask
+    corrupt: tuple[torch.Tensor, torch.Tensor]
+    grains: dict[str, Per]  # hook name -> grain, in the order asked
+    positions: list[int]
+
+
+def plan(
+    model: Model,
+    clean: Any,
+    corrupt: Any,
+    hooks: str | Sequence[str],
+    metric: Metric | None,
+    per: Per | None,
+    positions: Sequence[int] | None,
+) -> Plan:
+    """Check everything a patching run needs, before any forward pass."""
+    if metric is None or not callable(metric):
+        raise ProbeError("give metric=, a function of the logits [batch, pos, vocab] giving a number")
+    names = resolve_names(model, hooks)
+    grains = {name: grain(name, per) for name in names}
+    c_ids, c_mask = inputs(model, clean, None)
+    x_ids, x_mask = inputs(model, corrupt, None)
+    if c_ids.shape != x_ids.shape:
+        raise ProbeError(
+            f"clean and corrupted inputs must have the same shape in tokens, got {list(c_ids.shape)} and "
+            f"{list(x_ids.shape)}; pick corruptions that keep the token count"
+        )
+    eager_attention.check_editable(model.bridge, names)  # pattern edits that would be ignored
+    return Plan((c_ids, c_mask), (x_ids, x_mask), grains, check_positions(positions, c_ids.shape[1]))
+
+
+def head_count(name: str, act: torch.Tensor) -> int:
+    kind = layout(name)
+    if kind == "positions":
+        if act.dim() < 2:
+            raise ProbeError(f"{name} has no position axis [batch, pos, ...]; patch a per-position hook")
+        return 0
+    return act.shape[2] if kind == "heads" else act.shape[1]
+
+
+def each_slot(p: Plan, name: str, act: torch.Tensor) -> list[Slot]:
+    return slots(p.grains[name], head_count(name, act), p.positions)
+
+
+def value(metric: Metric, logits: torch.Tensor) -> float:
+    out = metric(logits)
+    return float(out.item() if isinstance(out, torch.Tensor) else out)
+
+
+def row(model: Model, task: str, metric: Metric, name: str, slot: Slot, v: float) -> dict[str, Any]:
+    layer, hook = layer_and_hook(name)
+    return {
+        "model": model.name,
+        "task": task,
+        "layer": pd.NA if layer is None else layer,
+        "head": pd.NA if slot.head is None else slot.head,
+        "position": pd.NA if slot.position is None else slot.position,
+        "hook": hook,
+        "metric": getattr(metric, "__name__", "metric"),
+        "value": v,
+    }
+
+
+def table(rows: list[dict[str, Any]], clean: float, corrupt: float) -> pd.DataFrame:
+    df = pd.DataFrame(rows, columns=COLUMNS)
+    for col in ("layer", "head", "position"):
+        df[col] = df[col].astype("Int64")
+    df.attrs.update(clean=clean, corrupt=corrupt)
+    return df
