@@ -58,6 +58,13 @@ def study(
     cpus_per_member: float = CPUS_PER_MEMBER,
     gpus_per_member: float = GPUS_PER_MEMBER,
     retries: int = typer.Option(0, "--retries", help="Retries of a failed member before it is recorded failed."),
+    jobs: int | None = typer.Option(
+        None,
+        "--jobs",
+        "-j",
+        help="local: members trained at once in separate processes, each with cores/N threads "
+        "(default: one per core; the results equal --jobs 1).",
+    ),
     max_params: int | None = typer.Option(
         None, "--max-params", help="Members with more parameters than this fail (the rest go on)."
     ),
@@ -91,7 +98,7 @@ def study(
     try:
         result = api_study(family, preset, out=folder, backend=backend, address=address,
                            cpus_per_member=cpus_per_member, gpus_per_member=gpus_per_member, retries=retries,
-                           echo=lambda line: typer.echo(line, err=True), **given)  # fmt: skip
+                           jobs=jobs, echo=lambda line: typer.echo(line, err=True), **given)  # fmt: skip
     except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM (signals.Terminated carries the signal)
         signum = getattr(exc, "signum", None)
         err(f"{'interrupted' if signum is None else f'terminated by signal {signum}'}; {_left_behind(folder)}")

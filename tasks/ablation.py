@@ -13,9 +13,14 @@ source task runs first (through the Python API, same data, seed and limits); ``-
 
 ``-O heads=1-2,0-3`` (``L-H``, 0-indexed) ablates the given heads instead (``k`` is then unused).
 The control is as many random heads from the same layers, excluding the found ones, drawn with
-``--seed``. Each head set is ablated with :func:`depthprobe.probes.hooks.interventions.ablate_heads`
-(``-O method=mean``, the default, writes each head's mean ``hook_z`` over the behaviour data;
+``--seed``. Each head set is ablated as :func:`depthprobe.probes.hooks.interventions.ablate_heads`
+does (``-O method=mean``, the default, writes each head's mean ``hook_z`` over the behaviour data;
 ``zero`` writes zeros).
+
+Cost: three runs of the source task (clean, found, control), each one forward pass per source
+batch. The behaviour and, in the clean run, every layer's mean ``hook_z`` come from those same
+passes, which stop after the last block on encoders (no MLM head): about 2x the source task's
+own run as a whole process on minilm (``bench/bench_ablation.py``).
 
 Behaviour data: induction: the repeated random sequences of the induction task; the other
 sources: the source task's own examples, as the source task batches them. Behaviour measured,

@@ -29,6 +29,7 @@ from depthprobe.probes.base.errors import ProbeError
 from depthprobe.probes.data.text import read_lines
 from depthprobe.probes.engine.task import Context, Examples, HeatmapPanel, Output, Task, add_sums, tidy
 from depthprobe.probes.hooks.capture import Captured, pattern_names
+from depthprobe.probes.hooks.interventions import head_label
 from depthprobe.probes.measures.metrics import (
     attention_stat_sums,
     clark_stat_sums,
@@ -36,7 +37,6 @@ from depthprobe.probes.measures.metrics import (
     uniform_entropy_sum,
 )
 from depthprobe.probes.models.model import Model
-from depthprobe.probes.hooks.interventions import head_label
 from depthprobe.tasks.cards import CARDS, AttentionStatsOptions
 
 SAMPLE = Path(__file__).parent / "data" / "sample.txt"

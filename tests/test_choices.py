@@ -29,7 +29,7 @@ def test_a_choice_passes_and_a_wrong_one_is_refused_with_the_choices():
     assert coerce("zero", t["method"], "option method") == "zero"
     with pytest.raises(ProbeError) as e:
         coerce("meen", t["method"], "native spec")
-    assert str(e.value) == "native spec: unknown value 'meen' (did you mean 'mean'?); use one of mean, zero"
+    assert str(e.value) == "native spec: unknown value 'meen' (did you mean 'mean'?); use mean or zero"
     with pytest.raises(ProbeError) as e:
         coerce("meen", t["method"], "task 'x' option method", key="method", flag="-O")
     assert str(e.value) == (
@@ -39,7 +39,7 @@ def test_a_choice_passes_and_a_wrong_one_is_refused_with_the_choices():
 
 def test_python_callers_are_checked_too_and_optional_choices_take_none():
     t = _types()
-    with pytest.raises(ProbeError, match="use one of mean, zero"):
+    with pytest.raises(ProbeError, match="use mean or zero"):
         coerce(3, t["method"], "option method")
     assert coerce("none", t["parser"], "option parser") is None
     assert coerce(None, t["parser"], "option parser") is None
@@ -57,3 +57,14 @@ def test_every_task_takes_its_options_and_description_from_its_card():
         assert task.Options is CARDS[name].options, name
         assert task.description == CARDS[name].description, name
         assert dataclasses.fields(task.Options), name
+
+
+def test_dataclasses_built_in_python_are_checked_by_check_choices():
+    from depthprobe.probes.base.options import check_choices
+
+    assert check_choices(Opts(method="zero"), "x") == Opts(method="zero")
+    with pytest.raises(ProbeError) as e:
+        check_choices(Opts(method="one"), "native model")
+    assert str(e.value) == "native model: unknown method 'one'; use mean or zero"
+    with pytest.raises(ProbeError, match="unknown parser 'x'"):
+        check_choices(Opts(parser="x"), "native model")

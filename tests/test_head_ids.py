@@ -27,17 +27,18 @@ def bad_head_ids(record: dict[str, Any], where: str) -> list[str]:
             if item is None or item == "":
                 continue
             parts = item.split(", ") if isinstance(item, str) else [item]
-            bad += [f"{where}.{key} = {value!r}" for p in parts if not (isinstance(p, str) and LABEL.match(p))]
-    return bad
+            if not all(isinstance(p, str) and LABEL.match(p) for p in parts):
+                bad.append(f"{where}.{key} = {value!r}")
+    return sorted(set(bad))
 
 
 def head_id_defects(result) -> list[str]:
     found = bad_head_ids(result.headline, "headline")
     for i, row in enumerate(result.summary.to_dict("records")):
         found += bad_head_ids(row, f"summary[{i}]")
-    assert {"layer", "head"} <= set(result.scores.columns)
-    heads = result.scores.dropna(subset=["layer", "head"])
-    assert (heads["layer"].astype(float) % 1 == 0).all() and (heads["head"].astype(float) % 1 == 0).all()
+    if "head" in result.scores.columns:  # per-head tables keep integer layer and head columns (kernels is per layer)
+        heads = result.scores.dropna(subset=["layer", "head"])
+        assert (heads["layer"].astype(float) % 1 == 0).all() and (heads["head"].astype(float) % 1 == 0).all()
     return sorted(set(found))
 
 

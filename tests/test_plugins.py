@@ -17,7 +17,7 @@ from depthprobe.probes.base.registry import Registry
 NATIVE = "native:layers=1,d_model=16,heads=2,d_vocab=8,n_ctx=8,attn_only=true"
 
 # A whole plugin: one task counting the tokens it saw, times its `scale` option.
-PLUGIN = '''
+PLUGIN = """
 from dataclasses import dataclass
 
 import pandas as pd
@@ -54,7 +54,7 @@ class CountTokens(probes.Task[Options, list[int]]):
             scores=probes.tidy(rows, ctx.config.model, self.name),
             summary=pd.DataFrame([{{"tokens": state[0] * ctx.options.scale, "version": {version}}}]),
         )
-'''
+"""
 
 
 def _probe(args: list[str], cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
@@ -91,7 +91,9 @@ def test_registering_again_from_the_same_module_replaces_and_another_module_is_r
     second = reg.register("w", Widget())  # a re-run notebook cell: same name, same module
     assert reg.get("w") is second and second is not first and len(reg) == 1
     other = type("Widget", (), {"__module__": "someone_else"})()
-    with pytest.raises(ValueError, match=r"'w' is already registered by module (tests\.)?test_plugins; pick another name"):
+    with pytest.raises(
+        ValueError, match=r"'w' is already registered by module (tests\.)?test_plugins; pick another name"
+    ):
         reg.register("w", other)
 
 

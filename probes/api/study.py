@@ -29,7 +29,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
@@ -51,6 +51,9 @@ from depthprobe.probes.base.errors import ProbeError
 from depthprobe.probes.data import corpus as corpora
 from depthprobe.probes.models.checkpoints import CHECKPOINT_WEIGHTS, checkpoint_files
 from depthprobe.probes.models.families import FAMILIES
+
+if TYPE_CHECKING:
+    from depthprobe.probes.engine.distributed import JobResult
 
 __all__ = ["COSTS", "FAMILIES", "PRESETS", "Study", "StudyConfig", "resolve", "study"]
 
@@ -91,15 +94,24 @@ def study(
     cpus_per_member: float = 1,
     gpus_per_member: float = 0,
     retries: int = 0,
+    jobs: int | None = None,
     echo: Callable[[str], None] | None = None,
     **options: Any,
 ) -> Study:
-    """Run (or continue) a study; returns it. ``options`` override the preset (StudyConfig fields)."""
-    from depthprobe.probes.engine.distributed import check_member_backend
+    """Run (or continue) a study; returns it. ``options`` override the preset (StudyConfig fields).
+
+    ``jobs`` (local backend): members run at once in separate processes, each with
+    ``cores // jobs`` threads (None: as many as the cores, one thread each); the numbers and files
+    are the same as with ``jobs=1``, only faster."""
+    from depthprobe.probes.engine.distributed import check_jobs, check_member_backend, local_slots
 
     cfg = resolve(family, preset, **options)
     check_member_backend(backend, address, cpus_per_member, gpus_per_member, retries)
-    jobs = plan(cfg)  # impossible budgets fail here, before anything is written
+    if jobs is not None:
+        check_jobs(jobs)
+        if backend != "local" and jobs != 1:
+            raise ProbeError("--jobs applies to --backend local (Ray places members by --cpus-per-member); drop it")
+    members = plan(cfg)  # impossible budgets fail here, before anything is written
     folder = Path(out) if out is not None else default_folder(cfg.family, cfg.preset)
     saved = check_folder(folder, cfg)  # before the corpus is read
     if backend == "local":  # Ray workers may have devices the driver lacks
@@ -107,10 +119,12 @@ def study(
 
         resolve_device(cfg.device)
     corpus = cached_corpus(cfg)  # a bad corpus fails here (the tokenizer is trained once, then cached)
-    check_corpus(cfg, corpus, jobs)
+    check_corpus(cfg, corpus, members)
     say = echo or (lambda line: print(line, file=sys.stderr))
-    done = open_folder(folder, cfg, jobs, corpus, saved, say)
-    todo = [dataclasses.replace(j, corpus_digest=corpus.digest) for j in jobs if j.name not in done]
+    done = open_folder(folder, cfg, members, corpus, saved, say)
+    dest = None if backend == "ray" else folder / MEMBERS  # local members write their own folders
+    todo = [dataclasses.replace(j, corpus_digest=corpus.digest, dest=None if dest is None else str(dest / j.name))
+            for j in members if j.name not in done]  # fmt: skip
     if done:
         say(f"{len(done)} finished member(s) kept in {folder}; {len(todo)} to run")
     counter = {"n": len(done)}
@@ -118,21 +132,27 @@ def study(
     def finished(index: int, output: MemberOutput | None, error: str | None) -> None:
         job = todo[index]
         if output is not None:
-            write_member(folder, output)
+            if output.files:  # a Ray member sends its files; a local one has written them
+                write_member(folder, output)
             row = output.row
-            say(f"[{counter['n'] + 1}/{len(jobs)}] {job.name}: val_loss {row['val_loss']:.4f} nats/token "
+            say(f"[{counter['n'] + 1}/{len(members)}] {job.name}: val_loss {row['val_loss']:.4f} nats/token "
                 f"({row['val_bpb']:.4f} bits/byte), {row['wall_s']:.0f} s")  # fmt: skip
         else:
             write_failed(folder, job, error or "unknown error")
-            say(f"[{counter['n'] + 1}/{len(jobs)}] {job.name}: failed: {error}")
+            say(f"[{counter['n'] + 1}/{len(members)}] {job.name}: failed: {error}")
         counter["n"] += 1
         write_table(folder)
 
     from depthprobe.probes.engine.distributed import map_jobs
 
-    map_jobs(run_member, todo, backend=backend, address=address, cpus_per_job=cpus_per_member,
-             gpus_per_job=gpus_per_member, retries=retries,
-             on_done=lambda i, r: finished(i, r.value if r.ok else None, member_error(r.error)))  # fmt: skip
+    processes = 1 if backend == "ray" else min(jobs or local_slots(), max(1, len(todo)))
+    try:
+        map_jobs(run_member, todo, backend=backend, address=address, cpus_per_job=cpus_per_member,
+                 gpus_per_job=gpus_per_member, retries=retries, processes=processes,
+                 on_done=lambda i, r: finished(i, r.value if r.ok else None, member_error(r)))  # fmt: skip
+    except BaseException:  # members stopped mid-write (their processes are gone) leave no hidden folder
+        artifacts.remove_stale_partials(folder / MEMBERS / "any", any_name=True)
+        raise
     write_table(folder)
     from depthprobe.probes.api.study_report import write_report
 
@@ -140,14 +160,13 @@ def study(
     return Study(config=cfg, folder=folder)
 
 
-def member_error(error: str | None) -> str | None:
-    """The one line a failed member records, from the job map's ``Type: message``: a ProbeError's
-    message as it is (it already names the fix), anything else marked as an internal error."""
-    if error is None:
+def member_error(result: JobResult) -> str | None:
+    """The one line a failed member records: a user error's message as it is (it already names
+    the fix), anything else (``Type: message``) marked as an internal error."""
+    if result.ok:
         return None
-    kind, sep, message = error.partition(": ")
-    probe_errors = {ProbeError.__name__, *(c.__name__ for c in ProbeError.__subclasses__())}
-    return message if sep and kind in probe_errors else f"internal error: {error}"
+    error = result.error or "unknown error"
+    return error if result.user_error else f"internal error: {error}"
 
 
 def default_folder(family: str, preset: str) -> Path:

@@ -2,9 +2,11 @@
 
 :func:`run_member` is a pure function of its :class:`Job` (the same job gives the same numbers on
 any machine with the same device kind), needs nothing from the driver but the job, and returns
-the member's files as bytes: the driver writes them (atomically) into ``members/<name>/``, so the
-same code runs in-process and as a Ray task on another node. A member that fails raises; the
-driver records it as ``failed`` with its error.
+its row. With ``Job.dest`` (the local backend, in this process or a pool process) the member writes
+its folder there itself, atomically and each file once; without it (a Ray task, perhaps on
+another node) it returns its files as bytes and the driver writes them. A probe run keeps its
+tables, not an HTML report of its own (the study's report draws what it needs from the tables).
+A member that fails raises; the driver records it as ``failed`` with its error.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import dataclasses
 import hashlib
 import io
 import math
+import shutil
 import tempfile
 import time
 from dataclasses import dataclass
@@ -24,6 +27,7 @@ import pandas as pd
 from depthprobe.probes.api.run import Result
 from depthprobe.probes.api.run import run as run_task
 from depthprobe.probes.api.study_config import StudyConfig
+from depthprobe.probes.base import artifacts
 from depthprobe.probes.base.errors import ProbeError
 from depthprobe.probes.data import corpus as corpora
 from depthprobe.probes.models import families, family_member
@@ -48,6 +52,7 @@ class Job:
     seed: int
     config: StudyConfig
     corpus_digest: str | None = None  # the corpus text the driver checked: a member refuses another one
+    dest: str | None = None  # members/<name>/ when the member writes its own folder (local backend)
 
     @property
     def name(self) -> str:
@@ -57,7 +62,7 @@ class Job:
 @dataclass(frozen=True)
 class MemberOutput:
     row: dict[str, Any]
-    files: dict[str, bytes]  # path inside members/<name>/ -> content
+    files: dict[str, bytes]  # path inside members/<name>/ -> content (empty: written to Job.dest already)
 
 
 def plan(cfg: StudyConfig) -> list[Job]:
@@ -187,12 +192,24 @@ def pick_lr(job: Job, corpus: corpora.Corpus, tokens: int, device: Any) -> tuple
 
 
 def run_member(job: Job) -> MemberOutput:
-    """Train and probe one member; its files (checkpoint, loss.csv, runs/, member.json) as bytes."""
+    """Train and probe one member: its row, and its files (checkpoint, loss.csv, runs/,
+    member.json) as bytes, or written to ``job.dest`` (then ``files`` is empty)."""
     with size_limit(job.config.max_params):
-        return _run_member(job)
+        if job.dest is None:
+            with tempfile.TemporaryDirectory(prefix="depthprobe-member-") as tmp:
+                row = _run_member(job, Path(tmp))
+                files = {str(p.relative_to(tmp)): p.read_bytes() for p in sorted(Path(tmp).rglob("*")) if p.is_file()}
+            return MemberOutput(row=row, files=files)
+        final = Path(job.dest)
+        if final.exists():  # a failed attempt's record
+            shutil.rmtree(final)
+        with artifacts.atomic_dir(final) as tmp:
+            row = _run_member(job, tmp)
+        return MemberOutput(row=row, files={})
 
 
-def _run_member(job: Job) -> MemberOutput:
+def _run_member(job: Job, folder: Path) -> dict[str, Any]:
+    """Build, probe, train and probe the member, writing its files into ``folder``; its row."""
     t0 = time.perf_counter()
     cfg = job.config
     device = resolve_device(cfg.device)
@@ -200,54 +217,69 @@ def _run_member(job: Job) -> MemberOutput:
     if job.corpus_digest is not None and corpus.digest != job.corpus_digest:
         raise ProbeError(f"--corpus {cfg.corpus} changed while the study ran; rerun the study with a new --out")
     row = base_row(job)
-    with tempfile.TemporaryDirectory(prefix="depthprobe-member-") as tmp:
-        folder = Path(tmp)
+    with tempfile.TemporaryDirectory(prefix="depthprobe-inputs-") as inputs:  # the probes read text by path
+        lines, val_text = Path(inputs) / "val-lines.txt", Path(inputs) / "val.txt"
+        lines.write_text("\n".join(probe_inputs(corpus, cfg.probe_lines, cfg.context)) + "\n", encoding="utf-8")
+        val_text.write_text(corpus.val_text, encoding="utf-8")
         model = build(job, corpus, device)
         nonembed, embed = families.count_params(model)
         tokens = member_tokens(job, nonembed)
         lr, trials = pick_lr(job, corpus, tokens, device)
-        lines = folder / "val-lines.txt"
-        lines.write_text("\n".join(probe_inputs(corpus, cfg.probe_lines, cfg.context)) + "\n", encoding="utf-8")
         init = probe(model, "kernels", folder / "runs" / "kernels-init", data=lines, max_len=cfg.context)
         run = train_lm(model, corpus, lm_config(cfg, tokens, lr, job.seed))
         _write_log(folder / "loss.csv", run)
         if trials:
             pd.DataFrame(trials).to_csv(folder / "lr_grid.csv", index=False)
         _save_model(model, job, corpus, folder / "checkpoint")
-        val_text = folder / "val.txt"
-        val_text.write_text(corpus.val_text, encoding="utf-8")
         ind = probe(model, "induction", folder / "runs" / "induction", max_len=cfg.context, icl_text=str(val_text),
                     icl_windows=cfg.icl_windows, repeat_len=min(25, (cfg.context - 1) // 2))  # fmt: skip
         ker = probe(model, "kernels", folder / "runs" / "kernels", data=lines, max_len=cfg.context)
         att = probe(model, "attention-stats", folder / "runs" / "attention-stats", data=lines, max_len=cfg.context)
-        val_text.unlink()
-        lines.unlink()
-        row.update(
-            params_nonembed=nonembed, params_embed=embed, tokens=run.tokens, lr=lr,
-            flops=run.tokens * families.flops_per_token(nonembed, job.member.d_model * corpus.vocab, job.member.depth,
-                                                        job.member.d_attn, cfg.context),
-            val_loss=run.val["val_loss"], val_bpb=run.val["val_bpb"],
-            induction_best=ind.headline.get("best_induction_score"),
-            induction_chance=ind.headline.get("induction_chance"),
-            icl_score=ind.headline.get("icl_score"),
-            kernel_cos_last=ker.headline.get("final_mean_cosine"),
-            kernel_cos_last_init=init.headline.get("final_mean_cosine"),
-            entropy_mean=_mean_metric(att, "entropy"),
-            tokens_per_s=run.tokens_per_s, device=str(device), status="ok", error="",
-        )  # fmt: skip
-        row["wall_s"] = time.perf_counter() - t0
-        files = {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
-    digests = {rel: hashlib.sha256(data).hexdigest() for rel, data in files.items()}
+    row.update(
+        params_nonembed=nonembed, params_embed=embed, tokens=run.tokens, lr=lr,
+        flops=run.tokens * families.flops_per_token(nonembed, job.member.d_model * corpus.vocab, job.member.depth,
+                                                    job.member.d_attn, cfg.context),
+        val_loss=run.val["val_loss"], val_bpb=run.val["val_bpb"],
+        induction_best=ind.headline.get("best_induction_score"),
+        induction_chance=ind.headline.get("induction_chance"),
+        icl_score=ind.headline.get("icl_score"),
+        kernel_cos_last=ker.headline.get("final_mean_cosine"),
+        kernel_cos_last_init=init.headline.get("final_mean_cosine"),
+        entropy_mean=_mean_metric(att, "entropy"),
+        tokens_per_s=run.tokens_per_s, device=str(device), status="ok", error="",
+    )  # fmt: skip
+    row["wall_s"] = time.perf_counter() - t0
+    digests = {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+               for p in sorted(folder.rglob("*")) if p.is_file()}  # fmt: skip
     meta = {"row": row, "corpus": corpus.label, "corpus_key": corpus.key, "corpus_digest": corpus.digest,
             "files": digests}  # fmt: skip
-    files[MEMBER_JSON] = _json(meta).encode()
-    return MemberOutput(row=row, files=files)
+    (folder / MEMBER_JSON).write_text(_json(meta))
+    return row
 
 
 def probe(model: Model, task: str, out: Path, data: Path | None = None, max_len: int = 128, **options: Any) -> Result:
+    """Run a probe and write its tables into ``out`` (no HTML report: the study's report draws them)."""
     result = run_task(model, task, data, max_len=max_len, progress=False, **options)
-    result.save(out)
+    save_tables(result, out)
     return result
+
+
+def save_tables(result: Result, out: Path) -> None:
+    """A probe run's folder as ``Result.save`` writes it, without its report.html: the files that
+    ``probe compare`` and the study report read (scores, summary, manifest), its views and plots."""
+    out.mkdir(parents=True)
+    result.scores.to_csv(out / "scores.csv", index=False)
+    result.summary.to_csv(out / "summary.csv", index=False)
+    artifacts.write_json(out / "summary.json", result.summary_json())
+    artifacts.write_json(out / "manifest.json", artifacts.jsonable(result.manifest()))
+    if result.views:
+        artifacts.write_json(out / "views.json", result.views)
+    for name, svg in result.plots.items():
+        (out / "plots").mkdir(exist_ok=True)
+        (out / "plots" / f"{name}.svg").write_text(svg, encoding="utf-8")
+    for name, data in result.files.items():
+        (out / name).parent.mkdir(parents=True, exist_ok=True)
+        (out / name).write_bytes(data)
 
 
 def _mean_metric(result: Result, metric: str) -> float | None:

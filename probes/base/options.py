@@ -28,13 +28,30 @@ def choices(typ: Any) -> tuple[Any, ...] | None:
     return tuple(values)
 
 
+def _either(names: list[str]) -> str:
+    """['a', 'b', 'c'] -> 'a, b or c'."""
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " or " + names[-1]
+
+
+def check_choices(obj: Any, where: str) -> Any:
+    """Fail with one line naming the choices when a ``Literal[...]`` field of the dataclass ``obj``
+    holds another value (for dataclasses built directly in Python, not through :func:`coerce`)."""
+    for f in dataclasses.fields(obj):
+        text = _plain(f.type)
+        allowed = choices(text.removesuffix("| None").strip())
+        value = getattr(obj, f.name)
+        if allowed is not None and not (value is None and text.endswith("| None")):
+            check_choice(value, allowed, where, f.name)
+    return obj
+
+
 def check_choice(value: Any, allowed: tuple[Any, ...], where: str, key: str = "", flag: str = "") -> Any:
     """``value`` if it is one of ``allowed``; else one line with a close match and the choices
     (written as ``FLAG KEY=choice`` when a ``flag`` such as ``-O`` is given)."""
     if value in allowed and not (isinstance(value, bool) and not any(isinstance(a, bool) for a in allowed)):
         return value
     names = [str(a) for a in allowed]
-    fix = " or ".join(f"{flag} {key}={n}" for n in names) if flag and key else "one of " + ", ".join(names)
+    fix = " or ".join(f"{flag} {key}={n}" for n in names) if flag and key else _either(names)
     raise ProbeError(f"{where}: unknown {key or 'value'} {value!r}{suggest(str(value), names)}; use {fix}")
 
 

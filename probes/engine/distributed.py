@@ -9,8 +9,10 @@ functions here that need it, so the local backend never imports it.
   examples, accumulates one contiguous run of the batches and sends back its state (tensors on the
   CPU; the model reference stays behind). The driver merges the states in batch order
   (:meth:`Task.merge`) and finalizes once. No attention map leaves a worker.
-- :func:`map_jobs` runs ``fn(job)`` for every job, locally in order or as Ray tasks with the given
-  resources, retrying failures, and reports each one to ``on_done`` as it finishes.
+- :func:`map_jobs` runs ``fn(job)`` for every job: locally in order, locally in parallel spawned
+  processes (``processes``), or as Ray tasks with the given resources; one retry loop serves all
+  three, each job reports to ``on_done`` as it finishes, and a failure comes back as data (its one
+  line and whether it was a user error, a :class:`ProbeError`), never as text to parse.
 
 Joining Ray (a local instance or a cluster) and checking a job's resources against the cluster
 are in :mod:`.ray_cluster`.
@@ -34,7 +36,10 @@ from depthprobe.probes.engine.ray_cluster import check_feasible, cluster_cpus, r
 from depthprobe.probes.engine.task import Context, Examples, Output, Task
 from depthprobe.probes.models.model import Model
 
-__all__ = ["BACKENDS", "JobResult", "check_backend", "check_member_backend", "map_jobs", "run_sharded"]
+__all__ = [
+    "BACKENDS", "JobResult", "check_backend", "check_jobs", "check_member_backend", "local_slots", "map_jobs",
+    "run_sharded",
+]  # fmt: skip
 
 BACKENDS = ("local", "ray")
 
@@ -64,13 +69,29 @@ def check_member_backend(backend: str, address: str | None, cpus: float, gpus: f
 @dataclass(frozen=True)
 class JobResult:
     """One job's outcome: ``value`` when ``ok``, else ``error`` (one line); ``attempts`` counts the
-    calls of ``fn`` made for it (a node that died is retried by Ray within one attempt)."""
+    calls of ``fn`` made for it (a node that died is retried by Ray within one attempt).
+    ``user_error``: the job raised a :class:`ProbeError` (``error`` is then its message, which
+    names the fix); anything else is ``Type: message``."""
 
     index: int
     ok: bool
     value: Any
     error: str | None
     attempts: int
+    user_error: bool = False
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What one call of a job sends back across the job boundary: plain data, never an exception,
+    so that whether it was a user error survives pickling and the driver decides about retries.
+    ``crashed``: the worker itself died (Ray already retried it; a broken process pool cannot)."""
+
+    ok: bool
+    value: Any = None
+    error: str | None = None
+    user_error: bool = False
+    crashed: bool = False
 
 
 def one_line(exc: BaseException) -> str:
@@ -78,13 +99,27 @@ def one_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
 
 
-def _call(fn: Callable[[Any], Any], job: Any) -> tuple[bool, Any]:
-    """Run one job; an exception comes back as (False, its one-line message), so that the driver
-    decides about retries and the message stays one line."""
+def _call(fn: Callable[[Any], Any], job: Any) -> Outcome:
+    """Run one job where it runs (this process, a pool process or a Ray worker)."""
     try:
-        return True, fn(job)
+        return Outcome(True, fn(job))
+    except ProbeError as exc:
+        return Outcome(False, error=(str(exc).strip().splitlines() or [type(exc).__name__])[0], user_error=True)
     except Exception as exc:
-        return False, one_line(exc)
+        return Outcome(False, error=one_line(exc))
+
+
+def local_slots(threads_per_job: int = 1) -> int:
+    """How many jobs this machine runs at once at ``threads_per_job`` threads each (its usable cores)."""
+    import os
+
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, cores // max(1, threads_per_job))
+
+
+def check_jobs(processes: int) -> None:
+    if processes < 1:
+        raise ProbeError(f"--jobs must be at least 1, got {processes}")
 
 
 def map_jobs(
@@ -96,87 +131,150 @@ def map_jobs(
     cpus_per_job: float = 1,
     gpus_per_job: float = 0,
     retries: int = 0,
+    processes: int = 1,
     on_done: Callable[[int, JobResult], None] | None = None,
 ) -> list[JobResult]:
     """``fn(job)`` for every job, as :class:`JobResult` in job order.
 
-    ``fn`` is a picklable top-level function. ``local``: in order, in this process (Ray is not
-    imported). ``ray``: each job is a Ray task with ``cpus_per_job`` CPUs and ``gpus_per_job``
-    GPUs; a job whose ``fn`` raises is run again up to ``retries`` times, and a job whose worker
-    or node dies is resubmitted by Ray up to ``retries`` times. A job that still fails is
-    ``ok=False`` with its error; the others go on. ``on_done(index, result)`` runs here, on the
-    driver, as each job finishes (in completion order). Ctrl-C cancels the outstanding jobs and
-    re-raises."""
+    ``fn`` is a picklable top-level function. ``local``: with ``processes`` 1, in order in this
+    process; with more, up to that many at once in fresh (spawned) processes, each with
+    ``cores // processes`` torch threads (Ray is not imported either way). ``ray``: each job is a
+    Ray task with ``cpus_per_job`` CPUs and ``gpus_per_job`` GPUs. A job whose ``fn`` raises is run
+    again up to ``retries`` times (the same loop for every backend); a job whose Ray worker or node
+    dies is resubmitted by Ray up to ``retries`` times. A job that still fails is ``ok=False`` with
+    its error; the others go on. ``on_done(index, result)`` runs here, on the driver, as each job
+    finishes (in completion order). Ctrl-C cancels the outstanding jobs and re-raises."""
     check_backend(backend)
+    check_jobs(processes)
     if retries < 0:
         raise ProbeError(f"--retries must be 0 or more, got {retries}")
     if cpus_per_job < 0 or gpus_per_job < 0:
         raise ProbeError("CPUs and GPUs per job must be 0 or more")
+    if backend == "local" and (processes == 1 or len(jobs) < 2):
+        return _drive(_InProcess(fn, jobs), len(jobs), retries, on_done)
     if backend == "local":
-        return _local_map(fn, jobs, retries, on_done)
+        with _Pool(fn, jobs, min(processes, len(jobs))) as pool:
+            return _drive(pool, len(jobs), retries, on_done)
     if not jobs:  # nothing to run: no Ray session (joining a cluster takes seconds)
         return []
     with ray_session(address) as ray:
         check_feasible(
             ray, cpus_per_job, gpus_per_job, "lower --cpus-per-member / --gpus-per-member or add a node that has them"
         )
-        return _ray_map(ray, fn, jobs, cpus_per_job, gpus_per_job, retries, on_done)
+        return _drive(_OnRay(ray, fn, jobs, cpus_per_job, gpus_per_job, retries), len(jobs), retries, on_done)
 
 
-def _local_map(
-    fn: Callable[[Any], Any], jobs: Sequence[Any], retries: int, on_done: Callable[[int, JobResult], None] | None
-) -> list[JobResult]:
-    results = []
-    for i, job in enumerate(jobs):
-        ok, value, attempt = False, None, 0
-        while not ok and attempt <= retries:
-            ok, value = _call(fn, job)
-            attempt += 1
-        result = JobResult(i, ok, value if ok else None, None if ok else value, attempt)
-        if on_done is not None:
-            on_done(i, result)
-        results.append(result)
-    return results
-
-
-def _ray_map(
-    ray: Any,
-    fn: Callable[[Any], Any],
-    jobs: Sequence[Any],
-    cpus: float,
-    gpus: float,
-    retries: int,
-    on_done: Callable[[int, JobResult], None] | None,
-) -> list[JobResult]:
-    from ray.exceptions import RayError
-
-    remote = ray.remote(_call).options(num_cpus=cpus, num_gpus=gpus, max_retries=retries, retry_exceptions=False)
-    fn_ref = ray.put(fn)
-    pending: dict[Any, tuple[int, int]] = {}  # ref -> (job index, attempt)
-    for i, job in enumerate(jobs):
-        pending[remote.remote(fn_ref, job)] = (i, 1)
-    results: list[JobResult | None] = [None] * len(jobs)
+def _drive(runner: Any, n: int, retries: int, on_done: Callable[[int, JobResult], None] | None) -> list[JobResult]:
+    """The one retry loop: submit every job, take each outcome as it comes, resubmit a failed call
+    (not a crashed worker) up to ``retries`` times, report each job once."""
+    pending: dict[Any, tuple[int, int]] = {}  # handle -> (job index, attempt)
+    results: list[JobResult | None] = [None] * n
     try:
+        for i in range(n):
+            pending[runner.submit(i)] = (i, 1)
         while pending:
-            (ref,), _ = ray.wait(list(pending), num_returns=1)
-            i, attempt = pending.pop(ref)
-            try:
-                ok, value = ray.get(ref)
-                crashed = False
-            except RayError as exc:  # the worker or its node died more often than Ray retries
-                ok, value, crashed = False, one_line(exc), True
-            if not ok and not crashed and attempt <= retries:
-                pending[remote.remote(fn_ref, jobs[i])] = (i, attempt + 1)
+            handle, out = runner.next_done(pending)
+            i, attempt = pending.pop(handle)
+            if not out.ok and not out.crashed and attempt <= retries:
+                pending[runner.submit(i)] = (i, attempt + 1)
                 continue
-            result = JobResult(i, ok, value if ok else None, None if ok else value, attempt)
-            results[i] = result
+            results[i] = JobResult(i, out.ok, out.value, out.error, attempt, out.user_error)
             if on_done is not None:
-                on_done(i, result)
-    except KeyboardInterrupt:
-        for ref in pending:
-            ray.cancel(ref, force=True)
+                on_done(i, results[i])
+    except BaseException:
+        runner.cancel(list(pending))
         raise
     return [r for r in results if r is not None]
+
+
+class _InProcess:
+    """Jobs run here, one at a time, lowest index first (so a retry runs before the next job)."""
+
+    def __init__(self, fn: Callable[[Any], Any], jobs: Sequence[Any]) -> None:
+        self.fn, self.jobs, self.count = fn, jobs, itertools.count()
+
+    def submit(self, i: int) -> tuple[int, int]:
+        return (i, next(self.count))
+
+    def next_done(self, pending: dict[Any, tuple[int, int]]) -> tuple[Any, Outcome]:
+        handle = min(pending)
+        return handle, _call(self.fn, self.jobs[handle[0]])
+
+    def cancel(self, handles: list[Any]) -> None:
+        pass
+
+
+def _set_threads(threads: int) -> None:
+    torch.set_num_threads(threads)
+
+
+class _Pool:
+    """Jobs in spawned processes (a fresh interpreter each: no forked torch or OpenMP state)."""
+
+    def __init__(self, fn: Callable[[Any], Any], jobs: Sequence[Any], processes: int) -> None:
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+
+        self.fn, self.jobs = fn, jobs
+        threads = max(1, local_slots() // processes)
+        self.pool = ProcessPoolExecutor(processes, multiprocessing.get_context("spawn"), _set_threads, (threads,))
+
+    def __enter__(self) -> _Pool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.pool.shutdown(wait=exc[0] is None, cancel_futures=True)
+
+    def submit(self, i: int) -> Any:
+        return self.pool.submit(_call, self.fn, self.jobs[i])
+
+    def next_done(self, pending: dict[Any, tuple[int, int]]) -> tuple[Any, Outcome]:
+        from concurrent.futures import FIRST_COMPLETED, wait
+
+        done, _ = wait(list(pending), return_when=FIRST_COMPLETED)
+        future = min(done, key=lambda f: pending[f])
+        try:
+            return future, future.result()
+        except Exception as exc:  # the process died (killed, out of memory): the pool is broken
+            return future, Outcome(False, error=f"the job's process died ({one_line(exc)})", crashed=True)
+
+    def cancel(self, handles: list[Any]) -> None:
+        for future in handles:
+            future.cancel()
+        procs = list((getattr(self.pool, "_processes", None) or {}).values())
+        for proc in procs:  # stop the running jobs too, and wait until they are gone
+            proc.terminate()
+        for proc in procs:
+            proc.join(10)
+
+
+class _OnRay:
+    """Jobs as Ray tasks; a worker or node that dies is retried by Ray itself."""
+
+    def __init__(
+        self, ray: Any, fn: Callable[[Any], Any], jobs: Sequence[Any], cpus: float, gpus: float, retries: int
+    ) -> None:
+        self.ray, self.jobs = ray, jobs
+        self.remote = ray.remote(_call).options(
+            num_cpus=cpus, num_gpus=gpus, max_retries=retries, retry_exceptions=False
+        )
+        self.fn_ref = ray.put(fn)
+
+    def submit(self, i: int) -> Any:
+        return self.remote.remote(self.fn_ref, self.jobs[i])
+
+    def next_done(self, pending: dict[Any, tuple[int, int]]) -> tuple[Any, Outcome]:
+        from ray.exceptions import RayError
+
+        (ref,), _ = self.ray.wait(list(pending), num_returns=1)
+        try:
+            return ref, self.ray.get(ref)
+        except RayError as exc:  # the worker or its node died more often than Ray retries
+            return ref, Outcome(False, error=one_line(exc), crashed=True)
+
+    def cancel(self, handles: list[Any]) -> None:
+        for ref in handles:
+            self.ray.cancel(ref, force=True)
 
 
 # ----------------------------------------------------------------------------- sharded runs
@@ -298,7 +396,7 @@ def run_sharded(
 
         gpus = 1 if model.device.type == "cuda" else 0
         check_feasible(ray, 1, gpus, "run with --device cpu or add a node with a GPU")
-        results = _ray_map(ray, run_shard, jobs, 1, gpus, 0, done)
+        results = _drive(_OnRay(ray, run_shard, jobs, 1, gpus, 0), len(jobs), 0, done)
     for r in results:
         if not r.ok:
             raise ProbeError(f"shard {r.index + 1} of {len(shards)} failed on its worker: {r.error}")

@@ -246,10 +246,13 @@ register = TASKS.register_class
 
 
 def get_task(name: str) -> Task[Any, Any]:
+    """The registered task ``name`` (its module imported on first use); an unknown name is a
+    :class:`ProbeError` suggesting close matches."""
     return TASKS.get(name)
 
 
 def task_names() -> list[str]:
+    """Every registered task's name, sorted: the library's, installed packages' and the user's."""
     return TASKS.names()
 
 
@@ -336,7 +339,11 @@ def add_sums(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
 
 
 def tidy(rows: Iterable[dict[str, Any]] | pd.DataFrame, model: str, task: str) -> pd.DataFrame:
-    """Rows (or a frame) -> the tidy score table with the standard columns first."""
+    """Rows (or a frame) -> the tidy score table with the standard columns first.
+
+    Each row is a dict with ``layer``, ``head`` (0-indexed; missing or None for model-level
+    numbers), ``metric`` and ``value``, plus any task columns; ``model`` and ``task`` are filled in
+    when absent. This is the ``scores`` a task's :class:`Output` carries and ``scores.csv`` holds."""
     df = rows.copy() if isinstance(rows, pd.DataFrame) else pd.DataFrame(list(rows))
     if df.empty:
         return pd.DataFrame(columns=SCORE_COLUMNS)

@@ -10,12 +10,12 @@ import json
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, Literal, cast
 
 import torch
 
 from depthprobe.probes.base.errors import ProbeError
-from depthprobe.probes.base.options import check_seed, coerce, field_types, parse_pairs
+from depthprobe.probes.base.options import check_choices, check_seed, coerce, field_types, parse_pairs
 
 
 @dataclass(frozen=True)
@@ -30,8 +30,8 @@ class NativeConfig:
     d_vocab: int = 64
     n_ctx: int = 256
     attn_only: bool = True
-    norm: str = "ln"  # "ln" | "none"
-    positional: str = "learned"  # "learned" | "rotary"
+    norm: Literal["ln", "none"] = "ln"
+    positional: Literal["learned", "rotary"] = "learned"
     act_fn: str = "gelu"
     seed: int = 0
 
@@ -44,10 +44,7 @@ class NativeConfig:
                 f"native model: d_model={self.d_model} is not divisible by heads={self.heads}; "
                 "pick a multiple or set d_head explicitly"
             )
-        if self.norm not in ("ln", "none"):
-            raise ProbeError(f"native model: norm must be 'ln' or 'none', got {self.norm!r}")
-        if self.positional not in ("learned", "rotary"):
-            raise ProbeError(f"native model: positional must be 'learned' or 'rotary', got {self.positional!r}")
+        check_choices(self, "native model:")
         check_seed(self.seed, "native model: seed")
 
     def n_params(self) -> int:

@@ -9,16 +9,14 @@ import dataclasses
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
 from depthprobe.probes.base.errors import ProbeError, suggest
-from depthprobe.probes.base.options import check_seed, coerce, field_types, parse_pairs
+from depthprobe.probes.base.options import check_choices, check_seed, coerce, field_types, parse_pairs
 from depthprobe.probes.models.device import check_size
 
-ATTENTIONS = ("softmax", "uniform", "value-skipinit", "e-spa", "u-spa")
-NORMS = ("none", "pre", "post")
 SPA = ("e-spa", "u-spa")
 ORTHOGONAL_BY_DEFAULT = ("value-skipinit", "e-spa", "u-spa")
 KERNEL_CONTROLLED = ("value-skipinit", "e-spa", "u-spa")  # attention built to hold a kernel; no MLPs
@@ -34,10 +32,10 @@ class SPAConfig:
     heads: int = 4
     n_ctx: int = 128
     d_vocab: int = 4096
-    attention: str = "softmax"
+    attention: Literal["softmax", "uniform", "value-skipinit", "e-spa", "u-spa"] = "softmax"
     skip: bool = False
     branch_scale: float | None = 1.0
-    norm: str = "none"
+    norm: Literal["none", "pre", "post"] = "none"
     causal: bool = True
     mlp: bool = False
     d_mlp: int | None = None  # None: 4 * width
@@ -45,7 +43,7 @@ class SPAConfig:
     gamma_last: float = 0.005
     rho_last: float = 0.8
     seed: int = 0
-    dtype: str = "float32"  # float32 or float64: parameters, buffers and activations
+    dtype: Literal["float32", "float64"] = "float32"  # parameters, buffers and activations
 
     def __post_init__(self) -> None:
         for name in ("depth", "width", "heads", "n_ctx", "d_vocab"):
@@ -53,13 +51,7 @@ class SPAConfig:
                 raise ProbeError(f"spa model: {name} must be at least 1, got {getattr(self, name)}")
         if self.width % self.heads:
             raise ProbeError(f"spa model: width={self.width} is not divisible by heads={self.heads}; pick a multiple")
-        if self.attention not in ATTENTIONS:
-            raise ProbeError(
-                f"spa model: unknown attention {self.attention!r}{suggest(self.attention, ATTENTIONS)}; "
-                f"choose from {', '.join(ATTENTIONS)}"
-            )
-        if self.norm not in NORMS:
-            raise ProbeError(f"spa model: norm must be one of {', '.join(NORMS)}, got {self.norm!r}")
+        check_choices(self, "spa model:")
         if self.attention in SPA and not self.causal:
             raise ProbeError(
                 f"spa model: {self.attention} builds causal (lower-triangular) attention; "
@@ -71,8 +63,6 @@ class SPAConfig:
             raise ProbeError(f"spa model: rho_last must be in [0, 1), got {self.rho_last}")
         if self.branch_scale is not None and not self.branch_scale > 0:
             raise ProbeError(f"spa model: branch_scale must be positive, got {self.branch_scale}")
-        if self.dtype not in DTYPES:
-            raise ProbeError(f"spa model: dtype must be float32 or float64, got {self.dtype!r}")
         check_seed(self.seed, "spa model: seed")
         if self.mlp and self.attention in KERNEL_CONTROLLED:
             raise ProbeError(

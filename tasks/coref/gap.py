@@ -176,7 +176,9 @@ def gap_output(state: GapState, ctx: Context) -> Output:
             "F/M": None,
         }
     ]
-    rows.append(line("best head", head_label(layer, head), int(tot[layer, head]), state.correct[:, layer, head].tolist()))
+    rows.append(
+        line("best head", head_label(layer, head), int(tot[layer, head]), state.correct[:, layer, head].tolist())
+    )
     for i, name in enumerate(("nearest", "first candidate")):
         rows.append(line(name, "", sum(state.base[i]), state.base[i]))
     summary = pd.DataFrame(rows)

@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING
 import pandas as pd
 import torch
 
-from depthprobe.probes.models.model import Model
 from depthprobe.probes.hooks.interventions import head_label
+from depthprobe.probes.models.model import Model
 
 if TYPE_CHECKING:
     from depthprobe.tasks.induction.task import Options, State

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import pandas as pd
 
@@ -31,8 +31,8 @@ class SweepOptions:
     width: int = ranged(64, min=1)  # d_model
     heads: int = ranged(4, min=1)
     attn_only: bool = True
-    norm: str = "ln"  # ln | none
-    positional: str = "learned"  # learned | rotary
+    norm: Literal["ln", "none"] = "ln"
+    positional: Literal["learned", "rotary"] = "learned"
     vocab: int = ranged(64, min=2)
     seq_len: int = ranged(64, min=2)  # training sequence length, BOS included
     steps: int = ranged(3000, min=0)

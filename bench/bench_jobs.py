@@ -1,0 +1,73 @@
+"""`probe study --jobs N` against `--jobs 1`: the smoke study's wall time, interleaved rounds.
+
+Each round runs the study once with ``--jobs 1`` (members one after another in this process, with
+every core's threads) and once with ``--jobs N`` (members at once in N spawned processes, cores/N
+threads each), alternating which goes first so that a change in the machine's load hits both; the
+corpus and its tokenizer are cached before the clock starts. It prints each round's times, the
+median speed-up, the load average before and after (the machine may be shared), and checks that
+both studies' study.csv agree in every column but the timed ones.
+
+    .venv/bin/python bench/bench_jobs.py [--family levine] [--jobs 2] [--rounds 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import common  # noqa: F401  (offline environment)
+
+from depthprobe.probes.api.study import study
+
+TIMED = ["wall_s", "tokens_per_s"]
+
+
+def timed(family: str, jobs: int, options: dict) -> tuple[float, object]:
+    with tempfile.TemporaryDirectory() as tmp:
+        t0 = time.perf_counter()
+        s = study(family, "smoke", out=Path(tmp) / "s", jobs=jobs, echo=lambda line: None, **options)
+        elapsed = time.perf_counter() - t0
+        table = s.table
+    bad = table[table.status != "ok"]
+    if len(bad):
+        raise SystemExit(f"members failed: {bad.error.tolist()}")
+    return elapsed, table.drop(columns=TIMED)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--family", default="levine", choices=["levine", "petty", "spa"])
+    ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--min-tokens", type=int, default=None, help="override the preset's training tokens")
+    args = ap.parse_args()
+    options = {} if args.min_tokens is None else {"min_tokens": args.min_tokens}
+    cores = len(os.sched_getaffinity(0))
+    print(f"{cores} usable cores; load average before: {os.getloadavg()}")
+    timed(args.family, 1, {**options, "min_tokens": 4096})  # corpus and tokenizer cached, imports done
+    one, many = [], []
+    for r in range(args.rounds):
+        order = [1, args.jobs] if r % 2 == 0 else [args.jobs, 1]
+        for jobs in order:
+            t, table = timed(args.family, jobs, options)
+            (one if jobs == 1 else many).append((t, table))
+            print(f"round {r + 1}: --jobs {jobs}: {t:.1f} s  (load {os.getloadavg()[0]:.2f})", flush=True)
+    same = all(a[1].equals(b[1]) for a, b in zip(one, many, strict=True))
+    speedups = [a[0] / b[0] for a, b in zip(one, many, strict=True)]
+    print(f"--jobs 1: median {statistics.median(t for t, _ in one):.1f} s; "
+          f"--jobs {args.jobs}: median {statistics.median(t for t, _ in many):.1f} s")  # fmt: skip
+    print(f"speed-up per round: {', '.join(f'{s:.2f}x' for s in speedups)}; "
+          f"median {statistics.median(speedups):.2f}x")  # fmt: skip
+    print(f"study.csv equal apart from {', '.join(TIMED)}: {same}; load average after: {os.getloadavg()}")
+
+
+if __name__ == "__main__":
+    main()
