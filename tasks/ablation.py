@@ -63,7 +63,7 @@ from depthprobe.probes.engine.task import (
     tidy,
 )
 from depthprobe.probes.hooks.capture import Captured, HookFn
-from depthprobe.probes.hooks.interventions import Head, head_label, parse_heads
+from depthprobe.probes.hooks.interventions import Head, head_edits, head_label, parse_heads
 from depthprobe.probes.models.model import Model
 from depthprobe.tasks.cards import CARDS, AblationOptions
 
@@ -202,26 +202,6 @@ def _store(t: torch.Tensor, hook: Any) -> None:
     return None  # capture only
 
 
-def _edits(heads: list[Head], method: str, means: dict[int, torch.Tensor]) -> dict[str, HookFn]:
-    """hook_z edits writing each head's mean output (or zero): what ``ablate_heads`` does, with the
-    means of the clean pass instead of a pass of their own per head set."""
-    by_layer: dict[int, list[int]] = {}
-    for layer, head in heads:
-        by_layer.setdefault(layer, []).append(head)
-
-    def make(layer: int) -> HookFn:
-        idx = by_layer[layer]
-
-        def fn(z: torch.Tensor, hook: Any) -> torch.Tensor:  # z [batch, pos, head, d_head]
-            z = z.clone()
-            z[:, :, idx] = 0.0 if method == "zero" else means[layer][idx].to(z.dtype)
-            return z
-
-        return fn
-
-    return {f"blocks.{layer}.attn.hook_z": make(layer) for layer in by_layer}
-
-
 def _run(plan: Plan, seed: int, edits: dict[str, HookFn], mean_layers: bool) -> Pass:
     """The source task over its examples (under ``edits``), the behaviour of the same passes and,
     with ``mean_layers``, every layer's mean hook_z: one forward pass per source batch."""
@@ -300,7 +280,7 @@ class Ablation(Task[Options, Plan]):
         rows = self._rows(clean, "clean", clean_score, plan)
         measured: dict[str, dict[str, Any]] = {}
         for cond, heads in conditions.items():
-            ablated = _run(plan, seed, _edits(heads, o.method, clean_pass.means), mean_layers=False)
+            ablated = _run(plan, seed, head_edits(heads, o.method, clean_pass.means), mean_layers=False)
             score = head_scores(plan.source, ablated.output.scores, ablated.output.files)
             measured[cond] = {"heads": heads, "behaviour": ablated.behaviour, "score": score}
             rows += self._rows(ablated.behaviour, cond, score, plan)

@@ -101,7 +101,7 @@ def _untimed(path: Path) -> object:
         return pd.read_csv(path).drop(columns=["elapsed_s"]).to_csv(index=False)
     if path.name == "manifest.json":
         data = json.loads(RANDOM.sub(b"*", path.read_bytes()))
-        return {k: v for k, v in data.items() if k not in ("timings_s", "created", "host")}
+        return {k: v for k, v in data.items() if k not in ("timings_s", "created", "host", "git_commit")}
     if path.name == "member.json":
         data = json.loads(path.read_text())
         row = {k: v for k, v in data["row"].items() if k not in TIMED}

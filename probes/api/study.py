@@ -127,37 +127,45 @@ def study(
             for j in members if j.name not in done]  # fmt: skip
     if done:
         say(f"{len(done)} finished member(s) kept in {folder}; {len(todo)} to run")
-    counter = {"n": len(done)}
-
-    def finished(index: int, output: MemberOutput | None, error: str | None) -> None:
-        job = todo[index]
-        if output is not None:
-            if output.files:  # a Ray member sends its files; a local one has written them
-                write_member(folder, output)
-            row = output.row
-            say(f"[{counter['n'] + 1}/{len(members)}] {job.name}: val_loss {row['val_loss']:.4f} nats/token "
-                f"({row['val_bpb']:.4f} bits/byte), {row['wall_s']:.0f} s")  # fmt: skip
-        else:
-            write_failed(folder, job, error or "unknown error")
-            say(f"[{counter['n'] + 1}/{len(members)}] {job.name}: failed: {error}")
-        counter["n"] += 1
-        write_table(folder)
-
-    from depthprobe.probes.engine.distributed import map_jobs
-
     processes = 1 if backend == "ray" else min(jobs or local_slots(), max(1, len(todo)))
-    try:
-        map_jobs(run_member, todo, backend=backend, address=address, cpus_per_job=cpus_per_member,
-                 gpus_per_job=gpus_per_member, retries=retries, processes=processes,
-                 on_done=lambda i, r: finished(i, r.value if r.ok else None, member_error(r)))  # fmt: skip
-    except BaseException:  # members stopped mid-write (their processes are gone) leave no hidden folder
-        artifacts.remove_stale_partials(folder / MEMBERS / "any", any_name=True)
-        raise
+    run_jobs(folder, todo, len(done), len(members), say, backend=backend, address=address, retries=retries,
+             cpus_per_job=cpus_per_member, gpus_per_job=gpus_per_member, processes=processes)  # fmt: skip
     write_table(folder)
     from depthprobe.probes.api.study_report import write_report
 
     write_report(folder)
     return Study(config=cfg, folder=folder)
+
+
+def run_jobs(
+    folder: Path, todo: list[Job], done: int, total: int, say: Callable[[str], None], **map_options: Any
+) -> None:
+    """Run the members still to do (``map_jobs``), recording each as it finishes: its folder (a
+    Ray member's files; a local member wrote its own), its line, study.csv."""
+    from depthprobe.probes.engine.distributed import map_jobs
+
+    counter = {"n": done}
+
+    def finished(index: int, output: MemberOutput | None, error: str | None) -> None:
+        job = todo[index]
+        if output is not None:
+            if output.files:
+                write_member(folder, output)
+            row = output.row
+            say(f"[{counter['n'] + 1}/{total}] {job.name}: val_loss {row['val_loss']:.4f} nats/token "
+                f"({row['val_bpb']:.4f} bits/byte), {row['wall_s']:.0f} s")  # fmt: skip
+        else:
+            write_failed(folder, job, error or "unknown error")
+            say(f"[{counter['n'] + 1}/{total}] {job.name}: failed: {error}")
+        counter["n"] += 1
+        write_table(folder)
+
+    try:
+        map_jobs(run_member, todo, **map_options,
+                 on_done=lambda i, r: finished(i, r.value if r.ok else None, member_error(r)))  # fmt: skip
+    except BaseException:  # members stopped mid-write (their processes are gone) leave no hidden folder
+        artifacts.remove_stale_partials(folder / MEMBERS / "any", any_name=True)
+        raise
 
 
 def member_error(result: JobResult) -> str | None:

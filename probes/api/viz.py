@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from depthprobe.probes.base.errors import ProbeError
-from depthprobe.probes.render.attention import MAX_TOKENS, View, views_html
+from depthprobe.probes.render.attention import MAX_TOKENS, View, inline_frame, parse_indices, views_html
 from depthprobe.probes.render.html import esc, page
 
 _WORD = re.compile(r"\w+(?:['’]\w+)*|[^\w\s]", re.UNICODE)  # noqa: RUF001 (the typographic apostrophe)
@@ -90,34 +90,58 @@ def word_input(model: Any, text: str, limit: int) -> Input:
     return Input(list(enc.ids), labels, enc, notes)
 
 
+def id_input(model: Any, ids: Any, limit: int) -> Input:
+    """Token ids as they are (any model, with or without a tokenizer), labelled by ``to_str_tokens``."""
+    got = [int(i) for i in (ids.tolist() if hasattr(ids, "tolist") else ids)]
+    vocab = model.bridge.cfg.d_vocab
+    bad = [i for i in got if not 0 <= i < vocab]
+    if not got or bad:
+        raise ProbeError(f"view takes token ids below the vocabulary size {vocab}; got {bad[:5] or 'none'}")
+    notes = []
+    if len(got) > limit:
+        notes.append(f"{len(got)} token ids; showing the first {limit} {_why(model, limit)}")
+        got = got[:limit]
+    return Input(got, [str(t) for t in model.to_str_tokens(got)], None, notes)
+
+
+def _input(model: Any, text: Any, words: bool, limit: int) -> Input:
+    if not isinstance(text, str):
+        if words:
+            raise ProbeError("word-level views need text, not token ids; pass a string or words=False")
+        return id_input(model, text, limit)
+    model.require_tokenizer("viz")
+    if not text.strip():
+        raise ProbeError('the text is empty; pass --text "..." or a non-empty --file')
+    inp = word_input(model, text, limit) if words else piece_input(model, text, limit)
+    if (words and inp.encoded.n_words == 0) or len(inp.labels) == len(_specials(model)[0] + _specials(model)[1]):
+        raise ProbeError("the text yields no tokens to show; pass some words")
+    return inp
+
+
 def model_views(
     model: Any,
-    text: str,
+    text: Any,
     *,
     layers: Sequence[int] | None = None,
     heads: Sequence[int] | None = None,
     words: bool = False,
     max_tokens: int = MAX_TOKENS,
 ) -> tuple[list[View], list[str]]:
-    """One :class:`View` per layer (the chosen heads) of ``model`` on ``text``, plus page notes."""
+    """One :class:`View` per layer (the chosen heads) of ``model`` on ``text`` (a string, or token
+    ids for any model, with or without a tokenizer), plus page notes."""
     import torch
 
     from depthprobe.probes.data.align import unit_matrix, word_attention
     from depthprobe.probes.hooks.capture import forward
 
-    model.require_tokenizer("viz")
     info = model.info
     if max_tokens < 3:
         raise ProbeError(f"--max-tokens must be at least 3, got {max_tokens}")
-    if not text or not text.strip():
-        raise ProbeError('the text is empty; pass --text "..." or a non-empty --file')
     layers = list(range(info.n_layers)) if layers is None else list(layers)
     heads = list(range(info.n_heads)) if heads is None else list(heads)
     notes: list[str] = []
     limit = min(max_tokens, info.max_len) if info.max_len else max_tokens
-    inp = word_input(model, text, limit) if words else piece_input(model, text, limit)
-    if (words and inp.encoded.n_words == 0) or len(inp.labels) == len(_specials(model)[0] + _specials(model)[1]):
-        raise ProbeError("the text yields no tokens to show; pass some words")
+    inp = _input(model, text, words, limit)
     notes.extend(inp.notes)
     ids = torch.tensor([inp.ids])  # [1, pos]
     names = [f"blocks.{layer}.attn.hook_pattern" for layer in layers]
@@ -148,7 +172,7 @@ def model_views(
 
 def viz_page(
     model: Any,
-    text: str,
+    text: Any,
     *,
     source: str,
     layers: Sequence[int] | None = None,
@@ -170,6 +194,7 @@ def viz_page(
     )
     cuts = "".join(f"<p class='cut'>{esc(n)}</p>" for n in notes)
     body, payloads = views_html(views, max_tokens=max_tokens)
+    text = text if isinstance(text, str) else " ".join(map(str, text.tolist() if hasattr(text, "tolist") else text))
     preview = text if len(text) <= 2000 else text[:2000] + f" … (+{len(text) - 2000} characters)"
     head = (
         f"<h1>Attention: {esc(info.name)}</h1><p class='meta'>{meta}</p>{cuts}"
@@ -178,3 +203,40 @@ def viz_page(
         "the attention values. Rows are queries (attending from), columns keys (attended to).</p>"
     )
     return page(f"depthprobe attention: {info.name}", head + body, payloads)
+
+
+@dataclass
+class InlineView:
+    """A `probe viz` page that a notebook shows inline (an iframe holding the page, its CSP kept)."""
+
+    page: str
+    n_views: int
+
+    def _repr_html_(self) -> str:
+        return inline_frame(self.page, "depthprobe attention views", height=140 + 560 * self.n_views)
+
+
+def _indices(chosen: Sequence[int] | None, n: int, what: str) -> list[int] | None:
+    return None if chosen is None else parse_indices(",".join(str(int(i)) for i in chosen), n, what)
+
+
+def view(
+    model: Any,
+    text_or_ids: Any,
+    *,
+    layers: Sequence[int] | None = None,
+    heads: Sequence[int] | None = None,
+    words: bool = False,
+    max_tokens: int = MAX_TOKENS,
+) -> InlineView:
+    """Attention views of ``model`` on a text or on token ids, shown inline in a notebook: the same
+    self-contained, offline page as ``probe viz`` (escaping and Content-Security-Policy included)
+    in a sandboxed iframe. Any model: without a tokenizer pass token ids (shown as numbers).
+    ``layers`` and ``heads`` are 0-indexed (default: all)."""
+    layers = _indices(layers, model.info.n_layers, "layers")
+    heads = _indices(heads, model.info.n_heads, "heads")
+    source = "a text" if isinstance(text_or_ids, str) else "token ids"
+    page_text = viz_page(
+        model, text_or_ids, source=source, layers=layers, heads=heads, words=words, max_tokens=max_tokens
+    )
+    return InlineView(page_text, len(layers) if layers is not None else model.info.n_layers)

@@ -19,7 +19,7 @@ import torch
 
 from depthprobe.probes.base.errors import ProbeError
 from depthprobe.probes.hooks.cache import outputs, run_with_cache
-from depthprobe.probes.hooks.capture import capture, forward
+from depthprobe.probes.hooks.capture import HookFn, capture, forward
 from depthprobe.probes.hooks.grains import Per, layout
 from depthprobe.probes.hooks.inputs import inputs
 from depthprobe.probes.hooks.patching import each_slot, plan, row, table, value
@@ -102,12 +102,20 @@ def ablate_heads(
         raise ProbeError(
             "mean ablation needs data= (texts or token ids to average each head's output over), or use method='zero'"
         )
-    by_layer: dict[int, list[int]] = {}
-    for layer, head in parsed:
-        by_layer.setdefault(layer, []).append(head)
-    means = mean_z(model, data, sorted(by_layer), attention_mask) if method == "mean" else {}
+    layers = sorted({layer for layer, _ in parsed})
+    means = mean_z(model, data, layers, attention_mask) if method == "mean" else {}
+    with capture(model, head_edits(parsed, method, means), store=False):
+        yield parsed
 
-    def make(layer: int) -> Callable[[torch.Tensor, Any], torch.Tensor]:
+
+def head_edits(heads: Sequence[Head], method: str, means: dict[int, torch.Tensor]) -> dict[str, HookFn]:
+    """The ``hook_z`` edits that ablate ``heads``: each head's output replaced by zero
+    (``method="zero"``) or by its mean output ``means[layer][head]`` ([head, d_head] per layer)."""
+    by_layer: dict[int, list[int]] = {}
+    for layer, head in heads:
+        by_layer.setdefault(layer, []).append(head)
+
+    def make(layer: int) -> HookFn:
         idx = by_layer[layer]
 
         def fn(z: torch.Tensor, hook: Any) -> torch.Tensor:  # z [batch, pos, head, d_head]
@@ -117,8 +125,7 @@ def ablate_heads(
 
         return fn
 
-    with capture(model, {f"blocks.{layer}.attn.hook_z": make(layer) for layer in by_layer}, store=False):
-        yield parsed
+    return {f"blocks.{layer}.attn.hook_z": make(layer) for layer in by_layer}
 
 
 def _write_clean(clean_act: torch.Tensor, index: tuple[Any, ...]) -> Callable[[torch.Tensor, Any], torch.Tensor]:

@@ -105,6 +105,18 @@ class ModelInfo:
         return dataclasses.asdict(self)
 
 
+def _is_ids(x: Any) -> bool:
+    """Token ids: a non-empty list of ints, or a non-empty list of such lists (or a tensor)."""
+    if isinstance(x, torch.Tensor):
+        return x.dim() in (1, 2) and not x.is_floating_point()
+    if not isinstance(x, (list, tuple)) or not x:
+        return False
+    first = x[0]
+    if isinstance(first, (list, tuple)):
+        return all(isinstance(r, (list, tuple)) and r and all(isinstance(i, int) for i in r) for r in x)
+    return all(isinstance(i, int) and not isinstance(i, bool) for i in x)
+
+
 @dataclass
 class Model:
     """A loaded model: the TransformerBridge, its tokenizer (None for native models) and facts."""
@@ -170,15 +182,21 @@ class Model:
 
     # --- the Python API: encoding, token strings, whether the checkpoint has an LM head ---
 
-    def encode(self, texts: str | list[str], max_len: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def encode(self, texts: Any, max_len: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Tokenize ``texts`` (one string or a list) as the model's tokenizer does (special tokens
         included), right-padded with the pad id into one batch: ``(ids, mask)``, both [batch, pos],
-        on the model's device. Longer inputs than ``max_len`` (default: the model's limit) are refused."""
-        tok = self.require_tokenizer("encode")
-        texts = [texts] if isinstance(texts, str) else list(texts)
-        if not texts or not all(isinstance(t, str) for t in texts):
-            raise ProbeError("encode needs a string or a non-empty list of strings")
-        rows = [tok(t)["input_ids"] for t in texts]
+        on the model's device. Longer inputs than ``max_len`` (default: the model's limit) are refused.
+        Token ids (a list of ids, or a list of such lists) are padded as they are, with or without
+        a tokenizer: the way to feed a model that has none."""
+        if _is_ids(texts):
+            data = texts.tolist() if isinstance(texts, torch.Tensor) else list(texts)
+            rows = [list(map(int, r)) for r in data] if isinstance(data[0], (list, tuple)) else [list(map(int, data))]
+        else:
+            tok = self.require_tokenizer("encode")
+            texts = [texts] if isinstance(texts, str) else list(texts)
+            if not texts or not all(isinstance(t, str) for t in texts):
+                raise ProbeError("encode needs a string, a non-empty list of strings, or token ids")
+            rows = [tok(t)["input_ids"] for t in texts]
         limit = max_len or self.info.max_len
         for i, r in enumerate(rows):
             if len(r) > limit:
@@ -193,7 +211,12 @@ class Model:
 
     def to_str_tokens(self, text_or_ids: Any) -> list[str] | list[list[str]]:
         """The tokens as strings: of a text (tokenized as :meth:`encode` does), of a list or 1-D tensor
-        of ids, or of a 2-D batch (one list per row)."""
+        of ids, or of a 2-D batch (one list per row). Without a tokenizer, ids are shown as numbers."""
+        if self.tokenizer is None and not isinstance(text_or_ids, str):
+            got = text_or_ids.tolist() if isinstance(text_or_ids, torch.Tensor) else list(text_or_ids)
+            if got and isinstance(got[0], (list, tuple)):
+                return [[str(int(i)) for i in row] for row in got]
+            return [str(int(i)) for i in got]
         tok = self.require_tokenizer("to_str_tokens")
         if isinstance(text_or_ids, str):
             ids: Any = tok(text_or_ids)["input_ids"]

@@ -11,6 +11,8 @@ the circuitsvis bundle once); a small loader inflates them in the browser
 from __future__ import annotations
 
 import base64
+import html
+import re
 import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -24,6 +26,8 @@ from depthprobe.probes.render.html import clean, esc
 MAX_TOKENS = 512  # default token limit of a view; longer inputs are cut and the page says so
 SCALE = 10_000  # pattern values are stored as round(value * SCALE): 4 decimals
 LONG_SCALE = 1_000  # 3 decimals for views over HEADS_CELLS (halves a 512-token page)
+_HEAD_ID = re.compile(r"\d+-\d+(?=\s|$)")  # "L-H" at the start of a head label
+HEAD_LABEL_CHARS = 7  # longer head labels overlap in circuitsvis's head selector (see selector_labels)
 MAX_TOKEN_CHARS = 100  # longer token labels are shortened for display (the page says by how much)
 # above this many cells (heads x tokens^2) a view shows one head at a time instead of all
 # thumbnails at once: circuitsvis draws every cell as a chart element (about 10 us each)
@@ -44,6 +48,18 @@ def display_token(token: Any) -> str:
 # ----------------------------------------------------------------------------------------------
 # views: validation, cutting and compact encoding
 # ----------------------------------------------------------------------------------------------
+
+
+def selector_labels(heads: Sequence[str]) -> tuple[list[str], list[str]]:
+    """Head labels for circuitsvis's head selector, whose thumbnails fit about 7 characters: long
+    labels that start with a head id ('1-2 best induction (0.90)') are cut to it when every label
+    does and the ids are unique, and a note spells the whole labels out. Returns (labels, notes)."""
+    labels = [clean(h) for h in heads]
+    ids = [m.group(0) if (m := _HEAD_ID.match(h)) else "" for h in labels]
+    long = max(map(len, labels), default=0) > HEAD_LABEL_CHARS
+    if not long or not all(ids) or len(set(ids)) < len(ids):
+        return labels, []
+    return ids, ["heads: " + "; ".join(labels)]
 
 
 def encode_pattern(pattern: np.ndarray, scale: int = SCALE) -> dict[str, Any]:
@@ -131,9 +147,11 @@ class View:
         if mode != "heads" and len(self.heads) > 1:
             notes.append("a long input: one head at a time (pick it with the buttons)")
         scale = SCALE if mode == "heads" else LONG_SCALE
+        heads, spelled = selector_labels(self.heads)
+        notes.extend(spelled)
         return {
             "tokens": tokens,
-            "heads": [clean(h) for h in self.heads],
+            "heads": heads,
             "causal": self.causal,
             "mode": mode,
             "pattern": encode_pattern(self.pattern, scale),
@@ -161,6 +179,19 @@ def views_html(views: Sequence[View], max_tokens: int = MAX_TOKENS) -> tuple[str
         )
         payloads.append(payload)
     return "".join(parts), payloads
+
+
+def inline_frame(page_html: str, title: str, height: int) -> str:
+    """A whole page (``probes.render.html.page``) shown inside another one, as in a notebook: an
+    iframe whose ``srcdoc`` holds the page, escaped, so the page keeps its own Content-Security-
+    Policy (only its own hash-pinned scripts run; nothing is fetched) and is sandboxed (no forms,
+    pop-ups or navigation of the host). circuitsvis needs the frame's storage, so the sandbox keeps
+    the same origin: in a strict one (``allow-scripts`` only) the views stay blank."""
+    srcdoc = html.escape(page_html, quote=True)
+    return (
+        f'<iframe sandbox="allow-scripts allow-same-origin" title="{esc(title)}" srcdoc="{srcdoc}" '
+        f'style="width: 100%; height: {min(int(height), 2400)}px; border: 1px solid #ddd; resize: vertical"></iframe>'
+    )
 
 
 # ----------------------------------------------------------------------------------------------
@@ -208,6 +239,8 @@ __all__ = [
     "display_token",
     "encode_pattern",
     "index_ranges",
+    "inline_frame",
     "parse_indices",
+    "selector_labels",
     "views_html",
 ]

@@ -24,7 +24,7 @@ import numpy as np
 import pandas as pd
 
 from depthprobe.probes.base.errors import ProbeError
-from depthprobe.probes.render.attention import MAX_TOKENS, View, views_html
+from depthprobe.probes.render.attention import MAX_TOKENS, View, inline_frame, views_html
 from depthprobe.probes.render.charts import heatmap_svg as draw_heatmap
 from depthprobe.probes.render.html import esc, page, svg_img, table, write_atomic
 
@@ -353,10 +353,21 @@ def write_page(run_dir: Path, data: RunData) -> Path:
 _NOTEBOOK_STYLE = """<style>
 .depthprobe table.data { border-collapse: collapse; margin: 6px 0; }
 .depthprobe table.data th, .depthprobe table.data td { border: 1px solid #ddd; padding: 2px 6px; text-align: left; }
-.depthprobe .heatmaps { display: flex; flex-wrap: wrap; gap: 10px; }
+.depthprobe .heatmaps { display: grid; grid-template-columns: repeat(auto-fill, minmax(360px, 1fr)); gap: 10px 16px; }
+.depthprobe figure.heatmap img { width: 100%; height: auto; }
+.depthprobe figure.plot img { max-width: 100%; height: auto; }
 .depthprobe figure { margin: 0; } .depthprobe h3 { font-size: 13px; margin: 6px 0 2px; }
 .depthprobe .meta, .depthprobe figcaption { color: #666; font-size: 12px; }
 </style>"""
+
+
+def _views_frame(raw: Sequence[Any], title: str) -> str:
+    """A run's attention views as an inline page (iframe srcdoc: the report's own CSP and loader)."""
+    views, errors = _views(list(raw))
+    if not views:
+        return "".join(f"<p class='error'>{esc(e)}</p>" for e in errors)
+    body, payloads = views_html(views)
+    return "<h2>Attention views</h2>" + inline_frame(page(title, body, payloads), title, height=80 + 560 * len(views))
 
 
 def result_html(result: Any) -> str:
@@ -368,9 +379,5 @@ def result_html(result: Any) -> str:
     parts.append(table(data.summary["summary"]))
     parts.append(heatmaps_html(result.scores, result.heatmaps))
     parts.append(_plots_html(result.plots))
-    if result.views:
-        where = (
-            f"open {result.path / 'report.html'}" if result.path is not None else "call .save() and open report.html"
-        )
-        parts.append(f"<p class='meta'>{len(result.views)} attention view(s): {esc(where)}</p>")
+    parts.append(_views_frame(result.views, title))
     return f"{_NOTEBOOK_STYLE}<div class='depthprobe'>{''.join(p for p in parts if p)}</div>"

@@ -1,0 +1,94 @@
+"""Views in notebooks: `probes.view` inline for any model (ids shown as strings without a
+tokenizer), `Result._repr_html_` with the run's attention views, heatmaps of one grid one size."""
+
+from __future__ import annotations
+
+import html
+import re
+
+import pytest
+import torch
+
+from depthprobe import probes
+from depthprobe.probes.render.attention import decode_pattern
+
+NATIVE = "native:layers=2,d_model=16,heads=2,d_vocab=8,n_ctx=16,attn_only=true"
+
+
+@pytest.fixture(scope="module")
+def native():
+    return probes.load(NATIVE)
+
+
+def _frame_page(markup: str) -> str:
+    """The page inside the one iframe's srcdoc, unescaped."""
+    frames = re.findall(r'<iframe [^>]*srcdoc="([^"]*)"', markup)
+    assert len(frames) == 1, markup[:300]
+    return html.unescape(frames[0])
+
+
+def test_token_ids_are_shown_as_strings_without_a_tokenizer(native):
+    """A native model has no tokenizer: to_str_tokens and encode take ids (before: 'needs text')."""
+    assert native.to_str_tokens([3, 1, 4]) == ["3", "1", "4"]
+    assert native.to_str_tokens(torch.tensor([[5, 6], [7, 0]])) == [["5", "6"], ["7", "0"]]
+    ids, mask = native.encode([[3, 1, 4], [2]])
+    assert ids.tolist() == [[3, 1, 4], [2, 0, 0]] and mask.tolist() == [[1, 1, 1], [1, 0, 0]]
+    with pytest.raises(probes.ProbeError, match="has no tokenizer"):
+        native.to_str_tokens("some text")
+
+
+def test_view_of_a_model_without_a_tokenizer_is_an_inline_page_with_the_csp(native):
+    shown = probes.view(native, [3, 1, 4, 1, 5], layers=[1], heads=[0, 1])
+    markup = shown._repr_html_()
+    assert markup.startswith("<iframe ") and 'sandbox="allow-scripts allow-same-origin"' in markup
+    page = _frame_page(markup)
+    assert "Content-Security-Policy" in page and "connect-src 'none'" in page and "default-src 'none'" in page
+    payload = re.search(r"<script type='application/json' id='dp-views-data'>(.*?)</script>", page, re.S)
+    import json
+
+    views = json.loads(payload.group(1))
+    assert len(views) == 1 and views[0]["tokens"] == ["3", "1", "4", "1", "5"] and views[0]["heads"] == ["1-0", "1-1"]
+    pattern = decode_pattern(views[0]["pattern"])  # [head, query, key], causal rows summing to 1
+    assert pattern.shape == (2, 5, 5) and abs(pattern.sum(-1) - 1).max() < 1e-3 and pattern[0, 0, 1:].sum() == 0
+
+
+def test_view_escapes_token_text_and_refuses_bad_input(native, tiny_bert):
+    markup = probes.view(tiny_bert, "the <b>cat</b> sat", layers=[0])._repr_html_()
+    assert "<b>cat" not in _frame_page(markup).split("<script")[0]  # escaped in the page, then in srcdoc
+    with pytest.raises(probes.ProbeError, match="has no tokenizer"):
+        probes.view(native, "text needs a tokenizer")
+    with pytest.raises(probes.ProbeError, match="--layers 5 out of range"):
+        probes.view(native, [1, 2], layers=[5])
+    with pytest.raises(probes.ProbeError, match="token ids below the vocabulary size 8"):
+        probes.view(native, [1, 9])
+
+
+def test_a_results_notebook_display_shows_its_attention_views_and_equal_heatmaps(native):
+    result = probes.run(native, "induction", repeat_len=5, n_seqs=4, progress=False)
+    assert result.views, "the induction task draws views"
+    markup = result._repr_html_()
+    page = _frame_page(markup)  # before: only "call .save() and open report.html"
+    assert page.count("<section class='attention'>") == len(result.views)
+    style = markup.split("</style>")[0]
+    assert re.search(r"figure\.heatmap img\s*\{[^}]*width:\s*100%", style)  # one width for every panel
+    assert "grid-template-columns" in style
+
+
+def test_long_head_labels_are_shortened_in_the_selector_and_spelled_out_in_a_note():
+    """The induction report labels heads '1-2 best induction (0.90)': wider than circuitsvis's
+    thumbnails, so neighbouring labels overlapped. The selector shows '1-2'; a note keeps the rest."""
+    import numpy as np
+
+    from depthprobe.probes.render.attention import View
+
+    pattern = np.full((2, 3, 3), 1 / 3)
+    long = View("v", ["a", "b", "c"], pattern, ["1-2 best induction (0.90)", "0-1 best previous_token (0.85)"], True)
+    payload = long.payload()
+    assert payload["heads"] == ["1-2", "0-1"]
+    assert "heads: 1-2 best induction (0.90); 0-1 best previous_token (0.85)" in payload["notes"]
+    short = View("v", ["a", "b", "c"], pattern, ["1-2", "head 1"], True).payload()
+    assert short["heads"] == ["1-2", "head 1"] and not any(n.startswith("heads:") for n in short["notes"])
+    same = View("v", ["a", "b", "c"], pattern, ["1-2 clean run", "1-2 ablated run"], True).payload()
+    assert same["heads"] == ["1-2 clean run", "1-2 ablated run"]  # head ids not unique: kept whole
+    other = View("v", ["a", "b", "c"], pattern, ["1-2 induction", "mean of heads"], True).payload()
+    assert other["heads"] == ["1-2 induction", "mean of heads"]  # not every label starts with a head id
