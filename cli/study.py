@@ -63,7 +63,7 @@ def study(
         "--jobs",
         "-j",
         help="local: members trained at once in separate processes, each with cores/N threads "
-        "(default: one per core; the results equal --jobs 1).",
+        "(default 1). The results equal --jobs 1.",
     ),
     max_params: int | None = typer.Option(
         None, "--max-params", help="Members with more parameters than this fail (the rest go on)."

@@ -134,3 +134,17 @@ def test_members_keep_tables_without_a_report_each_and_the_study_draws_them(two_
     assert not [p for p in members.iterdir() if p.name.startswith(".")]  # no partial folder left
     page = (one / "report.html").read_text(encoding="utf-8")
     assert "levine-b0003k-L01-s0" in page and "levine-b0003k-L02-s0" in page
+
+
+def test_member_processes_reuse_a_pipe_corpus_the_driver_read(tmp_path):
+    """A pipe can be read once: the member processes get the driver's corpus, not the pipe."""
+    import threading
+
+    fifo = tmp_path / "corpus.fifo"
+    os.mkfifo(fifo)
+    text = SHAKESPEARE.read_text(encoding="utf-8")[:60_000]
+    writer = threading.Thread(target=lambda: fifo.write_text(text, encoding="utf-8"), daemon=True)
+    writer.start()
+    os.environ["DEPTHPROBE_CACHE"] = str(tmp_path / "cache")
+    s = study("levine", "smoke", out=tmp_path / "s", corpus=str(fifo), jobs=2, echo=lambda _: None, **TINY)
+    assert (s.table.status == "ok").all(), s.table.error.tolist()

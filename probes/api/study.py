@@ -45,6 +45,7 @@ from depthprobe.probes.api.study_member import (
     plan,
     probe_inputs,
     run_member,
+    share_corpus,
 )
 from depthprobe.probes.base import artifacts
 from depthprobe.probes.base.errors import ProbeError
@@ -101,9 +102,10 @@ def study(
     """Run (or continue) a study; returns it. ``options`` override the preset (StudyConfig fields).
 
     ``jobs`` (local backend): members run at once in separate processes, each with
-    ``cores // jobs`` threads (None: as many as the cores, one thread each); the numbers and files
-    are the same as with ``jobs=1``, only faster."""
-    from depthprobe.probes.engine.distributed import check_jobs, check_member_backend, local_slots
+    ``cores // jobs`` threads (None: 1, in this process); the numbers and files are the same as
+    with ``jobs=1``. Each process pays its start-up (imports, first calls: seconds), so it pays
+    off for members that train for minutes on cores nothing else uses (bench/bench_jobs.py)."""
+    from depthprobe.probes.engine.distributed import check_jobs, check_member_backend
 
     cfg = resolve(family, preset, **options)
     check_member_backend(backend, address, cpus_per_member, gpus_per_member, retries)
@@ -127,9 +129,10 @@ def study(
             for j in members if j.name not in done]  # fmt: skip
     if done:
         say(f"{len(done)} finished member(s) kept in {folder}; {len(todo)} to run")
-    processes = 1 if backend == "ray" else min(jobs or local_slots(), max(1, len(todo)))
+    processes = 1 if backend == "ray" else min(jobs or 1, max(1, len(todo)))
     run_jobs(folder, todo, len(done), len(members), say, backend=backend, address=address, retries=retries,
-             cpus_per_job=cpus_per_member, gpus_per_job=gpus_per_member, processes=processes)  # fmt: skip
+             cpus_per_job=cpus_per_member, gpus_per_job=gpus_per_member, processes=processes,
+             setup=share_corpus(cfg, corpus))  # fmt: skip
     write_table(folder)
     from depthprobe.probes.api.study_report import write_report
 

@@ -18,7 +18,9 @@ import math
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -96,6 +98,17 @@ def cached_corpus(cfg: StudyConfig) -> corpora.Corpus:
         _CORPORA.clear()
         _CORPORA[key] = corpora.load_corpus(cfg.corpus, vocab=cfg.vocab)
     return _CORPORA[key]
+
+
+def share_corpus(cfg: StudyConfig, corpus: corpora.Corpus) -> Callable[[], None]:
+    """A picklable setup for a member process: it holds the corpus the driver read (and checked),
+    so the process neither reads nor tokenizes it again (and a pipe, readable once, serves too)."""
+    return partial(_keep_corpus, (cfg.corpus, cfg.vocab, corpora.corpus_stamp(cfg.corpus)), corpus)
+
+
+def _keep_corpus(key: tuple[str | None, int, tuple[tuple[str, int, int], ...]], corpus: corpora.Corpus) -> None:
+    _CORPORA.clear()
+    _CORPORA[key] = corpus
 
 
 def member_params(job: Job, vocab: int) -> int:

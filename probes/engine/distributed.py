@@ -132,13 +132,15 @@ def map_jobs(
     gpus_per_job: float = 0,
     retries: int = 0,
     processes: int = 1,
+    setup: Callable[[], None] | None = None,
     on_done: Callable[[int, JobResult], None] | None = None,
 ) -> list[JobResult]:
     """``fn(job)`` for every job, as :class:`JobResult` in job order.
 
     ``fn`` is a picklable top-level function. ``local``: with ``processes`` 1, in order in this
     process; with more, up to that many at once in fresh (spawned) processes, each with
-    ``cores // processes`` torch threads (Ray is not imported either way). ``ray``: each job is a
+    ``cores // processes`` torch threads, after ``setup()`` (a picklable callable that prepares the
+    process, e.g. hands it what the driver has already read); Ray is not imported either way. ``ray``: each job is a
     Ray task with ``cpus_per_job`` CPUs and ``gpus_per_job`` GPUs. A job whose ``fn`` raises is run
     again up to ``retries`` times (the same loop for every backend); a job whose Ray worker or node
     dies is resubmitted by Ray up to ``retries`` times. A job that still fails is ``ok=False`` with
@@ -153,7 +155,7 @@ def map_jobs(
     if backend == "local" and (processes == 1 or len(jobs) < 2):
         return _drive(_InProcess(fn, jobs), len(jobs), retries, on_done)
     if backend == "local":
-        with _Pool(fn, jobs, min(processes, len(jobs))) as pool:
+        with _Pool(fn, jobs, min(processes, len(jobs)), setup) as pool:
             return _drive(pool, len(jobs), retries, on_done)
     if not jobs:  # nothing to run: no Ray session (joining a cluster takes seconds)
         return []
@@ -178,9 +180,9 @@ def _drive(runner: Any, n: int, retries: int, on_done: Callable[[int, JobResult]
             if not out.ok and not out.crashed and attempt <= retries:
                 pending[runner.submit(i)] = (i, attempt + 1)
                 continue
-            results[i] = JobResult(i, out.ok, out.value, out.error, attempt, out.user_error)
+            result = results[i] = JobResult(i, out.ok, out.value, out.error, attempt, out.user_error)
             if on_done is not None:
-                on_done(i, results[i])
+                on_done(i, result)
     except BaseException:
         runner.cancel(list(pending))
         raise
@@ -204,20 +206,27 @@ class _InProcess:
         pass
 
 
-def _set_threads(threads: int) -> None:
+def _start_process(threads: int, setup: Callable[[], None] | None) -> None:
     torch.set_num_threads(threads)
+    if setup is not None:
+        setup()
 
 
 class _Pool:
-    """Jobs in spawned processes (a fresh interpreter each: no forked torch or OpenMP state)."""
+    """Jobs in spawned processes (a fresh interpreter each: no forked torch or OpenMP state). Each
+    pays its imports and first calls once (about 7 s on a loaded 2-core machine): worth it for
+    members that train for tens of seconds, not for the smoke preset's 3-second members."""
 
-    def __init__(self, fn: Callable[[Any], Any], jobs: Sequence[Any], processes: int) -> None:
+    def __init__(
+        self, fn: Callable[[Any], Any], jobs: Sequence[Any], processes: int, setup: Callable[[], None] | None
+    ) -> None:
         import multiprocessing
         from concurrent.futures import ProcessPoolExecutor
 
         self.fn, self.jobs = fn, jobs
         threads = max(1, local_slots() // processes)
-        self.pool = ProcessPoolExecutor(processes, multiprocessing.get_context("spawn"), _set_threads, (threads,))
+        context = multiprocessing.get_context("spawn")
+        self.pool = ProcessPoolExecutor(processes, context, _start_process, (threads, setup))
 
     def __enter__(self) -> _Pool:
         return self
