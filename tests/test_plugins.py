@@ -73,7 +73,7 @@ def test_options_of_a_task_declared_without_future_annotations_are_coerced():
     from dataclasses import dataclass, fields
     from typing import Literal
 
-    from depthprobe.probes.engine.task import annotation
+    from depthprobe.probes.base.options import annotation_text as annotation
 
     @dataclass(frozen=True)
     class Opts:

@@ -87,6 +87,24 @@ class Result:
             }
         )
 
+    def write_tables(self, folder: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+        """Every file of the run but its report into the existing ``folder`` (scores, summary,
+        manifest, views, plots, the task's files); returns the summary and manifest as written."""
+        self.scores.to_csv(folder / "scores.csv", index=False)
+        self.summary.to_csv(folder / "summary.csv", index=False)
+        summary, manifest = self.summary_json(), artifacts.jsonable(self.manifest())
+        artifacts.write_json(folder / "summary.json", summary)
+        artifacts.write_json(folder / "manifest.json", manifest)
+        if self.views:
+            artifacts.write_json(folder / "views.json", self.views)
+        for name, svg in self.plots.items():
+            (folder / "plots").mkdir(exist_ok=True)
+            (folder / "plots" / f"{name}.svg").write_text(svg, encoding="utf-8")
+        for name, data in self.files.items():
+            (folder / name).parent.mkdir(parents=True, exist_ok=True)
+            (folder / name).write_bytes(data)
+        return summary, manifest
+
     def save(self, directory: str | Path | None = None) -> Path:
         """Write the run directory atomically; returns its path. The report is drawn from this
         Result in memory (``probe report RUN_DIR`` draws the same page from the saved files)."""
@@ -98,19 +116,7 @@ class Result:
             else artifacts.DEFAULT_ROOT / artifacts.run_id(self.model_info["name"], self.task)
         )
         with artifacts.atomic_dir(final) as tmp:
-            self.scores.to_csv(tmp / "scores.csv", index=False)
-            self.summary.to_csv(tmp / "summary.csv", index=False)
-            summary, manifest = self.summary_json(), artifacts.jsonable(self.manifest())
-            artifacts.write_json(tmp / "summary.json", summary)
-            artifacts.write_json(tmp / "manifest.json", manifest)
-            if self.views:
-                artifacts.write_json(tmp / "views.json", self.views)
-            for name, svg in self.plots.items():
-                (tmp / "plots").mkdir(exist_ok=True)
-                (tmp / "plots" / f"{name}.svg").write_text(svg, encoding="utf-8")
-            for name, data in self.files.items():
-                (tmp / name).parent.mkdir(parents=True, exist_ok=True)
-                (tmp / name).write_bytes(data)
+            summary, manifest = self.write_tables(tmp)
             page = report.RunData(
                 summary=summary,
                 scores=self.scores,

@@ -281,18 +281,7 @@ def save_tables(result: Result, out: Path) -> None:
     """A probe run's folder as ``Result.save`` writes it, without its report.html: the files that
     ``probe compare`` and the study report read (scores, summary, manifest), its views and plots."""
     out.mkdir(parents=True)
-    result.scores.to_csv(out / "scores.csv", index=False)
-    result.summary.to_csv(out / "summary.csv", index=False)
-    artifacts.write_json(out / "summary.json", result.summary_json())
-    artifacts.write_json(out / "manifest.json", artifacts.jsonable(result.manifest()))
-    if result.views:
-        artifacts.write_json(out / "views.json", result.views)
-    for name, svg in result.plots.items():
-        (out / "plots").mkdir(exist_ok=True)
-        (out / "plots" / f"{name}.svg").write_text(svg, encoding="utf-8")
-    for name, data in result.files.items():
-        (out / name).parent.mkdir(parents=True, exist_ok=True)
-        (out / name).write_bytes(data)
+    result.write_tables(out)
 
 
 def _mean_metric(result: Result, metric: str) -> float | None:

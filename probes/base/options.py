@@ -11,9 +11,11 @@ from depthprobe.probes.base.errors import ProbeError, suggest
 _TRUE, _FALSE = ("true", "1", "yes"), ("false", "0", "no")
 
 
-def _plain(typ: Any) -> str:
-    """An annotation as source text: ``typing.Optional[typing.Literal['a']]`` -> ``Literal['a'] | None``."""
-    text = str(typ).strip().replace("typing.", "")
+def annotation_text(typ: Any) -> str:
+    """An annotation as source text, whether the declaring module uses ``from __future__ import
+    annotations`` (a string) or not (the type itself): ``int`` -> ``int``,
+    ``typing.Optional[typing.Literal['a']]`` -> ``Literal['a'] | None``."""
+    text = typ.__name__ if isinstance(typ, type) else str(typ).strip().replace("typing.", "")
     if text.startswith("Optional[") and text.endswith("]"):
         text = text[len("Optional[") : -1] + " | None"
     return text
@@ -21,7 +23,7 @@ def _plain(typ: Any) -> str:
 
 def choices(typ: Any) -> tuple[Any, ...] | None:
     """The values of a ``Literal[...]`` annotation (as a string), or None for any other type."""
-    text = _plain(typ)
+    text = annotation_text(typ)
     if not text.startswith("Literal["):
         return None
     values = ast.literal_eval("(" + text[len("Literal[") : -1] + ",)")
@@ -37,7 +39,7 @@ def check_choices(obj: Any, where: str) -> Any:
     """Fail with one line naming the choices when a ``Literal[...]`` field of the dataclass ``obj``
     holds another value (for dataclasses built directly in Python, not through :func:`coerce`)."""
     for f in dataclasses.fields(obj):
-        text = _plain(f.type)
+        text = annotation_text(f.type)
         allowed = choices(text.removesuffix("| None").strip())
         value = getattr(obj, f.name)
         if allowed is not None and not (value is None and text.endswith("| None")):
@@ -55,12 +57,12 @@ def check_choice(value: Any, allowed: tuple[Any, ...], where: str, key: str = ""
     raise ProbeError(f"{where}: unknown {key or 'value'} {value!r}{suggest(str(value), names)}; use {fix}")
 
 
-def coerce(value: Any, typ: str, where: str, key: str = "", flag: str = "") -> Any:
+def coerce(value: Any, typ: Any, where: str, key: str = "", flag: str = "") -> Any:
     """Read ``value`` as the (string) annotation ``typ``: bool, int, float, tuple[...], X | None,
     Literal[...] (the value must be one of the choices, whoever gives it).
 
     Other non-strings pass through unchanged (Python callers give typed values)."""
-    text = _plain(typ)
+    text = annotation_text(typ)
     optional = text.endswith("| None")
     allowed = choices(text.removesuffix("| None").strip())
     if allowed is not None:
@@ -69,7 +71,7 @@ def coerce(value: Any, typ: str, where: str, key: str = "", flag: str = "") -> A
         return check_choice(value, allowed, where, key, flag)
     if not isinstance(value, str):
         return value
-    kinds = [k.strip() for k in str(typ).split("|")]
+    kinds = [k.strip() for k in text.split("|")]
     base = kinds[0]
     try:
         if value.lower() == "none" and "None" in kinds:

@@ -151,14 +151,6 @@ class Output:
     files: dict[str, bytes] = field(default_factory=dict)  # extra artifact files
 
 
-def annotation(typ: Any) -> str:
-    """A dataclass field's type as annotation text: ``int`` whether the module that declared it
-    uses ``from __future__ import annotations`` (a string) or not (the class itself)."""
-    if isinstance(typ, str):
-        return typ
-    return typ.__name__ if isinstance(typ, type) else str(typ).replace("typing.", "")
-
-
 class Configurable:
     """A named plugin with a frozen ``Options`` dataclass, set with ``--option key=value``."""
 
@@ -174,9 +166,7 @@ class Configurable:
                 known = ", ".join(fields) or "none"
                 raise ProbeError(f"task {self.name!r} has no option {key!r}{hint}; its options: {known}")
         where = f"task {self.name!r} option"
-        kwargs = {
-            k: coerce(v, annotation(fields[k].type), f"{where} {k}", key=k, flag="-O") for k, v in options.items()
-        }
+        kwargs = {k: coerce(v, fields[k].type, f"{where} {k}", key=k, flag="-O") for k, v in options.items()}
         return check_ranges(self.Options(**kwargs), f"{self.name}: option")
 
 
