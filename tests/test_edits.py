@@ -1,10 +1,11 @@
 """Edits of attention hooks take effect exactly like the same edit made in plain transformers.
 
 Every editable attention hook (hook_pattern, hook_attn_scores, hook_z) is edited through
-``capture`` on tiny random models of each attention implementation, and the logits are compared
-with plain transformers (eager attention) where the same edit is made by hand: the per-head
-values z_h = P'_h @ v_h are computed from the module's own value projection and written into the
-input of its output projection. Known answers, tolerance 1e-5.
+``capture`` on tiny random models of every family the bridge loads (tests/tiny_families.py:
+SUPPORTED), and the logits are compared with plain transformers (eager attention) where the same
+edit is made by hand: the per-head values z_h = P'_h @ v_h are computed from the module's own value
+projection and written into the input of its output projection. Known answers, tolerance 1e-5.
+A family whose edits could not take effect must refuse them before the pass (GPT-Neo below).
 """
 
 from __future__ import annotations
@@ -15,131 +16,74 @@ from pathlib import Path
 import pytest
 import torch
 import transformers
+from tiny_families import SUPPORTED
 
 from depthprobe.probes import ProbeError, capture, load
+from depthprobe.probes.hooks import eager_attention
 
 LAYER, HEAD, N_HEADS = 1, 2, 4
 
 
-def _gpt2_tokenizer(tiny_gpt2_dir: Path):
-    return transformers.AutoTokenizer.from_pretrained(tiny_gpt2_dir)
-
-
-def build_family(kind: str, directory: Path, tiny_gpt2_dir: Path) -> Path:
-    """Tiny random RoBERTa / OPT / GPT-J / GPT-Neo saved with safetensors and a BPE tokenizer."""
-    if (directory / "config.json").exists():
-        return directory
-    gtok = _gpt2_tokenizer(tiny_gpt2_dir)
-    V, tok = len(gtok), gtok
+def build_gptneo(directory: Path, tiny_gpt2_dir: Path) -> Path:
+    """Tiny random GPT-Neo (its attention is delegated and computed by a method we do not reroute)."""
+    gtok = transformers.AutoTokenizer.from_pretrained(tiny_gpt2_dir)
     torch.manual_seed(1)
-    if kind == "roberta":
-        cfg = transformers.RobertaConfig(
-            vocab_size=V,
-            hidden_size=32,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            intermediate_size=64,
-            max_position_embeddings=70,
-            pad_token_id=0,
-            bos_token_id=0,
-            eos_token_id=0,
-        )
-        model = transformers.RobertaForMaskedLM(cfg)
-        b = gtok.bos_token
-        tok = transformers.RobertaTokenizerFast(
-            tokenizer_object=gtok.backend_tokenizer,
-            bos_token=b,
-            eos_token=b,
-            unk_token=b,
-            pad_token=b,
-            cls_token=b,
-            sep_token=b,
-            mask_token=b,
-        )
-    elif kind == "opt":
-        cfg = transformers.OPTConfig(
-            vocab_size=V,
-            hidden_size=32,
-            num_hidden_layers=2,
-            ffn_dim=64,
-            num_attention_heads=4,
-            max_position_embeddings=64,
-            word_embed_proj_dim=32,
-            pad_token_id=0,
-            bos_token_id=0,
-            eos_token_id=0,
-        )
-        model = transformers.OPTForCausalLM(cfg)
-    elif kind == "gptj":
-        cfg = transformers.GPTJConfig(
-            vocab_size=V, n_embd=32, n_layer=2, n_head=4, n_positions=64, rotary_dim=4, bos_token_id=0, eos_token_id=0
-        )
-        model = transformers.GPTJForCausalLM(cfg)
-    elif kind == "gptneo":
-        cfg = transformers.GPTNeoConfig(
-            vocab_size=V,
-            hidden_size=32,
-            num_layers=2,
-            num_heads=4,
-            attention_types=[[["global", "local"], 1]],
-            max_position_embeddings=64,
-            bos_token_id=0,
-            eos_token_id=0,
-        )
-        model = transformers.GPTNeoForCausalLM(cfg)
-    else:
-        raise ValueError(kind)
-    model.save_pretrained(directory, safe_serialization=True)
-    tok.save_pretrained(directory)
+    cfg = transformers.GPTNeoConfig(
+        vocab_size=len(gtok),
+        hidden_size=32,
+        num_layers=2,
+        num_heads=4,
+        attention_types=[[["global", "local"], 1]],
+        max_position_embeddings=64,
+        bos_token_id=0,
+        eos_token_id=0,
+    )
+    transformers.GPTNeoForCausalLM(cfg).save_pretrained(directory, safe_serialization=True)
+    gtok.save_pretrained(directory)
     return directory
 
 
 @dataclass(frozen=True)
 class Family:
-    auto: type
-    v_proj: str  # module whose output holds the values (".c_attn" -> third of its output)
+    v_proj: str  # module whose output holds the values
     o_proj: str  # output projection, whose input is z [batch, pos, head * d_head]
+    layout: str = "plain"  # "plain": [.., kv_head * d_head]; "gpt2": q|k|v; "neox": per head q|k|v
+    masked_lm: bool = False
 
 
+_DECODER = Family("model.layers.{l}.self_attn.v_proj", "model.layers.{l}.self_attn.o_proj")
 FAMILIES = {
+    "gpt2": Family("transformer.h.{l}.attn.c_attn", "transformer.h.{l}.attn.c_proj", "gpt2"),
+    "gpt-neox": Family("gpt_neox.layers.{l}.attention.query_key_value", "gpt_neox.layers.{l}.attention.dense", "neox"),
+    "llama": _DECODER,
+    "mistral": _DECODER,
+    "qwen2": _DECODER,
+    "gemma": _DECODER,
+    "phi": Family("model.layers.{l}.self_attn.v_proj", "model.layers.{l}.self_attn.dense"),
+    "opt": Family("model.decoder.layers.{l}.self_attn.v_proj", "model.decoder.layers.{l}.self_attn.out_proj"),
+    "gpt-j": Family("transformer.h.{l}.attn.v_proj", "transformer.h.{l}.attn.out_proj"),
     "bert": Family(
-        transformers.AutoModelForMaskedLM,
-        "bert.encoder.layer.{l}.attention.self.value",
-        "bert.encoder.layer.{l}.attention.output.dense",
+        "bert.encoder.layer.{l}.attention.self.value", "bert.encoder.layer.{l}.attention.output.dense", masked_lm=True
     ),
     "roberta": Family(
-        transformers.AutoModelForMaskedLM,
         "roberta.encoder.layer.{l}.attention.self.value",
         "roberta.encoder.layer.{l}.attention.output.dense",
-    ),
-    "gpt2": Family(transformers.AutoModelForCausalLM, "transformer.h.{l}.attn.c_attn", "transformer.h.{l}.attn.c_proj"),
-    "opt": Family(
-        transformers.AutoModelForCausalLM,
-        "model.decoder.layers.{l}.self_attn.v_proj",
-        "model.decoder.layers.{l}.self_attn.out_proj",
-    ),
-    "gptj": Family(
-        transformers.AutoModelForCausalLM, "transformer.h.{l}.attn.v_proj", "transformer.h.{l}.attn.out_proj"
+        masked_lm=True,
     ),
 }
 
 
-@pytest.fixture(scope="module")
-def family_dir(request, tiny_bert_dir, tiny_gpt2_dir, tmp_path_factory):
-    kind = request.param
-    if kind == "bert":
-        return kind, tiny_bert_dir
-    if kind == "gpt2":
-        return kind, tiny_gpt2_dir
-    return kind, build_family(kind, tmp_path_factory.mktemp("families") / kind, tiny_gpt2_dir)
+def test_every_bridge_family_is_covered():
+    assert set(FAMILIES) == set(SUPPORTED)
 
 
-def _inputs(kind: str, directory: Path) -> tuple[torch.Tensor, torch.Tensor]:
-    """Two sequences of 7 and 5 tokens, the second right-padded (ids taken from the tokenizer)."""
+def _inputs(directory: Path) -> tuple[torch.Tensor, torch.Tensor]:
+    """Two sequences, the second shorter and right-padded (ids taken from the tokenizer)."""
     tok = transformers.AutoTokenizer.from_pretrained(directory)
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
     enc = tok(["the dog saw the cat and ran", "a man read a book"], padding=True, return_tensors="pt")
+    assert not enc["attention_mask"][1].all()  # the padding is there to be handled
     return enc["input_ids"], enc["attention_mask"]
 
 
@@ -148,28 +92,35 @@ class Reference:
 
     def __init__(self, kind: str, directory: Path):
         self.fam = FAMILIES[kind]
-        self.kind = kind
-        self.model = self.fam.auto.from_pretrained(directory, attn_implementation="eager").eval()
+        auto = transformers.AutoModelForMaskedLM if self.fam.masked_lm else transformers.AutoModelForCausalLM
+        self.model = auto.from_pretrained(directory, attn_implementation="eager").eval()
 
     def _module(self, path: str) -> torch.nn.Module:
         return self.model.get_submodule(path.format(l=LAYER))
 
+    def _head_values(self, v: torch.Tensor) -> torch.Tensor:
+        """Head HEAD's values [b, pos, d_head] from the value projection's output."""
+        b, t, width = v.shape
+        if self.fam.layout == "gpt2":
+            v = v[..., 2 * width // 3 :]
+        elif self.fam.layout == "neox":
+            v = v.view(b, t, N_HEADS, 3, -1)[:, :, :, 2].reshape(b, t, -1)
+        cfg = self.model.config
+        d_head = getattr(cfg, "head_dim", None) or cfg.hidden_size // N_HEADS
+        kv = v.view(b, t, -1, d_head)  # [b, pos, kv_head, d_head]: grouped queries share a kv head
+        return kv[:, :, HEAD // (N_HEADS // kv.shape[2])]
+
     def run(self, ids, mask, new_pattern=None, zero=False):
         """Logits, with head HEAD's pattern replaced by ``new_pattern(P)`` (or its z zeroed)."""
         store = {}
-        v_mod = self._module(self.fam.v_proj)
-        handles = [v_mod.register_forward_hook(lambda m, i, o: store.__setitem__("v", o))]
+        handle = self._module(self.fam.v_proj).register_forward_hook(lambda m, i, o: store.__setitem__("v", o))
         with torch.no_grad():
             out = self.model(input_ids=ids, attention_mask=mask, output_attentions=True)
-        for h in handles:
-            h.remove()
+        handle.remove()
         if new_pattern is None and not zero:
             return out.logits, out.attentions[LAYER]
-        v = store["v"]
-        d = v.shape[-1] // (3 if self.kind == "gpt2" else 1)
-        v = v[..., 2 * d :] if self.kind == "gpt2" else v
-        b, t, _ = v.shape
-        v_h = v.view(b, t, N_HEADS, -1)[:, :, HEAD]  # [b, pos, d_head]
+        v_h = self._head_values(store["v"])
+        b, t, _ = v_h.shape
         # [b, q, k] @ [b, k, d_head]
         z_h = torch.zeros_like(v_h) if zero else new_pattern(out.attentions[LAYER][:, HEAD]) @ v_h
 
@@ -220,12 +171,12 @@ def _close(a, b, mask):
     assert (a[keep] - b[keep]).abs().max().item() < 1e-5
 
 
-@pytest.mark.parametrize("family_dir", list(FAMILIES), indirect=True)
-def test_attention_edits_match_plain_transformers(family_dir):
-    kind, directory = family_dir
+@pytest.mark.parametrize("kind", SUPPORTED)
+def test_attention_edits_match_plain_transformers(kind, tiny_family_dir):
+    directory = tiny_family_dir(kind)
     model = load(str(directory), device="cpu")
     ref = Reference(kind, directory)
-    ids, mask = _inputs(kind, directory)
+    ids, mask = _inputs(directory)
     clean, attn = ref.run(ids, mask)
     _close(_bridge_logits(model, ids, mask), clean, mask)
     # reads: the captured pattern is the eager softmax; the scores are what it was taken of
@@ -266,7 +217,7 @@ def test_attention_edits_match_plain_transformers(family_dir):
 
 
 def test_pattern_edit_is_refused_where_it_would_be_ignored(tiny_gpt2_dir, tmp_path):
-    model = load(str(build_family("gptneo", tmp_path / "gptneo", tiny_gpt2_dir)), device="cpu")
+    model = load(str(build_gptneo(tmp_path / "gptneo", tiny_gpt2_dir)), device="cpu")
     ids = torch.tensor([[0, 5, 6, 7]])
     with (
         pytest.raises(ProbeError, match=r"edit blocks\.0\.attn\.hook_z .*instead"),
@@ -283,6 +234,26 @@ def test_pattern_edit_is_refused_where_it_would_be_ignored(tiny_gpt2_dir, tmp_pa
     with torch.no_grad(), capture(model, "blocks.0.attn.hook_z", lambda t, h: t * 0):
         edited = model.bridge(ids)
     assert (edited - clean).abs().max() > 1e-5
+
+
+def test_a_known_class_on_a_route_it_no_longer_takes_is_refused(tiny_family_dir, monkeypatch):
+    """GPT-J moved from ``_attn`` to the attention interface in transformers 5: a table that knows only
+    the route the installed class does not take (as the old one knew only ``_attn``) refuses the edit
+    before the pass, instead of rerouting a method nobody calls and ignoring the edit."""
+    from transformers.models.gptj.modeling_gptj import GPTJAttention
+
+    installed = eager_attention.route_of(GPTJAttention)
+    assert installed in ("interface", "method")
+    assert eager_attention.route_of(torch.nn.Linear) is None
+    other = "method" if installed == "interface" else "interface"
+    monkeypatch.setitem(eager_attention.KNOWN, "GPTJAttention", {other: True})
+    model = load(str(tiny_family_dir("gpt-j")), device="cpu")
+    for name in ("blocks.1.attn.hook_pattern", "blocks.0.attn.hook_attn_scores"):
+        with (
+            pytest.raises(ProbeError, match=r"GPTJAttention computes attention .*hook_z"),
+            capture(model, name, lambda t, h: t * 0),
+        ):
+            raise AssertionError("the refusal comes before the body")
 
 
 @pytest.mark.slow

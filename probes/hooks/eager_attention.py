@@ -7,14 +7,23 @@ the module has already used: an edit there changes the captured tensor but not t
 the attention product through a function that computes exactly what the module's eager attention
 computes, firing the bridge's own hooks where the tensors are used: the pre-softmax scores (mask
 added) through ``hook_attn_scores``, the softmax weights through ``hook_pattern`` before they
-multiply the values. Edits then act like ``z = pattern @ v``. A delegating module of any other
-family is left as it is; edits of those two hooks there are refused before any forward pass, naming
-``hook_z`` (the per-head output, which always takes effect).
+multiply the values. Edits then act like ``z = pattern @ v``.
+
+Which way a module computes its attention is read from the installed transformers, never assumed
+from a version: the names its ``forward`` uses (:func:`route_of`) tell whether it dispatches
+through the attention-function interface (``ALL_ATTENTION_FUNCTIONS`` keyed by
+``config._attn_implementation``) or calls its own ``_attn`` method. GPT-J, for one, called
+``_attn`` up to transformers 4.x and goes through the interface in 5.x. A module is rerouted only
+when its class is known (:data:`KNOWN`) and the route its installed ``forward`` takes is one we
+implement for that class; any other delegating module is left as it is, and edits of those two
+hooks there are refused before any forward pass, naming ``hook_z`` (the per-head output, which
+always takes effect).
 """
 
 from __future__ import annotations
 
 import copy
+import inspect
 import re
 import types
 import weakref
@@ -27,13 +36,19 @@ from torch.nn import functional as F
 from depthprobe.probes.base.errors import ProbeError
 
 INTERFACE = "depthprobe_eager"
-# Hugging Face attention classes whose eager attention is softmax(q k^T * scaling + mask) @ v,
-# dispatched through the attention-function interface (called with the module first).
-INTERFACE_CLASSES = frozenset({"BertSelfAttention", "RobertaSelfAttention", "OPTAttention"})
-# Classes whose attention product is the method ``_attn(query, key, value, attention_mask)``.
-METHOD_CLASSES = frozenset({"GPTJAttention"})
+# Hugging Face attention class -> {route: whether its eager scores are computed in float32}, for
+# the routes whose eager attention is softmax(q k^T * scaling + mask) @ v as implemented below.
+# "interface": dispatched through the attention-function interface (called with the module first);
+# "method": the method ``_attn(query, key, value, attention_mask)`` (GPT-J before transformers 5).
+KNOWN: dict[str, dict[str, bool]] = {
+    "BertSelfAttention": {"interface": False},
+    "RobertaSelfAttention": {"interface": False},
+    "OPTAttention": {"interface": False},
+    "GPTJAttention": {"interface": True, "method": True},
+}
 
 _BRIDGE: weakref.WeakKeyDictionary[torch.nn.Module, Any] = weakref.WeakKeyDictionary()
+_FLOAT32_SCORES: weakref.WeakKeyDictionary[torch.nn.Module, bool] = weakref.WeakKeyDictionary()
 _registered = False
 
 
@@ -46,6 +61,22 @@ def _delegates(attn: Any) -> bool:
         and type(attn).forward is AttentionBridge.forward
         and not getattr(attn.original_component, "accepts_pattern_fn", False)
     )
+
+
+def route_of(cls: type) -> str | None:
+    """How the installed ``cls.forward`` computes attention: "interface", "method" or None (neither).
+
+    Read from the names its code uses, so that it follows the installed transformers: the interface
+    is looked up in ``ALL_ATTENTION_FUNCTIONS`` by ``config._attn_implementation`` on each call.
+    """
+    forward = getattr(cls, "forward", None)
+    code = getattr(inspect.unwrap(forward), "__code__", None) if callable(forward) else None
+    names = set(code.co_names) if code is not None else set()
+    if {"ALL_ATTENTION_FUNCTIONS", "_attn_implementation"} <= names:
+        return "interface"
+    if "_attn" in names:
+        return "method"
+    return None
 
 
 def _finish(bridge: Any, scores: torch.Tensor, value: torch.Tensor, p: float, training: bool) -> torch.Tensor:
@@ -70,6 +101,8 @@ def _interface_attention(
     # query/key/value: [batch, head, pos, d_head]
     if scaling is None:
         scaling = query.size(-1) ** -0.5
+    if _FLOAT32_SCORES.get(module, False):  # GPT-J: q k^T in float32 against overflow
+        query, key = query.to(torch.float32), key.to(torch.float32)
     scores = torch.matmul(query, key.transpose(-1, -2)) * scaling
     if attention_mask is not None:
         scores = scores + attention_mask[:, :, :, : key.shape[-2]]
@@ -111,18 +144,22 @@ def install(bridge: Any) -> None:
         if attn is None or not _delegates(attn):
             continue
         for module in attn.original_component.modules():
-            kind = type(module).__name__
-            if kind in INTERFACE_CLASSES:
+            routes = KNOWN.get(type(module).__name__, {})
+            route = route_of(type(module))
+            if route is None or route not in routes:
+                continue
+            if route == "interface":
                 _register()
                 if config_copy is None:  # one copy per model: only these modules use the eager function
                     config_copy = copy.copy(module.config)
                     config_copy._attn_implementation_internal = INTERFACE
+                if getattr(config_copy, "_attn_implementation", None) != INTERFACE:
+                    continue  # this transformers reads the implementation elsewhere: leave it, refuse edits
                 module.config = config_copy
-            elif kind in METHOD_CLASSES:
-                module._attn = types.MethodType(_method_attention, module)
             else:
-                continue
+                module._attn = types.MethodType(_method_attention, module)
             _BRIDGE[module] = attn
+            _FLOAT32_SCORES[module] = routes[route]
             attn._depthprobe_eager = True
             break
     bridge._depthprobe_eager_attention = True
