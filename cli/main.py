@@ -232,7 +232,7 @@ def run(
     max_params: int | None = typer.Option(None, "--max-params", help="Refuse models with more parameters than this."),
     backend: str = typer.Option("local", "--backend", help="local, or ray: shard the batches over Ray workers."),
     workers: int | None = typer.Option(
-        None, "--workers", help="Ray workers (--backend ray; default: the cluster's CPU count)."
+        None, "--workers", help="Ray workers (--backend ray; default: as many as fit, each on this machine's threads)."
     ),
     address: str | None = typer.Option(
         None, "--address", help="Ray cluster: auto or HOST:PORT (--backend ray; default: start a local instance)."

@@ -17,16 +17,19 @@ from helpers import run_python
 
 from depthprobe import probes
 from depthprobe.probes.base.errors import ProbeError
-from depthprobe.probes.base.runtime import seed_everything
+from depthprobe.probes.base.runtime import seed_everything, torch_threads
 from depthprobe.probes.engine import distributed
 from depthprobe.probes.engine.distributed import JobResult, map_jobs, pack_state, plan_shards, unpack_state
 from depthprobe.probes.engine.execute import accumulate, execute
-from depthprobe.probes.engine.task import Context, Output, RunConfig, Task, get_task
+from depthprobe.probes.engine.task import Context, Examples, NoOptions, Output, RunConfig, Task, get_task
 from depthprobe.probes.models import variant_net, variants
 from depthprobe.probes.models.loading import load
 from depthprobe.probes.models.model import NativeConfig
 
 REPO = Path(__file__).resolve().parent.parent
+# Sharded and local runs do the same float32 work per batch (workers run the driver's torch thread
+# count: test_workers_run_the_drivers_thread_count), but the merge adds float64 shard sums in another
+# grouping than one running sum: last-bit differences (3e-17 measured), far inside TOL (docs/distributed.md).
 TOL = 1e-9
 # ----------------------------------------------------------------------------- comparing outputs
 
@@ -277,8 +280,9 @@ def ray_local():
     ],
 )
 def test_sharded_run_equals_the_local_run(ray_local, task, options, tmp_path):
-    local = probes.run("minilm", task, **options)
-    sharded = probes.run("minilm", task, backend="ray", workers=2, **options)
+    with torch_threads(2):  # the instance's 2 CPUs: each worker runs as many threads as the driver (2)
+        local = probes.run("minilm", task, **options)
+        sharded = probes.run("minilm", task, backend="ray", workers=2, **options)
     assert sharded.config["backend"] == "ray" and sharded.config["workers"] == 2
     assert local.config["backend"] == "local" and local.config["workers"] == 1
     assert sharded.counts == local.counts and local.counts["batches"] >= 2
@@ -291,6 +295,57 @@ def test_sharded_run_equals_the_local_run(ray_local, task, options, tmp_path):
     assert sorted(p.relative_to(a).as_posix() for p in a.rglob("*")) == sorted(
         p.relative_to(b).as_posix() for p in b.rglob("*")
     )
+
+
+class ThreadSums(Task[NoOptions, list]):
+    """Per batch, a float32 sum of 2**21 numbers drawn from the batch's embeddings: torch splits such
+    a sum across its threads, so its last bits depend on the thread count."""
+
+    name = "thread-sums"
+    description = "float32 sums whose rounding depends on torch's thread count"
+
+    def load(self, model, ctx):
+        return Examples([[1 + (i * 7 + j) % 40 for j in range(3 + i % 5)] for i in range(12)])
+
+    def hook_names(self, model, ctx):
+        return ["hook_embed"]
+
+    def start(self, model, ctx, examples):
+        return []
+
+    def accumulate(self, state, batch, acts):
+        seed = int((acts["hook_embed"].abs().sum() * 1e6).item())
+        big = torch.randn(2**21, generator=torch.Generator().manual_seed(seed))
+        state.append(big.sum().item())
+
+    def merge(self, a, b):
+        return a + b
+
+    def finalize(self, state, ctx):
+        return Output(pd.DataFrame({"value": state}), pd.DataFrame())
+
+
+@pytest.mark.slow
+def test_workers_run_the_drivers_thread_count(ray_local):
+    """A sharded run of work whose float32 results depend on the thread count equals the local run
+    bit for bit: each worker runs torch on the driver's threads (here 2, the instance's CPUs)."""
+    spec = "native:layers=1,d_model=16,heads=2,d_vocab=48,n_ctx=16,seed=0"
+    model, task = load(spec, device="cpu"), ThreadSums()
+    ctx = Context(config=RunConfig(model=spec, task=task.name, batch_size=3), options=NoOptions())
+    examples = task.load(model, ctx)
+    by_threads = {}
+    for n in (1, 2):
+        with torch_threads(n), torch.no_grad():
+            by_threads[n] = execute(task, model, ctx, examples)[0].scores["value"].tolist()
+    if by_threads[1] == by_threads[2]:
+        pytest.skip("this torch build sums 2**21 floats the same on 1 and 2 threads: nothing to tell apart")
+    with torch_threads(2):
+        assert distributed.shard_threads(ray_local, 0) == 2
+        out, n_batches, n_workers = distributed.run_sharded(
+            task, model, ctx, examples, spec=spec, dtype=torch.float32, workers=2
+        )
+    assert n_batches == 4 and n_workers == 2
+    assert out.scores["value"].tolist() == by_threads[2]
 
 
 @pytest.mark.slow

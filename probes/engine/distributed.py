@@ -8,7 +8,9 @@ functions here that need it, so the local backend never imports it.
   exactly as a local run would; each worker loads the model by name, starts a state over all the
   examples, accumulates one contiguous run of the batches and sends back its state (tensors on the
   CPU; the model reference stays behind). The driver merges the states in batch order
-  (:meth:`Task.merge`) and finalizes once. No attention map leaves a worker.
+  (:meth:`Task.merge`) and finalizes once. No attention map leaves a worker. A worker runs torch on
+  the driver's CPU thread count (:func:`shard_threads`), and reserves as many CPUs: torch splits
+  large float32 reductions by thread, so another count would round them differently.
 - :func:`map_jobs` runs ``fn(job)`` for every job: locally in order, locally in parallel spawned
   processes (``processes``), or as Ray tasks with the given resources; one retry loop serves all
   three, each job reports to ``on_done`` as it finishes, and a failure comes back as data (its one
@@ -31,6 +33,7 @@ from typing import Any
 import torch
 
 from depthprobe.probes.base.errors import ProbeError, suggest
+from depthprobe.probes.base.runtime import torch_threads
 from depthprobe.probes.engine.execute import accumulate, batch_costs
 from depthprobe.probes.engine.ray_cluster import check_feasible, cluster_cpus, ray_session, require_ray
 from depthprobe.probes.engine.task import Context, Examples, Output, Task
@@ -38,7 +41,7 @@ from depthprobe.probes.models.model import Model
 
 __all__ = [
     "BACKENDS", "JobResult", "check_backend", "check_jobs", "check_member_backend", "local_slots", "map_jobs",
-    "run_sharded",
+    "run_sharded", "shard_threads",
 ]  # fmt: skip
 
 BACKENDS = ("local", "ray")
@@ -300,6 +303,7 @@ class Shard:
     ctx: Context
     examples: Any
     batches: range
+    threads: int = 1  # torch CPU threads: the driver's (see shard_threads)
 
 
 def plan_shards(costs: Sequence[int], workers: int) -> list[range]:
@@ -364,9 +368,19 @@ def run_shard(shard: Shard) -> tuple[bytes, int]:
     examples = ray.get(shard.examples) if isinstance(shard.examples, ray.ObjectRef) else shard.examples
     seed_everything(shard.ctx.config.seed)
     model = load(shard.model, device=shard.ctx.config.device, dtype=shard.dtype)
-    with torch.no_grad():
+    with torch.no_grad(), torch_threads(shard.threads):
         state, n = accumulate(shard.task, model, shard.ctx, examples, batches=shard.batches)
     return pack_state(state, model), n
+
+
+def shard_threads(ray: Any, gpus: float) -> int:
+    """Torch threads for each worker of a sharded run, and the CPUs it reserves: the driver's own
+    thread count (what a local run uses), so that every float32 sum of a batch splits across
+    threads, and rounds, as in the local run; at most the CPUs of the largest live node with the
+    GPUs a worker needs (on a smaller node the worker would never start)."""
+    nodes = [n.get("Resources", {}) for n in ray.nodes() if n.get("Alive")]
+    largest = max((int(r.get("CPU", 0)) for r in nodes if r.get("GPU", 0) >= gpus), default=1)
+    return max(1, min(torch.get_num_threads(), largest))
 
 
 def run_sharded(
@@ -383,7 +397,8 @@ def run_sharded(
 ) -> tuple[Output, int, int]:
     """``task`` over ``examples`` on Ray workers; returns its output, the batch count and the
     number of workers used. ``model`` is the driver's copy (it finalizes); ``spec`` is what each
-    worker loads. A worker gets one GPU when the driver's model is on CUDA, else one CPU."""
+    worker loads. A worker gets one GPU when the driver's model is on CUDA, and the CPUs of
+    :func:`shard_threads`; by default there are as many workers as such shares fit the cluster."""
     if not type(task).can_merge():
         raise ProbeError(f"task {task.name!r} defines no merge step, so it cannot run sharded; use --backend local")
     if workers is not None and workers < 1:
@@ -391,21 +406,22 @@ def run_sharded(
     batches = list(task.batches(model, examples, ctx))
     costs, sizes = batch_costs(batches), [len(b.items) for b in batches]
     del batches
+    gpus = 1 if model.device.type == "cuda" else 0
     with ray_session(address) as ray:
-        n_workers = workers or cluster_cpus(ray)
+        threads = shard_threads(ray, gpus)
+        n_workers = workers or max(1, cluster_cpus(ray) // threads)
         shards = plan_shards(costs, n_workers)
         if not shards:  # a task whose work is all in finalize (no batches): nothing to shard
             return task.finalize(task.start(model, ctx, examples), ctx), 0, 0
         ref = ray.put(examples)
-        jobs = [Shard(task, spec, dtype, ctx, ref, r) for r in shards]
+        jobs = [Shard(task, spec, dtype, ctx, ref, r, threads) for r in shards]
 
         def done(i: int, result: JobResult) -> None:
             if on_examples is not None and result.ok:
                 on_examples(sum(sizes[j] for j in shards[i]))
 
-        gpus = 1 if model.device.type == "cuda" else 0
-        check_feasible(ray, 1, gpus, "run with --device cpu or add a node with a GPU")
-        results = _drive(_OnRay(ray, run_shard, jobs, 1, gpus, 0), len(jobs), 0, done)
+        check_feasible(ray, threads, gpus, "run with --device cpu or add a node with a GPU")
+        results = _drive(_OnRay(ray, run_shard, jobs, threads, gpus, 0), len(jobs), 0, done)
     for r in results:
         if not r.ok:
             raise ProbeError(f"shard {r.index + 1} of {len(shards)} failed on its worker: {r.error}")
