@@ -1,13 +1,20 @@
 #!/usr/bin/env bash
 # Test what users install: build a wheel from this checkout, check that it carries every file of
 # probes/, tasks/ and cli/, install it (not editable) into a new, clean virtual environment and
-# run the smoke checks from outside the repository.
-#   usage: scripts/wheel-smoke.sh [WORKDIR]   (default: build/wheel-smoke; PYTHON and TORCH as in the Makefile)
+# run the smoke checks from outside the repository. The dependencies are the locked versions
+# (LOCK, default constraints.txt; LOCK= installs from pyproject.toml's ranges alone).
+#   usage: scripts/wheel-smoke.sh [WORKDIR]   (default: build/wheel-smoke; PYTHON, TORCH, LOCK as in the Makefile)
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 WORK="$(mkdir -p "${1:-$ROOT/build/wheel-smoke}" && cd "${1:-$ROOT/build/wheel-smoke}" && pwd)"
 PYTHON="${PYTHON:-python3}"
 TORCH="${TORCH:-torch==2.13.0}"
+LOCK="${LOCK-constraints.txt}"
+PIN=()
+if [ -n "$LOCK" ]; then
+    case "$LOCK" in /*) ;; *) LOCK="$ROOT/$LOCK" ;; esac
+    PIN=(-c "$LOCK")
+fi
 export HF_HUB_OFFLINE="${HF_HUB_OFFLINE:-1}" TOKENIZERS_PARALLELISM=false
 
 rm -rf "$WORK/dist" "$WORK/venv" "$WORK/outside"
@@ -33,8 +40,8 @@ if missing:
 print(f"wheel-smoke: all {len(tracked)} files of probes/, tasks/, cli/ are in the wheel")
 PY
 
-"$PIP" install --quiet "$TORCH"
-"$PIP" install --quiet "$WHEEL"
+"$PIP" install --quiet "${PIN[@]}" "$TORCH"
+"$PIP" install --quiet "${PIN[@]}" "$WHEEL"
 mkdir -p "$WORK/outside"
 cd "$WORK/outside"   # nothing of the repository on the path from here on
 BIN="$WORK/venv/bin"
