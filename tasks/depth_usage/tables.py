@@ -74,9 +74,8 @@ def summary_table(means: dict[str, torch.Tensor], n_layers: int) -> pd.DataFrame
 
 def finish(means: dict[str, torch.Tensor], model: Model, ctx: Context[Any], tokens: int, texts: int) -> Output:
     """The task's Output from the means over tokens."""
-    scores = tidy(score_rows(means), ctx.config.model, "depth-usage")
-    for col in ("head", *SKIP_COLUMNS):
-        scores[col] = (scores[col] if col in scores else pd.Series([None] * len(scores))).astype("Int64")
+    rows = [{"head": None, **dict.fromkeys(SKIP_COLUMNS), **r} for r in score_rows(means)]
+    scores = tidy(rows, ctx.config.model, "depth-usage").astype({c: "Int64" for c in ("head", *SKIP_COLUMNS)})
     L = model.info.n_layers
     metric, effect = output_effect(means)
     headline: dict[str, Any] = {"n_texts": texts, "n_tokens": tokens, "n_layers": L}
@@ -141,7 +140,9 @@ def plots(means: dict[str, torch.Tensor]) -> dict[str, str]:
         m = means["skip_later"].numpy().copy()  # [skipped, later]
         L = m.shape[0]
         m[np.tril_indices(L)] = math.nan  # only later blocks j > s are defined
-        out["skip_later"] = heatmap_svg(m, list(range(L)), list(range(L)), row_title="skipped", col_title="later")
+        if L > 1:  # rows: skipped 0..L-2, columns: later 1..L-1
+            rows, cols = list(range(L - 1)), list(range(1, L))
+            out["skip_later"] = heatmap_svg(m[:-1, 1:], rows, cols, row_title="skipped block", col_title="later block")
     if "lens_kl" in means:
         out["lens"] = chart_svg(
             [_series(m, means[m]) for m in PER_RESIDUAL],
