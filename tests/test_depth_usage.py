@@ -230,3 +230,14 @@ def _bert_reference(bert, rows):
             return self.bert(input_ids=input_ids, output_hidden_states=output_hidden_states)
 
     return reference(Wrap(), rows, lm_head=False)
+
+
+def test_sharded_halves_merge_to_the_whole_run(tiny_gpt2, tmp_path):
+    """Two halves of the batches, each state pickled as a worker's is, merged: the whole run's output."""
+    from test_distributed import assert_same_output, whole_and_merged
+
+    data = tmp_path / "texts.txt"
+    data.write_text("\n".join(TEXTS) + "\n")
+    whole, merged, n = whole_and_merged(tiny_gpt2, "depth-usage", data, batch_size=1)
+    assert n == len(TEXTS)
+    assert_same_output(whole, merged)

@@ -73,3 +73,12 @@ def test_skipped_layer_accuracy_refuses_an_evaluate_that_bypasses_hooks(native, 
         skipped_layer_accuracy(native, lambda: 0.5, [0])  # type: ignore[arg-type, return-value]
     with pytest.raises(ProbeError, match="block 7 does not exist"):
         skipped_layer_accuracy(native, fast, [7])
+
+
+def test_a_checkpoint_gives_the_same_tables(native, levels, tmp_path):
+    probes.save_checkpoint(native, tmp_path / "ckpt")
+    loaded = probes.load_checkpoint(tmp_path / "ckpt", device="cpu")
+    a = depth_usage_tables(native, levels[2], member="m").drop(columns="model")
+    b = depth_usage_tables(loaded, levels[2], member="m").drop(columns="model")
+    assert a[["layer", "metric"]].equals(b[["layer", "metric"]])
+    torch.testing.assert_close(torch.tensor(a.value.to_numpy()), torch.tensor(b.value.to_numpy()))

@@ -42,7 +42,6 @@ Options = DepthUsageOptions  # tasks/cards.py: the options, readable without imp
 class State:
     model: Model
     options: Options
-    head: Readout | None  # the model's head on any residual (None: no unembedding)
     sums: dict[str, torch.Tensor] = field(default_factory=dict)  # metric -> float64 sums over tokens
     tokens: int = 0
     texts: int = 0
@@ -84,7 +83,7 @@ class DepthUsage(Task[Options, State]):
         return names
 
     def start(self, model: Model, ctx: Context[Options], examples: Examples) -> State:
-        return State(model=model, options=ctx.options, head=readout(model))
+        return State(model=model, options=ctx.options)
 
     def accumulate(self, state: State, batch: Batch, acts: Captured) -> None:
         model, L = state.model, state.model.info.n_layers
@@ -100,8 +99,9 @@ class DepthUsage(Task[Options, State]):
                 pairs = [depth.contribution_sums(acts[p[0][1]], acts[p[0][2]], mask) for p in parts]
                 sums[f"{kind}_relative_contribution"], sums[f"{kind}_cosine"] = _pairs(pairs)
         logits = acts.get("logits")
-        if state.head is not None and logits is not None and state.options.lens:
-            sums.update(_lens_sums(state, h, logits, mask))
+        head = readout(model) if logits is not None and state.options.lens else None
+        if head is not None and logits is not None:
+            sums.update(_lens_sums(state, head, h, logits, mask))
         if state.options.skips:
             sums.update(_skip_sums(state, batch, h, logits, mask))
         state.sums = add_sums(state.sums, sums)
@@ -126,11 +126,9 @@ def _pairs(pairs: list[tuple[float, float]]) -> tuple[torch.Tensor, torch.Tensor
 
 
 def _lens_sums(
-    state: State, h: list[torch.Tensor], logits: torch.Tensor, mask: torch.Tensor
+    state: State, head: Readout, h: list[torch.Tensor], logits: torch.Tensor, mask: torch.Tensor
 ) -> dict[str, torch.Tensor]:
     """Logit lens on h_0 .. h_L: sums of KL(final || lens_l) and of top-1 agreement."""
-    head = state.head
-    assert head is not None
     if not state.checked:
         check_readout(state.model, head, h[-1], logits)
         state.checked = True
