@@ -82,3 +82,20 @@ def test_a_checkpoint_gives_the_same_tables(native, levels, tmp_path):
     b = depth_usage_tables(loaded, levels[2], member="m").drop(columns="model")
     assert a[["layer", "metric"]].equals(b[["layer", "metric"]])
     torch.testing.assert_close(torch.tensor(a.value.to_numpy()), torch.tensor(b.value.to_numpy()))
+
+
+def test_depth_alignment_of_a_model_with_itself_is_the_diagonal():
+    from depthprobe.probes.api.depth_usage import depth_alignment
+
+    a = probes.load("native:layers=2,d_model=16,heads=4,attn_only=false,d_vocab=20,n_ctx=32,seed=1", device="cpu")
+    b = probes.load("native:layers=4,d_model=16,heads=4,attn_only=false,d_vocab=20,n_ctx=32,seed=2", device="cpu")
+    ids = torch.randint(0, 20, (20, 16), generator=torch.Generator().manual_seed(0))
+    same = depth_alignment(a, a, ids)
+    assert len(same) == 3 * 3
+    diag = same[same.shallow_layer == same.deep_layer]
+    assert diag.r2.min() > 1 - 1e-6 and diag.best.all()  # h_i maps onto itself exactly
+    other = depth_alignment(a, b, ids)
+    assert len(other) == 3 * 5 and (other.r2 < 1 - 1e-3).any() and other.groupby("shallow_layer").best.sum().eq(1).all()
+    assert other.relative_deep.max() == 1.0
+    with pytest.raises(ProbeError, match="token ids"):
+        depth_alignment(a, b, ids[0])

@@ -5,7 +5,10 @@
 - :func:`skipped_layer_accuracy`: for law members, the accuracy per task level with each single
   block skipped, from an ``evaluate`` callable the family passes (the causal complement of the
   hop-attention table). The skip is checked to have reached the model: an ``evaluate`` that runs a
-  path without hook points (the training fast path) would measure the intact model, and is refused.
+  path without hook points (the training fast path) would measure the intact model, and is refused;
+- :func:`depth_alignment`: which residual of a deeper member each residual of a shallower one
+  maps to best by a least-squares affine map, scored on held-out sequences (Csordás et al.'s test
+  across depths).
 """
 
 from __future__ import annotations
@@ -19,8 +22,9 @@ import torch
 from depthprobe.probes.api.run import run
 from depthprobe.probes.base.errors import ProbeError
 from depthprobe.probes.data.memory import Text
-from depthprobe.probes.hooks.capture import HookFn, capture
-from depthprobe.probes.hooks.depth import parse_layers, skip_edits
+from depthprobe.probes.hooks.capture import HookFn, capture, forward
+from depthprobe.probes.hooks.depth import parse_layers, resid_names, skip_edits
+from depthprobe.probes.measures import depth as measures_depth
 from depthprobe.probes.models.model import Model
 
 Evaluate = Callable[[], Mapping[Any, float]]  # task level (k, T, ...) -> accuracy, on the model as it is now
@@ -95,3 +99,48 @@ def _counted(edits: dict[str, HookFn], fired: list[int]) -> dict[str, HookFn]:
         return hook
 
     return {n: wrap(f) if n.endswith("hook_resid_post") else f for n, f in edits.items()}
+
+
+def depth_alignment(
+    shallow: Model, deep: Model, data: torch.Tensor, *, fit_fraction: float = 0.5, batch_size: int = 32
+) -> pd.DataFrame:
+    """Csordás et al.'s test across depths: for every residual h_i of ``shallow`` and h_j of
+    ``deep`` (0 = embeddings), the held-out R^2 of the least-squares affine map h_i -> h_j, fitted
+    on the tokens of the first ``fit_fraction`` of the sequences of ``data`` (token ids [example,
+    pos], read by both models) and scored on the rest. Columns: ``shallow_layer, deep_layer, r2,
+    best`` (whether j is the deep residual h_i maps to best), ``relative_shallow, relative_deep``
+    (i / L_shallow, j / L_deep: where on the depth axis each sits)."""
+    ids = torch.as_tensor(data)
+    if ids.dim() != 2 or ids.is_floating_point() or ids.shape[0] < 2:
+        raise ProbeError("depth_alignment needs token ids [example, pos] with at least 2 examples, read by both models")
+    if not 0 < fit_fraction < 1:
+        raise ProbeError(f"fit_fraction must be in (0, 1), got {fit_fraction}")
+    cut = min(max(1, round(ids.shape[0] * fit_fraction)), ids.shape[0] - 1)
+    xs, ys = _residuals(shallow, ids, batch_size), _residuals(deep, ids, batch_size)
+    n_fit = cut * ids.shape[1]  # tokens of the fitted sequences (no padding: every row is whole)
+    rows = [
+        {
+            "shallow_layer": i,
+            "deep_layer": j,
+            "r2": measures_depth.linear_map_r2(x[:n_fit], y[:n_fit], x[n_fit:], y[n_fit:]),
+        }
+        for i, x in enumerate(xs)
+        for j, y in enumerate(ys)
+    ]
+    table = pd.DataFrame(rows)
+    best = table.loc[table.groupby("shallow_layer")["r2"].idxmax(), ["shallow_layer", "deep_layer"]]
+    table["best"] = table.set_index(["shallow_layer", "deep_layer"]).index.isin(list(map(tuple, best.to_numpy())))
+    table["relative_shallow"] = table.shallow_layer / shallow.info.n_layers
+    table["relative_deep"] = table.deep_layer / deep.info.n_layers
+    return table
+
+
+def _residuals(model: Model, ids: torch.Tensor, batch_size: int) -> list[torch.Tensor]:
+    """h_0 .. h_L of every token of ``ids``, each [n_tokens, d_model] on the CPU, rows in order."""
+    names = resid_names(model.info.n_layers)
+    parts: list[list[torch.Tensor]] = [[] for _ in names]
+    for chunk in ids.split(batch_size):
+        acts = forward(model, chunk, None, names)
+        for k, n in enumerate(names):
+            parts[k].append(acts[n].float().reshape(-1, acts[n].shape[-1]).cpu())  # [b * pos, d]
+    return [torch.cat(p) for p in parts]

@@ -56,3 +56,16 @@ def kl_top1_sums(p_logits: Logits, q_logits: Logits, mask: Tensor) -> tuple[floa
     kl = (logp.exp() * (logp - logq)).sum(-1).double()  # [batch, pos]
     agree = (p_logits.argmax(-1) == q_logits.argmax(-1)).double()
     return float(_masked_sum(kl, mask)), float(_masked_sum(agree, mask))
+
+
+def linear_map_r2(x_fit: Tensor, y_fit: Tensor, x_test: Tensor, y_test: Tensor) -> float:
+    """R^2 on held-out tokens of the least-squares affine map x -> y fitted on other tokens
+    (x [n, d_x], y [n, d_y]): 1 - sum of squared errors / sum of squares around the test mean of y,
+    summed over the output dimensions (1: y is an affine function of x; 0: no better than the mean)."""
+    xf, yf = x_fit.double(), y_fit.double()
+    mx, my = xf.mean(0), yf.mean(0)
+    w = torch.linalg.lstsq(xf - mx, yf - my, driver="gelsd").solution  # [d_x, d_y]
+    pred = (x_test.double() - mx) @ w + my
+    yt = y_test.double()
+    sst = ((yt - yt.mean(0)) ** 2).sum()
+    return float(1.0 - ((yt - pred) ** 2).sum() / sst) if sst > 0 else float("nan")
