@@ -2,7 +2,8 @@
 adds to the residual stream, and of how the rest of the model changes when a block is skipped.
 
 Every function returns the *sum* over the real tokens (``mask`` [batch, pos], 1 = real) of a
-per-token value, in float64, so that a run adds batches and divides by the token count once.
+per-token value, a float64 scalar tensor on the inputs' device (no synchronisation per value), so
+that a run adds batches and divides by the token count once.
 A norm of zero in a denominator gives 0 (0 / 0: a zero vector changed by nothing), and the
 cosine with a zero vector is 0.
 """
@@ -30,32 +31,32 @@ def _masked_sum(values: Tensor, mask: Tensor) -> Tensor:
     return (values * mask.to(values.dtype)).sum()
 
 
-def contribution_sums(added: Resid, base: Resid, mask: Tensor) -> tuple[float, float]:
+def contribution_sums(added: Resid, base: Resid, mask: Tensor) -> tuple[Tensor, Tensor]:
     """Sums over tokens of ||c|| / ||h|| and cos(c, h): ``added`` = c (a block's or sublayer's
     output added to the stream), ``base`` = h (the residual it is added to)."""
     c, h = added.double(), base.double()
     rel = _ratio(c.norm(dim=-1), h.norm(dim=-1))  # [batch, pos]
-    return float(_masked_sum(rel, mask)), float(_masked_sum(_cos(c, h), mask))
+    return _masked_sum(rel, mask), _masked_sum(_cos(c, h), mask)
 
 
-def relative_change_sum(changed: Resid, original: Resid, mask: Tensor) -> float:
+def relative_change_sum(changed: Resid, original: Resid, mask: Tensor) -> Tensor:
     """Sum over tokens of ||c' - c|| / ||c||: how much a later block's contribution moved."""
     c2, c = changed.double(), original.double()
-    return float(_masked_sum(_ratio((c2 - c).norm(dim=-1), c.norm(dim=-1)), mask))
+    return _masked_sum(_ratio((c2 - c).norm(dim=-1), c.norm(dim=-1)), mask)
 
 
-def cosine_distance_sum(changed: Resid, original: Resid, mask: Tensor) -> float:
+def cosine_distance_sum(changed: Resid, original: Resid, mask: Tensor) -> Tensor:
     """Sum over tokens of 1 - cos(h', h) (the final residual of an encoder without an unembedding)."""
-    return float(_masked_sum(1.0 - _cos(changed.double(), original.double()), mask))
+    return _masked_sum(1.0 - _cos(changed.double(), original.double()), mask)
 
 
-def kl_top1_sums(p_logits: Logits, q_logits: Logits, mask: Tensor) -> tuple[float, float]:
+def kl_top1_sums(p_logits: Logits, q_logits: Logits, mask: Tensor) -> tuple[Tensor, Tensor]:
     """Sums over tokens of KL(p || q) (nats) and of [argmax p == argmax q]; p, q from logits."""
     logp = torch.log_softmax(p_logits.float(), -1)
     logq = torch.log_softmax(q_logits.float(), -1)
     kl = (logp.exp() * (logp - logq)).sum(-1).double()  # [batch, pos]
     agree = (p_logits.argmax(-1) == q_logits.argmax(-1)).double()
-    return float(_masked_sum(kl, mask)), float(_masked_sum(agree, mask))
+    return _masked_sum(kl, mask), _masked_sum(agree, mask)
 
 
 def linear_map_r2(x_fit: Tensor, y_fit: Tensor, x_test: Tensor, y_test: Tensor) -> float:

@@ -119,9 +119,9 @@ class DepthUsage(Task[Options, State]):
         return finish(means, state.model, ctx, state.tokens, state.texts)
 
 
-def _pairs(pairs: list[tuple[float, float]]) -> tuple[torch.Tensor, torch.Tensor]:
-    """[(a_0, b_0), (a_1, b_1), ...] -> (tensor of a, tensor of b), float64."""
-    t = torch.tensor(pairs, dtype=torch.float64)  # [n, 2]
+def _pairs(pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """[(a_0, b_0), (a_1, b_1), ...] of scalar tensors -> (a, b) as float64 CPU vectors (one copy)."""
+    t = torch.stack([torch.stack(p) for p in pairs]).double().cpu()  # [n, 2]
     return t[:, 0], t[:, 1]
 
 
@@ -145,8 +145,8 @@ def _skip_sums(
     [s, j], NaN-free zeros elsewhere), 1 - cos(h_L', h_L), and with logits KL(p || p') and top-1."""
     model, L = state.model, state.model.info.n_layers
     names = resid_names(L)
-    later = torch.zeros(L, L, dtype=torch.float64)
-    out = torch.zeros(L, 3, dtype=torch.float64)  # skip_output, skip_kl, skip_top1
+    later = torch.zeros(L, L, dtype=torch.float64, device=model.device)
+    out = torch.zeros(L, 3, dtype=torch.float64, device=model.device)  # skip_output, skip_kl, skip_top1
     keep: dict[str, HookFn] = dict.fromkeys(names, _keep)
     for s in range(L):
         acts = forward(
@@ -158,6 +158,7 @@ def _skip_sums(
         out[s, 0] = depth.cosine_distance_sum(h2[-1], h[-1], mask)
         if logits is not None:
             out[s, 1], out[s, 2] = depth.kl_top1_sums(logits, acts["logits"].float(), mask)
+    later, out = later.cpu(), out.cpu()
     sums = {"skip_later": later, "skip_output": out[:, 0]}
     if logits is not None:
         sums.update(skip_kl=out[:, 1], skip_top1=out[:, 2])
