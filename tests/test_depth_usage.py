@@ -22,6 +22,7 @@ TEXTS = [
     "john gave mary a red car",
 ]
 PER_BLOCK = ("relative_contribution", "cosine", "skip_output", "skip_kl", "skip_top1")
+SUBLAYER_METRICS = ("attn_relative_contribution", "attn_cosine", "mlp_relative_contribution", "mlp_cosine")
 
 
 def _ids(model_dir: Path, causal: bool) -> list[list[int]]:
@@ -88,7 +89,7 @@ def _check_against_reference(model_dir: Path, causal: bool) -> None:
     assert ref["skip_kl"].max() > 0.01 and ref["lens_kl"][0] > 0.1 and ref["skip_top1"].min() < 1  # not flat
     for batch_size in (1, 3):  # a batch of one, and padded batches
         res = probes.run(model, "depth-usage", data=TEXTS, batch_size=batch_size)
-        for metric in (*PER_BLOCK, "lens_kl", "lens_top1"):
+        for metric in (*PER_BLOCK, "lens_kl", "lens_top1", *(SUBLAYER_METRICS if causal else ())):
             torch.testing.assert_close(_values(res.scores, metric), ref[metric], atol=1e-4, rtol=0, msg=metric)
         L = len(ref["cosine"])
         torch.testing.assert_close(_later(res.scores, L), ref["skip_later"], atol=1e-4, rtol=0)

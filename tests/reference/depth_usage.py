@@ -25,6 +25,28 @@ def _head(hf: Any, h: torch.Tensor) -> torch.Tensor:
     return hf.lm_head(hf.transformer.ln_f(h))
 
 
+def _sublayers(hf: Any, ids: torch.Tensor) -> dict[str, list[torch.Tensor]]:
+    """GPT-2 (pre-LN): each block's attention and MLP outputs, [T, d] float64, read by hooks on
+    ``h[l].attn`` and ``h[l].mlp``."""
+    got: dict[str, list[torch.Tensor]] = {"attn": [], "mlp": []}
+    handles = []
+    for layer in hf.transformer.h:
+        for kind in ("attn", "mlp"):
+            out = got[kind]
+            handles.append(
+                getattr(layer, kind).register_forward_hook(
+                    lambda m, a, o, out=out: out.append((o[0] if isinstance(o, tuple) else o)[0].double())
+                )
+            )
+    try:
+        with torch.no_grad():
+            hf(input_ids=ids)
+    finally:
+        for h in handles:
+            h.remove()
+    return got
+
+
 def _pass(hf: Any, ids: torch.Tensor, skip: int | None) -> tuple[list[torch.Tensor], torch.Tensor | None]:
     """One text [1, T]: (h_0..h_L as [T, d] float64, logits [T, vocab] float64 or None without a head)."""
     outs: list[torch.Tensor] = []
@@ -70,7 +92,7 @@ def _kl_top1(p: torch.Tensor, q: torch.Tensor) -> tuple[torch.Tensor, torch.Tens
 def depth_usage(hf: Any, texts: Sequence[list[int]], lm_head: bool) -> dict[str, torch.Tensor]:
     """Means over every token of every text: relative_contribution [L], cosine [L], skip_later
     [L, L] (j > s), skip_output [L], and with ``lm_head`` skip_kl, skip_top1 [L], lens_kl,
-    lens_top1 [L + 1]."""
+    lens_top1 [L + 1]; GPT-2 also attn_/mlp_relative_contribution and attn_/mlp_cosine [L]."""
     hf.eval()
     L = len(_layers(hf))
     sums: dict[str, torch.Tensor] = {}
@@ -85,6 +107,11 @@ def depth_usage(hf: Any, texts: Sequence[list[int]], lm_head: bool) -> dict[str,
         c = [h[i + 1] - h[i] for i in range(L)]
         add("relative_contribution", torch.stack([_rel(c[i], h[i]).sum() for i in range(L)]))
         add("cosine", torch.stack([_cos(c[i], h[i]).sum() for i in range(L)]))
+        if hasattr(hf, "transformer"):  # pre-LN: attention against h_l, the MLP against h_l + attention
+            sub = _sublayers(hf, ids)
+            for kind, base in (("attn", h[:L]), ("mlp", [h[i] + sub["attn"][i] for i in range(L)])):
+                add(f"{kind}_relative_contribution", torch.stack([_rel(sub[kind][i], base[i]).sum() for i in range(L)]))
+                add(f"{kind}_cosine", torch.stack([_cos(sub[kind][i], base[i]).sum() for i in range(L)]))
         later = torch.zeros(L, L, dtype=torch.float64)
         out = torch.zeros(L, 3, dtype=torch.float64)
         for s in range(L):
