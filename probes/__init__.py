@@ -45,6 +45,7 @@ _NAMES: dict[str, str] = {
     "run": "api.run:run",
     "run_with_cache": "hooks.cache:run_with_cache",
     "save_checkpoint": "models.checkpoints:save_checkpoint",
+    "skip_layers": "hooks.depth:skip_layers",
     "study": "api.study:study",
     "task_names": "engine.task:task_names",
     "tidy": "engine.task:tidy",
@@ -95,6 +96,7 @@ if TYPE_CHECKING:  # what static checkers and IDEs see; never run
     from depthprobe.probes.hooks.attribution import attribute
     from depthprobe.probes.hooks.cache import Cache, run_with_cache
     from depthprobe.probes.hooks.capture import capture, forward, resolve_names
+    from depthprobe.probes.hooks.depth import skip_layers
     from depthprobe.probes.hooks.interventions import ablate_heads, patch
     from depthprobe.probes.hooks.lens import direct_logit_attribution, logit_lens
     from depthprobe.probes.models.architectures import ALIASES, DEFAULT_MODEL

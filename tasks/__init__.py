@@ -9,6 +9,7 @@ TASKS = {
     "ablation": "depthprobe.tasks.ablation:Ablation",
     "attention-stats": "depthprobe.tasks.attention_stats:AttentionStats",
     "coref": "depthprobe.tasks.coref:Coref",
+    "depth-usage": "depthprobe.tasks.depth_usage.task:DepthUsage",
     "hop-attention": "depthprobe.tasks.hop_attention:HopAttention",
     "induction": "depthprobe.tasks.induction.task:Induction",
     "kernels": "depthprobe.tasks.kernels.task:Kernels",

@@ -40,6 +40,12 @@ class CorefOptions:
 
 
 @dataclass(frozen=True)
+class DepthUsageOptions:
+    skips: bool = True  # skip each block in turn (one extra pass per block); false: contributions (and lens) only
+    lens: bool = True  # logit lens per layer (models with an unembedding)
+
+
+@dataclass(frozen=True)
 class HopAttentionOptions:
     letters: int = ranged(4, min=2)  # A, the letters of the khop family the model was trained on
     length: int = ranged(48, min=2)  # N, the letters per sequence (the input is 1 + N tokens)
@@ -98,6 +104,11 @@ CARDS: dict[str, Card] = {
         "Antecedent selection by attention (Clark Table 2): CoNLL-U Entity chains, "
         "CoNLL-2012 *_conll, or GAP TSV; best head vs nearest / head-match / rule-based",
         CorefOptions,
+    ),
+    "depth-usage": Card(
+        "What each block adds (Csordas et al. 2025): per layer ||c_l||/||h_l|| and cos(c_l, h_l), per skipped "
+        "block the change of later contributions and of the output (KL, top-1 or 1 - cos), logit lens",
+        DepthUsageOptions,
     ),
     "hop-attention": Card(
         "k-hop induction (Sanford et al. 2024), models trained on the khop family: per head and hop j, "

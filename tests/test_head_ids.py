@@ -53,6 +53,7 @@ CASES = {
     "ablation": ("gpt2", {"k": 2}),
     "ablation-syntax": ("bert", {"source": "syntax", "k": 2}),
     "hop-attention": ("native", {"sequences": 8}),
+    "depth-usage": ("gpt2", {}),
 }
 
 

@@ -90,7 +90,7 @@ def test_listing_tasks_imports_no_task_module():
     res = run_python(code)
     assert res.returncode == 0, res.stderr
     lines = res.stdout.splitlines()
-    assert lines[0] == "7 []"
+    assert lines[0] == "8 []"
     assert lines[1].startswith("unknown task 'atention-stats' (did you mean 'attention-stats'")
     assert lines[2] == "['depthprobe.tasks.attention_stats']"
 

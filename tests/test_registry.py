@@ -46,7 +46,7 @@ def test_a_users_own_tasks_probes_and_cli_modules_change_nothing(tmp_path):
     )
     res = run_python(code, cwd=tmp_path)
     assert res.returncode == 0, res.stderr
-    assert res.stdout.split() == ["attention-stats", "7"]
+    assert res.stdout.split() == ["attention-stats", "8"]
     exe = shutil.which("probe") or str(Path(sys.executable).parent / "probe")
     res = subprocess.run([exe, "list", "tasks"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr

@@ -277,5 +277,5 @@ def test_console_script_exit_status_and_output(tmp_path):
     assert bad.returncode == 2
     assert bad.stderr.strip().splitlines() == [
         "error: unknown task 'syntx' (did you mean 'syntax'?); choose from: "
-        "ablation, attention-stats, coref, hop-attention, induction, kernels, syntax"
+        "ablation, attention-stats, coref, depth-usage, hop-attention, induction, kernels, syntax"
     ]
