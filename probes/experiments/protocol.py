@@ -59,6 +59,7 @@ class Experiment:
     columns: ClassVar[list[str]]  # members.csv's columns (a failed member's row has them too)
     resumable: ClassVar[tuple[str, ...]] = ("device",)  # settings a rerun may change (results do not depend on them)
     aliases: ClassVar[dict[str, str]] = {}  # option name -> Config field (``lr`` -> ``lrs``)
+    parsers: ClassVar[dict[str, Callable[[str], Any]]] = {}  # field -> reader of its text form (``50k``)
 
     # -- what a family must say ----------------------------------------------------------------
     def plan(self, config: Any) -> list[Any]:
@@ -138,6 +139,8 @@ class Experiment:
             name = self.aliases.get(key, key)
             if name not in fields:
                 raise refusal(self.name, key, list(fields) + list(self.aliases))
+            if isinstance(value, str) and name in self.parsers:
+                value = self.parsers[name](value)
             settings[name] = coerce(value, fields[name].type, f"--{key.replace('_', '-')}", name)
         config = self.Config(**{"preset": preset, **settings} if "preset" in fields else settings)
         return check_choices(config, f"study {self.name}:")

@@ -10,7 +10,7 @@ out of every plot. The probe runs arrive compared (``ProbeCurves``, built by
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -267,29 +267,32 @@ def spa_section(study: StudyData) -> str:
     return "\n".join(parts)
 
 
-SECTIONS = {"levine": levine_section, "petty": petty_section, "spa": spa_section}
-
-
 # ----------------------------------------------------------------------------------------------
 # every family: kernel collapse and per-layer probe curves
 # ----------------------------------------------------------------------------------------------
 
 
-def _group(study: StudyData, row: pd.Series) -> str:
-    if study.family == "levine":
-        b = row.get("budget")
-        return f"budget {budget_text(b)}" if finite(b) else "budget ?"
-    if study.family == "petty":
-        return _petty_group(study, row)
+def budget_group(study: StudyData, row: pd.Series) -> str:
+    """levine's kernel lines: one per budget."""
+    b = row.get("budget")
+    return f"budget {budget_text(b)}" if finite(b) else "budget ?"
+
+
+def petty_group(study: StudyData, row: pd.Series) -> str:
+    return _petty_group(study, row)
+
+
+def variant_group(study: StudyData, row: pd.Series) -> str:
+    """spa's kernel lines: one per variant."""
     return str(row.get("variant") or "?")
 
 
-def kernels_section(study: StudyData) -> str:
+def kernels_section(study: StudyData, group: Callable[[StudyData, pd.Series], str] = variant_group) -> str:
     ok = study.ok.assign(depth=num(study.ok, "depth"))
     init, trained = num(ok, "kernel_cos_last_init"), num(ok, "kernel_cos_last")
     if not (np.isfinite(init).any() or np.isfinite(trained).any()):
         return ""
-    ok = ok.assign(group=[_group(study, r) for _, r in ok.iterrows()])
+    ok = ok.assign(group=[group(study, r) for _, r in ok.iterrows()])
     lines = []
     for k, (g, rows) in enumerate(ok.groupby("group", sort=False)):
         color = PALETTE[k % len(PALETTE)]

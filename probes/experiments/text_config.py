@@ -1,0 +1,122 @@
+"""What the text-study families (levine, petty, spa) share: their Config's common fields and presets.
+
+A family's Config (``LevineConfig``, ``PettyConfig``, ``SpaConfig``) adds its own fields to
+:class:`TextConfig`; the presets below set the common ones, each family module its own. Costs are
+measured on this project's reference machine (2 CPU cores) and estimated for one large GPU. Importing
+this module imports no torch (``probe list families`` reads it).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from depthprobe.probes.base.errors import ProbeError
+from depthprobe.probes.base.options import check_seed
+
+BYTE_VOCAB = 257  # --vocab bytes: the 256 bytes and <|bos|>, no merges (data.corpus.MIN_VOCAB; not imported
+# here, so that `probe study --help` loads no torch: tests/test_study_protocols.py checks they agree)
+MAX_PASSES = 4.0  # passes over the training split (Muennighoff et al. 2023: ~4 epochs of repeats cost little)
+Match = Literal["nonembed", "total"]
+
+
+@dataclass(frozen=True)
+class TextConfig:
+    """A text study's common settings. ``depths``: the depths (levine: the shallow L of each pair
+    (L, 2L)); ``max_passes``: the most passes over the training split a member may make (a study
+    over it is refused); ``lrs``: one rate, or a grid each tried on ``lr_fraction`` of the budget."""
+
+    preset: str = "smoke"
+    corpus: str | None = None  # None: the built-in Tiny Shakespeare
+    vocab: int = 1024  # BYTE_VOCAB (257): byte-level, no merges
+    depths: tuple[int, ...] = (1, 2)
+    d_head: int = 16
+    seeds: int = 1
+    tokens_per_param: float = 20.0  # training tokens per non-embedding parameter of the budget
+    min_tokens: int = 200_000  # the floor under tokens_per_param * budget
+    max_passes: float = MAX_PASSES
+    lrs: tuple[float, ...] = (3e-3,)
+    lr_fraction: float = 0.2
+    batch_size: int = 32
+    context: int = 128
+    probe_lines: int = 200  # validation lines for attention-stats
+    icl_windows: int = 32  # validation windows for the ICL score
+    device: str | None = None
+    max_params: int | None = None  # refuse members with more parameters than this (they fail, the rest go on)
+
+    def __post_init__(self) -> None:
+        if not (self.max_passes > 0 and math.isfinite(self.max_passes)):
+            raise ProbeError(f"--max-passes must be a positive number, got {self.max_passes}")
+        if not self.depths or any(d < 1 for d in self.depths):
+            raise ProbeError(f"--depths must be positive integers, got {list(self.depths)}")
+        if self.seeds < 1:
+            raise ProbeError(f"--seeds must be at least 1, got {self.seeds}")
+        check_seed(self.seeds - 1, "--seeds")
+        if not (self.tokens_per_param > 0 and math.isfinite(self.tokens_per_param)):
+            raise ProbeError(f"--tokens-per-param must be a positive number, got {self.tokens_per_param}")
+        if not self.lrs or any(not (lr > 0 and math.isfinite(lr)) for lr in self.lrs):
+            raise ProbeError(f"--lr must be positive numbers, e.g. --lr 1e-3,3e-3, got {list(self.lrs)}")
+        if not 0 < self.lr_fraction <= 1:
+            raise ProbeError(f"--lr-fraction must be in (0, 1], got {self.lr_fraction}")
+        for name in ("vocab", "d_head", "min_tokens", "batch_size", "probe_lines", "icl_windows"):
+            if getattr(self, name) < 1:
+                raise ProbeError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
+        if self.context < 8:
+            raise ProbeError(f"--context must be at least 8, got {self.context}")
+
+    def tokens_for(self, budget: int | None) -> int:
+        """The training tokens of a member whose non-embedding budget is ``budget`` (spa: its
+        counted non-embedding parameters), rounded up to whole steps."""
+        per_step = self.batch_size * self.context
+        want = max(self.min_tokens, math.ceil(self.tokens_per_param * (budget or 0)))
+        return math.ceil(want / per_step) * per_step
+
+
+def check_budgets(budgets: tuple[int, ...]) -> None:
+    if not budgets or any(b < 1 for b in budgets):
+        raise ProbeError(f"--budgets must be positive, got {list(budgets)}")
+
+
+def check_width(d_model: int) -> None:
+    if d_model < 1:
+        raise ProbeError(f"--d-model must be at least 1, got {d_model}")
+
+
+# the presets' common fields; each family module adds its own
+COMMON: dict[str, dict[str, Any]] = {
+    "smoke": {
+        "vocab": 512,
+        "context": 64,
+        "batch_size": 8,
+        "tokens_per_param": 5.0,
+        "min_tokens": 65536,
+        "d_head": 8,
+        "probe_lines": 20,
+        "icl_windows": 4,
+    },
+    "cpu": {"vocab": 1024, "context": 128, "batch_size": 32, "tokens_per_param": 20.0, "min_tokens": 1_000_000},
+    "gpu": {
+        "vocab": 1024,
+        "context": 256,
+        "batch_size": 64,
+        "tokens_per_param": 20.0,
+        "min_tokens": 4_000_000,
+        "seeds": 3,
+        "icl_windows": 256,  # the ICL score of one window has a standard error of about 3 nats
+    },
+}
+GPU_COST = (
+    "needs a --corpus of at least 8M training tokens (about 20 MB of English text; the built-in one is refused): "
+    "about an hour on one large GPU (estimated; not run on a GPU yet), 10-20 hours on 2 CPU cores"
+)
+
+
+def parse_vocab(text: str) -> int:
+    """``--vocab``: a BPE vocabulary size (at least 257), or ``bytes`` (the 256 bytes and <|bos|>)."""
+    if text.strip().lower() == "bytes":
+        return BYTE_VOCAB
+    try:
+        return int(text)
+    except ValueError:
+        raise ProbeError(f"--vocab expects a whole number such as 1024, or bytes, got {text!r}") from None
