@@ -25,7 +25,9 @@ _NAMES: dict[str, str] = {
     "Output": "engine.task:Output",
     "ProbeError": "base.errors:ProbeError",
     "Result": "api.run:Result",
-    "Study": "api.study:Study",
+    "Experiment": "experiments.protocol:Experiment",
+    "MemberOutput": "experiments.protocol:MemberOutput",
+    "Study": "experiments.runner:Study",
     "Task": "engine.task:Task",
     "Text": "data.memory:Text",
     "ablate_heads": "hooks.interventions:ablate_heads",
@@ -45,7 +47,8 @@ _NAMES: dict[str, str] = {
     "run": "api.run:run",
     "run_with_cache": "hooks.cache:run_with_cache",
     "save_checkpoint": "models.checkpoints:save_checkpoint",
-    "study": "api.study:study",
+    "register_experiment": "experiments.protocol:register_experiment",
+    "study": "experiments.runner:study",
     "task_names": "engine.task:task_names",
     "tidy": "engine.task:tidy",
     "view": "api.viz:view",
@@ -75,7 +78,8 @@ def __dir__() -> list[str]:
 if TYPE_CHECKING:  # what static checkers and IDEs see; never run
     from depthprobe.probes.api.compare import compare
     from depthprobe.probes.api.run import Result, run
-    from depthprobe.probes.api.study import Study, study
+    from depthprobe.probes.experiments.protocol import Experiment, MemberOutput, register_experiment
+    from depthprobe.probes.experiments.runner import Study, study
     from depthprobe.probes.api.viz import view
     from depthprobe.probes.base.errors import ProbeError
     from depthprobe.probes.data.align import encode_words, word_attention

@@ -223,6 +223,11 @@ class TextExperiment(Experiment):
                 "member again)"
             )
 
+    def headline(self, tables: dict[str, pd.DataFrame]) -> pd.DataFrame:
+        cols = ["member", "depth", "d_model", "d_ff", "params_nonembed", "params_total", "embed_share", "tokens",
+                "passes", "val_loss", "val_bpb", "status"]  # fmt: skip
+        return tables["members.csv"][cols]
+
     def facts(self, config: Any) -> list[str]:
         return [f"corpus {config.corpus or 'built-in Tiny Shakespeare'}"]
 
