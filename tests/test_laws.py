@@ -14,9 +14,12 @@ import pytest
 from typer.testing import CliRunner
 
 from depthprobe.cli.main import app
-from depthprobe.probes.api.law_config import resolve
-from depthprobe.probes.api.law_member import ROW_COLUMNS
-from depthprobe.probes.api.laws import control_width, law_study, law_table, plan, predicted_depth
+from tests.helpers import resolve
+from depthprobe.probes.experiments.laws import ROW_COLUMNS
+from depthprobe.probes.experiments.khop import predicted_depth
+from depthprobe.probes.experiments.laws import control_width
+from depthprobe.probes.experiments.runner import study as law_study
+from tests.helpers import law_table, plan
 from depthprobe.probes.models.loading import load
 from tests.helpers import cli_error
 
@@ -109,7 +112,7 @@ def test_law_table_on_planted_accuracies():
     # a seed missing at a depth: that depth does not count
     one_seed = law_table(pd.DataFrame(rows[:1]), "khop", 0.99, seeds=2)
     assert pd.isna(one_seed.measured_depth.iloc[0])
-    assert [predicted_depth(k) for k in (1, 2, 3, 4, 8, 16)] == [2, 3, 4, 4, 5, 6]
+    assert [predicted_depth(k) for k in (1, 2, 3, 4, 8, 16)] == [2, 3, 3, 4, 5, 6]  # floor(log2 k) + 2 (Sanford et al.'s construction)
 
 
 def test_groups_law_table_and_prediction_shape():
@@ -151,14 +154,14 @@ def test_failed_member_is_recorded_with_exit_3(tmp_path):
 @pytest.mark.parametrize(
     ("args", "fragment"),
     [
-        (["--corpus", "x.txt"], "--corpus does not apply to the khop family"),
-        (["--budgets", "5k"], "--budgets does not apply"),
+        (["--corpus", "x.txt"], "--corpus applies to the levine, petty, spa families, not khop"),
+        (["--budgets", "5k"], "--budgets applies to the levine, petty families, not khop"),
         (["--groups", "s3"], "--groups applies to the groups family, not khop"),
-        (["--ks", "1,x"], "--ks expects comma-separated integers"),
+        (["--ks", "1,x"], "--ks: cannot read '1,x'"),
         (["--ks", "0,1"], "--ks must be distinct hop counts"),
         (["--letters", "1"], "--letters must be at least 2"),
         (["--d-model", "31"], "multiples of the 2 heads"),
-        (["--lr", "1e-3,2e-3"], "--lr takes one value"),
+        (["--lr", "1e-3,2e-3"], "--lr: cannot read '1e-3,2e-3' as float"),
         (["--preset", "cpux"], "unknown --preset 'cpux'"),
     ],
 )
@@ -172,7 +175,7 @@ def test_bad_groups_and_text_family_options_refused(tmp_path):
     out = tmp_path / "never"
     cli_error(["study", "--family", "groups", "--groups", "a6", "--out", out], "a6", "a5")
     cli_error(["study", "--family", "groups", "--ks", "1", "--out", out], "--ks applies to the khop family")
-    cli_error(["study", "--family", "petty", "--steps", "10", "--out", out], "--steps applies to the khop and groups")
+    cli_error(["study", "--family", "petty", "--steps", "10", "--out", out], "--steps applies to the groups, khop families")
     assert not out.exists()
 
 

@@ -54,13 +54,13 @@ class StudyData:
 
 
 def read_study(folder: Path, families: Sequence[str] | None = None) -> StudyData:
-    """Read ``study.json`` and ``study.csv``; anything missing fails with one line naming the fix."""
+    """Read ``study.json`` and ``members.csv``; anything missing fails with one line naming the fix."""
     folder = Path(folder)
     if not folder.is_dir():
         raise ProbeError(f"{folder} is not a folder; pass a study folder written by probe study")
-    path = folder / "study.csv"
+    path = folder / "members.csv"
     if not path.is_file():
-        raise ProbeError(f"{folder} has no study.csv; pass a study folder written by probe study")
+        raise ProbeError(f"{folder} has no members.csv; pass a study folder written by probe study")
     try:
         table = pd.read_csv(path, dtype={"member": str, "status": str, "error": str})
     except (OSError, ValueError) as exc:
