@@ -73,8 +73,19 @@ def study(
     if dry_run:
         _dry_run(family, preset, out, given)
         return
-    _run(exp, family, preset, out, given, backend=backend, address=address, cpus_per_member=cpus_per_member,
-         gpus_per_member=gpus_per_member, retries=retries, jobs=jobs)  # fmt: skip
+    _run(
+        exp,
+        family,
+        preset,
+        out,
+        given,
+        backend=backend,
+        address=address,
+        cpus_per_member=cpus_per_member,
+        gpus_per_member=gpus_per_member,
+        retries=retries,
+        jobs=jobs,
+    )
 
 
 def family_options(args: list[str]) -> dict[str, str]:

@@ -78,8 +78,6 @@ def __dir__() -> list[str]:
 if TYPE_CHECKING:  # what static checkers and IDEs see; never run
     from depthprobe.probes.api.compare import compare
     from depthprobe.probes.api.run import Result, run
-    from depthprobe.probes.experiments.protocol import Experiment, MemberOutput, register_experiment
-    from depthprobe.probes.experiments.runner import Study, study
     from depthprobe.probes.api.viz import view
     from depthprobe.probes.base.errors import ProbeError
     from depthprobe.probes.data.align import encode_words, word_attention
@@ -96,6 +94,8 @@ if TYPE_CHECKING:  # what static checkers and IDEs see; never run
         task_names,
         tidy,
     )
+    from depthprobe.probes.experiments.protocol import Experiment, MemberOutput, register_experiment
+    from depthprobe.probes.experiments.runner import Study, study
     from depthprobe.probes.hooks.attribution import attribute
     from depthprobe.probes.hooks.cache import Cache, run_with_cache
     from depthprobe.probes.hooks.capture import capture, forward, resolve_names

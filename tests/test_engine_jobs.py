@@ -11,9 +11,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from depthprobe.probes.experiments.runner import member_error, study
 from depthprobe.probes.base.errors import ProbeError
 from depthprobe.probes.engine.distributed import JobResult, map_jobs
+from depthprobe.probes.experiments.runner import member_error, study
 
 SHAKESPEARE = Path(__file__).resolve().parent.parent / "tasks" / "data" / "tinyshakespeare.txt"
 TINY = {"vocab": 300, "min_tokens": 40960, "tokens_per_param": 1.0, "context": 32, "batch_size": 8,

@@ -62,7 +62,9 @@ def test_toy_dry_run_and_jobs_2_equal_jobs_1(tmp_path):
     assert one.exit_code == 0 and two.exit_code == 0, two.output
     for name in ("members.csv", "by_depth.csv"):
         a, b = pd.read_csv(tmp_path / "j1" / name), pd.read_csv(tmp_path / "j2" / name)
-        pd.testing.assert_frame_equal(a.drop(columns="wall_s", errors="ignore"), b.drop(columns="wall_s", errors="ignore"))
+        pd.testing.assert_frame_equal(
+            a.drop(columns="wall_s", errors="ignore"), b.drop(columns="wall_s", errors="ignore")
+        )
 
 
 def test_toy_through_the_python_api(tmp_path):

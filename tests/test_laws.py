@@ -14,14 +14,11 @@ import pytest
 from typer.testing import CliRunner
 
 from depthprobe.cli.main import app
-from tests.helpers import resolve
-from depthprobe.probes.experiments.laws import ROW_COLUMNS
 from depthprobe.probes.experiments.khop import predicted_depth
-from depthprobe.probes.experiments.laws import control_width
+from depthprobe.probes.experiments.laws import ROW_COLUMNS, control_width
 from depthprobe.probes.experiments.runner import study as law_study
-from tests.helpers import law_table, plan
 from depthprobe.probes.models.loading import load
-from tests.helpers import cli_error
+from tests.helpers import cli_error, law_table, plan, resolve
 
 ACCURACY_KHOP = ["member", "depth", "d_model", "seed", "control", "k", "accuracy", "accuracy_all", "step_reached"]
 LAW_KHOP = ["d_model", "k", "predicted_depth", "measured_depth", "difference"]
@@ -112,7 +109,14 @@ def test_law_table_on_planted_accuracies():
     # a seed missing at a depth: that depth does not count
     one_seed = law_table(pd.DataFrame(rows[:1]), "khop", 0.99, seeds=2)
     assert pd.isna(one_seed.measured_depth.iloc[0])
-    assert [predicted_depth(k) for k in (1, 2, 3, 4, 8, 16)] == [2, 3, 3, 4, 5, 6]  # floor(log2 k) + 2 (Sanford et al.'s construction)
+    assert [predicted_depth(k) for k in (1, 2, 3, 4, 8, 16)] == [
+        2,
+        3,
+        3,
+        4,
+        5,
+        6,
+    ]  # floor(log2 k) + 2 (Sanford et al.'s construction)
 
 
 def test_groups_law_table_and_prediction_shape():
@@ -175,7 +179,9 @@ def test_bad_groups_and_text_family_options_refused(tmp_path):
     out = tmp_path / "never"
     cli_error(["study", "--family", "groups", "--groups", "a6", "--out", out], "a6", "a5")
     cli_error(["study", "--family", "groups", "--ks", "1", "--out", out], "--ks applies to the khop family")
-    cli_error(["study", "--family", "petty", "--steps", "10", "--out", out], "--steps applies to the groups, khop families")
+    cli_error(
+        ["study", "--family", "petty", "--steps", "10", "--out", out], "--steps applies to the groups, khop families"
+    )
     assert not out.exists()
 
 

@@ -13,10 +13,8 @@ from typer.testing import CliRunner
 from depthprobe import probes
 from depthprobe.cli.main import app
 from depthprobe.probes.experiments.runner import study
-from tests.helpers import resolve
 from depthprobe.probes.experiments.text import COLUMNS
-from tests.helpers import plan
-from tests.helpers import cli_error
+from tests.helpers import cli_error, plan, resolve
 
 SHAKESPEARE = Path(__file__).resolve().parent.parent / "tasks" / "data" / "tinyshakespeare.txt"
 TINY = {"vocab": 300, "min_tokens": 40960, "tokens_per_param": 1.0, "context": 32, "batch_size": 8,

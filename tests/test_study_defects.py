@@ -88,9 +88,8 @@ def test_old_study_without_a_corpus_record_is_checked_against_its_members(tmp_pa
 def test_member_refuses_a_corpus_other_than_the_one_the_driver_checked(tmp_path, plays):
     import dataclasses
 
-    from tests.helpers import resolve
     from depthprobe.probes.experiments.protocol import get_experiment
-    from tests.helpers import plan
+    from tests.helpers import plan, resolve
 
     run_member = get_experiment("levine").run_member
 

@@ -11,16 +11,14 @@ import pytest
 from typer.testing import CliRunner
 
 from depthprobe.cli.main import app
-from depthprobe.probes.experiments.runner import study
-from depthprobe.probes.experiments.text_config import BYTE_VOCAB, parse_vocab
-from depthprobe.probes.experiments.protocol import get_experiment
-from tests.helpers import resolve
-from depthprobe.probes.experiments.text import COLUMNS
-from tests.helpers import plan
 from depthprobe.probes.base.errors import ProbeError
 from depthprobe.probes.data import corpus as corpora
+from depthprobe.probes.experiments.protocol import get_experiment
+from depthprobe.probes.experiments.runner import study
+from depthprobe.probes.experiments.text import COLUMNS
+from depthprobe.probes.experiments.text_config import BYTE_VOCAB, parse_vocab
 from depthprobe.probes.models import families
-from tests.helpers import cli_error
+from tests.helpers import cli_error, plan, resolve
 
 SHAKESPEARE = Path(__file__).resolve().parent.parent / "tasks" / "data" / "tinyshakespeare.txt"
 TINY = {"vocab": 300, "min_tokens": 8192, "tokens_per_param": 1.0, "context": 32, "batch_size": 8,

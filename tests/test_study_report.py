@@ -340,5 +340,5 @@ def test_bad_folders_fail_in_one_line(tmp_path):
         render_study(tmp_path / "a")
     (tmp_path / "b").mkdir()
     (tmp_path / "b" / "members.csv").write_text("member,depth\nm,1\n")
-    with pytest.raises(ProbeError, match="has no readable study.json"):
+    with pytest.raises(ProbeError, match=r"has no readable study\.json"):
         render_study(tmp_path / "b")

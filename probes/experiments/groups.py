@@ -60,11 +60,23 @@ class Groups(LawExperiment):
     )
     presets: ClassVar[dict[str, dict[str, Any]]] = {
         "smoke": {**COMMON["smoke"], "groups": ("z2", "s3"), "lengths": (4, 8)},
-        "cpu": {**COMMON["cpu"], "depths": (1, 2, 3, 4), "d_models": (64,), "groups": ("s3", "a5"),
-                "lengths": (4, 8, 16), "steps": 3000},
-        "gpu": {**COMMON["gpu"], "depths": (1, 2, 3, 4, 6, 8), "d_models": (128, 256),
-                "groups": ("z2", "s3", "a5", "s5"), "lengths": (8, 16, 32, 64, 128), "steps": 20000},
-    }  # fmt: skip
+        "cpu": {
+            **COMMON["cpu"],
+            "depths": (1, 2, 3, 4),
+            "d_models": (64,),
+            "groups": ("s3", "a5"),
+            "lengths": (4, 8, 16),
+            "steps": 3000,
+        },
+        "gpu": {
+            **COMMON["gpu"],
+            "depths": (1, 2, 3, 4, 6, 8),
+            "d_models": (128, 256),
+            "groups": ("z2", "s3", "a5", "s5"),
+            "lengths": (8, 16, 32, 64, 128),
+            "steps": 20000,
+        },
+    }
     costs: ClassVar[dict[str, str]] = {
         "smoke": "z2, s3 at T 4,8: 3 members per group, 5-10 s on 2 CPU cores (the tests use it)",
         "cpu": "s3 vs a5, T 4,8,16, depths 1-4 and a control, 2 seeds, 3,000 steps: 20 members, 9 min with --jobs 2 "
@@ -115,9 +127,17 @@ class Groups(LawExperiment):
         out = []
         for (d, g, t), at in rows.groupby(["d_model", "group", "T"], sort=False):
             solvable = group_data.get_group(str(g)).solvable
-            out.append({"d_model": d, "group": g, "solvable": solvable, "T": t, "log2_T": round(math.log2(int(t)), 3),
-                        "measured_depth": measured_depth(at, cfg.threshold, cfg.seeds),
-                        "predicted_shape": "constant in T" if solvable else "grows like log T"})  # fmt: skip
+            out.append(
+                {
+                    "d_model": d,
+                    "group": g,
+                    "solvable": solvable,
+                    "T": t,
+                    "log2_T": round(math.log2(int(t)), 3),
+                    "measured_depth": measured_depth(at, cfg.threshold, cfg.seeds),
+                    "predicted_shape": "constant in T" if solvable else "grows like log T",
+                }
+            )
         return pd.DataFrame(out).astype({"measured_depth": "Int64"})
 
 

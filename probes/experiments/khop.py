@@ -79,11 +79,27 @@ class KHop(LawExperiment):
     )
     presets: ClassVar[dict[str, dict[str, Any]]] = {
         "smoke": {**COMMON["smoke"], "ks": (1, 2), "length": 12, "letters": 3, "hop_sequences": 8},
-        "cpu": {**COMMON["cpu"], "depths": (1, 2, 3, 4, 5), "d_models": (64,), "ks": (1, 2, 3, 4), "length": 48,
-                "letters": 4, "steps": 3000, "hop_sequences": 64},
-        "gpu": {**COMMON["gpu"], "depths": (1, 2, 3, 4, 5, 6, 7), "d_models": (128, 256),
-                "ks": (1, 2, 3, 4, 6, 8, 12, 16), "length": 100, "letters": 4, "steps": 20000, "hop_sequences": 128},
-    }  # fmt: skip
+        "cpu": {
+            **COMMON["cpu"],
+            "depths": (1, 2, 3, 4, 5),
+            "d_models": (64,),
+            "ks": (1, 2, 3, 4),
+            "length": 48,
+            "letters": 4,
+            "steps": 3000,
+            "hop_sequences": 64,
+        },
+        "gpu": {
+            **COMMON["gpu"],
+            "depths": (1, 2, 3, 4, 5, 6, 7),
+            "d_models": (128, 256),
+            "ks": (1, 2, 3, 4, 6, 8, 12, 16),
+            "length": 100,
+            "letters": 4,
+            "steps": 20000,
+            "hop_sequences": 128,
+        },
+    }
     costs: ClassVar[dict[str, str]] = {
         "smoke": "depths 1,2 at width 16, k 1,2, 40 steps: 3 members, 5-10 s on 2 CPU cores (the tests use it)",
         "cpu": "depths 1-5 and a wide 2-layer control at width 64, k 1-4, N 48, 2 seeds, 3,000 steps: 12 members, "
@@ -124,14 +140,31 @@ class KHop(LawExperiment):
         from depthprobe.probes.experiments.probing import probe
 
         cfg = job.config
-        result = probe(model, "hop-attention", folder / "runs" / "hop-attention", max_len=job.context,
-                       letters=cfg.letters, length=cfg.length, max_hop=cfg.max_k, hop=cfg.max_k,
-                       sequences=cfg.hop_sequences, seed=job.seed)  # fmt: skip
+        result = probe(
+            model,
+            "hop-attention",
+            folder / "runs" / "hop-attention",
+            max_len=job.context,
+            letters=cfg.letters,
+            length=cfg.length,
+            max_hop=cfg.max_k,
+            hop=cfg.max_k,
+            sequences=cfg.hop_sequences,
+            seed=job.seed,
+        )
         s = result.scores
         hop = s["metric"].str.extract(r"^hop_(\d+)_attention$", expand=False)
         rows = s[hop.notna()].assign(hop=hop[hop.notna()].astype(int))
-        hops = pd.DataFrame({"member": job.name, "layer": rows["layer"].astype(int), "head": rows["head"].astype(int),
-                             "hop": rows["hop"], "attention": rows["value"], "chance": rows["chance"]})  # fmt: skip
+        hops = pd.DataFrame(
+            {
+                "member": job.name,
+                "layer": rows["layer"].astype(int),
+                "head": rows["head"].astype(int),
+                "hop": rows["hop"],
+                "attention": rows["value"],
+                "chance": rows["chance"],
+            }
+        )
         layers = result.summary[["layer", "largest_hop", "heads"]].assign(member=job.name, depth=job.depth)
         write_csv(folder / "hops.csv", hops.reset_index(drop=True))
         write_csv(folder / "hop_layers.csv", layers[["member", "depth", "layer", "largest_hop", "heads"]])
@@ -148,8 +181,15 @@ class KHop(LawExperiment):
         for (d, k), at in rows.groupby(["d_model", "k"], sort=True):
             measured, predicted = measured_depth(at, cfg.threshold, cfg.seeds), predicted_depth(int(k))
             difference = None if measured is None else measured - predicted
-            out.append({"d_model": d, "k": k, "predicted_depth": predicted, "measured_depth": measured,
-                        "difference": difference})  # fmt: skip
+            out.append(
+                {
+                    "d_model": d,
+                    "k": k,
+                    "predicted_depth": predicted,
+                    "measured_depth": measured,
+                    "difference": difference,
+                }
+            )
         return pd.DataFrame(out).astype({"measured_depth": "Int64", "difference": "Int64"})
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import time
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 import torch
@@ -24,7 +24,6 @@ import torch
 from depthprobe.probes.base.artifacts import write_csv
 from depthprobe.probes.base.runtime import torch_threads
 from depthprobe.probes.experiments.folder import finish_member, in_member_folder
-from depthprobe.probes.experiments.laws import LawExperiment, LawJob
 from depthprobe.probes.experiments.protocol import MemberOutput
 from depthprobe.probes.models import families
 from depthprobe.probes.models.checkpoints import save_checkpoint
@@ -34,6 +33,9 @@ from depthprobe.probes.models.model import Model
 from depthprobe.probes.training.fast_forward import fast_logits
 from depthprobe.probes.training.lm import decay_adamw
 from depthprobe.probes.training.loop import Steps, Window, train_steps
+
+if TYPE_CHECKING:
+    from depthprobe.probes.experiments.laws import LawExperiment, LawJob
 
 EVAL_CHUNK = 250  # sequences per forward pass in evaluations
 
@@ -45,9 +47,7 @@ def predict(model: Model, inputs: torch.Tensor) -> torch.Tensor:
     return torch.cat(parts)
 
 
-def train(
-    exp: LawExperiment, job: LawJob, model: Model
-) -> tuple[list[dict[str, Any]], list[dict[str, Any]], float]:
+def train(exp: LawExperiment, job: LawJob, model: Model) -> tuple[list[dict[str, Any]], list[dict[str, Any]], float]:
     """Train the member in place: its loss log, its learning curve (one row per evaluation and
     key) and its training seconds (evaluations excluded)."""
     cfg = job.config

@@ -32,9 +32,24 @@ if TYPE_CHECKING:
     from depthprobe.probes.training.loop import BatchSource
 
 ROW_COLUMNS = [
-    "family", "member", "group", "depth", "d_model", "heads", "seed", "control", "params", "params_nonembed",
-    "steps", "train_s", "steps_per_s", "wall_s", "device", "status", "error",
-]  # fmt: skip
+    "family",
+    "member",
+    "group",
+    "depth",
+    "d_model",
+    "heads",
+    "seed",
+    "control",
+    "params",
+    "params_nonembed",
+    "steps",
+    "train_s",
+    "steps_per_s",
+    "wall_s",
+    "device",
+    "status",
+    "error",
+]
 
 
 @dataclass(frozen=True)
@@ -103,8 +118,22 @@ COMMON: dict[str, dict[str, Any]] = {
         "curve_sequences": 16,
         "eval_sequences": 32,
     },
-    "cpu": {"heads": 4, "seeds": 2, "batch_size": 32, "eval_every": 250, "curve_sequences": 128, "eval_sequences": 1000},
-    "gpu": {"heads": 4, "seeds": 3, "batch_size": 32, "eval_every": 500, "curve_sequences": 256, "eval_sequences": 2000},
+    "cpu": {
+        "heads": 4,
+        "seeds": 2,
+        "batch_size": 32,
+        "eval_every": 250,
+        "curve_sequences": 128,
+        "eval_sequences": 1000,
+    },
+    "gpu": {
+        "heads": 4,
+        "seeds": 3,
+        "batch_size": 32,
+        "eval_every": 500,
+        "curve_sequences": 256,
+        "eval_sequences": 2000,
+    },
 }
 
 
@@ -132,8 +161,15 @@ class LawJob:
     def native(self) -> NativeConfig:
         from depthprobe.probes.models.model import NativeConfig
 
-        return NativeConfig(layers=self.depth, d_model=self.d_model, heads=self.config.heads, d_vocab=self.vocab,
-                            n_ctx=self.context, attn_only=False, seed=self.seed)  # fmt: skip
+        return NativeConfig(
+            layers=self.depth,
+            d_model=self.d_model,
+            heads=self.config.heads,
+            d_vocab=self.vocab,
+            n_ctx=self.context,
+            attn_only=False,
+            seed=self.seed,
+        )
 
 
 class LawExperiment(Experiment):
@@ -177,17 +213,26 @@ class LawExperiment(Experiment):
             vocab, context = self.shape(config, group)
             wide = control_width(config, vocab, context)
             for seed in range(config.seeds):
-                jobs += [LawJob(config, depth, d, seed, group=group, vocab=vocab, context=context)
-                         for d in config.d_models for depth in config.depths]  # fmt: skip
+                jobs += [
+                    LawJob(config, depth, d, seed, group=group, vocab=vocab, context=context)
+                    for d in config.d_models
+                    for depth in config.depths
+                ]
                 if config.control:
-                    jobs.append(LawJob(config, 2, wide, seed, control=True, group=group, vocab=vocab,
-                                       context=context))  # fmt: skip
+                    jobs.append(LawJob(config, 2, wide, seed, control=True, group=group, vocab=vocab, context=context))
         return jobs
 
     def base_row(self, job: LawJob) -> dict[str, Any]:
         row = super().base_row(job)
-        row.update(group=job.group, depth=job.depth, d_model=job.d_model, heads=job.config.heads, seed=job.seed,
-                   control=job.control, steps=job.config.steps)  # fmt: skip
+        row.update(
+            group=job.group,
+            depth=job.depth,
+            d_model=job.d_model,
+            heads=job.config.heads,
+            seed=job.seed,
+            control=job.control,
+            steps=job.config.steps,
+        )
         return row
 
     def run_member(self, job: LawJob) -> MemberOutput:
@@ -225,11 +270,19 @@ def control_width(cfg: Any, vocab: int, context: int) -> int:
     parameters of the deepest, widest member."""
     from depthprobe.probes.models.model import NativeConfig
 
-    target = NativeConfig(layers=max(cfg.depths), d_model=max(cfg.d_models), heads=cfg.heads, d_vocab=vocab,
-                          n_ctx=context, attn_only=False).n_params()  # fmt: skip
+    target = NativeConfig(
+        layers=max(cfg.depths),
+        d_model=max(cfg.d_models),
+        heads=cfg.heads,
+        d_vocab=vocab,
+        n_ctx=context,
+        attn_only=False,
+    ).n_params()
     width = max(cfg.d_models)
-    while NativeConfig(layers=2, d_model=width, heads=cfg.heads, d_vocab=vocab, n_ctx=context,
-                       attn_only=False).n_params() < target:  # fmt: skip
+    while (
+        NativeConfig(layers=2, d_model=width, heads=cfg.heads, d_vocab=vocab, n_ctx=context, attn_only=False).n_params()
+        < target
+    ):
         width += cfg.heads
     return width
 

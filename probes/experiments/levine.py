@@ -6,11 +6,12 @@ draws deep-minus-shallow validation loss against the budget and where it crosses
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from depthprobe.probes.experiments.text import TextExperiment
-from depthprobe.probes.experiments.text_config import COMMON, GPU_COST, Match, TextConfig, check_budgets
+from depthprobe.probes.experiments.text_config import COMMON, GPU_COST, Match, TextConfig, check_budgets, parse_budgets
 
 if TYPE_CHECKING:
     from depthprobe.probes.models.family_member import Member
@@ -30,17 +31,11 @@ class LevineConfig(TextConfig):
         check_budgets(self.budgets)
 
 
-def _budgets(text: str) -> tuple[int, ...]:
-    from depthprobe.probes.models.families import parse_budgets
-
-    return parse_budgets(text)
-
-
 class Levine(TextExperiment):
     name = "levine"
     description = "depth pairs (L, 2L) at equal parameter budgets (Levine et al. 2020)"
     Config = LevineConfig
-    parsers = {**TextExperiment.parsers, "budgets": _budgets}
+    parsers: ClassVar[dict[str, Callable[[str], Any]]] = {**TextExperiment.parsers, "budgets": parse_budgets}
     presets: ClassVar[dict[str, dict[str, Any]]] = {
         "smoke": {**COMMON["smoke"], "depths": (1,), "budgets": (7000,)},
         # tokens per parameter trimmed so that no member passes the built-in corpus more than 4 times
@@ -58,8 +53,9 @@ class Levine(TextExperiment):
         from depthprobe.probes.models import families
 
         pairs = [(d, 2 * d) for d in cfg.depths]
-        return families.levine(cfg.budgets, pairs=pairs, d_head=cfg.d_head, match=cfg.match, vocab=cfg.vocab,
-                               context=cfg.context)  # fmt: skip
+        return families.levine(
+            cfg.budgets, pairs=pairs, d_head=cfg.d_head, match=cfg.match, vocab=cfg.vocab, context=cfg.context
+        )
 
     def section(self, study: StudyData) -> str:
         from depthprobe.probes.render.study_sections import levine_section

@@ -6,11 +6,11 @@ only their secondary result, the language-modelling loss against depth at equal 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from depthprobe.probes.base.errors import ProbeError
-from depthprobe.probes.experiments.levine import _budgets
 from depthprobe.probes.experiments.text import TextExperiment
 from depthprobe.probes.experiments.text_config import (
     COMMON,
@@ -19,6 +19,7 @@ from depthprobe.probes.experiments.text_config import (
     TextConfig,
     check_budgets,
     check_width,
+    parse_budgets,
 )
 
 if TYPE_CHECKING:
@@ -48,13 +49,18 @@ class Petty(TextExperiment):
     name = "petty"
     description = "depths at one parameter budget (Petty et al. 2024; the LM loss only)"
     Config = PettyConfig
-    parsers = {**TextExperiment.parsers, "budgets": _budgets}
+    parsers: ClassVar[dict[str, Callable[[str], Any]]] = {**TextExperiment.parsers, "budgets": parse_budgets}
     presets: ClassVar[dict[str, dict[str, Any]]] = {
         "smoke": {**COMMON["smoke"], "depths": (1, 2), "budgets": (6000,), "d_model": 16},
-        "cpu": {**COMMON["cpu"], "depths": (1, 2, 3, 4, 6, 8), "budgets": (200_000,), "d_model": 64,
-                "tokens_per_param": 8.0},
+        "cpu": {
+            **COMMON["cpu"],
+            "depths": (1, 2, 3, 4, 6, 8),
+            "budgets": (200_000,),
+            "d_model": 64,
+            "tokens_per_param": 8.0,
+        },
         "gpu": {**COMMON["gpu"], "depths": (1, 2, 3, 4, 6, 8), "budgets": (1_600_000,), "d_model": 256, "d_head": 32},
-    }  # fmt: skip
+    }
     costs: ClassVar[dict[str, str]] = {
         "smoke": "depths 1,2 at 6k: two tiny members, 5-10 s on 2 CPU cores (the tests use it)",
         "cpu": "0.2M at depths 1,2,3,4,6,8 (8 tokens per parameter): 18 min on 2 CPU cores with --seeds 2 (measured; "
@@ -65,8 +71,16 @@ class Petty(TextExperiment):
     def members(self, cfg: PettyConfig) -> list[Member]:
         from depthprobe.probes.models import families
 
-        return families.petty(cfg.budgets[0], cfg.depths, shrink=cfg.shrink, d_model=cfg.d_model, d_head=cfg.d_head,
-                              match=cfg.match, vocab=cfg.vocab, context=cfg.context)  # fmt: skip
+        return families.petty(
+            cfg.budgets[0],
+            cfg.depths,
+            shrink=cfg.shrink,
+            d_model=cfg.d_model,
+            d_head=cfg.d_head,
+            match=cfg.match,
+            vocab=cfg.vocab,
+            context=cfg.context,
+        )
 
     def section(self, study: StudyData) -> str:
         from depthprobe.probes.render.study_sections import petty_section

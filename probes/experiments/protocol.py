@@ -155,8 +155,9 @@ def refusal(family: str, key: str, own: list[str]) -> ProbeError:
     owners = [n for n in EXPERIMENTS.names() if n != family and key in _loaded_fields(n)]
     flag = f"--{key.replace('_', '-')}"
     if owners:
-        return ProbeError(f"{flag} applies to the {', '.join(owners)} famil{'ies' if len(owners) > 1 else 'y'}, "
-                          f"not {family}; drop it")  # fmt: skip
+        return ProbeError(
+            f"{flag} applies to the {', '.join(owners)} famil{'ies' if len(owners) > 1 else 'y'}, not {family}; drop it"
+        )
     close = suggest(key, own).replace("'", "").replace("_", "-").replace("(did you mean ", "(did you mean --")
     return ProbeError(f"{flag} is not an option of the {family} family{close}; `probe list families` lists them")
 

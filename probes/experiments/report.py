@@ -18,8 +18,9 @@ def render(exp: Experiment, cfg: Any, tables: dict[str, pd.DataFrame], folder: P
     members = tables[MEMBERS_CSV]
     finished = bool((members["status"] == "ok").any()) if len(members) else False
     sections = exp.page(cfg, tables, folder) if finished else []
-    return study_page(exp.name, getattr(cfg, "preset", None), members, sections, dataclasses.asdict(cfg),
-                      exp.facts(cfg))  # fmt: skip
+    return study_page(
+        exp.name, getattr(cfg, "preset", None), members, sections, dataclasses.asdict(cfg), exp.facts(cfg)
+    )
 
 
 def write_report(exp: Experiment, cfg: Any, tables: dict[str, pd.DataFrame], folder: Path) -> Path:
@@ -41,7 +42,9 @@ def render_folder(folder: Path) -> str:
         raise ProbeError(f"{folder} has no readable {STUDY_JSON}; pass a study folder written by probe study") from None
     exp = get_experiment(str(saved.get("family")))
     fields = {f.name: f for f in dataclasses.fields(exp.Config)}
-    config = exp.Config(**{k: tuple(v) if isinstance(v, list) else v for k, v in saved["config"].items() if k in fields})
+    config = exp.Config(
+        **{k: tuple(v) if isinstance(v, list) else v for k, v in saved["config"].items() if k in fields}
+    )
     path = Path(folder) / MEMBERS_CSV
     members = pd.read_csv(path, dtype={"member": str, "status": str, "error": str}) if path.is_file() else None
     tables = {MEMBERS_CSV: read_members(Path(folder), exp.columns) if members is None else members}

@@ -150,8 +150,13 @@ def open_study(
         for name, why in sorted(damaged.items()):
             say(f"{name}: damaged ({why}); training it again")
         return done
-    payload = {"family": exp.name, "preset": getattr(cfg, "preset", None), "config": dataclasses.asdict(cfg),
-               **exp.record(cfg, context), "members": [j.name for j in jobs]}  # fmt: skip
+    payload = {
+        "family": exp.name,
+        "preset": getattr(cfg, "preset", None),
+        "config": dataclasses.asdict(cfg),
+        **exp.record(cfg, context),
+        "members": [j.name for j in jobs],
+    }
     folders.write_study_json(folder, payload)
     return set()
 
@@ -188,10 +193,18 @@ def run_jobs(
 
     processes = 1 if where.backend == "ray" else min(where.jobs or 1, max(1, len(todo)))
     try:
-        map_jobs(exp.run_member, todo, backend=where.backend, address=where.address, retries=where.retries,
-                 cpus_per_job=where.cpus_per_member, gpus_per_job=where.gpus_per_member, processes=processes,
-                 setup=plugin_setup(exp, setup),
-                 on_done=lambda i, r: finished(i, r.value if r.ok else None, member_error(r)))  # fmt: skip
+        map_jobs(
+            exp.run_member,
+            todo,
+            backend=where.backend,
+            address=where.address,
+            retries=where.retries,
+            cpus_per_job=where.cpus_per_member,
+            gpus_per_job=where.gpus_per_member,
+            processes=processes,
+            setup=plugin_setup(exp, setup),
+            on_done=lambda i, r: finished(i, r.value if r.ok else None, member_error(r)),
+        )
     except BaseException:  # members stopped mid-write (their processes are gone) leave no hidden folder
         artifacts.remove_stale_partials(folder / folders.MEMBERS / "any", any_name=True)
         raise

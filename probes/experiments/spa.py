@@ -45,10 +45,17 @@ class Spa(TextExperiment):
         "smoke": {**COMMON["smoke"], "depths": (2,), "d_model": 16, "variants": ("pre-ln", "e-spa")},
         # spa ranks variants only after a per-variant learning-rate grid and 2 seeds (He et al.'s claim is
         # about trainability at a tuned rate); tokens trimmed to keep that affordable
-        "cpu": {**COMMON["cpu"], "depths": (4, 8), "d_model": 64, "tokens_per_param": 5.0, "min_tokens": 500_000,
-                "lrs": (1e-3, 3e-3, 1e-2), "seeds": 2},
+        "cpu": {
+            **COMMON["cpu"],
+            "depths": (4, 8),
+            "d_model": 64,
+            "tokens_per_param": 5.0,
+            "min_tokens": 500_000,
+            "lrs": (1e-3, 3e-3, 1e-2),
+            "seeds": 2,
+        },
         "gpu": {**COMMON["gpu"], "depths": (8, 16, 32), "d_model": 256, "d_head": 32},
-    }  # fmt: skip
+    }
     costs: ClassVar[dict[str, str]] = {
         "smoke": "depth 2 at width 16, pre-ln and e-spa: two tiny members, 5-10 s on 2 CPU cores (the tests use it)",
         "cpu": "width 64 at depths 4,8, five variants, learning-rate grid 1e-3,3e-3,1e-2 (each on 20% of the tokens), "
@@ -60,8 +67,13 @@ class Spa(TextExperiment):
     def members(self, cfg: SpaConfig) -> list[Member]:
         from depthprobe.probes.models import families
 
-        return families.spa(width=cfg.d_model, depths=cfg.depths, variants=cfg.variants,
-                            heads=max(1, cfg.d_model // cfg.d_head), mlp=cfg.mlp)  # fmt: skip
+        return families.spa(
+            width=cfg.d_model,
+            depths=cfg.depths,
+            variants=cfg.variants,
+            heads=max(1, cfg.d_model // cfg.d_head),
+            mlp=cfg.mlp,
+        )
 
     def sizes(self, job: TextJob, vocab: int) -> tuple[int, int] | None:
         return None  # the variants differ in small per-layer parameters: counted on the built model
@@ -73,8 +85,9 @@ class Spa(TextExperiment):
         from depthprobe.probes.data import corpus as corpora
         from depthprobe.probes.models import variant_net
 
-        model = variant_net.build(job.member.spa(corpus.vocab, job.config.context, job.seed), device=device,
-                                  name=job.name)  # fmt: skip
+        model = variant_net.build(
+            job.member.spa(corpus.vocab, job.config.context, job.seed), device=device, name=job.name
+        )
         model.tokenizer = corpora.hf_tokenizer(corpus.tokenizer)
         model.special_ids = frozenset({corpus.bos})
         return model
@@ -83,8 +96,9 @@ class Spa(TextExperiment):
         from depthprobe.probes.data import corpus as corpora
         from depthprobe.probes.models import variant_net
 
-        variant_net.save_checkpoint(model, folder, {"study": {"member": job.name, "family": self.name,
-                                                              "corpus": corpus.label}})  # fmt: skip
+        variant_net.save_checkpoint(
+            model, folder, {"study": {"member": job.name, "family": self.name, "corpus": corpus.label}}
+        )
         corpora.save_tokenizer(corpus.tokenizer, folder)
 
     def section(self, study: StudyData) -> str:

@@ -38,17 +38,62 @@ if TYPE_CHECKING:
     from depthprobe.probes.render.study_data import StudyData
 
 COLUMNS = [
-    "family", "member", "variant", "depth", "d_model", "d_ff", "d_ff_ratio", "n_heads", "d_head", "budget", "match",
-    "budget_miss", "params_nonembed", "params_embed", "params_total", "embed_share", "tokens", "passes", "flops",
-    "seed", "lr", "val_loss", "val_bpb",
-    "induction_best", "induction_chance", "kernel_cos_last", "kernel_cos_last_init", "entropy_mean",
-    "icl_score", "tokens_per_s", "wall_s", "device", "status", "error",
-]  # fmt: skip
+    "family",
+    "member",
+    "variant",
+    "depth",
+    "d_model",
+    "d_ff",
+    "d_ff_ratio",
+    "n_heads",
+    "d_head",
+    "budget",
+    "match",
+    "budget_miss",
+    "params_nonembed",
+    "params_embed",
+    "params_total",
+    "embed_share",
+    "tokens",
+    "passes",
+    "flops",
+    "seed",
+    "lr",
+    "val_loss",
+    "val_bpb",
+    "induction_best",
+    "induction_chance",
+    "kernel_cos_last",
+    "kernel_cos_last_init",
+    "entropy_mean",
+    "icl_score",
+    "tokens_per_s",
+    "wall_s",
+    "device",
+    "status",
+    "error",
+]
 PLAN_COLUMNS = [
-    "family", "member", "depth", "d_model", "n_heads", "d_head", "d_ff", "d_ff_ratio", "budget", "match",
-    "budget_miss", "params_nonembed", "params_embed", "params_total", "embed_share", "tokens", "passes", "flops",
+    "family",
+    "member",
+    "depth",
+    "d_model",
+    "n_heads",
+    "d_head",
+    "d_ff",
+    "d_ff_ratio",
+    "budget",
+    "match",
+    "budget_miss",
+    "params_nonembed",
+    "params_embed",
+    "params_total",
+    "embed_share",
+    "tokens",
+    "passes",
+    "flops",
     "cpu_minutes",
-]  # fmt: skip
+]
 TASK_ORDER = ("induction", "kernels", "kernels-init", "attention-stats")
 # the per-layer metric(s) drawn per task folder; the others are named in a note
 PROBE_METRICS = {
@@ -130,8 +175,12 @@ class TextExperiment(Experiment):
     def size_columns(member: Member, nonembed: int, embed: int) -> dict[str, Any]:
         """params_* columns, the embedding share and (with a budget) how far the count misses it."""
         total = nonembed + embed
-        out: dict[str, Any] = {"params_nonembed": nonembed, "params_embed": embed, "params_total": total,
-                               "embed_share": embed / total}  # fmt: skip
+        out: dict[str, Any] = {
+            "params_nonembed": nonembed,
+            "params_embed": embed,
+            "params_total": total,
+            "embed_share": embed / total,
+        }
         if member.budget is not None:
             counted = total if member.match == "total" else nonembed
             out.update(match=member.match, budget_miss=(counted - member.budget) / member.budget)
@@ -150,8 +199,17 @@ class TextExperiment(Experiment):
         replaces them with the counts of the built model)."""
         m = job.member
         row = super().base_row(job)
-        row.update(variant=m.variant, depth=m.depth, d_model=m.d_model, d_ff=m.d_ff, d_ff_ratio=m.d_ff_ratio,
-                   n_heads=m.n_heads, d_head=m.d_head, budget=m.budget, seed=job.seed)  # fmt: skip
+        row.update(
+            variant=m.variant,
+            depth=m.depth,
+            d_model=m.d_model,
+            d_ff=m.d_ff,
+            d_ff_ratio=m.d_ff_ratio,
+            n_heads=m.n_heads,
+            d_head=m.d_head,
+            budget=m.budget,
+            seed=job.seed,
+        )
         sizes = self.sizes(job, job.config.vocab)
         if sizes is not None:
             row.update(self.size_columns(m, *sizes))
@@ -224,8 +282,20 @@ class TextExperiment(Experiment):
             )
 
     def headline(self, tables: dict[str, pd.DataFrame]) -> pd.DataFrame:
-        cols = ["member", "depth", "d_model", "d_ff", "params_nonembed", "params_total", "embed_share", "tokens",
-                "passes", "val_loss", "val_bpb", "status"]  # fmt: skip
+        cols = [
+            "member",
+            "depth",
+            "d_model",
+            "d_ff",
+            "params_nonembed",
+            "params_total",
+            "embed_share",
+            "tokens",
+            "passes",
+            "val_loss",
+            "val_bpb",
+            "status",
+        ]
         return tables["members.csv"][cols]
 
     def facts(self, config: Any) -> list[str]:
@@ -245,8 +315,12 @@ class TextExperiment(Experiment):
         grid = len(config.lrs) * config.lr_fraction * tokens if len(config.lrs) > 1 else 0.0
         per_token = families.flops_per_token(nonembed, m.d_model * context.vocab, m.depth, m.d_attn, config.context)
         flops = (tokens + grid) * per_token
-        row.update(tokens=tokens, passes=tokens / int(context.train_ids.numel()), flops=flops,
-                   cpu_minutes=flops / self.cpu_flops / 60)  # fmt: skip
+        row.update(
+            tokens=tokens,
+            passes=tokens / int(context.train_ids.numel()),
+            flops=flops,
+            cpu_minutes=flops / self.cpu_flops / 60,
+        )
         return {c: row.get(c) for c in PLAN_COLUMNS}
 
     def page(self, config: Any, tables: dict[str, pd.DataFrame], folder: Path) -> list[str]:
@@ -256,8 +330,7 @@ class TextExperiment(Experiment):
         members = tables["members.csv"].copy()
         members["status"] = members["status"].fillna("").astype(str).str.strip()
         study = StudyData(folder, self.name, config.preset, dataclasses.asdict(config), members)
-        return [self.section(study), kernels_section(study, self.group),
-                probes_section(study, probe_curves(study))]  # fmt: skip
+        return [self.section(study), kernels_section(study, self.group), probes_section(study, probe_curves(study))]
 
 
 def probe_tasks(study: StudyData, members: list[str]) -> dict[str, list[tuple[str, Path]]]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from decimal import Decimal, InvalidOperation
 from typing import Any, Literal
 
 from depthprobe.probes.base.errors import ProbeError
@@ -110,6 +111,35 @@ GPU_COST = (
     "needs a --corpus of at least 8M training tokens (about 20 MB of English text; the built-in one is refused): "
     "about an hour on one large GPU (estimated; not run on a GPU yet), 10-20 hours on 2 CPU cores"
 )
+
+
+def parse_budgets(text: str) -> tuple[int, ...]:
+    """``"50k,200k,1.6M,1e6,12345"`` -> (50000, 200000, 1600000, 1000000, 12345).
+
+    Suffixes k (1e3) and M (1e6), either case; each budget must be a positive whole number after
+    scaling, and none may repeat."""
+    pieces = [p.strip() for p in str(text).split(",")]
+    if not any(pieces):
+        raise ProbeError("--budgets is empty: give non-embedding parameter counts such as 50k,200k,1.6M")
+    out: list[int] = []
+    for piece in pieces:
+        if not piece:
+            raise ProbeError(f"--budgets {text!r} has an empty entry; separate budgets with single commas")
+        scale, digits = 1, piece
+        if piece[-1] in "kKmM":
+            scale, digits = (1000 if piece[-1] in "kK" else 1_000_000), piece[:-1]
+        try:
+            value = Decimal(digits) * scale
+        except InvalidOperation:
+            raise ProbeError(
+                f"--budgets: {piece!r} is not a number; write counts like 50k, 1.6M, 1e6 or 12345"
+            ) from None
+        if not value.is_finite() or value != value.to_integral_value() or value < 1:
+            raise ProbeError(f"--budgets: {piece!r} is not a positive whole number of parameters; e.g. 50k or 1.6M")
+        if int(value) in out:
+            raise ProbeError(f"--budgets: {piece!r} repeats budget {int(value)}; give each budget once")
+        out.append(int(value))
+    return tuple(out)
 
 
 def parse_vocab(text: str) -> int:

@@ -164,24 +164,37 @@ def _run(exp: TextExperiment, job: TextJob, folder: Path) -> dict[str, Any]:
     if trials:
         write_csv(folder / "lr_grid.csv", pd.DataFrame(trials))
     exp.save(model, job, corpus, folder / "checkpoint")
-    ind = probe(model, "induction", folder / "runs" / "induction", max_len=cfg.context, icl_text=Text(corpus.val_text),
-                icl_windows=cfg.icl_windows, repeat_len=min(25, (cfg.context - 1) // 2))  # fmt: skip
+    ind = probe(
+        model,
+        "induction",
+        folder / "runs" / "induction",
+        max_len=cfg.context,
+        icl_text=Text(corpus.val_text),
+        icl_windows=cfg.icl_windows,
+        repeat_len=min(25, (cfg.context - 1) // 2),
+    )
     ker = probe(model, "kernels", folder / "runs" / "kernels", data=lines, max_len=cfg.context)
     att = probe(model, "attention-stats", folder / "runs" / "attention-stats", data=lines, max_len=cfg.context)
     m = job.member
     row.update(exp.size_columns(m, nonembed, embed))
     row.update(
-        tokens=run.tokens, passes=run.tokens / corpus.train_ids.numel(), lr=lr,
+        tokens=run.tokens,
+        passes=run.tokens / corpus.train_ids.numel(),
+        lr=lr,
         flops=run.tokens * families.flops_per_token(nonembed, m.d_model * corpus.vocab, m.depth, m.d_attn, cfg.context),
-        val_loss=run.val["val_loss"], val_bpb=run.val["val_bpb"],
+        val_loss=run.val["val_loss"],
+        val_bpb=run.val["val_bpb"],
         induction_best=ind.headline.get("best_induction_score"),
         induction_chance=ind.headline.get("induction_chance"),
         icl_score=ind.headline.get("icl_score"),
         kernel_cos_last=ker.headline.get("final_mean_cosine"),
         kernel_cos_last_init=init.headline.get("final_mean_cosine"),
         entropy_mean=mean_metric(att, "entropy"),
-        tokens_per_s=run.tokens_per_s, device=str(device), status="ok", error="",
-    )  # fmt: skip
+        tokens_per_s=run.tokens_per_s,
+        device=str(device),
+        status="ok",
+        error="",
+    )
     row["wall_s"] = time.perf_counter() - t0
     return finish_member(folder, row, corpus=corpus.label, corpus_key=corpus.key, corpus_digest=corpus.digest)
 

@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 
 from depthprobe.probes.render.charts import heatmap_svg
-from depthprobe.probes.render.html import esc, page, svg_img
+from depthprobe.probes.render.html import esc, svg_img
 from depthprobe.probes.render.html import table as html_table
 from depthprobe.probes.render.lines import Series, chart_svg
 
@@ -41,8 +41,10 @@ def predicted_line(svg: str, depths: list[int], predicted: list[int]) -> str:
         y = TOP + r * CELL_H
         points += [(LEFT + j * CELL_W, y), (LEFT + (j + 1) * CELL_W, y)]
     text = " ".join(f"{x:g},{y:g}" for x, y in points)
-    line = (f'<polyline class="predicted" points="{text}" fill="none" stroke="#d62728" stroke-width="2.5">'
-            "<title>predicted first depth (law.csv)</title></polyline>")  # fmt: skip
+    line = (
+        f'<polyline class="predicted" points="{text}" fill="none" stroke="#d62728" stroke-width="2.5">'
+        "<title>predicted first depth (law.csv)</title></polyline>"
+    )
     return svg[: svg.rindex("</svg>")] + line + "</svg>"
 
 
@@ -61,8 +63,10 @@ def heatmaps(key: str, acc: pd.DataFrame, law: pd.DataFrame) -> str:
         if predicted is not None:
             svg = predicted_line(svg, depths, [int(predicted[(values[0], c)]) for c in cols])
             what += "; red line: the predicted first depth (cells below it are predicted to solve)"
-        parts.append(f"<figure>{svg_img(svg, 'accuracy heatmap')}<figcaption>accuracy (mean over seeds) by depth "
-                     f"and {key}: {esc(what)}</figcaption></figure>")  # fmt: skip
+        parts.append(
+            f"<figure>{svg_img(svg, 'accuracy heatmap')}<figcaption>accuracy (mean over seeds) by depth "
+            f"and {key}: {esc(what)}</figcaption></figure>"
+        )
     return "<h2>Accuracy</h2>" + "".join(parts)
 
 
@@ -84,8 +88,17 @@ def curves(key: str, curve: pd.DataFrame, members: pd.DataFrame, threshold: floa
             spread = tuple(zip(mean["min"], mean["max"], strict=True))
             series.append(Series(label, points, spread=spread, dashed=bool(control)))
         name = " ".join(f"{k} {v}" for k, v in zip(keys, group if isinstance(group, tuple) else (group,), strict=True))
-        charts.append(chart_svg(series, title=f"accuracy during training, {name}", x_label="step",
-                                y_label="accuracy", rules=(threshold,), width=460, height=260))  # fmt: skip
+        charts.append(
+            chart_svg(
+                series,
+                title=f"accuracy during training, {name}",
+                x_label="step",
+                y_label="accuracy",
+                rules=(threshold,),
+                width=460,
+                height=260,
+            )
+        )
     return (
         "<h2>Learning curves</h2><p class='meta'>error bars: min to max over seeds; dotted: the threshold</p>"
         + "".join(charts)
@@ -105,11 +118,19 @@ def control(key: str, acc: pd.DataFrame, members: pd.DataFrame) -> str:
     for label, part in (("wide 2-layer control", ctrl), (f"depth {main['depth'].max()}", deepest)):
         for key, at in part.groupby(keys, sort=True):
             rec = dict(zip(keys, key if isinstance(key, tuple) else (key,), strict=True))
-            rows.append({"model": label, "d_model": int(at["d_model"].iloc[0]),
-                         "params": int(params.get(at["member"].iloc[0], 0)), **rec,
-                         "accuracy (mean over seeds)": round(float(at["accuracy"].mean()), 4)})  # fmt: skip
-    return ("<h2>Wide shallow control</h2><p class='meta'>2 layers with at least the deepest member's "
-            "parameters (counted from the built models)</p>" + html_table(rows))  # fmt: skip
+            rows.append(
+                {
+                    "model": label,
+                    "d_model": int(at["d_model"].iloc[0]),
+                    "params": int(params.get(at["member"].iloc[0], 0)),
+                    **rec,
+                    "accuracy (mean over seeds)": round(float(at["accuracy"].mean()), 4),
+                }
+            )
+    return (
+        "<h2>Wide shallow control</h2><p class='meta'>2 layers with at least the deepest member's "
+        "parameters (counted from the built models)</p>" + html_table(rows)
+    )
 
 
 def hop_summary(layers: pd.DataFrame) -> str:
@@ -117,12 +138,16 @@ def hop_summary(layers: pd.DataFrame) -> str:
     if layers.empty:
         return ""
     wide = layers.pivot_table(index=["member", "depth"], columns="layer", values="largest_hop", aggfunc="first")
-    records = [{"member": m, "depth": d, **{f"layer {int(c)}": ("" if pd.isna(v) else int(v))
-                for c, v in row.items()}} for (m, d), row in wide.iterrows()]  # fmt: skip
-    return ("<h2>Hop attention</h2><p class='meta'>per member and layer: the largest hop j some head resolves "
-            "(mean attention from i to p^j(i) >= 0.5 and >= 3x chance; 0: none). Sanford et al.'s construction "
-            "doubles the hop count per layer after a two-layer induction head; attention is where a head looks, "
-            "not proof of use.</p>" + html_table(records))  # fmt: skip
+    records = [
+        {"member": m, "depth": d, **{f"layer {int(c)}": ("" if pd.isna(v) else int(v)) for c, v in row.items()}}
+        for (m, d), row in wide.iterrows()
+    ]
+    return (
+        "<h2>Hop attention</h2><p class='meta'>per member and layer: the largest hop j some head resolves "
+        "(mean attention from i to p^j(i) >= 0.5 and >= 3x chance; 0: none). Sanford et al.'s construction "
+        "doubles the hop count per layer after a two-layer induction head; attention is where a head looks, "
+        "not proof of use.</p>" + html_table(records)
+    )
 
 
 def law_sections(tables: Mapping[str, pd.DataFrame], *, key: str, threshold: float, prediction: str) -> list[str]:
@@ -134,9 +159,12 @@ def law_sections(tables: Mapping[str, pd.DataFrame], *, key: str, threshold: flo
     if acc.empty:
         return [*parts, "<p class='note'>no member finished; there is nothing to plot.</p>"]
     parts.append("<h2>The law</h2>" + html_table(law.astype(object).where(law.notna(), "").to_dict("records")))
-    parts += [heatmaps(key, acc, law), control(key, acc, members),
-              curves(key, tables.get("curves.csv", pd.DataFrame()), members, threshold),
-              hop_summary(tables.get("hop_layers.csv", pd.DataFrame()))]  # fmt: skip
+    parts += [
+        heatmaps(key, acc, law),
+        control(key, acc, members),
+        curves(key, tables.get("curves.csv", pd.DataFrame()), members, threshold),
+        hop_summary(tables.get("hop_layers.csv", pd.DataFrame())),
+    ]
     return parts
 
 

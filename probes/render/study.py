@@ -63,8 +63,12 @@ def study_page(
     status = members["status"].fillna("").astype(str).str.strip()
     ok, failed = members[status == "ok"], members[status != "ok"]
     title = f"depthprobe study: {family}"
-    head = [f"family {family}", f"preset {preset or 'none (explicit options)'}", *facts,
-            f"members {len(ok)} ok, {len(failed)} failed"]  # fmt: skip
+    head = [
+        f"family {family}",
+        f"preset {preset or 'none (explicit options)'}",
+        *facts,
+        f"members {len(ok)} ok, {len(failed)} failed",
+    ]
     parts = [f"<h1>{esc(title)}</h1>", "<p class='meta'>" + " · ".join(esc(f) for f in head) + "</p>"]
     if len(failed):
         parts.append(failed_list(failed))

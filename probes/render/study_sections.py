@@ -208,9 +208,10 @@ def petty_section(study: StudyData) -> str:
         )
     narrow = shapes[shapes["d_ff"] < shapes["d_model"]]
     where = ", ".join(f"L={int(d)} ({g})" for d, g in zip(narrow["depth"], narrow["group"], strict=True))
-    ratios = "; ".join(f"L={int(d)}: {f / m:.2f} ({g})"
-                       for d, f, m, g in zip(shapes["depth"], shapes["d_ff"], shapes["d_model"], shapes["group"],
-                                             strict=True))  # fmt: skip
+    ratios = "; ".join(
+        f"L={int(d)}: {f / m:.2f} ({g})"
+        for d, f, m, g in zip(shapes["depth"], shapes["d_ff"], shapes["d_model"], shapes["group"], strict=True)
+    )
     parts += [
         "<h2>Width vs depth</h2>",
         "<p class='meta'>d_ff (solid) and d_model (dashed) of each depth; points where d_ff &lt; d_model are "
@@ -382,4 +383,4 @@ def probes_section(study: StudyData, probes: Sequence[ProbeCurves]) -> str:
     return "\n".join(parts)
 
 
-__all__ = ["SECTIONS", "ProbeCurves", "kernels_section", "probes_section"]
+__all__ = ["ProbeCurves", "kernels_section", "probes_section"]

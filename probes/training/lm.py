@@ -185,12 +185,27 @@ def _loop(model: Model, corpus: corpora.Corpus, cfg: LMConfig, progress: Callabl
             progress(done, cfg.steps)
         return False
 
-    plan = Steps(steps=cfg.steps, lr_at=cfg.lr_at, grad_clip=cfg.grad_clip, log_every=cfg.log_every,
-                 log_at=frozenset(evals), check_finite=True)  # fmt: skip
+    plan = Steps(
+        steps=cfg.steps,
+        lr_at=cfg.lr_at,
+        grad_clip=cfg.grad_clip,
+        log_every=cfg.log_every,
+        log_at=frozenset(evals),
+        check_finite=True,
+    )
     source = CorpusSource(corpus, cfg.seed, cfg.batch_size, cfg.context)
     params = [p for p in net.parameters() if p.requires_grad]
-    loop = train_steps(net, logits_fn(model), source, optimizer(model, cfg), params, plan, device=model.device,
-                       on_window=on_window, after_step=after_step)  # fmt: skip
+    loop = train_steps(
+        net,
+        logits_fn(model),
+        source,
+        optimizer(model, cfg),
+        params,
+        plan,
+        device=model.device,
+        on_window=on_window,
+        after_step=after_step,
+    )
     run.seconds = loop.seconds
     run.tokens = cfg.steps * per_step
     run.val = evaluate(model, corpus, cfg)
