@@ -49,7 +49,8 @@ class MemberOutput:
 
 
 class Experiment:
-    """One depth family. Subclasses set the class attributes and the four methods below."""
+    """One depth family: its Config, presets and costs (class attributes), and plan, run_member,
+    tables and page; the other methods have defaults a family may override."""
 
     name: ClassVar[str]
     description: ClassVar[str] = ""
