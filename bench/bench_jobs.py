@@ -29,8 +29,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import common  # noqa: F401  (offline environment)
 
-from depthprobe.probes.experiments.runner import study
 from depthprobe.probes.api.sweep import sweep
+from depthprobe.probes.experiments.runner import study
 
 TIMED = ["wall_s", "tokens_per_s"]
 SWEEP_SMOKE = {  # depths 1,2: a few seconds to a minute per member on one core

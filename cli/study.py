@@ -108,7 +108,7 @@ def family_options(args: list[str]) -> dict[str, str]:
     return out
 
 
-def _run(exp: Any, family: str, preset: str, out: Path | None, given: dict[str, str], **where: Any) -> None:
+def _run(exp: Any, family: str, preset: str, out: Path | None, given: dict[str, Any], **where: Any) -> None:
     import pandas as pd
 
     from depthprobe.probes.experiments.folder import left_behind

@@ -86,9 +86,9 @@ def test_match_total_counts_embeddings():
     for m in families.levine([100_000], [(1, 2)], match="total", vocab=BYTE_VOCAB, context=128):
         total = families.nonembed_params(m.depth, m.d_model, m.d_attn, m.d_ff) + m.d_model * (2 * 257 + 128)
         assert abs(total - 100_000) <= 5000 and m.n_heads >= 2, m
-    with pytest.raises(ProbeError, match="choose from nonembed, total"):
+    with pytest.raises(ProbeError, match="use nonembed or total"):
         resolve("levine", "smoke", match="totl")
-    with pytest.raises(ProbeError, match="spa members have no budget"):
+    with pytest.raises(ProbeError, match="--match applies to the levine, petty families, not spa"):
         resolve("spa", "smoke", match="total")
 
 

@@ -16,12 +16,14 @@ digest; a damaged one is trained again, a failed one run again.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
+import os
 import shutil
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -38,6 +40,54 @@ PLAN_CSV = "plan.csv"
 MEMBERS = "members"
 MEMBER_JSON = "member.json"
 REPORT = "report.html"
+LOCK = ".study.lock"  # the pid of the run that holds the folder
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's live process
+        return True
+    return True
+
+
+@contextlib.contextmanager
+def locked(folder: Path, say: Callable[[str], None]) -> Iterator[None]:
+    """Hold the study folder for this run: ``OUT/.study.lock`` with this process's pid, created
+    atomically. A folder held by a live process is refused (two runs on one folder would overwrite
+    each other's members); a lock left by a dead process is taken over with a note. A folder this
+    run created and left holding nothing but its lock is removed again."""
+    created = not folder.exists()
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / LOCK
+    for _ in range(2):
+        try:
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            break
+        except FileExistsError:
+            try:
+                pid = int(path.read_text().split()[0])
+            except (OSError, ValueError, IndexError):
+                pid = 0
+            if pid > 0 and _alive(pid):
+                raise ProbeError(
+                    f"--out {folder} is in use by another probe study (pid {pid}); wait for it to finish, or pass "
+                    "another --out"
+                ) from None
+            say(f"{folder}: taking over the lock of a run that is gone (pid {pid or 'unknown'})")
+            path.unlink(missing_ok=True)
+    else:
+        raise ProbeError(f"--out {folder}: another run took its lock at the same moment; pass another --out")
+    with os.fdopen(fd, "w") as f:
+        f.write(f"{os.getpid()}\n")
+    try:
+        yield
+    finally:
+        path.unlink(missing_ok=True)
+        if created and folder.is_dir() and not any(folder.iterdir()):
+            folder.rmdir()
 
 
 def check_folder(folder: Path, family: str, config: Any, resumable: tuple[str, ...]) -> dict[str, Any] | None:
@@ -47,7 +97,7 @@ def check_folder(folder: Path, family: str, config: Any, resumable: tuple[str, .
     if folder.exists() and not folder.is_dir():
         raise ProbeError(f"--out {folder} is a file, not a folder; choose another --out")
     if not meta.exists():
-        if folder.exists() and any(p.name != PLAN_CSV for p in folder.iterdir()):  # a --dry-run's plan may be there
+        if folder.exists() and any(p.name not in (PLAN_CSV, LOCK) for p in folder.iterdir()):  # a dry run's plan
             raise ProbeError(f"--out {folder} exists and holds no study ({STUDY_JSON}); pass a new --out")
         artifacts.check_out(folder, "--out", may_exist=True)
         return None

@@ -45,6 +45,11 @@ class KHopConfig(LawConfig):
             raise ProbeError(f"--letters must be at least 2 (no letter twice in a row), got {self.letters}")
         if self.length < 2:
             raise ProbeError(f"--length must be at least 2, got {self.length}")
+        if self.max_k > self.length:
+            raise ProbeError(
+                f"--ks {self.max_k} is above --length {self.length}: more hops than letters never has a letter "
+                "answer; use hop counts up to the length"
+            )
         if self.hop_sequences < 1:
             raise ProbeError(f"--hop-sequences must be at least 1, got {self.hop_sequences}")
 

@@ -31,6 +31,10 @@ if TYPE_CHECKING:
     from depthprobe.probes.models.model import Model, NativeConfig
     from depthprobe.probes.training.loop import BatchSource
 
+MAX_SEEDS = 1000  # seeds per study (a plan of more members is refused, not built)
+MAX_DEPTH = 1000  # layers of a member
+MAX_STEPS = 100_000_000  # training steps of a member
+MAX_EVALS = 100_000  # learning-curve evaluations of a member (steps / eval_every)
 ROW_COLUMNS = [
     "family",
     "member",
@@ -79,8 +83,15 @@ class LawConfig:
             if getattr(self, name) < 1:
                 raise ProbeError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
         check_seed(self.seeds - 1, "--seeds")
-        if not self.depths or any(d < 1 for d in self.depths):
-            raise ProbeError(f"--depths must be positive integers, got {list(self.depths)}")
+        if self.seeds > MAX_SEEDS:
+            raise ProbeError(f"--seeds must be at most {MAX_SEEDS}, got {self.seeds}; run fewer seeds")
+        if not self.depths or any(not 1 <= d <= MAX_DEPTH for d in self.depths):
+            raise ProbeError(f"--depths must be integers from 1 to {MAX_DEPTH}, got {list(self.depths)}")
+        if self.steps > MAX_STEPS or self.steps // self.eval_every > MAX_EVALS:
+            raise ProbeError(
+                f"--steps {self.steps:,} with --eval-every {self.eval_every:,} is too long: at most {MAX_STEPS:,} "
+                f"steps and {MAX_EVALS:,} learning-curve evaluations; lower --steps or raise --eval-every"
+            )
         bad = [d for d in self.d_models if d < 1 or d % self.heads]
         if not self.d_models or bad:
             raise ProbeError(
@@ -205,6 +216,25 @@ class LawExperiment(Experiment):
     def probe(self, job: LawJob, model: Model, folder: Path) -> None:
         """What the family measures on a trained member besides accuracy (files in ``folder``)."""
 
+    def prepare(self, config: Any, jobs: list[LawJob], say: Any) -> None:
+        """Refuse, before anything is written, a member that cannot fit: its weights, gradients,
+        AdamW's moments and a training batch's activations against the memory available."""
+        from depthprobe.probes.models.device import check_size, native_bytes, resolve_device
+
+        device = resolve_device(config.device) if config.device is not None else None
+
+        def need(job: LawJob) -> tuple[int, int]:
+            native = job.native()
+            per_token = native.layers * native.d_model * 24 + native.d_vocab  # activations kept for backward
+            batch = config.batch_size * native.n_ctx * per_token * 4
+            return native.n_params(), native_bytes(native, training=True) + batch
+
+        biggest = max(jobs, key=lambda j: need(j)[1])
+        what = (
+            f"member {biggest.name} with batches of {config.batch_size} (lower --batch-size, the length or the width)"
+        )
+        check_size(*need(biggest), what, device)
+
     # -- the protocol --------------------------------------------------------------------------
     def plan(self, config: Any) -> list[LawJob]:
         """Every member, seed-major: (per group) depth x width, then the control."""
@@ -218,7 +248,7 @@ class LawExperiment(Experiment):
                     for d in config.d_models
                     for depth in config.depths
                 ]
-                if config.control:
+                if config.control and not (2 in config.depths and wide in config.d_models):
                     jobs.append(LawJob(config, 2, wide, seed, control=True, group=group, vocab=vocab, context=context))
         return jobs
 

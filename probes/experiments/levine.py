@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from depthprobe.probes.experiments.text import TextExperiment
-from depthprobe.probes.experiments.text_config import COMMON, GPU_COST, Match, TextConfig, check_budgets, parse_budgets
+from depthprobe.probes.experiments.text_config import COMMON, GPU_COST, TextConfig, check_budgets, parse_budgets
 
 if TYPE_CHECKING:
     from depthprobe.probes.models.family_member import Member
@@ -24,7 +24,7 @@ class LevineConfig(TextConfig):
     ``match``: what they count (non-embedding, or in total with the embeddings)."""
 
     budgets: tuple[int, ...] = (4000,)
-    match: Match = "nonembed"
+    match: Literal["nonembed", "total"] = "nonembed"
 
     def __post_init__(self) -> None:
         super().__post_init__()

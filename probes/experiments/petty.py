@@ -15,7 +15,6 @@ from depthprobe.probes.experiments.text import TextExperiment
 from depthprobe.probes.experiments.text_config import (
     COMMON,
     GPU_COST,
-    Match,
     TextConfig,
     check_budgets,
     check_width,
@@ -34,7 +33,7 @@ class PettyConfig(TextConfig):
 
     budgets: tuple[int, ...] = (4000,)
     shrink: Literal["d_ff", "d_model", "d_attn"] = "d_ff"
-    match: Match = "nonembed"
+    match: Literal["nonembed", "total"] = "nonembed"
     d_model: int = 64
 
     def __post_init__(self) -> None:

@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from depthprobe.probes.engine.distributed import JobResult
 
 DEFAULT_ROOT = Path("artifacts") / "studies"
+MAX_MEMBERS = 10_000  # members of one study
 
 
 @dataclass
@@ -110,6 +111,10 @@ def study(
     where = Backend(backend, address, cpus_per_member, gpus_per_member, retries, jobs)
     where.check()
     jobs_ = exp.plan(cfg)  # impossible plans fail here, before anything is written
+    if len(jobs_) > MAX_MEMBERS:
+        raise ProbeError(
+            f"the study plans {len(jobs_):,} members, more than {MAX_MEMBERS:,}; plan fewer (depths, widths, seeds)"
+        )
     folder = Path(out) if out is not None else default_folder(family, preset)
     saved = folders.check_folder(folder, family, cfg, exp.resumable)
     if backend == "local":  # Ray workers may have devices the driver lacks
@@ -117,17 +122,19 @@ def study(
 
         resolve_device(getattr(cfg, "device", None))
     say = echo or (lambda line: print(line, file=sys.stderr))
-    context = exp.prepare(cfg, jobs_, say)
-    done = open_study(exp, folder, cfg, jobs_, context, saved, say)
-    dest = None if backend == "ray" else folder / folders.MEMBERS  # local members write their own folders
-    todo = [exp.bind(j, context, None if dest is None else str(dest / j.name)) for j in jobs_ if j.name not in done]
-    if done:
-        say(f"{len(done)} finished member(s) kept in {folder}; {len(todo)} to run")
-    run_jobs(exp, cfg, folder, todo, len(done), len(jobs_), say, where, exp.setup(cfg, context))
-    tables = write_tables(exp, cfg, folder)
-    from depthprobe.probes.experiments.report import write_report
+    context = exp.prepare(cfg, jobs_, say)  # refusals here write nothing
+    with folders.locked(folder, say):
+        saved = folders.check_folder(folder, family, cfg, exp.resumable)  # again, now that this run holds it
+        done = open_study(exp, folder, cfg, jobs_, context, saved, say)
+        dest = None if backend == "ray" else folder / folders.MEMBERS  # local members write their own folders
+        todo = [exp.bind(j, context, None if dest is None else str(dest / j.name)) for j in jobs_ if j.name not in done]
+        if done:
+            say(f"{len(done)} finished member(s) kept in {folder}; {len(todo)} to run")
+        run_jobs(exp, cfg, folder, todo, len(done), len(jobs_), say, where, exp.setup(cfg, context))
+        tables = write_tables(exp, cfg, folder)
+        from depthprobe.probes.experiments.report import write_report
 
-    write_report(exp, cfg, tables, folder)
+        write_report(exp, cfg, tables, folder)
     return Study(family=family, config=cfg, folder=folder, tables=tables)
 
 
@@ -262,6 +269,8 @@ def dry_run(
     exp = get_experiment(family)
     cfg = exp.config(preset, **options)
     jobs = exp.plan(cfg)
+    if len(jobs) > MAX_MEMBERS:
+        raise ProbeError(f"the study plans {len(jobs):,} members, more than {MAX_MEMBERS:,}; plan fewer")
     folder = Path(out)
     artifacts.check_out(folder, "--out", may_exist=True)
     say = echo or print

@@ -11,15 +11,17 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
-from typing import Any, Literal
+from typing import Any
 
 from depthprobe.probes.base.errors import ProbeError
 from depthprobe.probes.base.options import check_seed
 
 BYTE_VOCAB = 257  # --vocab bytes: the 256 bytes and <|bos|>, no merges (data.corpus.MIN_VOCAB; not imported
 # here, so that `probe study --help` loads no torch: tests/test_study_protocols.py checks they agree)
+MAX_BUDGET = 10**12  # parameters: the width searches of probes.models.families stay short below it
+MAX_DEPTH = 1000
+MAX_SEEDS = 1000
 MAX_PASSES = 4.0  # passes over the training split (Muennighoff et al. 2023: ~4 epochs of repeats cost little)
-Match = Literal["nonembed", "total"]
 
 
 @dataclass(frozen=True)
@@ -49,10 +51,10 @@ class TextConfig:
     def __post_init__(self) -> None:
         if not (self.max_passes > 0 and math.isfinite(self.max_passes)):
             raise ProbeError(f"--max-passes must be a positive number, got {self.max_passes}")
-        if not self.depths or any(d < 1 for d in self.depths):
-            raise ProbeError(f"--depths must be positive integers, got {list(self.depths)}")
-        if self.seeds < 1:
-            raise ProbeError(f"--seeds must be at least 1, got {self.seeds}")
+        if not self.depths or any(not 1 <= d <= MAX_DEPTH for d in self.depths):
+            raise ProbeError(f"--depths must be integers from 1 to {MAX_DEPTH}, got {list(self.depths)}")
+        if not 1 <= self.seeds <= MAX_SEEDS:
+            raise ProbeError(f"--seeds must be from 1 to {MAX_SEEDS}, got {self.seeds}")
         check_seed(self.seeds - 1, "--seeds")
         if not (self.tokens_per_param > 0 and math.isfinite(self.tokens_per_param)):
             raise ProbeError(f"--tokens-per-param must be a positive number, got {self.tokens_per_param}")
@@ -77,6 +79,10 @@ class TextConfig:
 def check_budgets(budgets: tuple[int, ...]) -> None:
     if not budgets or any(b < 1 for b in budgets):
         raise ProbeError(f"--budgets must be positive, got {list(budgets)}")
+    if max(budgets) > MAX_BUDGET:
+        raise ProbeError(
+            f"--budgets must be at most {MAX_BUDGET:.0e} parameters, got {max(budgets):.3g}; give smaller budgets"
+        )
 
 
 def check_width(d_model: int) -> None:
