@@ -15,7 +15,7 @@ import pytest
 
 from depthprobe.probes import ProbeError
 from depthprobe.probes.experiments.report import render_folder as render_study
-from depthprobe.probes.render.study_data import levine_differences, read_study
+from depthprobe.probes.render.study_data import StudyData, levine_differences
 
 COLUMNS = (
     "family member variant depth d_model d_ff n_heads d_head budget params_nonembed params_embed tokens flops "
@@ -32,6 +32,11 @@ def write_study(folder: Path, family: str, rows: list[dict], config: dict | None
     table = pd.DataFrame([{**base, "family": family, "status": "ok", "device": "cpu", **r} for r in rows])
     table[COLUMNS].to_csv(folder / "members.csv", index=False)
     return folder
+
+
+def read_study(folder: Path) -> StudyData:
+    meta = json.loads((folder / "study.json").read_text())
+    return StudyData(folder, meta["family"], meta["preset"], meta["config"], pd.read_csv(folder / "members.csv"))
 
 
 def charts(html: str) -> dict[str, dict[str, list[tuple[float, float]]]]:

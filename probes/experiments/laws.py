@@ -325,15 +325,4 @@ def measured_depth(rows: pd.DataFrame, threshold: float, seeds: int) -> int | No
     return None
 
 
-def parse_ints(text: str, flag: str) -> tuple[int, ...]:
-    """``"1,2,4"`` -> (1, 2, 4); anything else is a one-line error naming ``flag``."""
-    try:
-        values = tuple(int(p) for p in text.split(",") if p.strip())
-    except ValueError:
-        raise ProbeError(f"{flag} expects comma-separated integers like 1,2,4, got {text!r}") from None
-    if not values:
-        raise ProbeError(f"{flag} needs at least one integer, e.g. {flag} 1,2,4")
-    return values
-
-
 __all__ = ["COMMON", "LawConfig", "LawExperiment", "LawJob", "control_width", "measured_depth"]

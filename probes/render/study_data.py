@@ -11,7 +11,6 @@ seed's value.
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from collections.abc import Sequence
@@ -22,9 +21,6 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from depthprobe.probes.base.errors import ProbeError, suggest
-
-REQUIRED = ("family", "member", "depth", "val_loss", "status")
 MAX_CURVE_POINTS = 400  # a training curve is thinned to at most this many steps (the last one kept)
 
 
@@ -51,44 +47,6 @@ class StudyData:
     @property
     def failed(self) -> pd.DataFrame:
         return self.table[self.table["status"] != "ok"]
-
-
-def read_study(folder: Path, families: Sequence[str] | None = None) -> StudyData:
-    """Read ``study.json`` and ``members.csv``; anything missing fails with one line naming the fix."""
-    folder = Path(folder)
-    if not folder.is_dir():
-        raise ProbeError(f"{folder} is not a folder; pass a study folder written by probe study")
-    path = folder / "members.csv"
-    if not path.is_file():
-        raise ProbeError(f"{folder} has no members.csv; pass a study folder written by probe study")
-    try:
-        table = pd.read_csv(path, dtype={"member": str, "status": str, "error": str})
-    except (OSError, ValueError) as exc:
-        raise ProbeError(f"{path} cannot be read ({type(exc).__name__}); re-run probe study to rewrite it") from None
-    missing = [c for c in REQUIRED if c not in table.columns]
-    if missing:
-        raise ProbeError(f"{path} has no {', '.join(missing)} column; re-run probe study to rewrite it")
-    table["status"] = table["status"].fillna("").astype(str).str.strip()
-    settings: dict[str, Any] = {}
-    if (folder / "study.json").is_file():
-        try:
-            settings = json.loads((folder / "study.json").read_text(encoding="utf-8"))
-        except (OSError, ValueError) as exc:
-            raise ProbeError(
-                f"{folder / 'study.json'} cannot be read ({type(exc).__name__}); re-run probe study to rewrite it"
-            ) from None
-        if not isinstance(settings, dict):
-            raise ProbeError(f"{folder / 'study.json'} is not a JSON object; re-run probe study to rewrite it")
-    family = settings.get("family") or next(iter(table["family"].dropna().astype(str)), None)
-    if families is not None and family not in families:
-        raise ProbeError(
-            f"unknown study family {family!r} in {folder}{suggest(str(family), families)}; "
-            f"a study is one of: {', '.join(families)}"
-        )
-    raw = settings.get("config")
-    config: dict[str, Any] = raw if isinstance(raw, dict) else {}
-    preset = settings.get("preset")
-    return StudyData(folder, str(family), None if preset is None else str(preset), config, table)
 
 
 def thin(df: pd.DataFrame, n: int = MAX_CURVE_POINTS) -> pd.DataFrame:
@@ -253,7 +211,6 @@ __all__ = [
     "num",
     "probe_members",
     "read_losses",
-    "read_study",
     "seed_spread",
     "thin",
 ]
