@@ -40,15 +40,16 @@ def test_khop_smoke_writes_every_table(khop_study):
         assert (out / name).is_file(), name
     members = pd.read_csv(out / "members.csv")
     assert list(members.columns) == ROW_COLUMNS
-    assert list(members.member) == ["L1-d16-s0", "L2-d16-s0", "control-L2-d16-s0"]
-    assert (members.status == "ok").all() and len(lines) == 3
+    # the 2-layer control would be L2-d16-s0 again: left out (tests/test_study_guards.py)
+    assert list(members.member) == ["L1-d16-s0", "L2-d16-s0"]
+    assert (members.status == "ok").all() and len(lines) == 2
     acc = pd.read_csv(out / "accuracy.csv")
     assert list(acc.columns) == ACCURACY_KHOP
-    assert sorted(set(acc.k)) == [1, 2] and len(acc) == 3 * 2
+    assert sorted(set(acc.k)) == [1, 2] and len(acc) == 2 * 2
     assert acc.accuracy.between(0, 1).all() and acc.accuracy_all.between(0, 1).all()
     law = pd.read_csv(out / "law.csv")
     assert list(law.columns) == LAW_KHOP
-    assert list(law.predicted_depth) == [2, 3]  # ceil(log2 k) + 2 for k = 1, 2
+    assert list(law.predicted_depth) == [2, 3]  # floor(log2 k) + 2 for k = 1, 2
     curves = pd.read_csv(out / "curves.csv")
     assert sorted(set(curves.step)) == [20, 40]  # every eval_every and the last step
     hops = pd.read_csv(out / "hops.csv")
@@ -59,7 +60,7 @@ def test_khop_smoke_writes_every_table(khop_study):
     page = (out / "report.html").read_text()
     images = [base64.b64decode(d).decode() for d in re.findall(r"data:image/svg\+xml;base64,([A-Za-z0-9+/=]+)", page)]
     assert any('class="predicted"' in svg for svg in images)  # the heatmap carries the predicted line
-    assert "Sanford" in page and "Wide shallow control" in page
+    assert "Sanford" in page and "floor(log2 k) + 2" in page
 
 
 def test_member_files_and_params_counted_from_the_model(khop_study):
@@ -81,10 +82,10 @@ def test_rerun_keeps_finished_members_and_rebuilds_damaged(khop_study):
     lines: list[str] = []
     law_study("khop", "smoke", out=out, echo=lines.append)
     assert any("L2-d16-s0: damaged" in line for line in lines)
-    assert any("2 finished member(s) kept" in line for line in lines)
+    assert any("1 finished member(s) kept" in line for line in lines)
     assert sum(line.startswith("[") for line in lines) == 1  # only the damaged member ran again
     assert (out / "members" / "L1-d16-s0" / "member.json").stat().st_mtime_ns == kept
-    assert len(pd.read_csv(out / "accuracy.csv")) == 6
+    assert len(pd.read_csv(out / "accuracy.csv")) == 4
 
 
 def test_law_table_on_planted_accuracies():

@@ -4,7 +4,7 @@ A family is a list of :class:`Member` shapes that differ in depth at a controlle
 parameter count. Sizes are solved with :func:`nonembed_params` (the count of the native pre-LN
 block that :func:`probes.models.loading.load` builds), then every member is built once and counted
 from its parameters with :func:`count_params`; a built count that differs from the formula is an
-internal error. How far a member is from its budget is its ``budget_miss`` (reported in study.csv):
+internal error. How far a member is from its budget is its ``budget_miss`` (reported in members.csv):
 petty members are refused beyond 1% (:data:`TOLERANCE`, d_ff is solved freely), levine members
 beyond 5% (:data:`LEVINE_TOLERANCE`: they stay on Levine's line, d_ff/d_model in [3, 5], so the
 rest of the budget is reported, not absorbed into d_ff).

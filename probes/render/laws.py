@@ -1,10 +1,11 @@
 """The report sections of a depth-law study (``probe study --family khop``, ``groups``).
 
-From the study's tables in memory (``probes.api.laws``): the law table (predicted against measured
-depth), an accuracy heatmap depth x k (or depth x T per group) with the predicted first depth drawn
-on it as a line, the learning curves per k (or T), the wide shallow control against the deepest
-member, the hop-attention summary (per member and layer, the largest hop some head resolves), the
-members (failed ones with their error) and the settings. The page reports; it asserts nothing.
+From the study's tables in memory (``probes.experiments.laws``): the prediction's text, the law
+table (law.csv: the family's prediction against the measured depth), an accuracy heatmap depth x key
+(per group where the family has groups) with law.csv's predicted first depth drawn on it as a line,
+the wide shallow control against the deepest member, the learning curves per key (depth, control
+and group from members.csv's columns) and the hop-attention summary. The runner's frame adds the
+members and the settings. The page reports; it asserts nothing.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
-"""A depth study's folder, read (``study.json``, ``study.csv``, ``members/*/loss.csv``), and the
+"""A depth study's folder, read (``study.json``, ``members.csv``, ``members/*/loss.csv``), and the
 numbers its report shows: seed spreads, deep-minus-shallow differences, crossovers, table cells.
 
 - ``study.json``: family, preset and the resolved config (``pairs`` for levine, ``corpus``);
-- ``study.csv``: one row per member (status ``ok`` or ``failed`` with its ``error``);
+- ``members.csv``: one row per member (status ``ok`` or ``failed`` with its ``error``);
 - ``members/<member>/loss.csv``: the training curve (step, loss, val_loss, lr, tokens, elapsed_s).
 
 Means and spreads are over seeds: the error bar of a point runs from the smallest to the largest
@@ -31,13 +31,13 @@ MAX_CURVE_POINTS = 400  # a training curve is thinned to at most this many steps
 
 @dataclass(frozen=True)
 class StudyData:
-    """A study folder, read: its settings (study.json) and its member table (study.csv)."""
+    """A study folder, read: its settings (study.json) and its member table (members.csv)."""
 
     folder: Path
     family: str
     preset: str | None
     config: dict[str, Any]
-    table: pd.DataFrame  # study.csv, one row per member
+    table: pd.DataFrame  # members.csv, one row per member
 
     @property
     def ok(self) -> pd.DataFrame:
@@ -180,7 +180,7 @@ _SCI_COLUMNS = {"flops", "lr"}
 
 
 def cell_text(column: str, value: Any) -> str:
-    """A study.csv cell as the member table shows it ('' for a missing value)."""
+    """A members.csv cell as the member table shows it ('' for a missing value)."""
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return ""
     if isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool):

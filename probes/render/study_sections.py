@@ -5,7 +5,7 @@ Plots are inline SVG line charts (``probes.render.lines``: lines with markers, s
 min-max error bars, optional log x and zero line); the per-layer probe curves are
 ``probes.render.compare.plot_svg`` charts embedded as ``data:`` images. Failed members are left
 out of every plot. The probe runs arrive compared (``ProbeCurves``, built by
-``probes.api.study_report``); nothing here reads a run folder.
+``probes.experiments.text``); nothing here reads a run folder.
 """
 
 from __future__ import annotations
