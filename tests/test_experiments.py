@@ -22,8 +22,9 @@ runner = CliRunner()
 
 
 def toy(out: Path, *more: str) -> object:
-    return runner.invoke(app, ["study", "--plugin", TOY, "--family", "toy", "--preset", "smoke", "--out", str(out),
-                               *more])  # fmt: skip
+    return runner.invoke(
+        app, ["study", "--plugin", TOY, "--family", "toy", "--preset", "smoke", "--out", str(out), *more]
+    )
 
 
 def test_toy_family_runs_resumes_and_reports(tmp_path):
@@ -88,3 +89,18 @@ def test_families_come_from_the_registry_with_suggestions():
 
 def test_khop_prediction_is_sanfords_construction():
     assert [predicted_depth(k) for k in (1, 2, 3, 4, 7, 8, 16)] == [2, 3, 3, 4, 4, 5, 6]
+
+
+def test_no_family_switch_outside_the_registry():
+    """The experiment layer dispatches on a family only through the registry: no ``family ==``."""
+    root = Path(__file__).resolve().parent.parent
+    layer = [
+        *(root / "probes" / "experiments").glob("*.py"),
+        *(root / "probes" / "render").glob("*.py"),
+        *(root / "probes" / "api").glob("*.py"),
+        *(root / "cli").glob("*.py"),
+    ]
+    switches = [
+        p.name for p in layer for line in p.read_text().splitlines() if "family ==" in line or "family !=" in line
+    ]
+    assert switches == []
