@@ -12,7 +12,6 @@ seed's value.
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -82,15 +81,19 @@ def read_losses(study: StudyData, members: Sequence[str]) -> tuple[dict[str, pd.
     return out, notes
 
 
-_SEED = re.compile(r"-s\d+$")
+SHAPE = ("variant", "depth", "d_model", "d_ff", "n_heads", "d_head", "budget", "match")  # a configuration
 
 
 def probe_members(study: StudyData) -> list[str]:
     """The finished members whose probe curves are drawn: one seed (the lowest) per configuration,
-    a configuration being the member name without its ``-s<seed>`` suffix."""
-    ok = study.ok.assign(
-        _seed=num(study.ok, "seed").fillna(0), _config=study.ok["member"].str.replace(_SEED, "", regex=True)
-    )
+    a configuration being the member's shape columns (members.csv's, not its name)."""
+    keys = [c for c in SHAPE if c in study.ok]
+    ok = study.ok.assign(_seed=num(study.ok, "seed").fillna(0))
+    config = [
+        ("|".join(map(str, row)) if keys else m)
+        for m, row in zip(ok["member"], ok[keys].itertuples(index=False), strict=True)
+    ]
+    ok = ok.assign(_config=config)
     ok = ok.sort_values(["_config", "_seed"], kind="stable").drop_duplicates("_config")
     return list(study.ok["member"][study.ok["member"].isin(ok["member"])])
 
