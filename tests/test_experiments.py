@@ -104,3 +104,13 @@ def test_no_family_switch_outside_the_registry():
         p.name for p in layer for line in p.read_text().splitlines() if "family ==" in line or "family !=" in line
     ]
     assert switches == []
+
+
+def test_dry_run_plans_every_family_with_costs(tmp_path):
+    for family in ("khop", "groups"):
+        res = runner.invoke(app, ["study", "--family", family, "--dry-run", "--out", str(tmp_path / family)])
+        assert res.exit_code == 0, res.output
+        plan = pd.read_csv(tmp_path / family / "plan.csv")
+        assert len(plan) == 2 * (2 if family == "groups" else 1) and (plan["cpu_minutes"] > 0).all()
+        assert (plan["flops"] == 6 * plan["params"] * plan["tokens"]).all()
+        assert not (tmp_path / family / "members.csv").exists()

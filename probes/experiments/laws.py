@@ -31,6 +31,10 @@ if TYPE_CHECKING:
     from depthprobe.probes.models.model import Model, NativeConfig
     from depthprobe.probes.training.loop import BatchSource
 
+# training FLOP/s of the reference machine (2 cores) for law members, evaluations included: the cpu
+# presets' 6 N x tokens over their members' measured CPU-minutes (khop 26.7 min: 3.7e10; groups
+# 15 min on shared cores: 3.0e10; the lower taken)
+CPU_FLOPS = 3.0e10
 MAX_SEEDS = 1000  # seeds per study (a plan of more members is refused, not built)
 MAX_DEPTH = 1000  # layers of a member
 MAX_STEPS = 100_000_000  # training steps of a member
@@ -264,6 +268,16 @@ class LawExperiment(Experiment):
             steps=job.config.steps,
         )
         return row
+
+    def plan_row(self, config: Any, job: LawJob, context: Any) -> dict[str, Any]:
+        """The member's parameters, training tokens (steps x batch x context), FLOPs (6 N per
+        token) and estimated CPU minutes."""
+        params = job.native().n_params()
+        tokens = config.steps * config.batch_size * job.context
+        row = {k: v for k, v in self.base_row(job).items() if k not in ("status", "error", "wall_s", "device")}
+        row.update(params=params, tokens=tokens, flops=6.0 * params * tokens)
+        row["cpu_minutes"] = row["flops"] / CPU_FLOPS / 60
+        return {k: v for k, v in row.items() if v is not None or k in ("group",)}
 
     def run_member(self, job: LawJob) -> MemberOutput:
         from depthprobe.probes.experiments.law_member import run_law_member
