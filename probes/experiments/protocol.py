@@ -159,7 +159,7 @@ def refusal(family: str, key: str, own: list[str]) -> ProbeError:
         return ProbeError(
             f"{flag} applies to the {', '.join(owners)} famil{'ies' if len(owners) > 1 else 'y'}, not {family}; drop it"
         )
-    close = suggest(key, own).replace("'", "").replace("_", "-").replace("(did you mean ", "(did you mean --")
+    close = suggest(flag, [f"--{name.replace('_', '-')}" for name in own]).replace("'", "")
     return ProbeError(f"{flag} is not an option of the {family} family{close}; `probe list families` lists them")
 
 
