@@ -10,7 +10,7 @@ kept, so load from other processes hurts all alike):
 Each member takes full training steps (forward, backward, gradient clipping at 1, AdamW with decay
 groups, the warm-up/cosine learning rate) through the one loop, :func:`probes.training.loop.train_steps`,
 with the study member's optimiser (:func:`probes.training.lm.optimizer`; the law members of
-``probes/api/law_member.py`` build the same AdamW with other betas and decay, the same work) and
+``probes/experiments/law_member.py`` build it with the same builder, other betas, the same work) and
 logits (:func:`probes.training.lm.logits_fn`). Printed per member:
 
 - step GFLOP/s: counted FLOPs / step time. Counted (per token, forward): every matmul of a linear

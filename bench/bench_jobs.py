@@ -5,7 +5,7 @@ every core's threads) and once with ``--jobs N`` (members at once in N spawned p
 threads each), alternating which goes first so that a change in the machine's load hits both; the
 corpus and its tokenizer are cached before the clock starts. It prints each round's times, the
 median speed-up, the load average before and after (the machine may be shared), and checks that
-both studies' study.csv agree in every column but the timed ones. With ``--sweep induction`` (or
+both studies' members.csv agree in every column but the timed ones. With ``--sweep induction`` (or
 kernels) it times a smoke-sized depth sweep instead (depths 1,2; ``SWEEP_SMOKE``) and compares the
 sweeps' scores.
 
@@ -29,8 +29,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import common  # noqa: F401  (offline environment)
 
-from depthprobe.probes.api.study import study
 from depthprobe.probes.api.sweep import sweep
+from depthprobe.probes.experiments.runner import study
 
 TIMED = ["wall_s", "tokens_per_s"]
 SWEEP_SMOKE = {  # depths 1,2: a few seconds to a minute per member on one core
@@ -87,7 +87,7 @@ def main() -> None:
           f"--jobs {args.jobs}: median {statistics.median(t for t, _ in many):.1f} s")  # fmt: skip
     print(f"speed-up per round: {', '.join(f'{s:.2f}x' for s in speedups)}; "
           f"median {statistics.median(speedups):.2f}x")  # fmt: skip
-    what = "sweep scores" if args.sweep else f"study.csv apart from {', '.join(TIMED)}"
+    what = "sweep scores" if args.sweep else f"members.csv apart from {', '.join(TIMED)}"
     print(f"{what} equal: {same}; load average after: {os.getloadavg()}")
 
 

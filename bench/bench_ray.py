@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import common  # noqa: F401  (offline environment)
 
-from depthprobe.probes.api.study import study
+from depthprobe.probes.experiments.runner import study
 
 
 def _noop(x: int) -> int:

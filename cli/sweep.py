@@ -76,10 +76,19 @@ def sweep(
 
     with size_limit(max_params):
         result = api_sweep(
-            task, parse_depths(depths), seed=seed, device=device, progress=progress and sys.stderr.isatty(),
-            backend=backend, address=address, cpus_per_member=cpus_per_member, gpus_per_member=gpus_per_member,
-            retries=retries, jobs=jobs, **options,
-        )  # fmt: skip
+            task,
+            parse_depths(depths),
+            seed=seed,
+            device=device,
+            progress=progress and sys.stderr.isatty(),
+            backend=backend,
+            address=address,
+            cpus_per_member=cpus_per_member,
+            gpus_per_member=gpus_per_member,
+            retries=retries,
+            jobs=jobs,
+            **options,
+        )
     path = result.save(out)
     print_result(result)
     typer.echo(f"wrote {path}")

@@ -25,7 +25,9 @@ _NAMES: dict[str, str] = {
     "Output": "engine.task:Output",
     "ProbeError": "base.errors:ProbeError",
     "Result": "api.run:Result",
-    "Study": "api.study:Study",
+    "Experiment": "experiments.protocol:Experiment",
+    "MemberOutput": "experiments.protocol:MemberOutput",
+    "Study": "experiments.runner:Study",
     "Task": "engine.task:Task",
     "Text": "data.memory:Text",
     "ablate_heads": "hooks.interventions:ablate_heads",
@@ -45,8 +47,9 @@ _NAMES: dict[str, str] = {
     "run": "api.run:run",
     "run_with_cache": "hooks.cache:run_with_cache",
     "save_checkpoint": "models.checkpoints:save_checkpoint",
+    "register_experiment": "experiments.protocol:register_experiment",
     "skip_layers": "hooks.depth:skip_layers",
-    "study": "api.study:study",
+    "study": "experiments.runner:study",
     "task_names": "engine.task:task_names",
     "tidy": "engine.task:tidy",
     "view": "api.viz:view",
@@ -76,7 +79,6 @@ def __dir__() -> list[str]:
 if TYPE_CHECKING:  # what static checkers and IDEs see; never run
     from depthprobe.probes.api.compare import compare
     from depthprobe.probes.api.run import Result, run
-    from depthprobe.probes.api.study import Study, study
     from depthprobe.probes.api.viz import view
     from depthprobe.probes.base.errors import ProbeError
     from depthprobe.probes.data.align import encode_words, word_attention
@@ -93,6 +95,8 @@ if TYPE_CHECKING:  # what static checkers and IDEs see; never run
         task_names,
         tidy,
     )
+    from depthprobe.probes.experiments.protocol import Experiment, MemberOutput, register_experiment
+    from depthprobe.probes.experiments.runner import Study, study
     from depthprobe.probes.hooks.attribution import attribute
     from depthprobe.probes.hooks.cache import Cache, run_with_cache
     from depthprobe.probes.hooks.capture import capture, forward, resolve_names

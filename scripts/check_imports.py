@@ -3,7 +3,8 @@
 Floors, top to bottom; a module may import its own folder and any folder on a lower floor, never a
 folder beside it or above it (imports under ``if TYPE_CHECKING:`` are annotations, not edges):
 
-    8  cli/                       typer app, thin; never imports a task module
+    9  cli/                       typer app, thin; never imports a task module
+    8  probes/experiments/        the depth families (one module each) and the one study runner
     7  probes/api/, probes/__init__.py   one module per verb; the lazy facade
     6  tasks/                     one module or package per task; never another task (a task package's
                                own modules import each other), never the API
@@ -43,7 +44,8 @@ FLOORS = {
     "tasks": 6,
     "probes.api": 7,
     "probes": 7,  # the facade, probes/__init__.py
-    "cli": 8,
+    "probes.experiments": 8,
+    "cli": 9,
 }
 
 

@@ -47,7 +47,9 @@ cd "$WORK/outside"   # nothing of the repository on the path from here on
 BIN="$WORK/venv/bin"
 "$BIN/python" - <<'PY'
 import depthprobe.probes as probes
-import depthprobe.probes.api.study, depthprobe.probes.api.sweep, depthprobe.probes.api.viz  # noqa
+import depthprobe.probes.experiments.runner, depthprobe.probes.api.sweep, depthprobe.probes.api.viz  # noqa
+from depthprobe.probes.experiments.protocol import EXPERIMENTS
+assert all(EXPERIMENTS.get(f).name == f for f in ("levine", "petty", "spa", "khop", "groups"))  # every family module
 assert "site-packages" in probes.__path__[0], probes.__path__
 print("wheel-smoke: import ok from", probes.__path__[0], "-", len(probes.task_names()), "tasks")
 PY

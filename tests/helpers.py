@@ -33,3 +33,24 @@ def cli_error(args: Sequence[Any], *fragments: str, code: int = 2) -> str:
 def run_python(code: str, cwd: Path | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
     """``code`` run by this interpreter in a fresh process (a clean ``sys.modules``), output captured."""
     return subprocess.run([sys.executable, "-c", code], cwd=cwd, capture_output=True, text=True, timeout=timeout)
+
+
+def resolve(family: str, preset: str = "smoke", **given: Any) -> Any:
+    """A family's resolved Config (the preset, then ``given``)."""
+    from depthprobe.probes.experiments.protocol import get_experiment
+
+    return get_experiment(family).config(preset, **given)
+
+
+def plan(cfg: Any) -> list[Any]:
+    """The member jobs of a resolved Config, by the family whose Config it is."""
+    from depthprobe.probes.experiments.protocol import EXPERIMENTS, get_experiment
+
+    family = next(n for n in EXPERIMENTS.names() if type(cfg) is get_experiment(n).Config)
+    return get_experiment(family).plan(cfg)
+
+
+def law_table(accuracy: Any, family: str, threshold: float, seeds: int) -> Any:
+    from depthprobe.probes.experiments.protocol import get_experiment
+
+    return get_experiment(family).law(resolve(family, "smoke", threshold=threshold, seeds=seeds), accuracy)

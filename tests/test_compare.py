@@ -202,7 +202,7 @@ def test_study_folder_means_its_members(two_depths, tmp_path):
         16,
         [{"layer": 0, "metric": "mean_cosine", "value": 0.0}],
     )  # hidden: skipped
-    (study / "study.csv").write_text("member\nL2\nL4\n")
+    (study / "members.csv").write_text("member\nL2\nL4\n")
     t = compare(study)
     assert set(t.model) == {"model-a", "model-b"}
     write_run(

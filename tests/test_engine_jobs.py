@@ -11,9 +11,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from depthprobe.probes.api.study import member_error, study
 from depthprobe.probes.base.errors import ProbeError
 from depthprobe.probes.engine.distributed import JobResult, map_jobs
+from depthprobe.probes.experiments.runner import member_error, study
 
 SHAKESPEARE = Path(__file__).resolve().parent.parent / "tasks" / "data" / "tinyshakespeare.txt"
 TINY = {"vocab": 300, "min_tokens": 40960, "tokens_per_param": 1.0, "context": 32, "batch_size": 8,
@@ -115,7 +115,7 @@ def _untimed(path: Path) -> object:
 
 def test_study_with_two_jobs_equals_one_job_exactly(two_studies):
     one, two = two_studies
-    a, b = pd.read_csv(one / "study.csv"), pd.read_csv(two / "study.csv")
+    a, b = pd.read_csv(one / "members.csv"), pd.read_csv(two / "members.csv")
     assert (a.status == "ok").all(), a.error.tolist()
     pd.testing.assert_frame_equal(a.drop(columns=sorted(TIMED)), b.drop(columns=sorted(TIMED)), check_exact=True)
     fa, fb = _files(one / "members"), _files(two / "members")

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from depthprobe.probes.base.errors import ProbeError
+from depthprobe.probes.experiments.text_config import parse_budgets
 from depthprobe.probes.models import families as F
 from depthprobe.probes.models import variant_net, variants
 from depthprobe.probes.models.loading import load
@@ -193,8 +194,8 @@ def test_spa_unknown_variants():
 
 
 def test_parse_budgets():
-    assert F.parse_budgets("50k,200k,1.6M,1e6,12345") == (50_000, 200_000, 1_600_000, 1_000_000, 12_345)
-    assert F.parse_budgets(" 2K , 0.5m ") == (2000, 500_000)
+    assert parse_budgets("50k,200k,1.6M,1e6,12345") == (50_000, 200_000, 1_600_000, 1_000_000, 12_345)
+    assert parse_budgets(" 2K , 0.5m ") == (2000, 500_000)
     for bad, what in (
         ("", "empty"),
         ("50k,,1M", "empty entry"),
@@ -205,7 +206,7 @@ def test_parse_budgets():
         ("50k,50000", "repeats"),
     ):
         with pytest.raises(ProbeError, match=what) as err:
-            F.parse_budgets(bad)
+            parse_budgets(bad)
         assert "\n" not in str(err.value)
 
 

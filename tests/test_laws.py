@@ -14,11 +14,11 @@ import pytest
 from typer.testing import CliRunner
 
 from depthprobe.cli.main import app
-from depthprobe.probes.api.law_config import resolve
-from depthprobe.probes.api.law_member import ROW_COLUMNS
-from depthprobe.probes.api.laws import control_width, law_study, law_table, plan, predicted_depth
+from depthprobe.probes.experiments.khop import predicted_depth
+from depthprobe.probes.experiments.laws import ROW_COLUMNS, control_width
+from depthprobe.probes.experiments.runner import study as law_study
 from depthprobe.probes.models.loading import load
-from tests.helpers import cli_error
+from tests.helpers import cli_error, law_table, plan, resolve
 
 ACCURACY_KHOP = ["member", "depth", "d_model", "seed", "control", "k", "accuracy", "accuracy_all", "step_reached"]
 LAW_KHOP = ["d_model", "k", "predicted_depth", "measured_depth", "difference"]
@@ -40,15 +40,16 @@ def test_khop_smoke_writes_every_table(khop_study):
         assert (out / name).is_file(), name
     members = pd.read_csv(out / "members.csv")
     assert list(members.columns) == ROW_COLUMNS
-    assert list(members.member) == ["L1-d16-s0", "L2-d16-s0", "control-L2-d16-s0"]
-    assert (members.status == "ok").all() and len(lines) == 3
+    # the 2-layer control would be L2-d16-s0 again: left out (tests/test_study_guards.py)
+    assert list(members.member) == ["L1-d16-s0", "L2-d16-s0"]
+    assert (members.status == "ok").all() and len(lines) == 2
     acc = pd.read_csv(out / "accuracy.csv")
     assert list(acc.columns) == ACCURACY_KHOP
-    assert sorted(set(acc.k)) == [1, 2] and len(acc) == 3 * 2
+    assert sorted(set(acc.k)) == [1, 2] and len(acc) == 2 * 2
     assert acc.accuracy.between(0, 1).all() and acc.accuracy_all.between(0, 1).all()
     law = pd.read_csv(out / "law.csv")
     assert list(law.columns) == LAW_KHOP
-    assert list(law.predicted_depth) == [2, 3]  # ceil(log2 k) + 2 for k = 1, 2
+    assert list(law.predicted_depth) == [2, 3]  # floor(log2 k) + 2 for k = 1, 2
     curves = pd.read_csv(out / "curves.csv")
     assert sorted(set(curves.step)) == [20, 40]  # every eval_every and the last step
     hops = pd.read_csv(out / "hops.csv")
@@ -59,7 +60,7 @@ def test_khop_smoke_writes_every_table(khop_study):
     page = (out / "report.html").read_text()
     images = [base64.b64decode(d).decode() for d in re.findall(r"data:image/svg\+xml;base64,([A-Za-z0-9+/=]+)", page)]
     assert any('class="predicted"' in svg for svg in images)  # the heatmap carries the predicted line
-    assert "Sanford" in page and "Wide shallow control" in page
+    assert "Sanford" in page and "floor(log2 k) + 2" in page
 
 
 def test_member_files_and_params_counted_from_the_model(khop_study):
@@ -81,10 +82,10 @@ def test_rerun_keeps_finished_members_and_rebuilds_damaged(khop_study):
     lines: list[str] = []
     law_study("khop", "smoke", out=out, echo=lines.append)
     assert any("L2-d16-s0: damaged" in line for line in lines)
-    assert any("2 finished member(s) kept" in line for line in lines)
+    assert any("1 finished member(s) kept" in line for line in lines)
     assert sum(line.startswith("[") for line in lines) == 1  # only the damaged member ran again
     assert (out / "members" / "L1-d16-s0" / "member.json").stat().st_mtime_ns == kept
-    assert len(pd.read_csv(out / "accuracy.csv")) == 6
+    assert len(pd.read_csv(out / "accuracy.csv")) == 4
 
 
 def test_law_table_on_planted_accuracies():
@@ -109,7 +110,14 @@ def test_law_table_on_planted_accuracies():
     # a seed missing at a depth: that depth does not count
     one_seed = law_table(pd.DataFrame(rows[:1]), "khop", 0.99, seeds=2)
     assert pd.isna(one_seed.measured_depth.iloc[0])
-    assert [predicted_depth(k) for k in (1, 2, 3, 4, 8, 16)] == [2, 3, 4, 4, 5, 6]
+    assert [predicted_depth(k) for k in (1, 2, 3, 4, 8, 16)] == [
+        2,
+        3,
+        3,
+        4,
+        5,
+        6,
+    ]  # floor(log2 k) + 2 (Sanford et al.'s construction)
 
 
 def test_groups_law_table_and_prediction_shape():
@@ -151,14 +159,14 @@ def test_failed_member_is_recorded_with_exit_3(tmp_path):
 @pytest.mark.parametrize(
     ("args", "fragment"),
     [
-        (["--corpus", "x.txt"], "--corpus does not apply to the khop family"),
-        (["--budgets", "5k"], "--budgets does not apply"),
+        (["--corpus", "x.txt"], "--corpus applies to the levine, petty, spa families, not khop"),
+        (["--budgets", "5k"], "--budgets applies to the levine, petty families, not khop"),
         (["--groups", "s3"], "--groups applies to the groups family, not khop"),
-        (["--ks", "1,x"], "--ks expects comma-separated integers"),
+        (["--ks", "1,x"], "--ks: cannot read '1,x'"),
         (["--ks", "0,1"], "--ks must be distinct hop counts"),
         (["--letters", "1"], "--letters must be at least 2"),
         (["--d-model", "31"], "multiples of the 2 heads"),
-        (["--lr", "1e-3,2e-3"], "--lr takes one value"),
+        (["--lr", "1e-3,2e-3"], "--lr: cannot read '1e-3,2e-3' as float"),
         (["--preset", "cpux"], "unknown --preset 'cpux'"),
     ],
 )
@@ -172,7 +180,9 @@ def test_bad_groups_and_text_family_options_refused(tmp_path):
     out = tmp_path / "never"
     cli_error(["study", "--family", "groups", "--groups", "a6", "--out", out], "a6", "a5")
     cli_error(["study", "--family", "groups", "--ks", "1", "--out", out], "--ks applies to the khop family")
-    cli_error(["study", "--family", "petty", "--steps", "10", "--out", out], "--steps applies to the khop and groups")
+    cli_error(
+        ["study", "--family", "petty", "--steps", "10", "--out", out], "--steps applies to the groups, khop families"
+    )
     assert not out.exists()
 
 

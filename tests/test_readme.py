@@ -26,6 +26,20 @@ def test_python_blocks_run(tmp_path, monkeypatch):
     assert any((tmp_path / "artifacts" / "runs").iterdir())
 
 
+def family_options(argv: list[str]) -> set[str]:
+    """`probe study`'s family options: the fields (and aliases) of the named family's Config."""
+    import dataclasses
+
+    from depthprobe.probes.engine.plugins import load_plugin
+    from depthprobe.probes.experiments.protocol import get_experiment
+
+    if "--plugin" in argv:
+        load_plugin(str(ROOT / argv[argv.index("--plugin") + 1]))
+    exp = get_experiment(argv[argv.index("--family") + 1])
+    names = [f.name for f in dataclasses.fields(exp.Config)] + list(exp.aliases)
+    return {"--" + n.replace("_", "-") for n in names}
+
+
 def test_every_probe_command_names_a_real_command_and_options():
     commands = []
     for block in blocks("bash", DOCS) + blocks("sh", DOCS):
@@ -46,5 +60,6 @@ def test_every_probe_command_names_a_real_command_and_options():
             assert a in command.commands, (cmd, a)
             command = command.commands[a]
         known = {o for p in command.params for o in (*p.opts, *p.secondary_opts)} | {"--help"}
+        known |= family_options(argv) if command.name == "study" else set()
         for opt in (a.split("=")[0] for a in argv if a.startswith("--")):
             assert opt in known, (cmd, opt)

@@ -40,3 +40,11 @@ def test_long_modules_and_functions_are_listed_and_typer_signatures_are_not_coun
         "probes/c.py:2 cmd: 84 lines (at most 60)",
         "tasks/f.py:1 long: 61 lines (at most 60)",
     ]
+
+
+def test_sizes_are_measured_on_formatted_code(tmp_path):
+    """Packing a call onto one line with ``# fmt: skip`` does not make a function shorter."""
+    args = ", ".join(f"argument_number_{i}=value_{i}" for i in range(30))
+    packed = "def packed():\n" + "    x = 1\n" * 50 + f"    return call({args})  # fmt: skip\n"
+    found = _tree(tmp_path, {"probes/p.py": packed})
+    assert len(found) == 1 and found[0].startswith("probes/p.py:1 packed: ")

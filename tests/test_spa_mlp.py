@@ -8,12 +8,13 @@ import torch
 from typer.testing import CliRunner
 
 from depthprobe.cli.main import app
-from depthprobe.probes.api.study_config import resolve
-from depthprobe.probes.api.study_member import Job, member_tokens
 from depthprobe.probes.api.sweep import sweep
 from depthprobe.probes.base.errors import ProbeError
+from depthprobe.probes.experiments.protocol import get_experiment
+from depthprobe.probes.experiments.text_member import TextJob as Job
 from depthprobe.probes.measures import kernels, tat
 from depthprobe.probes.models import families, variant_net, variants
+from tests.helpers import resolve
 
 runner = CliRunner()
 
@@ -146,20 +147,22 @@ def test_study_config_mlp_option():
     cfg = resolve("spa", "smoke", mlp="tat")
     assert cfg.mlp == "tat"
     assert resolve("spa", "smoke").mlp == "none"
-    with pytest.raises(ProbeError, match="option of the spa family"):
+    with pytest.raises(ProbeError, match="--mlp applies to the spa family, not petty"):
         resolve("petty", "smoke", mlp="tat")
-    with pytest.raises(ProbeError, match="choose from none, tat"):
+    with pytest.raises(ProbeError, match="use none or tat"):
         resolve("spa", "smoke", mlp="relu")
     plain = families.spa(width=32, depths=(4,), variants=("e-spa",))[0]
     tat_m = families.spa(width=32, depths=(4,), variants=("e-spa",), mlp="tat")[0]
     big = resolve("spa", "smoke", min_tokens=1)
-    assert member_tokens(Job(plain, 0, big), 0) == big.tokens_for(4 * 32 * 32 * 4)  # unchanged
-    assert member_tokens(Job(tat_m, 0, big), 0) == big.tokens_for(12 * 32 * 32 * 4)  # the MLPs too
+    assert get_experiment("spa").member_tokens(Job(plain, 0, big), 0) == big.tokens_for(4 * 32 * 32 * 4)  # unchanged
+    assert get_experiment("spa").member_tokens(Job(tat_m, 0, big), 0) == big.tokens_for(
+        12 * 32 * 32 * 4
+    )  # the MLPs too
 
 
 def test_cli_refuses_bad_mlp_before_work(tmp_path):
     res = runner.invoke(app, ["study", "--family", "spa", "--mlp", "relu", "--out", str(tmp_path / "s")])
-    assert res.exit_code == 2 and "choose from none, tat" in res.output
+    assert res.exit_code == 2 and "use none or tat" in res.output
     assert not (tmp_path / "s").exists()
     res = runner.invoke(app, ["sweep", "--task", "kernels", "--depths", "1", "--mlp-kind", "tat"])
     assert res.exit_code == 2 and "add mlp=true (sweep: --mlp)" in res.output
@@ -172,7 +175,7 @@ def test_smoke_study_with_tat_mlps_trains(tmp_path):
     assert "spa-e-spa-w016-L02-tat-s0" in res.output and "spa-pre-ln-w016-L02-tat-s0" in res.output
     import pandas as pd
 
-    table = pd.read_csv(tmp_path / "study.csv")
+    table = pd.read_csv(tmp_path / "members.csv")
     assert (table.status == "ok").all() and (table.d_ff == 64).all()
     assert table.val_loss.notna().all() and (table.val_loss < math.log(512)).all()  # below uniform guessing
 

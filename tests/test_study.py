@@ -12,10 +12,9 @@ from typer.testing import CliRunner
 
 from depthprobe import probes
 from depthprobe.cli.main import app
-from depthprobe.probes.api.study import study
-from depthprobe.probes.api.study_config import resolve
-from depthprobe.probes.api.study_member import COLUMNS, plan
-from tests.helpers import cli_error
+from depthprobe.probes.experiments.runner import study
+from depthprobe.probes.experiments.text import COLUMNS
+from tests.helpers import cli_error, plan, resolve
 
 SHAKESPEARE = Path(__file__).resolve().parent.parent / "tasks" / "data" / "tinyshakespeare.txt"
 TINY = {"vocab": 300, "min_tokens": 40960, "tokens_per_param": 1.0, "context": 32, "batch_size": 8,
@@ -62,7 +61,7 @@ def test_smoke_study_writes_every_member_and_file(smoke):
         for task in ("induction", "kernels", "kernels-init", "attention-stats"):
             assert (folder / "runs" / task / "manifest.json").exists(), task
     assert (smoke.folder / "report.html").exists()
-    on_disk = pd.read_csv(smoke.folder / "study.csv")
+    on_disk = pd.read_csv(smoke.folder / "members.csv")
     assert list(on_disk.member) == list(table.member)
 
 
@@ -124,7 +123,7 @@ def test_failed_member_is_isolated_then_resumed(tmp_path, corpus_file):
 
 def test_api_save_copies_the_folder(smoke, tmp_path):
     copy = smoke.save(tmp_path / "copy")
-    assert (copy / "study.csv").read_text() == (smoke.folder / "study.csv").read_text()
+    assert (copy / "members.csv").read_text() == (smoke.folder / "members.csv").read_text()
     assert json.loads((copy / "study.json").read_text())["family"] == "levine"
     assert smoke.save() == smoke.folder
     assert probes.study is study
@@ -145,7 +144,7 @@ def test_cli_smoke_petty(tmp_path, corpus_file):
             "--min-tokens", "8192", "--tokens-per-param", "1", "--out", str(out)]  # fmt: skip
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
-    table = pd.read_csv(out / "study.csv")
+    table = pd.read_csv(out / "members.csv")
     assert list(table.depth) == [1, 2] and (table.status == "ok").all()
     assert table.d_ff.iloc[0] > table.d_ff.iloc[1]  # the d_ff family: deeper is narrower
     assert f"wrote {out}" in result.output
@@ -190,7 +189,7 @@ def test_sigterm_keeps_finished_members_whole(tmp_path, corpus_file):
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
     assert proc.returncode == 0, proc.stderr
     assert first.stat().st_mtime_ns == stamp
-    assert (pd.read_csv(out / "study.csv").status == "ok").all()
+    assert (pd.read_csv(out / "members.csv").status == "ok").all()
 
 
 def test_lr_grid_keeps_the_best_rate(tmp_path, corpus_file):

@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 
 from depthprobe import probes
 from depthprobe.cli.main import app
-from depthprobe.probes.api.study import study
+from depthprobe.probes.experiments.runner import study
 from tests.helpers import cli_error, one_line_error
 
 SHAKESPEARE = Path(__file__).resolve().parent.parent / "tasks" / "data" / "tinyshakespeare.txt"
@@ -57,11 +57,11 @@ def cli(*args) -> object:
 def test_rerun_after_the_corpus_file_changed_is_refused(tmp_path, plays):
     out = tmp_path / "s"
     quiet_study(out, plays)
-    before = (out / "study.csv").read_text()
+    before = (out / "members.csv").read_text()
     plays.write_text(plays.read_text(encoding="utf-8").replace("Citizen", "Burgher"), encoding="utf-8")
     with pytest.raises(probes.ProbeError, match=r"corpus .* changed.*new --out"):
         quiet_study(out, plays)
-    assert (out / "study.csv").read_text() == before  # the old results are not reported as the new corpus's
+    assert (out / "members.csv").read_text() == before  # the old results are not reported as the new corpus's
 
 
 def test_rerun_after_a_file_was_added_to_the_corpus_folder_is_refused(tmp_path, plays):
@@ -88,8 +88,10 @@ def test_old_study_without_a_corpus_record_is_checked_against_its_members(tmp_pa
 def test_member_refuses_a_corpus_other_than_the_one_the_driver_checked(tmp_path, plays):
     import dataclasses
 
-    from depthprobe.probes.api.study_config import resolve
-    from depthprobe.probes.api.study_member import plan, run_member
+    from depthprobe.probes.experiments.protocol import get_experiment
+    from tests.helpers import plan, resolve
+
+    run_member = get_experiment("levine").run_member
 
     job = plan(resolve("levine", "smoke", corpus=str(plays), **TINY))[0]
     with pytest.raises(probes.ProbeError, match="changed while the study ran"):
@@ -201,7 +203,7 @@ def test_failed_members_give_exit_3(tmp_path, plays):
     out = tmp_path / "s"
     result = cli("--corpus", plays, "--out", out, "--max-params", "20000")
     assert result.exit_code == 3, result.output
-    table = pd.read_csv(out / "study.csv")
+    table = pd.read_csv(out / "members.csv")
     assert list(table.status) == ["failed", "ok"]
     assert "1 member(s) failed" in result.output
 

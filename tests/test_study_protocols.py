@@ -11,13 +11,14 @@ import pytest
 from typer.testing import CliRunner
 
 from depthprobe.cli.main import app
-from depthprobe.probes.api.study import study
-from depthprobe.probes.api.study_config import BYTE_VOCAB, PRESETS, parse_vocab, resolve
-from depthprobe.probes.api.study_member import COLUMNS, plan
 from depthprobe.probes.base.errors import ProbeError
 from depthprobe.probes.data import corpus as corpora
+from depthprobe.probes.experiments.protocol import get_experiment
+from depthprobe.probes.experiments.runner import study
+from depthprobe.probes.experiments.text import COLUMNS
+from depthprobe.probes.experiments.text_config import BYTE_VOCAB, parse_vocab
 from depthprobe.probes.models import families
-from tests.helpers import cli_error
+from tests.helpers import cli_error, plan, resolve
 
 SHAKESPEARE = Path(__file__).resolve().parent.parent / "tasks" / "data" / "tinyshakespeare.txt"
 TINY = {"vocab": 300, "min_tokens": 8192, "tokens_per_param": 1.0, "context": 32, "batch_size": 8,
@@ -85,9 +86,9 @@ def test_match_total_counts_embeddings():
     for m in families.levine([100_000], [(1, 2)], match="total", vocab=BYTE_VOCAB, context=128):
         total = families.nonembed_params(m.depth, m.d_model, m.d_attn, m.d_ff) + m.d_model * (2 * 257 + 128)
         assert abs(total - 100_000) <= 5000 and m.n_heads >= 2, m
-    with pytest.raises(ProbeError, match="choose from nonembed, total"):
+    with pytest.raises(ProbeError, match="use nonembed or total"):
         resolve("levine", "smoke", match="totl")
-    with pytest.raises(ProbeError, match="spa members have no budget"):
+    with pytest.raises(ProbeError, match="--match applies to the levine, petty families, not spa"):
         resolve("spa", "smoke", match="total")
 
 
@@ -103,7 +104,7 @@ def test_byte_vocab_is_256_bytes_and_bos(plays, tmp_path):
 def test_study_csv_has_totals_shares_and_ratios(plays, tmp_path):
     s = study("petty", "smoke", out=tmp_path / "p", corpus=str(plays), echo=lambda line: None,
               **{**TINY, "vocab": BYTE_VOCAB})  # fmt: skip
-    t = pd.read_csv(s.folder / "study.csv")
+    t = pd.read_csv(s.folder / "members.csv")
     assert {"params_total", "embed_share", "d_ff_ratio", "budget_miss", "passes"} <= set(t.columns) <= set(COLUMNS)
     assert (t.params_total == t.params_nonembed + t.params_embed).all()
     assert (t.params_embed == t.d_model * (2 * 257 + 32)).all()
@@ -157,7 +158,7 @@ def test_study_prints_its_passes(plays, tmp_path):
 
 
 def test_petty_cpu_depths_include_3_and_6():
-    assert {3, 6} <= set(PRESETS["cpu"]["petty"]["depths"])
+    assert {3, 6} <= set(get_experiment("petty").presets["cpu"]["depths"])
     ratios = {j.member.depth: round(j.member.d_ff_ratio, 2) for j in plan(resolve("petty", "cpu"))}
     assert ratios[4] == 4.0 and ratios[8] == 0.97  # the depth-8 member is at the boundary, not d_ff << d_model
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from depthprobe.probes.api.study import study
+from depthprobe.probes.experiments.runner import study
 
 SHAKESPEARE = Path(__file__).resolve().parent.parent / "tasks" / "data" / "tinyshakespeare.txt"
 TINY = {"vocab": 300, "min_tokens": 16384, "tokens_per_param": 1.0, "context": 32, "batch_size": 8,
@@ -44,5 +44,5 @@ def test_study_on_ray_equals_local_and_isolates_a_failure(tmp_path, monkeypatch,
         assert remote.loc[ok, col] == pytest.approx(local.loc[ok, col], rel=1e-9, abs=1e-12), col
     assert (tmp_path / "ray" / "members" / ok / "checkpoint" / "depthprobe.json").exists()
     assert (tmp_path / "ray" / "report.html").exists()
-    on_disk = pd.read_csv(tmp_path / "ray" / "study.csv")
+    on_disk = pd.read_csv(tmp_path / "ray" / "members.csv")
     assert list(on_disk.status) == ["failed", "ok"]

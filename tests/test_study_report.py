@@ -14,8 +14,8 @@ import pandas as pd
 import pytest
 
 from depthprobe.probes import ProbeError
-from depthprobe.probes.api.study_report import render_study, write_report
-from depthprobe.probes.render.study_data import levine_differences, read_study
+from depthprobe.probes.experiments.report import render_folder as render_study
+from depthprobe.probes.render.study_data import StudyData, levine_differences
 
 COLUMNS = (
     "family member variant depth d_model d_ff n_heads d_head budget params_nonembed params_embed tokens flops "
@@ -30,8 +30,13 @@ def write_study(folder: Path, family: str, rows: list[dict], config: dict | None
     (folder / "study.json").write_text(json.dumps({"family": family, "preset": preset, "config": config or {}}))
     base = {c: None for c in COLUMNS}
     table = pd.DataFrame([{**base, "family": family, "status": "ok", "device": "cpu", **r} for r in rows])
-    table[COLUMNS].to_csv(folder / "study.csv", index=False)
+    table[COLUMNS].to_csv(folder / "members.csv", index=False)
     return folder
+
+
+def read_study(folder: Path) -> StudyData:
+    meta = json.loads((folder / "study.json").read_text())
+    return StudyData(folder, meta["family"], meta["preset"], meta["config"], pd.read_csv(folder / "members.csv"))
 
 
 def charts(html: str) -> dict[str, dict[str, list[tuple[float, float]]]]:
@@ -235,17 +240,6 @@ def test_member_table_formats_numbers(levine):
     assert cell["val_loss"] == f"{levine_loss(4, 200_000, 1):.4f}" and cell["status"] == "ok" and cell["error"] == ""
 
 
-def test_write_report_is_atomic_and_rewrites(levine):
-    (levine / "report.html").write_text("old")
-    path = write_report(levine)
-    assert path == levine / "report.html"
-    assert path.read_text(encoding="utf-8") == render_study(levine)
-    assert not [p for p in levine.iterdir() if p.name.startswith(".")]
-
-
-# ---------------------------------------------------------------- petty
-
-
 @pytest.fixture
 def petty(tmp_path):
     d_ff = {1: 768, 2: 352, 4: 160, 8: 48}
@@ -344,12 +338,12 @@ def test_spa_page(spa):
 
 
 def test_bad_folders_fail_in_one_line(tmp_path):
-    with pytest.raises(ProbeError, match=r"has no study.csv; pass a study folder written by probe study"):
+    with pytest.raises(ProbeError, match=r"has no readable study.json; pass a study folder written by probe study"):
         render_study(tmp_path)
     write_study(tmp_path / "a", "levin", [{"member": "m", "depth": 1}])
     with pytest.raises(ProbeError, match=r"unknown study family 'levin'.*did you mean 'levine'"):
         render_study(tmp_path / "a")
     (tmp_path / "b").mkdir()
-    (tmp_path / "b" / "study.csv").write_text("member,depth\nm,1\n")
-    with pytest.raises(ProbeError, match="has no family, val_loss, status column"):
+    (tmp_path / "b" / "members.csv").write_text("member,depth\nm,1\n")
+    with pytest.raises(ProbeError, match=r"has no readable study\.json"):
         render_study(tmp_path / "b")

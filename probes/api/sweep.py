@@ -56,10 +56,7 @@ def sweep(
     the sweep with one line naming it. ``jobs`` (local backend): members run at once in that many
     spawned processes, each with ``cores // jobs`` threads (None or 1: one after another in this
     process); the table is the same as with ``jobs=1``."""
-    from depthprobe.probes.engine.distributed import check_member_backend
-
-    check_member_backend(backend, address, cpus_per_member, gpus_per_member, retries)
-    _check_jobs(jobs, backend)
+    _check_placing(jobs, backend, address, cpus_per_member, gpus_per_member, retries)
     sw = get_sweep(task)
     config = SweepConfig(
         task=task, depths=tuple(depths), seed=seed, device=device, options=tuple(sorted(options.items()))
@@ -70,8 +67,8 @@ def sweep(
     with timer("sweep"):
         members = sw.jobs(config, parsed)  # bad input fails here, before any member runs
         processes = min(jobs or 1, max(1, len(members)))
-        placing = {"backend": backend, "address": address, "cpus_per_job": cpus_per_member,
-                   "gpus_per_job": gpus_per_member, "retries": retries, "processes": processes}  # fmt: skip
+        placing = {"backend": backend, "address": address, "cpus_per_job": cpus_per_member}
+        placing.update(gpus_per_job=gpus_per_member, retries=retries, processes=processes)
         results = _mapped_members(sw, task, members, placing, progress)
         out = sw.combine(config, parsed, results)
     info = {"name": f"sweep-{task}", "source": "sweep", "depths": list(config.depths)}
@@ -90,9 +87,10 @@ def sweep(
     )
 
 
-def _check_jobs(jobs: int | None, backend: str) -> None:
-    from depthprobe.probes.engine.distributed import check_jobs
+def _check_placing(jobs: int | None, backend: str, address: str | None, cpus: float, gpus: float, retries: int) -> None:
+    from depthprobe.probes.engine.distributed import check_jobs, check_member_backend
 
+    check_member_backend(backend, address, cpus, gpus, retries)
     if jobs is not None:
         check_jobs(jobs)
         if backend != "local" and jobs != 1:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import hashlib
 import json
 import math
 import os
@@ -89,6 +90,20 @@ def jsonable(obj: Any) -> Any:
 
 def write_json(path: Path, obj: Any) -> None:
     path.write_text(json.dumps(jsonable(obj), indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+
+
+def write_csv(path: Path, table: Any) -> None:
+    """The one CSV writer: a DataFrame without its index, written in one go (text, then the file)."""
+    path.write_text(table.to_csv(index=False), encoding="utf-8")
+
+
+def file_digests(folder: Path) -> dict[str, str]:
+    """The one digest writer's input: every file under ``folder`` (relative path) -> its SHA-256."""
+    return {
+        str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file()
+    }
 
 
 def cache_root() -> Path:

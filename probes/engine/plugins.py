@@ -29,11 +29,12 @@ from depthprobe.probes.base.errors import ProbeError
 ENTRY_POINT_GROUP = "depthprobe.tasks"
 
 
-def entry_point_tasks(taken: set[str]) -> dict[str, str]:
-    """``name -> "module:object"`` of installed packages' tasks; a name in ``taken`` is skipped
-    with a warning (the library's own task keeps it)."""
+def entry_point_tasks(taken: set[str], group: str = ENTRY_POINT_GROUP) -> dict[str, str]:
+    """``name -> "module:object"`` of installed packages' tasks (or, with ``group``, study
+    families: ``depthprobe.experiments``); a name in ``taken`` is skipped with a warning (the
+    library's own keeps it)."""
     entries: dict[str, str] = {}
-    for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
+    for ep in metadata.entry_points(group=group):
         dist = ep.dist.name if ep.dist is not None else "an installed package"
         if ep.name in taken or ep.name in entries:
             warnings.warn(f"{dist}: task {ep.name!r} is already registered; its entry point is ignored", stacklevel=2)

@@ -4,7 +4,7 @@ A family is a list of :class:`Member` shapes that differ in depth at a controlle
 parameter count. Sizes are solved with :func:`nonembed_params` (the count of the native pre-LN
 block that :func:`probes.models.loading.load` builds), then every member is built once and counted
 from its parameters with :func:`count_params`; a built count that differs from the formula is an
-internal error. How far a member is from its budget is its ``budget_miss`` (reported in study.csv):
+internal error. How far a member is from its budget is its ``budget_miss`` (reported in members.csv):
 petty members are refused beyond 1% (:data:`TOLERANCE`, d_ff is solved freely), levine members
 beyond 5% (:data:`LEVINE_TOLERANCE`: they stay on Levine's line, d_ff/d_model in [3, 5], so the
 rest of the budget is reported, not absorbed into d_ff).
@@ -33,7 +33,6 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Callable, Sequence
-from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from depthprobe.probes.base.errors import ProbeError, suggest
@@ -99,38 +98,6 @@ def flops_per_token(nonembed: int, unembed: int, depth: int, d_attn: int, contex
     full context per token (causal masking is ignored, as Kaplan et al. do). Multiply by the
     tokens trained on."""
     return 6.0 * (nonembed + unembed) + 6.0 * depth * context * d_attn
-
-
-# ----------------------------------------------------------------------------- parsing
-
-
-def parse_budgets(text: str) -> tuple[int, ...]:
-    """``"50k,200k,1.6M,1e6,12345"`` -> (50000, 200000, 1600000, 1000000, 12345).
-
-    Suffixes k (1e3) and M (1e6), either case; each budget must be a positive whole number after
-    scaling, and none may repeat."""
-    pieces = [p.strip() for p in str(text).split(",")]
-    if not any(pieces):
-        raise ProbeError("--budgets is empty: give non-embedding parameter counts such as 50k,200k,1.6M")
-    out: list[int] = []
-    for piece in pieces:
-        if not piece:
-            raise ProbeError(f"--budgets {text!r} has an empty entry; separate budgets with single commas")
-        scale, digits = 1, piece
-        if piece[-1] in "kKmM":
-            scale, digits = (1000 if piece[-1] in "kK" else 1_000_000), piece[:-1]
-        try:
-            value = Decimal(digits) * scale
-        except InvalidOperation:
-            raise ProbeError(
-                f"--budgets: {piece!r} is not a number; write counts like 50k, 1.6M, 1e6 or 12345"
-            ) from None
-        if not value.is_finite() or value != value.to_integral_value() or value < 1:
-            raise ProbeError(f"--budgets: {piece!r} is not a positive whole number of parameters; e.g. 50k or 1.6M")
-        if int(value) in out:
-            raise ProbeError(f"--budgets: {piece!r} repeats budget {int(value)}; give each budget once")
-        out.append(int(value))
-    return tuple(out)
 
 
 # ----------------------------------------------------------------------------- solving
@@ -259,9 +226,18 @@ def levine(
     for budget in sorted(set(budgets)):
         for depth in sorted(first_pair):
             d_model, head, d_ff = _levine_shape(budget, depth, d_head, extra)
-            member = Member(family="levine", name=f"levine-{_thousands(budget)}-L{depth:02d}", depth=depth,
-                            d_model=d_model, n_heads=d_model // head, d_head=head, d_ff=d_ff, budget=budget,
-                            pair=first_pair[depth], match=match)  # fmt: skip
+            member = Member(
+                family="levine",
+                name=f"levine-{_thousands(budget)}-L{depth:02d}",
+                depth=depth,
+                d_model=d_model,
+                n_heads=d_model // head,
+                d_head=head,
+                d_ff=d_ff,
+                budget=budget,
+                pair=first_pair[depth],
+                match=match,
+            )
             members.append(_verified(member))
     return members
 
@@ -368,17 +344,25 @@ def petty(
     if shrink != "d_model" and d_model % d_head:
         raise ProbeError(f"petty: d_model={d_model} is not a multiple of d_head={d_head}; pick a multiple")
     depths = _check_depths(depths, "petty")
-    solve = functools.partial({"d_ff": _petty_d_ff, "d_model": _petty_d_model, "d_attn": _petty_d_attn}[shrink],
-                              extra=extra)  # fmt: skip
+    solve = functools.partial(PETTY_SOLVERS[shrink], extra=extra)
     members = []
     for depth in sorted(depths):
         shape = solve(budget, depth, d_model, d_head)
         if shape is None:
             raise _petty_error(budget, depth, depths, shrink, d_model, d_head, solve, extra)
         width, heads, d_ff = shape
-        member = Member(family="petty", name=f"petty-{shrink}-{_thousands(budget)}-L{depth:02d}", depth=depth,
-                        d_model=width, n_heads=heads, d_head=d_head, d_ff=d_ff, budget=budget, shrink=shrink,
-                        match=match)  # fmt: skip
+        member = Member(
+            family="petty",
+            name=f"petty-{shrink}-{_thousands(budget)}-L{depth:02d}",
+            depth=depth,
+            d_model=width,
+            n_heads=heads,
+            d_head=d_head,
+            d_ff=d_ff,
+            budget=budget,
+            shrink=shrink,
+            match=match,
+        )
         members.append(_verified(member))
     return members
 
@@ -413,6 +397,9 @@ def _petty_d_attn(budget: int, depth: int, d_model: int, d_head: int, extra: int
         ):
             best = (d_model, heads, d_ff)
     return best
+
+
+PETTY_SOLVERS = {"d_ff": _petty_d_ff, "d_model": _petty_d_model, "d_attn": _petty_d_attn}
 
 
 def _petty_error(

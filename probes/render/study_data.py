@@ -1,8 +1,8 @@
-"""A depth study's folder, read (``study.json``, ``study.csv``, ``members/*/loss.csv``), and the
+"""A depth study's folder, read (``study.json``, ``members.csv``, ``members/*/loss.csv``), and the
 numbers its report shows: seed spreads, deep-minus-shallow differences, crossovers, table cells.
 
 - ``study.json``: family, preset and the resolved config (``pairs`` for levine, ``corpus``);
-- ``study.csv``: one row per member (status ``ok`` or ``failed`` with its ``error``);
+- ``members.csv``: one row per member (status ``ok`` or ``failed`` with its ``error``);
 - ``members/<member>/loss.csv``: the training curve (step, loss, val_loss, lr, tokens, elapsed_s).
 
 Means and spreads are over seeds: the error bar of a point runs from the smallest to the largest
@@ -11,9 +11,7 @@ seed's value.
 
 from __future__ import annotations
 
-import json
 import math
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,9 +20,6 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from depthprobe.probes.base.errors import ProbeError, suggest
-
-REQUIRED = ("family", "member", "depth", "val_loss", "status")
 MAX_CURVE_POINTS = 400  # a training curve is thinned to at most this many steps (the last one kept)
 
 
@@ -35,13 +30,13 @@ MAX_CURVE_POINTS = 400  # a training curve is thinned to at most this many steps
 
 @dataclass(frozen=True)
 class StudyData:
-    """A study folder, read: its settings (study.json) and its member table (study.csv)."""
+    """A study folder, read: its settings (study.json) and its member table (members.csv)."""
 
     folder: Path
     family: str
     preset: str | None
     config: dict[str, Any]
-    table: pd.DataFrame  # study.csv, one row per member
+    table: pd.DataFrame  # members.csv, one row per member
 
     @property
     def ok(self) -> pd.DataFrame:
@@ -51,44 +46,6 @@ class StudyData:
     @property
     def failed(self) -> pd.DataFrame:
         return self.table[self.table["status"] != "ok"]
-
-
-def read_study(folder: Path, families: Sequence[str] | None = None) -> StudyData:
-    """Read ``study.json`` and ``study.csv``; anything missing fails with one line naming the fix."""
-    folder = Path(folder)
-    if not folder.is_dir():
-        raise ProbeError(f"{folder} is not a folder; pass a study folder written by probe study")
-    path = folder / "study.csv"
-    if not path.is_file():
-        raise ProbeError(f"{folder} has no study.csv; pass a study folder written by probe study")
-    try:
-        table = pd.read_csv(path, dtype={"member": str, "status": str, "error": str})
-    except (OSError, ValueError) as exc:
-        raise ProbeError(f"{path} cannot be read ({type(exc).__name__}); re-run probe study to rewrite it") from None
-    missing = [c for c in REQUIRED if c not in table.columns]
-    if missing:
-        raise ProbeError(f"{path} has no {', '.join(missing)} column; re-run probe study to rewrite it")
-    table["status"] = table["status"].fillna("").astype(str).str.strip()
-    settings: dict[str, Any] = {}
-    if (folder / "study.json").is_file():
-        try:
-            settings = json.loads((folder / "study.json").read_text(encoding="utf-8"))
-        except (OSError, ValueError) as exc:
-            raise ProbeError(
-                f"{folder / 'study.json'} cannot be read ({type(exc).__name__}); re-run probe study to rewrite it"
-            ) from None
-        if not isinstance(settings, dict):
-            raise ProbeError(f"{folder / 'study.json'} is not a JSON object; re-run probe study to rewrite it")
-    family = settings.get("family") or next(iter(table["family"].dropna().astype(str)), None)
-    if families is not None and family not in families:
-        raise ProbeError(
-            f"unknown study family {family!r} in {folder}{suggest(str(family), families)}; "
-            f"a study is one of: {', '.join(families)}"
-        )
-    raw = settings.get("config")
-    config: dict[str, Any] = raw if isinstance(raw, dict) else {}
-    preset = settings.get("preset")
-    return StudyData(folder, str(family), None if preset is None else str(preset), config, table)
 
 
 def thin(df: pd.DataFrame, n: int = MAX_CURVE_POINTS) -> pd.DataFrame:
@@ -124,15 +81,19 @@ def read_losses(study: StudyData, members: Sequence[str]) -> tuple[dict[str, pd.
     return out, notes
 
 
-_SEED = re.compile(r"-s\d+$")
+SHAPE = ("variant", "depth", "d_model", "d_ff", "n_heads", "d_head", "budget", "match")  # a configuration
 
 
 def probe_members(study: StudyData) -> list[str]:
     """The finished members whose probe curves are drawn: one seed (the lowest) per configuration,
-    a configuration being the member name without its ``-s<seed>`` suffix."""
-    ok = study.ok.assign(
-        _seed=num(study.ok, "seed").fillna(0), _config=study.ok["member"].str.replace(_SEED, "", regex=True)
-    )
+    a configuration being the member's shape columns (members.csv's, not its name)."""
+    keys = [c for c in SHAPE if c in study.ok]
+    ok = study.ok.assign(_seed=num(study.ok, "seed").fillna(0))
+    config = [
+        ("|".join(map(str, row)) if keys else m)
+        for m, row in zip(ok["member"], ok[keys].itertuples(index=False), strict=True)
+    ]
+    ok = ok.assign(_config=config)
     ok = ok.sort_values(["_config", "_seed"], kind="stable").drop_duplicates("_config")
     return list(study.ok["member"][study.ok["member"].isin(ok["member"])])
 
@@ -222,7 +183,7 @@ _SCI_COLUMNS = {"flops", "lr"}
 
 
 def cell_text(column: str, value: Any) -> str:
-    """A study.csv cell as the member table shows it ('' for a missing value)."""
+    """A members.csv cell as the member table shows it ('' for a missing value)."""
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return ""
     if isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool):
@@ -253,7 +214,6 @@ __all__ = [
     "num",
     "probe_members",
     "read_losses",
-    "read_study",
     "seed_spread",
     "thin",
 ]

@@ -5,12 +5,12 @@ Plots are inline SVG line charts (``probes.render.lines``: lines with markers, s
 min-max error bars, optional log x and zero line); the per-layer probe curves are
 ``probes.render.compare.plot_svg`` charts embedded as ``data:`` images. Failed members are left
 out of every plot. The probe runs arrive compared (``ProbeCurves``, built by
-``probes.api.study_report``); nothing here reads a run folder.
+``probes.experiments.text``); nothing here reads a run folder.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -208,9 +208,10 @@ def petty_section(study: StudyData) -> str:
         )
     narrow = shapes[shapes["d_ff"] < shapes["d_model"]]
     where = ", ".join(f"L={int(d)} ({g})" for d, g in zip(narrow["depth"], narrow["group"], strict=True))
-    ratios = "; ".join(f"L={int(d)}: {f / m:.2f} ({g})"
-                       for d, f, m, g in zip(shapes["depth"], shapes["d_ff"], shapes["d_model"], shapes["group"],
-                                             strict=True))  # fmt: skip
+    ratios = "; ".join(
+        f"L={int(d)}: {f / m:.2f} ({g})"
+        for d, f, m, g in zip(shapes["depth"], shapes["d_ff"], shapes["d_model"], shapes["group"], strict=True)
+    )
     parts += [
         "<h2>Width vs depth</h2>",
         "<p class='meta'>d_ff (solid) and d_model (dashed) of each depth; points where d_ff &lt; d_model are "
@@ -267,29 +268,32 @@ def spa_section(study: StudyData) -> str:
     return "\n".join(parts)
 
 
-SECTIONS = {"levine": levine_section, "petty": petty_section, "spa": spa_section}
-
-
 # ----------------------------------------------------------------------------------------------
 # every family: kernel collapse and per-layer probe curves
 # ----------------------------------------------------------------------------------------------
 
 
-def _group(study: StudyData, row: pd.Series) -> str:
-    if study.family == "levine":
-        b = row.get("budget")
-        return f"budget {budget_text(b)}" if finite(b) else "budget ?"
-    if study.family == "petty":
-        return _petty_group(study, row)
+def budget_group(study: StudyData, row: pd.Series) -> str:
+    """levine's kernel lines: one per budget."""
+    b = row.get("budget")
+    return f"budget {budget_text(b)}" if finite(b) else "budget ?"
+
+
+def petty_group(study: StudyData, row: pd.Series) -> str:
+    return _petty_group(study, row)
+
+
+def variant_group(study: StudyData, row: pd.Series) -> str:
+    """spa's kernel lines: one per variant."""
     return str(row.get("variant") or "?")
 
 
-def kernels_section(study: StudyData) -> str:
+def kernels_section(study: StudyData, group: Callable[[StudyData, pd.Series], str] = variant_group) -> str:
     ok = study.ok.assign(depth=num(study.ok, "depth"))
     init, trained = num(ok, "kernel_cos_last_init"), num(ok, "kernel_cos_last")
     if not (np.isfinite(init).any() or np.isfinite(trained).any()):
         return ""
-    ok = ok.assign(group=[_group(study, r) for _, r in ok.iterrows()])
+    ok = ok.assign(group=[group(study, r) for _, r in ok.iterrows()])
     lines = []
     for k, (g, rows) in enumerate(ok.groupby("group", sort=False)):
         color = PALETTE[k % len(PALETTE)]
@@ -379,4 +383,4 @@ def probes_section(study: StudyData, probes: Sequence[ProbeCurves]) -> str:
     return "\n".join(parts)
 
 
-__all__ = ["SECTIONS", "ProbeCurves", "kernels_section", "probes_section"]
+__all__ = ["ProbeCurves", "kernels_section", "probes_section"]

@@ -112,17 +112,24 @@ def module(model: Model) -> torch.nn.Module:
 
 
 def optimizer(model: Model, cfg: LMConfig) -> torch.optim.AdamW:
-    """AdamW with weight decay on matrices (dim >= 2) only."""
+    return decay_adamw(module(model), lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
+
+
+def decay_adamw(
+    net: torch.nn.Module, *, lr: float, betas: tuple[float, float], weight_decay: float
+) -> torch.optim.AdamW:
+    """The one optimizer of study members (every family): AdamW (fused where the device has it,
+    :func:`~.loop.adamw`) with weight decay on matrices (dim >= 2) only, shared tensors once."""
     seen: set[int] = set()
     decay: list[torch.nn.Parameter] = []
     plain: list[torch.nn.Parameter] = []
-    for p in module(model).parameters():
+    for p in net.parameters():
         if id(p) in seen or not p.requires_grad:
             continue
         seen.add(id(p))
         (decay if p.dim() >= 2 else plain).append(p)
-    groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": plain, "weight_decay": 0.0}]
-    return adamw(groups, lr=cfg.lr, betas=cfg.betas)
+    groups = [{"params": decay, "weight_decay": weight_decay}, {"params": plain, "weight_decay": 0.0}]
+    return adamw(groups, lr=lr, betas=betas)
 
 
 def evaluate(model: Model, corpus: corpora.Corpus, cfg: LMConfig, limit: int | None = None) -> dict[str, float]:
@@ -178,12 +185,27 @@ def _loop(model: Model, corpus: corpora.Corpus, cfg: LMConfig, progress: Callabl
             progress(done, cfg.steps)
         return False
 
-    plan = Steps(steps=cfg.steps, lr_at=cfg.lr_at, grad_clip=cfg.grad_clip, log_every=cfg.log_every,
-                 log_at=frozenset(evals), check_finite=True)  # fmt: skip
+    plan = Steps(
+        steps=cfg.steps,
+        lr_at=cfg.lr_at,
+        grad_clip=cfg.grad_clip,
+        log_every=cfg.log_every,
+        log_at=frozenset(evals),
+        check_finite=True,
+    )
     source = CorpusSource(corpus, cfg.seed, cfg.batch_size, cfg.context)
     params = [p for p in net.parameters() if p.requires_grad]
-    loop = train_steps(net, logits_fn(model), source, optimizer(model, cfg), params, plan, device=model.device,
-                       on_window=on_window, after_step=after_step)  # fmt: skip
+    loop = train_steps(
+        net,
+        logits_fn(model),
+        source,
+        optimizer(model, cfg),
+        params,
+        plan,
+        device=model.device,
+        on_window=on_window,
+        after_step=after_step,
+    )
     run.seconds = loop.seconds
     run.tokens = cfg.steps * per_step
     run.val = evaluate(model, corpus, cfg)

@@ -125,9 +125,15 @@ class InductionSweep(Sweep):
 
         out = None if o.save_models is None else Path(o.save_models) / f"depth-{depth}"
         done = train(
-            job.native, job.data, job.train, out=out, device=job.device, progress=progress, every=o.eval_every,
+            job.native,
+            job.data,
+            job.train,
+            out=out,
+            device=job.device,
+            progress=progress,
+            every=o.eval_every,
             callback=record,
-        )  # fmt: skip
+        )
         return {
             "curve": curve,
             "losses": [{"depth": depth, **r} for r in done.losses],

@@ -1,0 +1,1 @@
+"""Depth studies: one :class:`~.protocol.Experiment` module per family, one runner for all (docs/architecture.md)."""

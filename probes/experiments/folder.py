@@ -1,0 +1,252 @@
+"""The study folder, the same for every family: its rules and its member folders.
+
+::
+
+    OUT/study.json        family, preset, the resolved config, the plan's member names, what the
+                          family records (a corpus's digest); a rerun must match them
+    OUT/members.csv       one row per member that has run (ok or failed with its one-line error)
+    OUT/<table>.csv       the family's study tables (Experiment.tables)
+    OUT/plan.csv          --dry-run: one row per member with its estimated cost
+    OUT/report.html       the offline report
+    OUT/members/<name>/   member.json (its row and the SHA-256 of every other file) and its files
+
+A finished member is kept by a rerun when every file its ``member.json`` lists is there with its
+digest; a damaged one is trained again, a failed one run again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from depthprobe.probes.base import artifacts
+from depthprobe.probes.base.errors import ProbeError
+from depthprobe.probes.experiments.protocol import MemberOutput
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+STUDY_JSON = "study.json"
+MEMBERS_CSV = "members.csv"
+PLAN_CSV = "plan.csv"
+MEMBERS = "members"
+MEMBER_JSON = "member.json"
+REPORT = "report.html"
+LOCK = ".study.lock"  # the pid of the run that holds the folder
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's live process
+        return True
+    return True
+
+
+@contextlib.contextmanager
+def locked(folder: Path, say: Callable[[str], None]) -> Iterator[None]:
+    """Hold the study folder for this run: ``OUT/.study.lock`` with this process's pid, created
+    atomically. A folder held by a live process is refused (two runs on one folder would overwrite
+    each other's members); a lock left by a dead process is taken over with a note. A folder this
+    run created and left holding nothing but its lock is removed again."""
+    created = not folder.exists()
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / LOCK
+    for _ in range(2):
+        try:
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            break
+        except FileExistsError:
+            try:
+                pid = int(path.read_text().split()[0])
+            except (OSError, ValueError, IndexError):
+                pid = 0
+            if pid > 0 and _alive(pid):
+                raise ProbeError(
+                    f"--out {folder} is in use by another probe study (pid {pid}); wait for it to finish, or pass "
+                    "another --out"
+                ) from None
+            say(f"{folder}: taking over the lock of a run that is gone (pid {pid or 'unknown'})")
+            path.unlink(missing_ok=True)
+    else:
+        raise ProbeError(f"--out {folder}: another run took its lock at the same moment; pass another --out")
+    with os.fdopen(fd, "w") as f:
+        f.write(f"{os.getpid()}\n")
+    try:
+        yield
+    finally:
+        path.unlink(missing_ok=True)
+        if created and folder.is_dir() and not any(folder.iterdir()):
+            folder.rmdir()
+
+
+def check_folder(folder: Path, family: str, config: Any, resumable: tuple[str, ...]) -> dict[str, Any] | None:
+    """Check ``--out`` before any work: a new folder that can be written (None), or an existing
+    study of the same family and settings (its study.json)."""
+    meta = folder / STUDY_JSON
+    if folder.exists() and not folder.is_dir():
+        raise ProbeError(f"--out {folder} is a file, not a folder; choose another --out")
+    if not meta.exists():
+        if folder.exists() and any(p.name not in (PLAN_CSV, LOCK) for p in folder.iterdir()):  # a dry run's plan
+            raise ProbeError(f"--out {folder} exists and holds no study ({STUDY_JSON}); pass a new --out")
+        artifacts.check_out(folder, "--out", may_exist=True)
+        return None
+    saved = saved_study(meta)
+    if saved.get("family") != family:
+        raise ProbeError(f"{folder} holds a {saved.get('family')} study, not {family}; pass a new --out")
+    old = dict(saved["config"])
+    defaults = {f.name: f.default for f in dataclasses.fields(config)}  # settings added since it ran
+    now = dataclasses.asdict(config)
+    clash = [k for k, v in now.items() if k not in resumable and _norm(old.get(k, defaults.get(k))) != _norm(v)]
+    if clash:
+        what = ", ".join(f"{k} {old.get(k)!r} (now {now[k]!r})" for k in clash[:3])
+        raise ProbeError(
+            f"{folder} holds another study ({what}); rerun with the same options to continue it, or pass a new --out"
+        )
+    return saved
+
+
+def saved_study(meta: Path) -> dict[str, Any]:
+    try:
+        saved = dict(json.loads(meta.read_text()))
+        dict(saved["config"])
+        return saved
+    except (OSError, ValueError, KeyError, TypeError):
+        raise ProbeError(f"{meta} is unreadable; pass a new --out (or remove that folder)") from None
+
+
+def _norm(v: Any) -> Any:
+    return list(v) if isinstance(v, tuple | list) else v
+
+
+def write_study_json(folder: Path, payload: dict[str, Any]) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    artifacts.replace_file(folder / STUDY_JSON, lambda p: artifacts.write_json(p, payload))
+
+
+def member_json(folder: Path, name: str) -> dict[str, Any] | None:
+    try:
+        meta = json.loads((folder / MEMBERS / name / MEMBER_JSON).read_text())
+    except (OSError, ValueError):
+        return None
+    return meta if isinstance(meta, dict) else None
+
+
+def member_names(folder: Path) -> list[str]:
+    root = folder / MEMBERS
+    if not root.is_dir():
+        return []
+    return sorted(d.name for d in root.iterdir() if d.is_dir() and not d.name.startswith("."))
+
+
+def finished_members(folder: Path) -> tuple[set[str], dict[str, str]]:
+    """The finished (ok) members whose files are intact, and the damaged ones with what is wrong."""
+    done: set[str] = set()
+    damaged: dict[str, str] = {}
+    for name in member_names(folder):
+        meta = member_json(folder, name)
+        if meta is None or meta.get("row", {}).get("status") != "ok":
+            continue
+        why = member_damage(folder / MEMBERS / name, meta)
+        if why is None:
+            done.add(name)
+        else:
+            damaged[name] = why
+    return done, damaged
+
+
+def member_damage(member: Path, meta: dict[str, Any]) -> str | None:
+    """What is wrong with a finished member's files (None: nothing): each file its member.json
+    lists must be there with its SHA-256."""
+    files = meta.get("files")
+    if not isinstance(files, dict):
+        return f"its {MEMBER_JSON} lists no files"
+    for rel, digest in files.items():
+        path = member / rel
+        if not path.is_file():
+            return f"{rel} is missing"
+        if hashlib.sha256(path.read_bytes()).hexdigest() != digest:
+            return f"{rel} is not the file the member wrote"
+    return None
+
+
+def finish_member(folder: Path, row: dict[str, Any], **extra: Any) -> dict[str, Any]:
+    """The one digest writer: ``member.json`` with the row and the SHA-256 of every other file."""
+    artifacts.write_json(folder / MEMBER_JSON, {"row": row, **extra, "files": artifacts.file_digests(folder)})
+    return row
+
+
+def in_member_folder(body: Callable[[Path], dict[str, Any]], dest: str | None) -> MemberOutput:
+    """``body(folder)`` writes a member's files into ``folder`` and returns its row. With ``dest``
+    (the local backend) the folder is ``dest`` itself, written atomically (a failed attempt's record
+    replaced); without (a Ray task) a temporary folder whose files come back as bytes."""
+    if dest is None:
+        with tempfile.TemporaryDirectory(prefix="depthprobe-member-") as tmp:
+            row = body(Path(tmp))
+            files = {str(p.relative_to(tmp)): p.read_bytes() for p in sorted(Path(tmp).rglob("*")) if p.is_file()}
+        return MemberOutput(row=row, files=files)
+    final = Path(dest)
+    if final.exists():  # a failed attempt's record
+        shutil.rmtree(final)
+    with artifacts.atomic_dir(final) as tmp:
+        row = body(tmp)
+    return MemberOutput(row=row, files={})
+
+
+def write_member(folder: Path, output: MemberOutput) -> Path:
+    """A finished member's folder from its files as bytes, written whole (replacing a failed attempt's)."""
+    final = folder / MEMBERS / str(output.row["member"])
+    if final.exists():
+        shutil.rmtree(final)
+    with artifacts.atomic_dir(final) as tmp:
+        for rel, data in output.files.items():
+            path = tmp / rel
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(data)
+    return final
+
+
+def write_failed(folder: Path, row: dict[str, Any], error: str, device: Any) -> None:
+    row = {**row, "status": "failed", "error": " ".join(error.split()), "device": str(device or "auto")}
+    data = json.dumps(artifacts.jsonable({"row": row}), indent=2).encode()
+    write_member(folder, MemberOutput(row=row, files={MEMBER_JSON: data}))
+
+
+def read_members(folder: Path, columns: list[str]) -> pd.DataFrame:
+    """members.csv's rows: one per member that has run, in plan order."""
+    import pandas as pd
+
+    meta = json.loads((folder / STUDY_JSON).read_text())
+    rows = [m["row"] for name in meta["members"] if (m := member_json(folder, name)) is not None]
+    return pd.DataFrame(rows, columns=columns)
+
+
+def write_table(folder: Path, name: str, table: pd.DataFrame) -> None:
+    artifacts.replace_file(folder / name, lambda p: artifacts.write_csv(p, table))
+
+
+def gather(folder: Path, members: pd.DataFrame, name: str) -> pd.DataFrame:
+    """One table of the finished members (``members/<m>/<name>``), in plan order."""
+    import pandas as pd
+
+    paths = [folder / MEMBERS / m / name for m in members.loc[members.status == "ok", "member"]]
+    parts = [t for p in paths if p.is_file() and not (t := pd.read_csv(p)).empty]
+    return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
+
+
+def left_behind(folder: Path) -> str:
+    """What an interrupted study leaves, as it is on disk."""
+    if not (folder / STUDY_JSON).exists():
+        return "nothing was written"
+    done, _ = finished_members(folder)
+    return f"finished members are kept in {folder} ({len(done)} so far): rerun the same command to continue"

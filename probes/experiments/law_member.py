@@ -1,0 +1,141 @@
+"""One member of a depth-law study, as an independent job.
+
+:func:`run_law_member` builds a native pre-LN GPT decoder (GELU MLPs, learned positions:
+``NativeConfig(attn_only=False)``), trains it with the one training loop
+(:func:`probes.training.loop.train_steps`, the one optimizer :func:`probes.training.lm.decay_adamw`:
+AdamW (0.9, 0.98), weight decay on matrices, linear warm-up then cosine, gradient clipping 1) on
+its family's batch source, evaluates it per key (k or T) on the fixed evaluation sets every
+``eval_every`` steps (learning curves; the seconds are not training time) and at the end on the
+full sets, lets the family probe it (khop: hop attention), and writes its files once:
+``member.json`` (the row and the SHA-256 of every other file), ``accuracy.csv``, ``curves.csv``,
+``loss.csv``, ``checkpoint/`` and the family's. It is a pure function of its job.
+"""
+
+from __future__ import annotations
+
+import time
+from functools import partial
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pandas as pd
+import torch
+
+from depthprobe.probes.base.artifacts import write_csv
+from depthprobe.probes.base.runtime import torch_threads
+from depthprobe.probes.experiments.folder import finish_member, in_member_folder
+from depthprobe.probes.experiments.protocol import MemberOutput
+from depthprobe.probes.models import families
+from depthprobe.probes.models.checkpoints import save_checkpoint
+from depthprobe.probes.models.device import resolve_device
+from depthprobe.probes.models.loading import load
+from depthprobe.probes.models.model import Model
+from depthprobe.probes.training.fast_forward import fast_logits
+from depthprobe.probes.training.lm import decay_adamw
+from depthprobe.probes.training.loop import Steps, Window, train_steps
+
+if TYPE_CHECKING:
+    from depthprobe.probes.experiments.laws import LawExperiment, LawJob
+
+EVAL_CHUNK = 250  # sequences per forward pass in evaluations
+
+
+@torch.no_grad()
+def predict(model: Model, inputs: torch.Tensor) -> torch.Tensor:
+    """Argmax predictions [n, T], in chunks."""
+    parts = [fast_logits(model, chunk.to(model.device)).argmax(-1).cpu() for chunk in inputs.split(EVAL_CHUNK)]
+    return torch.cat(parts)
+
+
+def train(exp: LawExperiment, job: LawJob, model: Model) -> tuple[list[dict[str, Any]], list[dict[str, Any]], float]:
+    """Train the member in place: its loss log, its learning curve (one row per evaluation and
+    key) and its training seconds (evaluations excluded)."""
+    cfg = job.config
+    curve_sets = exp.eval_sets(job, cfg.curve_sequences)
+    evals = set(cfg.eval_steps())
+    log: list[dict[str, Any]] = []
+    curves: list[dict[str, Any]] = []
+
+    def on_window(w: Window) -> None:
+        log.append({"step": w.step, "loss": w.loss, "lr": w.lr, "elapsed_s": w.elapsed})
+
+    def after_step(done: int) -> bool:
+        if done not in evals:
+            return False
+        for value, (acc, acc_all) in exp.scores(job, model, curve_sets).items():
+            curves.append({"member": job.name, "step": done, exp.key: value, "accuracy": acc, "accuracy_all": acc_all})
+        return True
+
+    net = model.bridge.original_model
+    plan = Steps(
+        steps=cfg.steps, lr_at=cfg.lr_at, grad_clip=1.0, log_every=max(1, cfg.eval_every // 5), check_finite=True
+    )
+    params = [p for p in net.parameters() if p.requires_grad]
+    optimizer = decay_adamw(net, lr=cfg.lr, betas=(0.9, 0.98), weight_decay=cfg.weight_decay)
+    run = train_steps(
+        net,
+        lambda x: fast_logits(model, x),
+        exp.source(job),
+        optimizer,
+        params,
+        plan,
+        device=model.device,
+        on_window=on_window,
+        after_step=after_step,
+    )
+    return log, curves, run.seconds
+
+
+def accuracy_rows(
+    exp: LawExperiment, job: LawJob, final: dict[int, tuple[float, float]], curves: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """accuracy.csv's rows of this member; ``step_reached``: the first curve evaluation whose
+    accuracy is >= the threshold (None if never)."""
+    rows = []
+    for value, (acc, acc_all) in final.items():
+        reached = [c["step"] for c in curves if c[exp.key] == value and c["accuracy"] >= job.config.threshold]
+        row: dict[str, Any] = {"member": job.name}
+        if job.group:
+            row["group"] = job.group
+        row.update(depth=job.depth, d_model=job.d_model, seed=job.seed, control=job.control)
+        row.update({exp.key: value, "accuracy": acc, exp.second: acc_all})
+        row["step_reached"] = min(reached) if reached else None
+        rows.append(row)
+    return rows
+
+
+def run_law_member(exp: LawExperiment, job: LawJob) -> MemberOutput:
+    """Train, evaluate and probe one member: its row and its files (written to ``job.dest``, or
+    returned as bytes when there is none)."""
+    return in_member_folder(partial(_run, exp, job), job.dest)
+
+
+def _run(exp: LawExperiment, job: LawJob, folder: Path) -> dict[str, Any]:
+    t0 = time.perf_counter()
+    device = resolve_device(job.config.device)
+    row = exp.base_row(job)
+    with torch_threads(1 if device.type == "cpu" else None):
+        model = load(job.native(), device=str(device))
+        nonembed, embed = families.count_params(model)
+        log, curves, seconds = train(exp, job, model)
+        final = exp.scores(job, model, exp.eval_sets(job, job.config.eval_sequences))
+        write_csv(folder / "loss.csv", pd.DataFrame(log, columns=["step", "loss", "lr", "elapsed_s"]))
+        write_csv(folder / "curves.csv", pd.DataFrame(curves))
+        accuracy = pd.DataFrame(accuracy_rows(exp, job, final, curves)).astype({"step_reached": "Int64"})
+        write_csv(folder / "accuracy.csv", accuracy)
+        save_checkpoint(model, folder / "checkpoint", {"law_study": {"member": job.name, "family": exp.name}})
+        exp.probe(job, model, folder)
+    row.update(
+        params=nonembed + embed,
+        params_nonembed=nonembed,
+        train_s=seconds,
+        steps_per_s=job.config.steps / seconds if seconds > 0 else None,
+        device=str(device),
+        status="ok",
+        error="",
+        wall_s=time.perf_counter() - t0,
+    )
+    return finish_member(folder, row)
+
+
+__all__ = ["accuracy_rows", "predict", "run_law_member"]

@@ -1,0 +1,342 @@
+"""What the depth-law families (DESIGN.md §3.9) share: the config, the plan, the tables, the page.
+
+A law family trains small native decoders at every depth x width x seed (and per seed, and per
+group where the family has groups, a wide 2-layer control with at least the parameters of the
+deepest member) on a synthetic task, evaluates them per evaluation key (``k`` for khop, ``T`` for
+groups) and finds the first depth that solves each key. A family module (``khop``, ``groups``)
+subclasses :class:`LawExperiment` with its Config fields, its data (``source``, ``eval_sets``,
+``scores``), its law table (its prediction lives there, nowhere else) and its prediction's text.
+
+Tables (besides members.csv): ``accuracy.csv`` (per member and key: final accuracy,
+``step_reached``), ``curves.csv`` (accuracy per evaluation step and key), ``law.csv`` (the family's),
+and what the family adds (khop: ``hops.csv``, ``hop_layers.csv``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from depthprobe.probes.base.errors import ProbeError
+from depthprobe.probes.base.options import check_seed
+from depthprobe.probes.experiments.protocol import Experiment, MemberOutput
+from depthprobe.probes.training.schedule import warmup_cosine
+
+if TYPE_CHECKING:
+    import pandas as pd
+    import torch
+
+    from depthprobe.probes.models.model import Model, NativeConfig
+    from depthprobe.probes.training.loop import BatchSource
+
+# training FLOP/s of the reference machine (2 cores) for law members, evaluations included: the cpu
+# presets' 6 N x tokens over their members' measured CPU-minutes (khop 26.7 min: 3.7e10; groups
+# 15 min on shared cores: 3.0e10; the lower taken)
+CPU_FLOPS = 3.0e10
+MAX_SEEDS = 1000  # seeds per study (a plan of more members is refused, not built)
+MAX_DEPTH = 1000  # layers of a member
+MAX_STEPS = 100_000_000  # training steps of a member
+MAX_EVALS = 100_000  # learning-curve evaluations of a member (steps / eval_every)
+ROW_COLUMNS = [
+    "family",
+    "member",
+    "group",
+    "depth",
+    "d_model",
+    "heads",
+    "seed",
+    "control",
+    "params",
+    "params_nonembed",
+    "steps",
+    "train_s",
+    "steps_per_s",
+    "wall_s",
+    "device",
+    "status",
+    "error",
+]
+
+
+@dataclass(frozen=True)
+class LawConfig:
+    """The settings every law family has. Members: every depth x width x seed, and with
+    ``control`` a wide 2-layer model with at least the parameters of the deepest member."""
+
+    preset: str = "smoke"
+    depths: tuple[int, ...] = (1, 2)
+    d_models: tuple[int, ...] = (64,)
+    heads: int = 4
+    seeds: int = 1
+    steps: int = 3000
+    batch_size: int = 32
+    lr: float = 2e-3
+    warmup_frac: float = 0.05
+    weight_decay: float = 0.01
+    eval_every: int = 250  # learning-curve evaluations every this many steps (and at the end)
+    curve_sequences: int = 128  # sequences per key of each learning-curve evaluation
+    eval_sequences: int = 1000  # sequences per key of the final evaluation
+    threshold: float = 0.99  # accuracy that counts as solved (law.csv, step_reached)
+    control: bool = True
+    device: str | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("heads", "seeds", "steps", "batch_size", "eval_every", "curve_sequences", "eval_sequences"):
+            if getattr(self, name) < 1:
+                raise ProbeError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
+        check_seed(self.seeds - 1, "--seeds")
+        if self.seeds > MAX_SEEDS:
+            raise ProbeError(f"--seeds must be at most {MAX_SEEDS}, got {self.seeds}; run fewer seeds")
+        if not self.depths or any(not 1 <= d <= MAX_DEPTH for d in self.depths):
+            raise ProbeError(f"--depths must be integers from 1 to {MAX_DEPTH}, got {list(self.depths)}")
+        if self.steps > MAX_STEPS or self.steps // self.eval_every > MAX_EVALS:
+            raise ProbeError(
+                f"--steps {self.steps:,} with --eval-every {self.eval_every:,} is too long: at most {MAX_STEPS:,} "
+                f"steps and {MAX_EVALS:,} learning-curve evaluations; lower --steps or raise --eval-every"
+            )
+        bad = [d for d in self.d_models if d < 1 or d % self.heads]
+        if not self.d_models or bad:
+            raise ProbeError(
+                f"--d-models must be positive multiples of the {self.heads} heads, got {list(self.d_models)}"
+            )
+        if not (self.lr > 0 and math.isfinite(self.lr)):
+            raise ProbeError(f"--lr must be a positive number, got {self.lr}")
+        if not 0 < self.threshold <= 1:
+            raise ProbeError(f"--threshold must be in (0, 1], got {self.threshold}")
+        if not 0 <= self.warmup_frac < 1:
+            raise ProbeError(f"warmup_frac must be in [0, 1), got {self.warmup_frac}")
+
+    @property
+    def warmup(self) -> int:
+        return max(1, round(self.warmup_frac * self.steps))
+
+    def lr_at(self, step: int) -> float:
+        """Linear warm-up over ``warmup`` updates, then cosine decay to 0."""
+        return warmup_cosine(step, self.lr, self.steps, self.warmup)
+
+    def eval_steps(self) -> list[int]:
+        """The learning-curve evaluation steps: every ``eval_every`` and the last."""
+        return sorted({*range(self.eval_every, self.steps + 1, self.eval_every), self.steps})
+
+
+COMMON: dict[str, dict[str, Any]] = {
+    "smoke": {
+        "depths": (1, 2),
+        "d_models": (16,),
+        "heads": 2,
+        "seeds": 1,
+        "steps": 40,
+        "batch_size": 16,
+        "eval_every": 20,
+        "curve_sequences": 16,
+        "eval_sequences": 32,
+    },
+    "cpu": {
+        "heads": 4,
+        "seeds": 2,
+        "batch_size": 32,
+        "eval_every": 250,
+        "curve_sequences": 128,
+        "eval_sequences": 1000,
+    },
+    "gpu": {
+        "heads": 4,
+        "seeds": 3,
+        "batch_size": 32,
+        "eval_every": 500,
+        "curve_sequences": 256,
+        "eval_sequences": 2000,
+    },
+}
+
+
+@dataclass(frozen=True)
+class LawJob:
+    """One member: ``depth`` layers of width ``d_model`` (``control``: the wide shallow control),
+    ``seed`` (init and data order), ``group`` for families with groups."""
+
+    config: Any
+    depth: int
+    d_model: int
+    seed: int
+    control: bool = False
+    group: str | None = None
+    vocab: int = 0
+    context: int = 0
+    dest: str | None = None  # members/<name>/ when the member writes its own folder (local backend)
+
+    @property
+    def name(self) -> str:
+        kind = "control-" if self.control else ""
+        group = f"{self.group}-" if self.group else ""
+        return f"{group}{kind}L{self.depth}-d{self.d_model}-s{self.seed}"
+
+    def native(self) -> NativeConfig:
+        from depthprobe.probes.models.model import NativeConfig
+
+        return NativeConfig(
+            layers=self.depth,
+            d_model=self.d_model,
+            heads=self.config.heads,
+            d_vocab=self.vocab,
+            n_ctx=self.context,
+            attn_only=False,
+            seed=self.seed,
+        )
+
+
+class LawExperiment(Experiment):
+    """A depth-law family; subclasses give the data, the law table and the prediction's text."""
+
+    columns: ClassVar[list[str]] = ROW_COLUMNS
+    aliases: ClassVar[dict[str, str]] = {"d_model": "d_models"}
+    key: ClassVar[str]  # the evaluation key's column: k or T
+    second: ClassVar[str]  # accuracy.csv's second accuracy column
+    extra_tables: ClassVar[tuple[str, ...]] = ()  # member tables gathered besides accuracy and curves
+    prediction: ClassVar[str] = ""  # the prediction, for the page
+
+    # -- what a law family gives ---------------------------------------------------------------
+    def groups_of(self, cfg: Any) -> list[str | None]:
+        return [None]
+
+    def shape(self, cfg: Any, group: str | None) -> tuple[int, int]:
+        """(vocabulary, context) of the members (of ``group``)."""
+        raise NotImplementedError
+
+    def source(self, job: LawJob) -> BatchSource:
+        raise NotImplementedError
+
+    def eval_sets(self, job: LawJob, n: int) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
+        raise NotImplementedError
+
+    def scores(self, job: LawJob, model: Model, sets: dict[int, Any]) -> dict[int, tuple[float, float]]:
+        raise NotImplementedError
+
+    def law(self, cfg: Any, accuracy: pd.DataFrame) -> pd.DataFrame:
+        raise NotImplementedError
+
+    def probe(self, job: LawJob, model: Model, folder: Path) -> None:
+        """What the family measures on a trained member besides accuracy (files in ``folder``)."""
+
+    def prepare(self, config: Any, jobs: list[LawJob], say: Any) -> None:
+        """Refuse, before anything is written, a member that cannot fit: its weights, gradients,
+        AdamW's moments and a training batch's activations against the memory available."""
+        from depthprobe.probes.models.device import check_size, native_bytes, resolve_device
+
+        device = resolve_device(config.device) if config.device is not None else None
+
+        def need(job: LawJob) -> tuple[int, int]:
+            native = job.native()
+            per_token = native.layers * native.d_model * 24 + native.d_vocab  # activations kept for backward
+            batch = config.batch_size * native.n_ctx * per_token * 4
+            return native.n_params(), native_bytes(native, training=True) + batch
+
+        biggest = max(jobs, key=lambda j: need(j)[1])
+        what = (
+            f"member {biggest.name} with batches of {config.batch_size} (lower --batch-size, the length or the width)"
+        )
+        check_size(*need(biggest), what, device)
+
+    # -- the protocol --------------------------------------------------------------------------
+    def plan(self, config: Any) -> list[LawJob]:
+        """Every member, seed-major: (per group) depth x width, then the control."""
+        jobs = []
+        for group in self.groups_of(config):
+            vocab, context = self.shape(config, group)
+            wide = control_width(config, vocab, context)
+            for seed in range(config.seeds):
+                jobs += [
+                    LawJob(config, depth, d, seed, group=group, vocab=vocab, context=context)
+                    for d in config.d_models
+                    for depth in config.depths
+                ]
+                if config.control and not (2 in config.depths and wide in config.d_models):
+                    jobs.append(LawJob(config, 2, wide, seed, control=True, group=group, vocab=vocab, context=context))
+        return jobs
+
+    def base_row(self, job: LawJob) -> dict[str, Any]:
+        row = super().base_row(job)
+        row.update(
+            group=job.group,
+            depth=job.depth,
+            d_model=job.d_model,
+            heads=job.config.heads,
+            seed=job.seed,
+            control=job.control,
+            steps=job.config.steps,
+        )
+        return row
+
+    def plan_row(self, config: Any, job: LawJob, context: Any) -> dict[str, Any]:
+        """The member's parameters, training tokens (steps x batch x context), FLOPs (6 N per
+        token) and estimated CPU minutes."""
+        params = job.native().n_params()
+        tokens = config.steps * config.batch_size * job.context
+        row = {k: v for k, v in self.base_row(job).items() if k not in ("status", "error", "wall_s", "device")}
+        row.update(params=params, tokens=tokens, flops=6.0 * params * tokens)
+        row["cpu_minutes"] = row["flops"] / CPU_FLOPS / 60
+        return {k: v for k, v in row.items() if v is not None or k in ("group",)}
+
+    def run_member(self, job: LawJob) -> MemberOutput:
+        from depthprobe.probes.experiments.law_member import run_law_member
+
+        return run_law_member(self, job)
+
+    def line(self, row: dict[str, Any]) -> str:
+        return f"{row['steps_per_s']:.1f} steps/s, {row['wall_s']:.0f} s"
+
+    def facts(self, config: Any) -> list[str]:
+        return [f"threshold {config.threshold}", f"steps {config.steps}"]
+
+    def tables(self, config: Any, members: pd.DataFrame, folder: Path) -> dict[str, pd.DataFrame]:
+        from depthprobe.probes.experiments.folder import gather
+
+        tables = {name: gather(folder, members, name) for name in ("accuracy.csv", "curves.csv", *self.extra_tables)}
+        acc = tables["accuracy.csv"]
+        if "step_reached" in acc:  # a step, or empty when never reached (not 500.0)
+            acc["step_reached"] = acc["step_reached"].astype("Int64")
+        tables["law.csv"] = self.law(config, acc)
+        return tables
+
+    def headline(self, tables: dict[str, pd.DataFrame]) -> pd.DataFrame:
+        return tables["law.csv"]
+
+    def page(self, config: Any, tables: dict[str, pd.DataFrame], folder: Path) -> list[str]:
+        from depthprobe.probes.render import laws
+
+        return laws.law_sections(tables, key=self.key, threshold=config.threshold, prediction=self.prediction)
+
+
+def control_width(cfg: Any, vocab: int, context: int) -> int:
+    """The smallest width (a multiple of the heads) at which a 2-layer member has at least the
+    parameters of the deepest, widest member."""
+    from depthprobe.probes.models.model import NativeConfig
+
+    target = NativeConfig(
+        layers=max(cfg.depths),
+        d_model=max(cfg.d_models),
+        heads=cfg.heads,
+        d_vocab=vocab,
+        n_ctx=context,
+        attn_only=False,
+    ).n_params()
+    width = max(cfg.d_models)
+    while (
+        NativeConfig(layers=2, d_model=width, heads=cfg.heads, d_vocab=vocab, n_ctx=context, attn_only=False).n_params()
+        < target
+    ):
+        width += cfg.heads
+    return width
+
+
+def measured_depth(rows: pd.DataFrame, threshold: float, seeds: int) -> int | None:
+    """The smallest depth whose accuracy is >= ``threshold`` for each of the ``seeds`` seeds."""
+    for depth, at in rows.groupby("depth", sort=True):
+        if at["seed"].nunique() >= seeds and bool((at["accuracy"] >= threshold).all()):
+            return int(depth)
+    return None
+
+
+__all__ = ["COMMON", "LawConfig", "LawExperiment", "LawJob", "control_width", "measured_depth"]

@@ -1,0 +1,95 @@
+"""``petty``: depths at one parameter budget (Petty et al. 2024), a text family.
+
+Petty et al.'s headline is compositional generalisation after fine-tuning; this family measures
+only their secondary result, the language-modelling loss against depth at equal parameters.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
+
+from depthprobe.probes.base.errors import ProbeError
+from depthprobe.probes.experiments.text import TextExperiment
+from depthprobe.probes.experiments.text_config import (
+    COMMON,
+    GPU_COST,
+    TextConfig,
+    check_budgets,
+    check_width,
+    parse_budgets,
+)
+
+if TYPE_CHECKING:
+    from depthprobe.probes.models.family_member import Member
+    from depthprobe.probes.render.study_data import StudyData
+
+
+@dataclass(frozen=True)
+class PettyConfig(TextConfig):
+    """``budgets``: the one budget; ``shrink``: what shrinks with depth; ``d_model``: the fixed width
+    (d_ff, d_attn modes) or where the d_model mode starts."""
+
+    budgets: tuple[int, ...] = (4000,)
+    shrink: Literal["d_ff", "d_model", "d_attn"] = "d_ff"
+    match: Literal["nonembed", "total"] = "nonembed"
+    d_model: int = 64
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_budgets(self.budgets)
+        check_width(self.d_model)
+        if len(self.budgets) != 1:
+            raise ProbeError(f"the petty family has one budget, got {len(self.budgets)}; pass one value to --budgets")
+
+
+class Petty(TextExperiment):
+    name = "petty"
+    description = "depths at one parameter budget (Petty et al. 2024; the LM loss only)"
+    Config = PettyConfig
+    parsers: ClassVar[dict[str, Callable[[str], Any]]] = {**TextExperiment.parsers, "budgets": parse_budgets}
+    presets: ClassVar[dict[str, dict[str, Any]]] = {
+        "smoke": {**COMMON["smoke"], "depths": (1, 2), "budgets": (6000,), "d_model": 16},
+        "cpu": {
+            **COMMON["cpu"],
+            "depths": (1, 2, 3, 4, 6, 8),
+            "budgets": (200_000,),
+            "d_model": 64,
+            "tokens_per_param": 8.0,
+        },
+        "gpu": {**COMMON["gpu"], "depths": (1, 2, 3, 4, 6, 8), "budgets": (1_600_000,), "d_model": 256, "d_head": 32},
+    }
+    costs: ClassVar[dict[str, str]] = {
+        "smoke": "depths 1,2 at 6k: two tiny members, 5-10 s on 2 CPU cores (the tests use it)",
+        "cpu": "0.2M at depths 1,2,3,4,6,8 (8 tokens per parameter): 18 min on 2 CPU cores with --seeds 2 (measured; "
+        "the preset's one seed: about half)",
+        "gpu": f"1.6M at depths 1-8; {GPU_COST}",
+    }
+
+    def members(self, cfg: PettyConfig) -> list[Member]:
+        from depthprobe.probes.models import families
+
+        return families.petty(
+            cfg.budgets[0],
+            cfg.depths,
+            shrink=cfg.shrink,
+            d_model=cfg.d_model,
+            d_head=cfg.d_head,
+            match=cfg.match,
+            vocab=cfg.vocab,
+            context=cfg.context,
+        )
+
+    def section(self, study: StudyData) -> str:
+        from depthprobe.probes.render.study_sections import petty_section
+
+        return petty_section(study)
+
+    def group(self, study: StudyData, row: Any) -> str:
+        from depthprobe.probes.render.study_sections import petty_group
+
+        return petty_group(study, row)
+
+
+__all__ = ["Petty", "PettyConfig"]

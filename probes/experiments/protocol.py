@@ -1,0 +1,195 @@
+"""What a depth family is: one :class:`Experiment` subclass, registered by name.
+
+A family says what its study is (``Config``: a frozen dataclass, ``Literal`` choices checked by
+:func:`~depthprobe.probes.base.options.check_choices`, its own ranges in ``__post_init__``), what its
+presets set and cost, how a config becomes member jobs (:meth:`Experiment.plan`), what one member
+computes (:meth:`Experiment.run_member`: its row and its files), how finished members become the
+study's tables (:meth:`Experiment.tables`) and which report sections those tables draw
+(:meth:`Experiment.page`). Everything else (the study folder, ``study.json``, resume, damaged
+members, failure rows, ``members.csv``, ``plan.csv``, ``--jobs``, Ray, the page's frame) is the
+runner's (:mod:`.runner`), the same for every family.
+
+A member's row holds what the tables group by (depth, width, seed, control, group...) as columns;
+nothing is parsed back from a member's name. A job is a frozen dataclass with a ``name`` (the
+member's folder under ``members/``) and a ``dest`` (set by the runner: where a local member writes
+its own folder; None on Ray, where the files come back as bytes).
+
+Families join :data:`EXPERIMENTS` like tasks join theirs: the built-in ones lazily by module
+reference (listing names imports nothing), a user's with :func:`register_experiment` (a plugin
+file given to ``probe study --plugin``) or an installed package's ``depthprobe.experiments``
+entry point. This module imports neither torch nor pandas.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from depthprobe.probes.base.errors import ProbeError, suggest
+from depthprobe.probes.base.options import check_choices, coerce
+from depthprobe.probes.base.registry import Registry
+from depthprobe.probes.engine.plugins import entry_point_tasks
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+ENTRY_POINT_GROUP = "depthprobe.experiments"
+
+
+@dataclass(frozen=True)
+class MemberOutput:
+    """What one member returns: its row (``members.csv``) and its files (path inside
+    ``members/<name>/`` -> bytes; empty when the member wrote ``job.dest`` itself)."""
+
+    row: dict[str, Any]
+    files: dict[str, bytes]
+
+
+class Experiment:
+    """One depth family: its Config, presets and costs (class attributes), and plan, run_member,
+    tables and page; the other methods have defaults a family may override."""
+
+    name: ClassVar[str]
+    description: ClassVar[str] = ""
+    Config: ClassVar[type]  # frozen dataclass; every field has a default (the presets fill them)
+    presets: ClassVar[dict[str, dict[str, Any]]]  # preset -> the Config fields it sets
+    costs: ClassVar[dict[str, str]]  # preset -> what it is and what it costs (measured or estimated)
+    columns: ClassVar[list[str]]  # members.csv's columns (a failed member's row has them too)
+    resumable: ClassVar[tuple[str, ...]] = ("device",)  # settings a rerun may change (results do not depend on them)
+    aliases: ClassVar[dict[str, str]] = {}  # option name -> Config field (``lr`` -> ``lrs``)
+    parsers: ClassVar[dict[str, Callable[[str], Any]]] = {}  # field -> reader of its text form (``50k``)
+
+    # -- what a family must say ----------------------------------------------------------------
+    def plan(self, config: Any) -> list[Any]:
+        """Every member job, in a fixed order (the order of ``members.csv``)."""
+        raise NotImplementedError
+
+    def run_member(self, job: Any) -> MemberOutput:
+        """Train and measure one member (a pure function of its job): its row and its files."""
+        raise NotImplementedError
+
+    def tables(self, config: Any, members: pd.DataFrame, folder: Path) -> dict[str, pd.DataFrame]:
+        """The study's tables (file name -> table) from its finished members (rows and folders);
+        ``members.csv`` itself is the runner's."""
+        return {}
+
+    def page(self, config: Any, tables: dict[str, pd.DataFrame], folder: Path) -> list[str]:
+        """The family's report sections (HTML fragments), drawn from ``tables``."""
+        return []
+
+    # -- what a family may add -----------------------------------------------------------------
+    def base_row(self, job: Any) -> dict[str, Any]:
+        """The row of a member before it runs (a failed member's row): its plan columns."""
+        row: dict[str, Any] = dict.fromkeys(self.columns)
+        row.update(family=self.name, member=job.name)
+        return row
+
+    def plan_row(self, config: Any, job: Any, context: Any) -> dict[str, Any]:
+        """A member's row of ``plan.csv`` (``--dry-run``): its plan columns and, where the family
+        can say, ``flops`` and ``cpu_minutes`` (an estimate)."""
+        return {**self.base_row(job), "flops": None, "cpu_minutes": None}
+
+    def prepare(self, config: Any, jobs: list[Any], say: Callable[[str], None]) -> Any:
+        """Expensive checks and shared inputs, before anything is written (a corpus read once);
+        the returned context reaches :meth:`plan_row`, :meth:`record` and :meth:`setup`."""
+        return None
+
+    def setup(self, config: Any, context: Any) -> Callable[[], None] | None:
+        """A picklable call each member process runs first (hand it the shared inputs)."""
+        return None
+
+    def bind(self, job: Any, context: Any, dest: str | None) -> Any:
+        """The job as it runs: with its ``dest`` (and what the context adds)."""
+        return dataclasses.replace(job, dest=dest)
+
+    def record(self, config: Any, context: Any) -> dict[str, Any]:
+        """Extra ``study.json`` entries (a corpus's digest); a rerun must match them (:meth:`check_same`)."""
+        return {}
+
+    def check_same(self, folder: Path, config: Any, context: Any, saved: dict[str, Any]) -> None:
+        """Refuse continuing a folder whose recorded inputs differ from this run's."""
+
+    def line(self, row: dict[str, Any]) -> str:
+        """A finished member's progress line."""
+        return f"{row.get('wall_s') or 0:.0f} s"
+
+    def facts(self, config: Any) -> list[str]:
+        """Header facts of the report beyond family, preset and member counts."""
+        return []
+
+    def headline(self, tables: dict[str, pd.DataFrame]) -> pd.DataFrame | None:
+        """The table ``probe study`` prints (None: members.csv)."""
+        return None
+
+    # -- the settings, the same for every family ------------------------------------------------
+    def config(self, preset: str = "smoke", **given: Any) -> Any:
+        """The preset's fields, then every given (not None) option: the family's Config."""
+        if preset not in self.presets:
+            raise ProbeError(
+                f"unknown --preset {preset!r}{suggest(preset, self.presets)} for the {self.name} family; "
+                f"choose from {', '.join(self.presets)}"
+            )
+        fields = {f.name: f for f in dataclasses.fields(self.Config)}
+        settings = dict(self.presets[preset])
+        for key, value in given.items():
+            if value is None:
+                continue
+            name = self.aliases.get(key, key)
+            if name not in fields:
+                raise refusal(self.name, key, list(fields) + list(self.aliases))
+            if isinstance(value, str) and name in self.parsers:
+                value = self.parsers[name](value)
+            settings[name] = coerce(value, fields[name].type, f"--{key.replace('_', '-')}", name)
+        config = self.Config(**{"preset": preset, **settings} if "preset" in fields else settings)
+        return check_choices(config, f"study {self.name}:")
+
+    def options(self) -> dict[str, str]:
+        """Option name -> its annotation, for help and listings."""
+        return {f.name: str(f.type) for f in dataclasses.fields(self.Config) if f.name != "preset"}
+
+
+def refusal(family: str, key: str, own: list[str]) -> ProbeError:
+    """One line for an option ``family`` does not take: which families take it, or a close match."""
+    owners = [n for n in EXPERIMENTS.names() if n != family and key in _loaded_fields(n)]
+    flag = f"--{key.replace('_', '-')}"
+    if owners:
+        return ProbeError(
+            f"{flag} applies to the {', '.join(owners)} famil{'ies' if len(owners) > 1 else 'y'}, not {family}; drop it"
+        )
+    close = suggest(flag, [f"--{name.replace('_', '-')}" for name in own]).replace("'", "")
+    return ProbeError(f"{flag} is not an option of the {family} family{close}; `probe list families` lists them")
+
+
+def _loaded_fields(name: str) -> set[str]:
+    try:
+        exp = EXPERIMENTS.get(name)
+    except (ProbeError, ImportError):
+        return set()
+    return {f.name for f in dataclasses.fields(exp.Config)} | set(exp.aliases)
+
+
+EXPERIMENTS: Registry[Experiment] = Registry("study family", Experiment)
+BUILT_IN = {
+    name: f"depthprobe.probes.experiments.{name}:{cls}"
+    for name, cls in (("levine", "Levine"), ("petty", "Petty"), ("spa", "Spa"), ("khop", "KHop"), ("groups", "Groups"))
+}
+EXPERIMENTS.register_lazy(BUILT_IN)
+EXPERIMENTS.register_lazy(entry_point_tasks(set(BUILT_IN), group=ENTRY_POINT_GROUP))
+
+
+def register_experiment(cls: type[Experiment]) -> type[Experiment]:
+    """Class decorator: register a family under ``cls.name`` (a plugin file, a notebook)."""
+    if not (isinstance(cls, type) and issubclass(cls, Experiment)):
+        raise ProbeError(f"register_experiment takes an Experiment subclass, got {cls!r}")
+    EXPERIMENTS.register_class(cls)
+    return cls
+
+
+def get_experiment(name: str) -> Experiment:
+    return EXPERIMENTS.get(name)
+
+
+__all__ = ["EXPERIMENTS", "Experiment", "MemberOutput", "get_experiment", "register_experiment"]

@@ -1,0 +1,291 @@
+"""``study(family, preset, **options)``: the one runner of every depth family (DESIGN.md §3.7, §3.9).
+
+It resolves the family's Config (:meth:`Experiment.config`), plans the members, checks the settings,
+``out`` and the family's inputs before anything is written, then opens the study folder
+(:mod:`.folder`: ``study.json``; a rerun keeps finished members whose files are intact, trains
+damaged ones again and runs failed ones again), runs the members still to do as independent jobs
+(``engine.distributed.map_jobs``: in this process, ``jobs`` spawned processes, or Ray tasks),
+records each as it finishes (its folder, its row in ``members.csv``; a failed one with its one-line
+error while the others go on), then writes the family's tables and ``report.html``. ``dry_run``
+writes ``plan.csv`` (every member with its estimated cost) and trains nothing.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from depthprobe.probes.base import artifacts
+from depthprobe.probes.base.errors import ProbeError
+from depthprobe.probes.experiments import folder as folders
+from depthprobe.probes.experiments.protocol import Experiment, MemberOutput, get_experiment
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from depthprobe.probes.engine.distributed import JobResult
+
+DEFAULT_ROOT = Path("artifacts") / "studies"
+MAX_MEMBERS = 10_000  # members of one study
+
+
+@dataclass
+class Study:
+    """A study's folder, its family and config; its tables are read from the folder."""
+
+    family: str
+    config: Any
+    folder: Path
+    tables: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @property
+    def table(self) -> pd.DataFrame:
+        """members.csv: one row per member that has run, ok or failed."""
+        return folders.read_members(self.folder, get_experiment(self.family).columns)
+
+    def __getitem__(self, name: str) -> pd.DataFrame:
+        """One of the study's tables by file name (``study["law.csv"]``)."""
+        import pandas as pd
+
+        return self.tables[name] if name in self.tables else pd.read_csv(self.folder / name)
+
+    def save(self, directory: str | Path | None = None) -> Path:
+        """The study's folder; with ``directory`` (another place), a copy written atomically there."""
+        if directory is None or Path(directory).resolve() == self.folder.resolve():
+            return self.folder
+        with artifacts.atomic_dir(Path(directory)) as tmp:
+            shutil.copytree(self.folder, tmp, dirs_exist_ok=True)
+        return Path(directory)
+
+
+@dataclass(frozen=True)
+class Backend:
+    """Where members run: ``local`` (``jobs`` processes) or ``ray`` (one task per member)."""
+
+    backend: str = "local"
+    address: str | None = None
+    cpus_per_member: float = 1
+    gpus_per_member: float = 0
+    retries: int = 0
+    jobs: int | None = None
+
+    def check(self) -> None:
+        from depthprobe.probes.engine.distributed import check_jobs, check_member_backend
+
+        check_member_backend(self.backend, self.address, self.cpus_per_member, self.gpus_per_member, self.retries)
+        if self.jobs is not None:
+            check_jobs(self.jobs)
+            if self.backend != "local" and self.jobs != 1:
+                raise ProbeError("--jobs applies to --backend local (Ray places members by --cpus-per-member); drop it")
+
+
+def default_folder(family: str, preset: str) -> Path:
+    """Where a study without ``out`` goes: ``artifacts/studies/<id>``."""
+    return DEFAULT_ROOT / artifacts.run_id(f"study-{family}", preset)
+
+
+def study(
+    family: str,
+    preset: str = "smoke",
+    *,
+    out: str | Path | None = None,
+    backend: str = "local",
+    address: str | None = None,
+    cpus_per_member: float = 1,
+    gpus_per_member: float = 0,
+    retries: int = 0,
+    jobs: int | None = None,
+    echo: Callable[[str], None] | None = None,
+    **options: Any,
+) -> Study:
+    """Run (or continue) a study of ``family``; returns it. ``options`` override the preset (the
+    family's Config fields). ``jobs`` (local backend): members at once in spawned processes, each
+    with ``cores // jobs`` threads; the numbers and files equal ``jobs=1``."""
+    exp = get_experiment(family)
+    cfg = exp.config(preset, **options)
+    where = Backend(backend, address, cpus_per_member, gpus_per_member, retries, jobs)
+    where.check()
+    jobs_ = exp.plan(cfg)  # impossible plans fail here, before anything is written
+    if len(jobs_) > MAX_MEMBERS:
+        raise ProbeError(
+            f"the study plans {len(jobs_):,} members, more than {MAX_MEMBERS:,}; plan fewer (depths, widths, seeds)"
+        )
+    folder = Path(out) if out is not None else default_folder(family, preset)
+    saved = folders.check_folder(folder, family, cfg, exp.resumable)
+    if backend == "local":  # Ray workers may have devices the driver lacks
+        from depthprobe.probes.models.device import resolve_device
+
+        resolve_device(getattr(cfg, "device", None))
+    say = echo or (lambda line: print(line, file=sys.stderr))
+    context = exp.prepare(cfg, jobs_, say)  # refusals here write nothing
+    with folders.locked(folder, say):
+        saved = folders.check_folder(folder, family, cfg, exp.resumable)  # again, now that this run holds it
+        done = open_study(exp, folder, cfg, jobs_, context, saved, say)
+        dest = None if backend == "ray" else folder / folders.MEMBERS  # local members write their own folders
+        todo = [exp.bind(j, context, None if dest is None else str(dest / j.name)) for j in jobs_ if j.name not in done]
+        if done:
+            say(f"{len(done)} finished member(s) kept in {folder}; {len(todo)} to run")
+        run_jobs(exp, cfg, folder, todo, len(done), len(jobs_), say, where, exp.setup(cfg, context))
+        tables = write_tables(exp, cfg, folder)
+        from depthprobe.probes.experiments.report import write_report
+
+        write_report(exp, cfg, tables, folder)
+    return Study(family=family, config=cfg, folder=folder, tables=tables)
+
+
+def open_study(
+    exp: Experiment,
+    folder: Path,
+    cfg: Any,
+    jobs: list[Any],
+    context: Any,
+    saved: dict[str, Any] | None,
+    say: Callable[[str], None],
+) -> set[str]:
+    """Create the study folder (``saved`` None), or continue it after the family checked that its
+    recorded inputs are this run's; returns the finished members whose files are intact."""
+    import dataclasses
+
+    if saved is not None:
+        exp.check_same(folder, cfg, context, saved)
+        done, damaged = folders.finished_members(folder)
+        for name, why in sorted(damaged.items()):
+            say(f"{name}: damaged ({why}); training it again")
+        return done
+    payload = {
+        "family": exp.name,
+        "preset": getattr(cfg, "preset", None),
+        "config": dataclasses.asdict(cfg),
+        **exp.record(cfg, context),
+        "members": [j.name for j in jobs],
+    }
+    folders.write_study_json(folder, payload)
+    return set()
+
+
+def run_jobs(
+    exp: Experiment,
+    cfg: Any,
+    folder: Path,
+    todo: list[Any],
+    done: int,
+    total: int,
+    say: Callable[[str], None],
+    where: Backend,
+    setup: Callable[[], None] | None,
+) -> None:
+    """Run the members still to do, recording each as it finishes: its folder (a Ray member's
+    files; a local member wrote its own), its line, members.csv; a failed one with its error."""
+    from depthprobe.probes.engine.distributed import map_jobs
+
+    counter = {"n": done}
+    device = getattr(cfg, "device", None)
+
+    def finished(index: int, output: MemberOutput | None, error: str | None) -> None:
+        job = todo[index]
+        counter["n"] += 1
+        if output is not None:
+            if output.files:
+                folders.write_member(folder, output)
+            say(f"[{counter['n']}/{total}] {job.name}: {exp.line(output.row)}")
+        else:
+            folders.write_failed(folder, exp.base_row(job), error or "unknown error", device)
+            say(f"[{counter['n']}/{total}] {job.name}: failed: {error}")
+        write_members(exp, folder)
+
+    processes = 1 if where.backend == "ray" else min(where.jobs or 1, max(1, len(todo)))
+    try:
+        map_jobs(
+            exp.run_member,
+            todo,
+            backend=where.backend,
+            address=where.address,
+            retries=where.retries,
+            cpus_per_job=where.cpus_per_member,
+            gpus_per_job=where.gpus_per_member,
+            processes=processes,
+            setup=plugin_setup(exp, setup),
+            on_done=lambda i, r: finished(i, r.value if r.ok else None, member_error(r)),
+        )
+    except BaseException:  # members stopped mid-write (their processes are gone) leave no hidden folder
+        artifacts.remove_stale_partials(folder / folders.MEMBERS / "any", any_name=True)
+        raise
+
+
+def plugin_setup(exp: Experiment, setup: Callable[[], None] | None) -> Callable[[], None] | None:
+    """A family from a plugin file is not importable by name in a spawned process: load the file
+    there first (then the family's own setup)."""
+    module = sys.modules.get(type(exp).__module__)
+    path = getattr(module, "__file__", None)
+    if not type(exp).__module__.startswith("depthprobe_plugin_") or path is None:
+        return setup
+    return partial(_load_then, str(path), setup)
+
+
+def _load_then(path: str, setup: Callable[[], None] | None) -> None:
+    from depthprobe.probes.engine.plugins import load_plugin
+
+    load_plugin(path)
+    if setup is not None:
+        setup()
+
+
+def member_error(result: JobResult) -> str | None:
+    """The one line a failed member records: a user error's message as it is (it already names
+    the fix), anything else (``Type: message``) marked as an internal error."""
+    if result.ok:
+        return None
+    error = result.error or "unknown error"
+    return error if result.user_error else f"internal error: {error}"
+
+
+def write_members(exp: Experiment, folder: Path) -> pd.DataFrame:
+    table = folders.read_members(folder, exp.columns)
+    folders.write_table(folder, folders.MEMBERS_CSV, table)
+    return table
+
+
+def write_tables(exp: Experiment, cfg: Any, folder: Path) -> dict[str, pd.DataFrame]:
+    """members.csv and the family's tables, written and returned."""
+    members = write_members(exp, folder)
+    tables = exp.tables(cfg, members, folder)
+    for name, table in tables.items():
+        folders.write_table(folder, name, table)
+    return {folders.MEMBERS_CSV: members, **tables}
+
+
+def dry_run(
+    family: str, preset: str = "smoke", *, out: str | Path, echo: Callable[[str], None] | None = None, **options: Any
+) -> pd.DataFrame:
+    """Plan the study (the same checks as a run), write ``out/plan.csv`` and return it; nothing
+    is trained. A check a run would refuse after planning (the family's ``prepare``) is reported."""
+    import pandas as pd
+
+    exp = get_experiment(family)
+    cfg = exp.config(preset, **options)
+    jobs = exp.plan(cfg)
+    if len(jobs) > MAX_MEMBERS:
+        raise ProbeError(f"the study plans {len(jobs):,} members, more than {MAX_MEMBERS:,}; plan fewer")
+    folder = Path(out)
+    artifacts.check_out(folder, "--out", may_exist=True)
+    say = echo or print
+    try:
+        context = exp.prepare(cfg, jobs, say)
+    except ProbeError as exc:
+        context = getattr(exc, "context", None)
+        if context is None:
+            raise
+        say(f"a run would be refused: {exc}")
+    rows = [exp.plan_row(cfg, j, context) for j in jobs]
+    table = pd.DataFrame(rows, columns=list(dict.fromkeys(k for r in rows for k in r)))
+    folder.mkdir(parents=True, exist_ok=True)
+    folders.write_table(folder, folders.PLAN_CSV, table)
+    return table
+
+
+__all__ = ["Study", "default_folder", "dry_run", "study"]

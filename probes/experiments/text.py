@@ -1,0 +1,375 @@
+"""What the text-study families (levine, petty, spa; DESIGN.md §3.7) share, as :class:`TextExperiment`.
+
+A text family trains decoders of one equal-parameter family (``probes.models.families``) on a
+corpus (read, split and tokenized once: ``data/corpus.py``) and probes every member at init and
+after training. A family module gives its Config, presets, members (:meth:`TextExperiment.members`)
+and report section; this base gives the corpus checks (a context the corpus cannot fill, a
+validation text without probe inputs, ``--max-params`` below every member, more than
+``max_passes`` passes over the training split: refused before anything is written), the plan's
+costs (``plan.csv``), the member run (:mod:`.text_member`) and the probe curves of the report.
+
+``plan.csv``'s CPU minutes are the training FLOPs (Kaplan et al.'s 6 N + 6 L n_ctx d_attn per
+token, the learning-rate grid's trials included) divided by :attr:`TextExperiment.cpu_flops`,
+training throughputs measured on this project's reference machine (2 CPU cores, one member at a
+time): 33-39 GFLOP/s for native members (the lowest taken), 2.4-4.4k tokens/s for the spa cpu
+preset's depth-8 member (1.58 MFLOP per token; the lowest taken); the probes add seconds to a
+minute per member on top.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from depthprobe.probes.base.errors import ProbeError
+from depthprobe.probes.experiments.protocol import Experiment, MemberOutput
+from depthprobe.probes.experiments.text_config import parse_vocab
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from depthprobe.probes.data.corpus import Corpus
+    from depthprobe.probes.experiments.text_member import TextJob
+    from depthprobe.probes.models.family_member import Member
+    from depthprobe.probes.models.model import Model
+    from depthprobe.probes.render.study_data import StudyData
+
+COLUMNS = [
+    "family",
+    "member",
+    "variant",
+    "depth",
+    "d_model",
+    "d_ff",
+    "d_ff_ratio",
+    "n_heads",
+    "d_head",
+    "budget",
+    "match",
+    "budget_miss",
+    "params_nonembed",
+    "params_embed",
+    "params_total",
+    "embed_share",
+    "tokens",
+    "passes",
+    "flops",
+    "seed",
+    "lr",
+    "val_loss",
+    "val_bpb",
+    "induction_best",
+    "induction_chance",
+    "kernel_cos_last",
+    "kernel_cos_last_init",
+    "entropy_mean",
+    "icl_score",
+    "tokens_per_s",
+    "wall_s",
+    "device",
+    "status",
+    "error",
+]
+PLAN_COLUMNS = [
+    "family",
+    "member",
+    "depth",
+    "d_model",
+    "n_heads",
+    "d_head",
+    "d_ff",
+    "d_ff_ratio",
+    "budget",
+    "match",
+    "budget_miss",
+    "params_nonembed",
+    "params_embed",
+    "params_total",
+    "embed_share",
+    "tokens",
+    "passes",
+    "flops",
+    "cpu_minutes",
+]
+TASK_ORDER = ("induction", "kernels", "kernels-init", "attention-stats")
+# the per-layer metric(s) drawn per task folder; the others are named in a note
+PROBE_METRICS = {
+    "induction": ("induction", "previous_token"),
+    "kernels": ("mean_cosine",),
+    "kernels-init": ("mean_cosine",),
+    "attention-stats": ("entropy",),
+}
+MAX_PROBE_PLOTS = 4  # per task, when none of its preferred metrics is present
+
+
+class PassesRefused(ProbeError):
+    """More passes over the training split than ``max_passes``; ``context`` is the corpus (a dry run reports it)."""
+
+    def __init__(self, message: str, context: Any) -> None:
+        super().__init__(message)
+        self.context = context
+
+
+class TextExperiment(Experiment):
+    """A text-study family; subclasses give Config, presets, costs, :meth:`members` and :meth:`section`."""
+
+    columns: ClassVar[list[str]] = COLUMNS
+    resumable: ClassVar[tuple[str, ...]] = ("device", "max_params", "max_passes")
+    aliases: ClassVar[dict[str, str]] = {"lr": "lrs", "width": "d_model"}
+    parsers: ClassVar[dict[str, Callable[[str], Any]]] = {"vocab": parse_vocab}
+    cpu_flops: ClassVar[float] = 3.3e10  # training FLOP/s of the reference machine for this family's members
+
+    # -- what a text family gives --------------------------------------------------------------
+    def members(self, cfg: Any) -> list[Member]:
+        raise NotImplementedError
+
+    def section(self, study: StudyData) -> str:
+        raise NotImplementedError
+
+    def group(self, study: StudyData, row: Any) -> str:
+        """The label of a member's line in the kernel section."""
+        return str(row.get("variant") or "?")
+
+    # -- members: built as native decoders (spa overrides) ----------------------------------------
+    def sizes(self, job: TextJob, vocab: int) -> tuple[int, int] | None:
+        """(non-embedding, embedding) parameters without building the model (None: only by building)."""
+        from depthprobe.probes.models import families
+
+        m = job.member
+        nonembed = families.nonembed_params(m.depth, m.d_model, m.d_attn, m.d_ff)
+        return nonembed, families.embed_params(m.d_model, vocab, job.config.context)
+
+    def member_params(self, job: TextJob, vocab: int) -> int:
+        """The member's parameter count, as --max-params sees it, without building the model."""
+        return job.member.native(vocab, job.config.context, job.seed).n_params()
+
+    def build(self, job: TextJob, corpus: Corpus, device: Any) -> Model:
+        """The member's model at init, with the corpus's tokenizer attached."""
+        from depthprobe.probes.data import corpus as corpora
+        from depthprobe.probes.models.loading import load
+
+        model = load(job.member.native(corpus.vocab, job.config.context, job.seed), device=device)
+        model.info = dataclasses.replace(model.info, name=job.name)
+        model.tokenizer = corpora.hf_tokenizer(corpus.tokenizer)
+        model.special_ids = frozenset({corpus.bos})
+        return model
+
+    def save(self, model: Model, job: TextJob, corpus: Corpus, folder: Path) -> None:
+        from depthprobe.probes.data import corpus as corpora
+        from depthprobe.probes.models.checkpoints import save_checkpoint
+
+        extra = {"study": {"member": job.name, "family": self.name, "corpus": corpus.label}}
+        save_checkpoint(model, folder, extra, write_more=lambda f: corpora.save_tokenizer(corpus.tokenizer, f))
+
+    def member_tokens(self, job: TextJob, nonembed: int) -> int:
+        """Tokens for the member's budget (the same for every member sharing it); without a budget
+        (spa), for the weight matrices every variant shares, (4 width + 2 d_ff) * width * depth."""
+        m = job.member
+        shared = (4 * m.d_model + 2 * m.d_ff) * m.d_model * m.depth
+        return int(job.config.tokens_for(m.budget if m.budget is not None else shared))
+
+    @staticmethod
+    def size_columns(member: Member, nonembed: int, embed: int) -> dict[str, Any]:
+        """params_* columns, the embedding share and (with a budget) how far the count misses it."""
+        total = nonembed + embed
+        out: dict[str, Any] = {
+            "params_nonembed": nonembed,
+            "params_embed": embed,
+            "params_total": total,
+            "embed_share": embed / total,
+        }
+        if member.budget is not None:
+            counted = total if member.match == "total" else nonembed
+            out.update(match=member.match, budget_miss=(counted - member.budget) / member.budget)
+        return out
+
+    # -- the protocol --------------------------------------------------------------------------
+    def plan(self, config: Any) -> list[TextJob]:
+        """Every member of the study times every seed, in a fixed order (seed-major)."""
+        from depthprobe.probes.experiments.text_member import TextJob
+
+        members = self.members(config)
+        return [TextJob(m, s, config) for s in range(config.seeds) for m in members]
+
+    def base_row(self, job: TextJob) -> dict[str, Any]:
+        """The member's shape columns (sizes at the configured vocabulary; a trained member's row
+        replaces them with the counts of the built model)."""
+        m = job.member
+        row = super().base_row(job)
+        row.update(
+            variant=m.variant,
+            depth=m.depth,
+            d_model=m.d_model,
+            d_ff=m.d_ff,
+            d_ff_ratio=m.d_ff_ratio,
+            n_heads=m.n_heads,
+            d_head=m.d_head,
+            budget=m.budget,
+            seed=job.seed,
+        )
+        sizes = self.sizes(job, job.config.vocab)
+        if sizes is not None:
+            row.update(self.size_columns(m, *sizes))
+        return row
+
+    def run_member(self, job: TextJob) -> MemberOutput:
+        from depthprobe.probes.experiments.text_member import run_text_member
+
+        return run_text_member(self, job)
+
+    def line(self, row: dict[str, Any]) -> str:
+        return f"val_loss {row['val_loss']:.4f} nats/token ({row['val_bpb']:.4f} bits/byte), {row['wall_s']:.0f} s"
+
+    def prepare(self, config: Any, jobs: list[TextJob], say: Callable[[str], None]) -> Corpus:
+        """Read the corpus once and refuse what would fail every member (before anything is written)."""
+        from depthprobe.probes.experiments.text_member import cached_corpus
+
+        corpus = cached_corpus(config)  # a bad corpus fails here (the tokenizer is trained once, then cached)
+        self.check_corpus(config, corpus, jobs)
+        worst = max(jobs, key=lambda j: self.member_tokens(j, 0))
+        tokens, train = self.member_tokens(worst, 0), int(corpus.train_ids.numel())
+        if tokens / train > config.max_passes:
+            need = math.ceil(tokens / config.max_passes)
+            raise PassesRefused(
+                f"member {worst.member.name} would make {tokens / train:.1f} passes over the {train:,} training "
+                f"tokens of {corpus.label}, more than --max-passes {config.max_passes:g}; give a larger --corpus (at "
+                f"least {need:,} training tokens), fewer tokens (--tokens-per-param, --min-tokens), or raise "
+                "--max-passes",
+                corpus,
+            )
+        say(f"passes over the training split ({train:,} tokens): {tokens / train:.2f} (the most of any member)")
+        return corpus
+
+    def check_corpus(self, cfg: Any, corpus: Corpus, jobs: list[TextJob]) -> None:
+        from depthprobe.probes.data import corpus as corpora
+        from depthprobe.probes.experiments.text_member import probe_inputs
+
+        corpora.train_batch(corpus.train_ids, 0, 0, 1, cfg.context)
+        corpora.val_windows(corpus.val_ids, cfg.context, corpus.bos, limit=1)
+        if not probe_inputs(corpus, 1, cfg.context):
+            raise ProbeError(
+                "the validation text (the last 10% of --corpus) has no line of 3 or more words for the probes "
+                "(kernels, attention-stats); give a corpus of sentences or paragraphs, not one word a line"
+            )
+        smallest = min(self.member_params(j, corpus.vocab) for j in jobs)
+        if cfg.max_params is not None and smallest > cfg.max_params:
+            raise ProbeError(
+                f"--max-params {cfg.max_params:,} is below every member (the smallest has {smallest:,} parameters); "
+                "raise --max-params or drop it"
+            )
+
+    def setup(self, config: Any, context: Corpus) -> Callable[[], None]:
+        from depthprobe.probes.experiments.text_member import share_corpus
+
+        return share_corpus(config, context)
+
+    def bind(self, job: TextJob, context: Corpus, dest: str | None) -> TextJob:
+        return dataclasses.replace(job, corpus_digest=context.digest, dest=dest)
+
+    def record(self, config: Any, context: Corpus) -> dict[str, Any]:
+        return {"corpus": {"label": context.label, "digest": context.digest, "key": context.key}}
+
+    def check_same(self, folder: Path, config: Any, context: Corpus, saved: dict[str, Any]) -> None:
+        recorded = saved.get("corpus")
+        if not isinstance(recorded, dict) or recorded.get("digest") != context.digest:
+            raise ProbeError(
+                f"{folder} holds a study of another text: --corpus {config.corpus or 'the built-in text'} changed "
+                f"since that study ran; pass a new --out to study the new text (or remove {folder} to train every "
+                "member again)"
+            )
+
+    def headline(self, tables: dict[str, pd.DataFrame]) -> pd.DataFrame:
+        cols = [
+            "member",
+            "depth",
+            "d_model",
+            "d_ff",
+            "params_nonembed",
+            "params_total",
+            "embed_share",
+            "tokens",
+            "passes",
+            "val_loss",
+            "val_bpb",
+            "status",
+        ]
+        return tables["members.csv"][cols]
+
+    def facts(self, config: Any) -> list[str]:
+        return [f"corpus {config.corpus or 'built-in Tiny Shakespeare'}"]
+
+    def plan_row(self, config: Any, job: TextJob, context: Corpus) -> dict[str, Any]:
+        """One member's plan: its shape and sizes at the corpus's vocabulary, tokens, passes, cost."""
+        from depthprobe.probes.models import families
+
+        m = job.member
+        sizes = self.sizes(job, context.vocab)
+        if sizes is None:  # built once to count (spa's variants differ in small per-layer parameters)
+            sizes = families.count_params(m.build(context.vocab, config.context, job.seed, device="cpu"))
+        nonembed, embed = sizes
+        row = {**self.base_row(job), **self.size_columns(m, nonembed, embed)}
+        tokens = self.member_tokens(job, nonembed)
+        grid = len(config.lrs) * config.lr_fraction * tokens if len(config.lrs) > 1 else 0.0
+        per_token = families.flops_per_token(nonembed, m.d_model * context.vocab, m.depth, m.d_attn, config.context)
+        flops = (tokens + grid) * per_token
+        row.update(
+            tokens=tokens,
+            passes=tokens / int(context.train_ids.numel()),
+            flops=flops,
+            cpu_minutes=flops / self.cpu_flops / 60,
+        )
+        return {c: row.get(c) for c in PLAN_COLUMNS}
+
+    def page(self, config: Any, tables: dict[str, pd.DataFrame], folder: Path) -> list[str]:
+        from depthprobe.probes.render.study_data import StudyData
+        from depthprobe.probes.render.study_sections import kernels_section, probes_section
+
+        members = tables["members.csv"].copy()
+        members["status"] = members["status"].fillna("").astype(str).str.strip()
+        study = StudyData(folder, self.name, config.preset, dataclasses.asdict(config), members)
+        return [self.section(study), kernels_section(study, self.group), probes_section(study, probe_curves(study))]
+
+
+def probe_tasks(study: StudyData, members: list[str]) -> dict[str, list[tuple[str, Path]]]:
+    """task folder name -> [(member, run folder)] over ``members``, tasks in TASK_ORDER first."""
+    from depthprobe.probes.api.compare import is_run_dir
+
+    found: dict[str, list[tuple[str, Path]]] = {}
+    for m in members:
+        runs = study.folder / "members" / m / "runs"
+        for d in sorted(runs.iterdir()) if runs.is_dir() else []:
+            if not d.name.startswith(".") and is_run_dir(d):
+                found.setdefault(d.name, []).append((m, d))
+    order = [t for t in TASK_ORDER if t in found] + sorted(t for t in found if t not in TASK_ORDER)
+    return {t: found[t] for t in order}
+
+
+def probe_curves(study: StudyData) -> list[Any]:
+    """Each probe task of the drawn members (one seed per configuration), compared across depth
+    (``probes.api.compare``); a task whose runs cannot be compared carries the reason instead."""
+    from depthprobe.probes.api.compare import compare, peaks
+    from depthprobe.probes.render.study_data import probe_members
+    from depthprobe.probes.render.study_sections import ProbeCurves
+
+    out = []
+    for task, runs in probe_tasks(study, probe_members(study)).items():
+        title = "kernels (at init)" if task == "kernels-init" else task
+        try:
+            table = compare([p for _, p in runs])
+        except ProbeError as exc:
+            out.append(ProbeCurves(task, title, error=str(exc)))
+            continue
+        name = {str(p): m for m, p in runs}
+        table = table.assign(label=table["run"].map(name).fillna(table["label"]))
+        metrics = list(dict.fromkeys(table["metric"]))
+        drawn = [m for m in PROBE_METRICS.get(task, ()) if m in metrics] or metrics[:MAX_PROBE_PLOTS]
+        rest = [m for m in metrics if m not in drawn]
+        peak = peaks(table[table["metric"].isin(drawn)])
+        out.append(ProbeCurves(task, title, table, peak, tuple(drawn), tuple(rest)))
+    return out
+
+
+__all__ = ["COLUMNS", "PLAN_COLUMNS", "TextExperiment"]

@@ -1,0 +1,202 @@
+"""One member of a text study (levine, petty, spa), as an independent job: build, probe at init,
+train, evaluate, probe.
+
+:func:`run_text_member` is a pure function of its :class:`TextJob` (the same job gives the same
+numbers on any machine with the same device kind). With ``TextJob.dest`` (the local backend) the
+member writes its folder there itself, atomically; without it (a Ray task) it returns its files as
+bytes. A probe run keeps its tables, not an HTML report. A member that fails raises; the runner
+records it as ``failed`` with its error.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pandas as pd
+
+from depthprobe.probes.base.artifacts import write_csv
+from depthprobe.probes.base.errors import ProbeError
+from depthprobe.probes.data import corpus as corpora
+from depthprobe.probes.data.memory import Text
+from depthprobe.probes.experiments.folder import finish_member, in_member_folder
+from depthprobe.probes.experiments.probing import mean_metric, probe
+from depthprobe.probes.experiments.protocol import MemberOutput
+from depthprobe.probes.models import families, family_member
+from depthprobe.probes.models.device import resolve_device, size_limit
+from depthprobe.probes.training.lm import LOG_COLUMNS, LMConfig, train_lm
+
+if TYPE_CHECKING:
+    from depthprobe.probes.experiments.text import TextExperiment
+
+
+@dataclass(frozen=True)
+class TextJob:
+    member: family_member.Member
+    seed: int
+    config: Any
+    corpus_digest: str | None = None  # the corpus text the driver checked: a member refuses another one
+    dest: str | None = None  # members/<name>/ when the member writes its own folder (local backend)
+
+    @property
+    def name(self) -> str:
+        return f"{self.member.name}-s{self.seed}"
+
+
+_CORPORA: dict[tuple[str | None, int, tuple[tuple[str, int, int], ...]], corpora.Corpus] = {}
+
+
+def cached_corpus(cfg: Any) -> corpora.Corpus:
+    """The study's corpus, read and tokenized once per process while its files stay the same (the
+    tokenizer is cached on disk): a file edited, added or removed gives a new corpus; a pipe is read once."""
+    key = (cfg.corpus, cfg.vocab, corpora.corpus_stamp(cfg.corpus))
+    if key not in _CORPORA:
+        _CORPORA.clear()
+        _CORPORA[key] = corpora.load_corpus(cfg.corpus, vocab=cfg.vocab)
+    return _CORPORA[key]
+
+
+def share_corpus(cfg: Any, corpus: corpora.Corpus) -> Callable[[], None]:
+    """A picklable setup for a member process: it holds the corpus the driver read (and checked),
+    so the process neither reads nor tokenizes it again (and a pipe, readable once, serves too)."""
+    return partial(_keep_corpus, (cfg.corpus, cfg.vocab, corpora.corpus_stamp(cfg.corpus)), corpus)
+
+
+def _keep_corpus(key: tuple[str | None, int, tuple[tuple[str, int, int], ...]], corpus: corpora.Corpus) -> None:
+    _CORPORA.clear()
+    _CORPORA[key] = corpus
+
+
+def probe_inputs(corpus: corpora.Corpus, n: int, context: int) -> list[str]:
+    """Up to ``n`` pieces of the validation text for the text probes (kernels, attention-stats):
+    its lines of 3 or more words, in order; a line longer than the context (BOS + its pieces) is
+    cut into runs of whole words that fit, so that a corpus without line breaks is probed too."""
+    limit = context - 1
+    out: list[str] = []
+    for line in corpus.val_text.splitlines():
+        if len(out) >= n:
+            break
+        if len(line.split()) < 3:
+            continue
+        if _n_pieces(corpus, line.strip()) <= limit:
+            out.append(line.strip())
+        else:
+            out.extend(_cut(corpus, line.split(), limit))
+    return out[:n]
+
+
+def _n_pieces(corpus: corpora.Corpus, text: str) -> int:
+    return len(corpus.tokenizer.encode(text, add_special_tokens=False).ids)
+
+
+def _cut(corpus: corpora.Corpus, words: list[str], limit: int) -> list[str]:
+    """Runs of whole words of at most ``limit`` pieces each (byte-level BPE pre-tokenizes at spaces,
+    so a run's pieces are its words' pieces); runs of fewer than 3 words are dropped."""
+    runs: list[list[str]] = [[]]
+    size = 0
+    for w in words:
+        k = _n_pieces(corpus, " " + w if runs[-1] else w)
+        if runs[-1] and size + k > limit:
+            runs.append([])
+            k = _n_pieces(corpus, w)
+            size = 0
+        runs[-1].append(w)
+        size += k
+    texts = [" ".join(r) for r in runs if len(r) >= 3]
+    return [t for t in texts if _n_pieces(corpus, t) <= limit]
+
+
+def lm_config(cfg: Any, tokens: int, lr: float, seed: int) -> LMConfig:
+    return LMConfig(tokens=tokens, batch_size=cfg.batch_size, context=cfg.context, lr=lr, seed=seed)
+
+
+def pick_lr(
+    exp: TextExperiment, job: TextJob, corpus: corpora.Corpus, tokens: int, device: Any
+) -> tuple[float, list[dict[str, Any]]]:
+    """The grid's best learning rate, each tried from the same init on lr_fraction of the budget."""
+    cfg = job.config
+    if len(cfg.lrs) == 1:
+        return cfg.lrs[0], []
+    short = max(cfg.batch_size * cfg.context, round(tokens * cfg.lr_fraction))
+    trials = []
+    for lr in cfg.lrs:
+        model = exp.build(job, corpus, device)
+        try:
+            val = train_lm(model, corpus, lm_config(cfg, short, lr, job.seed)).val["val_loss"]
+        except ProbeError:
+            val = math.inf  # diverged at this rate
+        trials.append({"lr": lr, "tokens": short, "val_loss": val})
+    best = min(trials, key=lambda t: t["val_loss"])
+    if not math.isfinite(best["val_loss"]):
+        raise ProbeError(f"every learning rate of the grid diverged ({list(cfg.lrs)}); try smaller --lr values")
+    return best["lr"], trials
+
+
+def run_text_member(exp: TextExperiment, job: TextJob) -> MemberOutput:
+    """Train and probe one member: its row, and its files (checkpoint, loss.csv, runs/,
+    member.json) as bytes, or written to ``job.dest`` (then ``files`` is empty)."""
+    with size_limit(job.config.max_params):
+        return in_member_folder(partial(_run, exp, job), job.dest)
+
+
+def _run(exp: TextExperiment, job: TextJob, folder: Path) -> dict[str, Any]:
+    """Build, probe, train and probe the member, writing its files into ``folder``; its row."""
+    t0 = time.perf_counter()
+    cfg = job.config
+    device = resolve_device(cfg.device)
+    corpus = cached_corpus(cfg)
+    if job.corpus_digest is not None and corpus.digest != job.corpus_digest:
+        raise ProbeError(f"--corpus {cfg.corpus} changed while the study ran; rerun the study with a new --out")
+    row = exp.base_row(job)
+    lines = probe_inputs(corpus, cfg.probe_lines, cfg.context)  # the text probes read them in memory
+    model = exp.build(job, corpus, device)
+    nonembed, embed = families.count_params(model)
+    tokens = exp.member_tokens(job, nonembed)
+    lr, trials = pick_lr(exp, job, corpus, tokens, device)
+    init = probe(model, "kernels", folder / "runs" / "kernels-init", data=lines, max_len=cfg.context)
+    run = train_lm(model, corpus, lm_config(cfg, tokens, lr, job.seed))
+    write_csv(folder / "loss.csv", pd.DataFrame(run.log, columns=LOG_COLUMNS))
+    if trials:
+        write_csv(folder / "lr_grid.csv", pd.DataFrame(trials))
+    exp.save(model, job, corpus, folder / "checkpoint")
+    ind = probe(
+        model,
+        "induction",
+        folder / "runs" / "induction",
+        max_len=cfg.context,
+        icl_text=Text(corpus.val_text),
+        icl_windows=cfg.icl_windows,
+        repeat_len=min(25, (cfg.context - 1) // 2),
+    )
+    ker = probe(model, "kernels", folder / "runs" / "kernels", data=lines, max_len=cfg.context)
+    att = probe(model, "attention-stats", folder / "runs" / "attention-stats", data=lines, max_len=cfg.context)
+    m = job.member
+    row.update(exp.size_columns(m, nonembed, embed))
+    row.update(
+        tokens=run.tokens,
+        passes=run.tokens / corpus.train_ids.numel(),
+        lr=lr,
+        flops=run.tokens * families.flops_per_token(nonembed, m.d_model * corpus.vocab, m.depth, m.d_attn, cfg.context),
+        val_loss=run.val["val_loss"],
+        val_bpb=run.val["val_bpb"],
+        induction_best=ind.headline.get("best_induction_score"),
+        induction_chance=ind.headline.get("induction_chance"),
+        icl_score=ind.headline.get("icl_score"),
+        kernel_cos_last=ker.headline.get("final_mean_cosine"),
+        kernel_cos_last_init=init.headline.get("final_mean_cosine"),
+        entropy_mean=mean_metric(att, "entropy"),
+        tokens_per_s=run.tokens_per_s,
+        device=str(device),
+        status="ok",
+        error="",
+    )
+    row["wall_s"] = time.perf_counter() - t0
+    return finish_member(folder, row, corpus=corpus.label, corpus_key=corpus.key, corpus_digest=corpus.digest)
+
+
+__all__ = ["TextJob", "cached_corpus", "probe_inputs", "run_text_member", "share_corpus"]
