@@ -173,3 +173,17 @@ def test_l4_string_cap_at_the_training_lengths():
     assert per_token_best == pytest.approx(0.424231, abs=1e-6)
     assert per_token_best < found
     assert np.all(np.diff(c[1:33]) <= 0)  # thresholds fall as #a grows
+
+
+def test_source_gives_the_stream_and_scores_two_classes():
+    import math
+
+    from depthprobe.probes.training.sources import CRaspSource
+
+    src = CRaspSource(k=4, batch_size=4, nmin=8, nmax=12, seed=2)
+    inputs, targets = src.batch(3)
+    want = crasp.train_batch(4, 4, 8, 12, seed=2, step=3)
+    assert torch.equal(inputs, want[0]) and torch.equal(targets, want[1])
+    logits = torch.zeros(*inputs.shape, crasp.VOCAB)
+    logits[..., crasp.BOS] = 50.0  # the BOS and PAD logits take no part in the loss
+    assert float(src.loss(logits, targets)) == pytest.approx(math.log(2))

@@ -13,10 +13,11 @@ L_k needs depth k - 2.
 Tokens: a = 0, b = 1, BOS = 2, PAD = 3 (:data:`VOCAB` = 4). The input is [BOS, x_0, ..., x_{n-1}]
 right-padded with PAD; the targets are 0/1 at the x positions and -100 (PyTorch's ignore index) at
 BOS and the padding; a model's prediction is the argmax of its first two logits
-(:func:`predictions`). Training strings have lengths uniform in {max(nmin, k), ..., nmax} and are a
-pure function of ``(seed, step)``; evaluation sets of ``(seed, range)``, in the evaluation seed
-space (:mod:`probes.data.streams`). The exact limit of a depth-1 model without positions on these
-strings is in :mod:`probes.data.crasp_cap`.
+(:func:`predictions`), and its loss the cross-entropy over those two. Training strings have
+lengths uniform in {max(nmin, k), ..., nmax} and are a pure function of ``(seed, step)``;
+evaluation sets of ``(seed, range)``, in the evaluation seed space (:mod:`probes.data.streams`).
+The exact limit of a depth-1 model without positions on these strings is in
+:mod:`probes.data.crasp_cap`.
 """
 
 from __future__ import annotations
