@@ -148,7 +148,8 @@ def test_curriculum_source_trains_on_the_current_length():
     )
     assert not src.advance(0.5, 0.9) and src.batch(6)[0].shape == (8, 2)
     assert src.advance(0.95, 0.9) and src.batch(6)[0].shape == (8, 4)
-    assert src.advance(1.0, 0.9) and not src.advance(1.0, 0.9) and src.length == 8
+    assert src.advance(1.0, 0.9, step=40) and not src.advance(1.0, 0.9, step=50) and src.length == 8
+    assert src.finished and src.moves == [(0, 4), (40, 8)]
 
 
 def test_position_accuracy_and_longest_prefix_solved():
@@ -167,7 +168,14 @@ def test_sign_accuracy_of_s3():
     even = [i for i, s in enumerate(g.signs) if not s]
     assert len(odd) == len(even) == 3 and even[0] == 0  # the identity is even
     targets = torch.tensor([[even[1], odd[0]]])
-    assert groups.sign_accuracy(g, torch.tensor([[even[2], odd[1]]]), targets) == 1.0  # right sign, wrong element
-    assert groups.sign_accuracy(g, torch.tensor([[odd[2], odd[1]]]), targets) == 0.5
+    assert groups.sign_accuracy(g, torch.tensor([[even[2], odd[1]]]), targets).tolist() == [1.0, 1.0]  # wrong element
+    assert groups.sign_accuracy(g, torch.tensor([[odd[2], odd[1]]]), targets).tolist() == [0.0, 1.0]
     with pytest.raises(ProbeError, match="not a permutation group"):
         groups.sign_accuracy(GROUPS["z60"], targets, targets)
+
+
+def test_check_sets_are_apart_from_evaluation_sets():
+    g = GROUPS["a5"]
+    check, ev = groups.check_batch(g, 64, 8, seed=1), groups.eval_batch(g, 64, 8, seed=1)
+    assert torch.equal(check[0], groups.check_batch(g, 64, 8, seed=1)[0])
+    assert not {tuple(r) for r in check[0].tolist()} & {tuple(r) for r in ev[0].tolist()}

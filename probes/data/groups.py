@@ -29,6 +29,7 @@ from depthprobe.probes.base.errors import ProbeError, unknown
 from depthprobe.probes.data.streams import eval_seed, generator, train_seed
 
 Perm = tuple[int, ...]
+CHECK_OFFSET = 1 << 20  # evaluation-space index of the curriculum's check sets: CHECK_OFFSET + T
 
 
 @dataclass(frozen=True)
@@ -134,6 +135,12 @@ def train_batch(group: Group, n: int, length: int, seed: int, step: int) -> tupl
     return batch(group, n, length, generator(train_seed(seed, step)))
 
 
+def check_batch(group: Group, n: int, length: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The set the curriculum checks a length on: from the evaluation seed space but apart from
+    every evaluation set (index ``CHECK_OFFSET`` + T), so moving on never reads the sets reported."""
+    return batch(group, n, length, generator(eval_seed(seed, CHECK_OFFSET + length)))
+
+
 def eval_batch(group: Group, n: int, length: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The fixed evaluation set of run ``seed`` (evaluation seed space, index = T: a set per
     length; every training batch draws from an even generator seed, every evaluation set from an
@@ -176,10 +183,10 @@ def longest_prefix_solved(per_position: torch.Tensor, threshold: float) -> int:
     return int(below[0, 0]) if below.numel() else int(per_position.shape[0])
 
 
-def sign_accuracy(group: Group, pred: torch.Tensor, targets: torch.Tensor) -> float:
-    """How often the predicted product has the right sign (even or odd permutation): S_3's
-    products split into the sign and the rotation inside A_3, learned separately."""
+def sign_accuracy(group: Group, pred: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """[n, T] -> [T]: how often the predicted product has the right sign (even or odd permutation)
+    at each position: S_3's products split into the sign and the rotation inside A_3."""
     if group.signs is None:
         raise ProbeError(f"groups: {group.name} is not a permutation group; the sign is defined for s3, a5, s5")
     signs = torch.tensor(group.signs, device=targets.device)
-    return float((signs[pred.to(targets.device)] == signs[targets]).float().mean())
+    return (signs[pred.to(targets.device)] == signs[targets]).float().mean(0)

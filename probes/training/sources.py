@@ -139,16 +139,25 @@ class CurriculumSource:
     lengths: tuple[int, ...]
     seed: int
     stage: int = 0
+    moves: list[tuple[int, int]] = field(default_factory=list)  # (step, the length trained from there on)
 
     @property
     def length(self) -> int:
         return self.lengths[self.stage]
 
-    def advance(self, accuracy: float, threshold: float) -> bool:
-        """Move to the next length once the current one is solved; whether the stage moved."""
+    def advance(self, accuracy: float, threshold: float, step: int = 0) -> bool:
+        """Move to the next length once the current one is solved (recorded in ``moves`` at
+        ``step``); whether the stage moved."""
         before = self.stage
         self.stage = groups.advance(self.stage, self.lengths, accuracy, threshold)
+        if self.stage != before:
+            self.moves.append((step, self.length))
         return self.stage != before
+
+    @property
+    def finished(self) -> bool:
+        """At the last length: nothing left to check."""
+        return self.stage == len(self.lengths) - 1
 
     def batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
         return groups.train_batch(groups.get_group(self.group), self.batch_size, self.length, self.seed, step)
