@@ -139,35 +139,35 @@ class Crasp(LawExperiment):
     def shape(self, cfg: CraspConfig, group: str | None) -> tuple[int, int]:
         return VOCAB, 1 + max(cfg.eval_lengths)
 
-    def plan(self, config: CraspConfig) -> list[CraspJob]:
+    def plan(self, config: CraspConfig) -> list[LawJob]:
         """Per k and seed: every depth x width, then the control (depth k - 3 at ``control_width``,
         where k - 3 >= 1)."""
         _, context = self.shape(config, None)
-        jobs = []
+        jobs: list[LawJob] = []
         for k in config.ks:
-            common = {"group": f"L{k}", "vocab": VOCAB, "context": context, "k": k}
+            common: dict[str, Any] = {"group": f"L{k}", "vocab": VOCAB, "context": context, "k": k}
             for seed in range(config.seeds):
                 jobs += [CraspJob(config, depth, d, seed, **common) for d in config.d_models for depth in config.depths]
                 if config.control and k - 3 >= 1:
                     jobs.append(CraspJob(config, k - 3, config.control_width, seed, control=True, **common))
         return jobs
 
-    def base_row(self, job: CraspJob) -> dict[str, Any]:
-        return {**super().base_row(job), "k": job.k}
+    def base_row(self, job: LawJob) -> dict[str, Any]:
+        return {**super().base_row(job), "k": k_of(job)}
 
-    def source(self, job: CraspJob) -> BatchSource:
+    def source(self, job: LawJob) -> BatchSource:
         from depthprobe.probes.training.sources import CRaspSource
 
         cfg = job.config
-        return CRaspSource(job.k, cfg.batch_size, cfg.nmin, cfg.nmax, job.seed)
+        return CRaspSource(k_of(job), cfg.batch_size, cfg.nmin, cfg.nmax, job.seed)
 
-    def eval_sets(self, job: CraspJob, n: int) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
+    def eval_sets(self, job: LawJob, n: int) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
         """Per range (keyed by its upper end), from the evaluation seed space (probes.data.streams)."""
         from depthprobe.probes.data import crasp
 
-        return {hi: crasp.eval_batch(job.k, n, lo, hi, job.seed) for lo, hi in job.config.ranges}
+        return {hi: crasp.eval_batch(k_of(job), n, lo, hi, job.seed) for lo, hi in job.config.ranges}
 
-    def scores(self, job: CraspJob, model: Model, sets: dict[int, Any]) -> dict[int, tuple[float, float]]:
+    def scores(self, job: LawJob, model: Model, sets: dict[int, Any]) -> dict[int, tuple[float, float]]:
         """Per range: (exact-match string accuracy, token accuracy)."""
         from depthprobe.probes.data import crasp
 
@@ -177,7 +177,7 @@ class Crasp(LawExperiment):
             out[hi] = (s["exact_match"], s["token_accuracy"])
         return out
 
-    def probe(self, job: CraspJob, model: Model, folder: Path) -> None:
+    def probe(self, job: LawJob, model: Model, folder: Path) -> None:
         """``ranges.csv``: per range its lengths and the majority-class token accuracy of the final
         evaluation set (what always answering the more frequent class scores)."""
         import pandas as pd
@@ -189,7 +189,7 @@ class Crasp(LawExperiment):
         rows = []
         for lo, hi in job.config.ranges:
             majority = crasp.scores(sets[hi][1], sets[hi][1])["majority_accuracy"]
-            rows.append({"member": job.name, "min_length": max(lo, job.k), "max_length": hi, "majority": majority})
+            rows.append({"member": job.name, "min_length": max(lo, k_of(job)), "max_length": hi, "majority": majority})
         write_csv(folder / "ranges.csv", pd.DataFrame(rows))
 
     def tables(self, config: CraspConfig, members: pd.DataFrame, folder: Path) -> dict[str, pd.DataFrame]:
@@ -206,6 +206,13 @@ class Crasp(LawExperiment):
         from depthprobe.probes.experiments import crasp_tables
 
         return crasp_tables.page(self, config, tables)
+
+
+def k_of(job: LawJob) -> int:
+    """The language index of a crasp member's job."""
+    if not isinstance(job, CraspJob):
+        raise ProbeError(f"crasp: member {job.name} is not a crasp job")
+    return job.k
 
 
 def predict(model: Model, inputs: torch.Tensor) -> torch.Tensor:
