@@ -1,12 +1,14 @@
 """One member of a depth-law study, as an independent job.
 
-:func:`run_law_member` builds a native pre-LN GPT decoder (GELU MLPs, learned positions:
-``NativeConfig(attn_only=False)``), trains it with the one training loop
+:func:`run_law_member` builds a native pre-LN GPT decoder (GELU MLPs; ``job.native()``: learned
+positions, none for crasp), trains it with the one training loop
 (:func:`probes.training.loop.train_steps`, the one optimizer :func:`probes.training.lm.decay_adamw`:
 AdamW (0.9, 0.98), weight decay on matrices, linear warm-up then cosine, gradient clipping 1) on
-its family's batch source, evaluates it per key (k or T) on the fixed evaluation sets every
+its family's batch source (after each update the family may check it: groups' length
+curriculum), evaluates it per key (k, T or length range) on the fixed evaluation sets every
 ``eval_every`` steps (learning curves; the seconds are not training time) and at the end on the
-full sets, lets the family probe it (khop: hop attention), and writes its files once:
+full sets, lets the family probe it (khop: hop attention) and record its training (groups: the
+curriculum's moves), and writes its files once:
 ``member.json`` (the row and the SHA-256 of every other file), ``accuracy.csv``, ``curves.csv``,
 ``loss.csv``, ``checkpoint/`` and the family's. It is a pure function of its job.
 """
