@@ -128,10 +128,10 @@ class Crasp(LawExperiment):
     }
     costs: ClassVar[dict[str, str]] = {
         "smoke": "L_4 at depths 1, 2 (width 16) and the control (depth 1, width 32), lengths 8-16, evaluated to 32, "
-        "40 steps: 3 members, about 10 s on 2 CPU cores (measured; the tests use it)",
+        "40 steps: 3 members, about 5 CPU-seconds on 2 CPU cores (measured; the tests use it)",
         "cpu": "L_3-L_6 at depths 1-5 (width 64) and the control (depth k - 3, width 128), lengths 32-64, evaluated "
-        "to 512, 2 seeds, 2,000 steps: 46 members, about 80 CPU-minutes, 40 min with --jobs 2 on 2 idle cores "
-        "(estimated from the smoke members' speed; not run)",
+        "to 512, 2 seeds, 2,000 steps: 46 members, about 85 CPU-minutes, 45 min with --jobs 2 on 2 idle cores "
+        "(estimated from a 200-step run of two members: docs/depth-laws.md; not run)",
         "gpu": "L_3-L_10 at depths 1-8 and the control at widths 128 and 256, 3 seeds, 10,000 steps: 438 members "
         "(estimated at about 5 ms a step: some 6 hours on one large GPU, one member at a time; not run)",
     }

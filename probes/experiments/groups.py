@@ -107,8 +107,8 @@ class Groups(LawExperiment):
         },
     }
     costs: ClassVar[dict[str, str]] = {
-        "smoke": "z2, s3 at T 4,8 with the curriculum 2, 4, 8: 3 members per group, about 10 s on 2 CPU cores "
-        "(measured; the tests use it)",
+        "smoke": "z2, s3 at T 4,8 with the curriculum 2, 4, 8: 2 members per group (the controls would equal "
+        "depth 2), about 5 CPU-seconds on 2 CPU cores (measured; the tests use it)",
         "cpu": "s3, z60 and a5, T 4,8,16 with the curriculum 2, 4, 8, 16, depths 1-4 and a control, 2 seeds, 3,000 "
         "steps: 30 members, at most about 25 CPU-minutes, 13 min with --jobs 2 (estimated from the 20-member run "
         "without curriculum, 15 CPU-minutes, all at T 16; not run)",
