@@ -200,7 +200,7 @@ class Crasp(LawExperiment):
     def law(self, cfg: CraspConfig, accuracy: pd.DataFrame) -> pd.DataFrame:
         from depthprobe.probes.experiments import crasp_tables
 
-        return crasp_tables.law(cfg, accuracy)
+        return crasp_tables.law(cfg, accuracy, predicted_depth)
 
     def page(self, config: CraspConfig, tables: dict[str, pd.DataFrame], folder: Path) -> list[str]:
         from depthprobe.probes.experiments import crasp_tables

@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -65,13 +66,13 @@ def tables(exp: Crasp, config: CraspConfig, members: pd.DataFrame, folder: Path)
         acc = acc.merge(members[["member", "k"]], on="member", how="left")
         acc["step_reached"] = acc["step_reached"].astype("Int64")
     out["accuracy.csv"] = acc
-    out["law.csv"] = law(config, acc)
+    out["law.csv"] = exp.law(config, acc)
     out["depths.csv"] = by_depth(acc, out["ranges.csv"])
     return out
 
 
-def law(cfg: CraspConfig, acc: pd.DataFrame) -> pd.DataFrame:
-    """One row per width and k (see the module's docstring)."""
+def law(cfg: CraspConfig, acc: pd.DataFrame, predicted_depth: Callable[[int], int]) -> pd.DataFrame:
+    """One row per width and k (see the module's docstring); ``predicted_depth`` is the family's."""
     if acc.empty:
         return pd.DataFrame(columns=LAW_COLUMNS)
     lo_solve = dict((hi, lo) for lo, hi in cfg.ranges)[cfg.solve_at]
@@ -80,7 +81,7 @@ def law(cfg: CraspConfig, acc: pd.DataFrame) -> pd.DataFrame:
     for (d, k), at in main.groupby(["d_model", "k"], sort=True):
         k = int(k)
         measured = measured_depth(at[at["max_length"] == cfg.solve_at], cfg.threshold, cfg.seeds)
-        predicted = max(1, k - 2)  # probes.experiments.crasp.predicted_depth
+        predicted = predicted_depth(k)
         control = ctrl[(ctrl["k"] == k) & (ctrl["max_length"] == cfg.solve_at)]
         row: dict[str, Any] = {
             "d_model": d,
