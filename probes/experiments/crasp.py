@@ -132,8 +132,9 @@ class Crasp(LawExperiment):
         "cpu": "L_3-L_6 at depths 1-5 (width 64) and the control (depth k - 3, width 128), lengths 32-64, evaluated "
         "to 512, 2 seeds, 2,000 steps: 46 members, about 85 CPU-minutes, 45 min with --jobs 2 on 2 idle cores "
         "(estimated from a 200-step run of two members: docs/depth-laws.md; not run)",
-        "gpu": "L_3-L_10 at depths 1-8 and the control at widths 128 and 256, 3 seeds, 10,000 steps: 438 members "
-        "(estimated at about 5 ms a step: some 6 hours on one large GPU, one member at a time; not run)",
+        "gpu": "L_3-L_10 at depths 1-8 at widths 128 and 256 and the control (depth k - 3, width 512), 3 seeds, "
+        "10,000 steps: 405 members (estimated at about 5 ms a step: some 6 hours on one large GPU, one member at a "
+        "time; not run)",
     }
 
     def shape(self, cfg: CraspConfig, group: str | None) -> tuple[int, int]:
