@@ -71,3 +71,21 @@ def test_bad_curriculum_options(tmp_path):
     cli_error(["study", "--family", "groups", "--check-every", "0", "--out", tmp_path / "a"], "--check-every")
     cli_error(["study", "--family", "groups", "--lengths", "1", "--out", tmp_path / "b"], "--curriculum")
     assert not any(tmp_path.iterdir())
+
+
+def test_curriculum_check_moves_on_only_at_checks_and_when_solved(tmp_path):
+    from depthprobe.probes.experiments.groups import Groups
+    from depthprobe.probes.models.loading import load
+    from depthprobe.probes.training.sources import CurriculumSource
+
+    exp = Groups()
+    job = plan(resolve("groups", "smoke", groups=("s3",), threshold=1e-9))[0]  # any accuracy counts as solved
+    model = load(job.native(), device="cpu")
+    source = exp.source(job)
+    assert isinstance(source, CurriculumSource) and source.lengths == (2, 4, 8)
+    assert not exp.after_update(job, source, model, 5) and source.length == 2  # not a check step
+    assert exp.after_update(job, source, model, 10) and source.length == 4
+    strict = plan(resolve("groups", "smoke", groups=("s3",), threshold=1.0))[0]
+    assert exp.after_update(strict, source, model, 20) and source.length == 4  # an untrained model: not solved
+    exp.training_files(job, source, tmp_path)
+    assert pd.read_csv(tmp_path / "curriculum.csv")[["step", "length"]].values.tolist() == [[0, 2], [10, 4]]
