@@ -23,7 +23,7 @@ def train(
         None, "--attn-only/--mlp", help="Attention-only blocks (default) or with MLPs."
     ),
     norm: str | None = typer.Option(None, "--norm", help="ln (default) or none."),
-    positional: str | None = typer.Option(None, "--positional", help="learned (default) or rotary."),
+    positional: str | None = typer.Option(None, "--positional", help="learned (default), rotary or none (NoPE)."),
     data: str | None = typer.Option(None, "--data", help="Synthetic data: induction (default) or random."),
     vocab: int | None = typer.Option(None, "--vocab", help="Vocabulary size incl. BOS=0 (default 64)."),
     seq_len: int | None = typer.Option(

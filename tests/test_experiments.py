@@ -82,7 +82,7 @@ def test_families_come_from_the_registry_with_suggestions():
     res = runner.invoke(app, ["study", "--family", "khopp", "--out", "/nonexistent/x"])
     assert res.exit_code == 2 and "did you mean 'khop'" in res.output
     res = runner.invoke(app, ["study", "--family", "levine", "--ks", "1,2", "--out", "/nonexistent/x"])
-    assert res.exit_code == 2 and "--ks applies to the khop family, not levine" in res.output
+    assert res.exit_code == 2 and "--ks applies to the crasp, khop families, not levine" in res.output
     res = runner.invoke(app, ["study", "--help"])
     assert res.exit_code == 0 and "khop" in res.output and "levine" in res.output
 

@@ -12,7 +12,7 @@ from depthprobe.probes.base.errors import ProbeError
 from depthprobe.probes.data import groups
 from depthprobe.probes.data.groups import GROUPS, get_group
 
-NAMES = ["z2", "s3", "a5", "s5"]
+NAMES = ["z2", "s3", "a5", "s5", "z60"]
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -51,7 +51,8 @@ def literal_derived_series(table):
 
 
 def test_orders_and_solvability():
-    assert [GROUPS[n].order for n in NAMES] == [2, 6, 60, 120]
+    assert [GROUPS[n].order for n in NAMES] == [2, 6, 60, 120, 60]  # z60: A_5's order, abelian
+    assert GROUPS["z60"].solvable and derived_solvable_literal(GROUPS["z60"].table)
     a5 = literal_derived_series(GROUPS["a5"].table)
     assert [len(s) for s in a5] == [60]  # A_5 is perfect: its derived series never shrinks
     assert not GROUPS["a5"].solvable and not GROUPS["s5"].solvable
@@ -111,3 +112,70 @@ def test_unknown_group_suggests_close_names():
     assert "\n" not in str(e.value)
     with pytest.raises(ProbeError, match="length must be at least 1"):
         groups.batch(GROUPS["z2"], 2, 0, torch.Generator())
+
+
+def derived_solvable_literal(table):
+    return len(literal_derived_series(table)[-1]) == 1
+
+
+def test_z60_is_the_cyclic_group_of_a5s_order():
+    z, a5 = GROUPS["z60"], GROUPS["a5"]
+    assert z.order == a5.order == 60 and not derived_solvable_literal(a5.table)
+    assert torch.equal(z.tensor(), z.tensor().T)  # abelian
+    inputs, targets = groups.batch(z, 4, 30, torch.Generator().manual_seed(2))
+    assert torch.equal(targets, inputs.cumsum(1) % 60)
+
+
+def test_curriculum_lengths_and_advancing():
+    assert groups.curriculum(16) == (2, 4, 8, 16) and groups.curriculum(12) == (2, 4, 8, 12)
+    assert groups.curriculum(2) == (2,)
+    lengths = (2, 4, 8, 16)
+    assert groups.advance(0, lengths, 0.99, 0.99) == 1  # solved: next length
+    assert groups.advance(0, lengths, 0.98, 0.99) == 0  # not yet
+    assert groups.advance(3, lengths, 1.0, 0.99) == 3  # the last stays
+    with pytest.raises(ProbeError, match="at least 2"):
+        groups.curriculum(1)
+
+
+def test_curriculum_source_trains_on_the_current_length():
+    from depthprobe.probes.training.sources import CurriculumSource
+
+    src = CurriculumSource("a5", 8, (2, 4, 8), seed=3)
+    inputs, targets = src.batch(5)
+    assert inputs.shape == (8, 2)
+    assert all(
+        torch.equal(u, v) for u, v in zip((inputs, targets), groups.train_batch(GROUPS["a5"], 8, 2, 3, 5), strict=True)
+    )
+    assert not src.advance(0.5, 0.9) and src.batch(6)[0].shape == (8, 2)
+    assert src.advance(0.95, 0.9) and src.batch(6)[0].shape == (8, 4)
+    assert src.advance(1.0, 0.9, step=40) and not src.advance(1.0, 0.9, step=50) and src.length == 8
+    assert src.finished and src.moves == [(0, 4), (40, 8)]
+
+
+def test_position_accuracy_and_longest_prefix_solved():
+    targets = torch.tensor([[1, 2, 3, 4], [1, 2, 3, 4]])
+    pred = torch.tensor([[1, 2, 0, 4], [1, 2, 3, 0]])
+    per = groups.position_accuracy(pred, targets)
+    assert per.tolist() == [1.0, 1.0, 0.5, 0.5]
+    assert groups.longest_prefix_solved(per, 0.99) == 2
+    assert groups.longest_prefix_solved(per, 0.5) == 4  # every position reaches it
+    assert groups.longest_prefix_solved(torch.tensor([0.2, 1.0]), 0.9) == 0
+
+
+def test_sign_accuracy_of_s3():
+    g = GROUPS["s3"]
+    odd = [i for i, s in enumerate(g.signs) if s]
+    even = [i for i, s in enumerate(g.signs) if not s]
+    assert len(odd) == len(even) == 3 and even[0] == 0  # the identity is even
+    targets = torch.tensor([[even[1], odd[0]]])
+    assert groups.sign_accuracy(g, torch.tensor([[even[2], odd[1]]]), targets).tolist() == [1.0, 1.0]  # wrong element
+    assert groups.sign_accuracy(g, torch.tensor([[odd[2], odd[1]]]), targets).tolist() == [0.0, 1.0]
+    with pytest.raises(ProbeError, match="not a permutation group"):
+        groups.sign_accuracy(GROUPS["z60"], targets, targets)
+
+
+def test_check_sets_are_apart_from_evaluation_sets():
+    g = GROUPS["a5"]
+    check, ev = groups.check_batch(g, 64, 8, seed=1), groups.eval_batch(g, 64, 8, seed=1)
+    assert torch.equal(check[0], groups.check_batch(g, 64, 8, seed=1)[0])
+    assert not {tuple(r) for r in check[0].tolist()} & {tuple(r) for r in ev[0].tolist()}

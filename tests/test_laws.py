@@ -179,9 +179,10 @@ def test_bad_khop_options_refused_before_any_folder(tmp_path, args, fragment):
 def test_bad_groups_and_text_family_options_refused(tmp_path):
     out = tmp_path / "never"
     cli_error(["study", "--family", "groups", "--groups", "a6", "--out", out], "a6", "a5")
-    cli_error(["study", "--family", "groups", "--ks", "1", "--out", out], "--ks applies to the khop family")
+    cli_error(["study", "--family", "groups", "--ks", "1", "--out", out], "--ks applies to the crasp, khop families")
     cli_error(
-        ["study", "--family", "petty", "--steps", "10", "--out", out], "--steps applies to the groups, khop families"
+        ["study", "--family", "petty", "--steps", "10", "--out", out],
+        "--steps applies to the crasp, groups, khop families",
     )
     assert not out.exists()
 

@@ -1,7 +1,14 @@
 """Group word problems (Liu et al. 2023, "Transformers learn shortcuts to automata"; Merrill and
 Sabharwal 2025, "A little depth goes a long way"): predict the running product of a sequence of
-group elements. Solvable groups (Z_2 parity, S_3) should need constant depth in the length T,
-non-solvable ones (A_5, S_5) depth growing like log T.
+group elements. Solvable groups (Z_2 parity, S_3, Z_60) should need constant depth in the length T,
+non-solvable ones (A_5, S_5) depth growing like log T. Z_60 is A_5's control: the same order (a
+60 x 60 table to learn), abelian, so only solvability differs.
+
+Training follows Merrill and Sabharwal's length curriculum (:func:`curriculum`: T = 2, 4, 8, ...,
+moving on when the current length is solved, :func:`advance`); a model trained on the longest T
+alone never learns the 60 x 60 table. Scores per position (:func:`position_accuracy`) give the
+longest prefix a model solves (:func:`longest_prefix_solved`), so one evaluation at the longest T
+reports every shorter length too (position t of a length-T sequence is the length-(t + 1) problem).
 
 Elements are indices 0..order-1, 0 the identity; the token of an element is its index (the
 vocabulary is the group's order). Permutation groups list their elements in a fixed order
@@ -22,6 +29,7 @@ from depthprobe.probes.base.errors import ProbeError, unknown
 from depthprobe.probes.data.streams import eval_seed, generator, train_seed
 
 Perm = tuple[int, ...]
+CHECK_OFFSET = 1 << 20  # evaluation-space index of the curriculum's check sets: CHECK_OFFSET + T
 
 
 @dataclass(frozen=True)
@@ -33,6 +41,7 @@ class Group:
     table: tuple[tuple[int, ...], ...]
     solvable: bool
     description: str = ""
+    signs: tuple[int, ...] | None = None  # permutation groups: 0 even, 1 odd, per element
 
     def tensor(self) -> torch.Tensor:
         """The table as an int64 [order, order] tensor."""
@@ -73,7 +82,8 @@ def derived_solvable(table: tuple[tuple[int, ...], ...]) -> bool:
 def permutation_group(name: str, points: int, even_only: bool, description: str) -> Group:
     perms = [p for p in itertools.permutations(range(points)) if not even_only or is_even(p)]
     table = permutation_table(perms)
-    return Group(name, len(perms), table, derived_solvable(table), description)
+    signs = tuple(int(not is_even(p)) for p in perms)
+    return Group(name, len(perms), table, derived_solvable(table), description, signs)
 
 
 def cyclic(name: str, order: int, description: str) -> Group:
@@ -86,6 +96,7 @@ BUILDERS = {
     "s3": lambda: permutation_group("s3", 3, False, "S_3: solvable, non-abelian, order 6"),
     "a5": lambda: permutation_group("a5", 5, True, "A_5: even permutations of 5 points, non-solvable, order 60"),
     "s5": lambda: permutation_group("s5", 5, False, "S_5: non-solvable, order 120"),
+    "z60": lambda: cyclic("z60", 60, "Z_60: abelian, order 60 (A_5's control: same table size, solvable)"),
 }
 GROUPS: dict[str, Group] = {name: build() for name, build in BUILDERS.items()}
 
@@ -124,8 +135,58 @@ def train_batch(group: Group, n: int, length: int, seed: int, step: int) -> tupl
     return batch(group, n, length, generator(train_seed(seed, step)))
 
 
+def check_batch(group: Group, n: int, length: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The set the curriculum checks a length on: from the evaluation seed space but apart from
+    every evaluation set (index ``CHECK_OFFSET`` + T), so moving on never reads the sets reported."""
+    return batch(group, n, length, generator(eval_seed(seed, CHECK_OFFSET + length)))
+
+
 def eval_batch(group: Group, n: int, length: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The fixed evaluation set of run ``seed`` (evaluation seed space, index = T: a set per
     length; every training batch draws from an even generator seed, every evaluation set from an
     odd one, :mod:`probes.data.streams`)."""
     return batch(group, n, length, generator(eval_seed(seed, length)))
+
+
+def curriculum(longest: int) -> tuple[int, ...]:
+    """The training lengths of Merrill and Sabharwal's curriculum: 2, 4, 8, ... below ``longest``,
+    then ``longest`` (``curriculum(16)`` = (2, 4, 8, 16); ``curriculum(12)`` = (2, 4, 8, 12))."""
+    if longest < 2:
+        raise ProbeError(f"groups: a curriculum needs a longest length of at least 2, got {longest}")
+    out, t = [], 2
+    while t < longest:
+        out.append(t)
+        t *= 2
+    return (*out, longest)
+
+
+def advance(stage: int, lengths: tuple[int, ...], accuracy: float, threshold: float) -> int:
+    """The curriculum stage after an evaluation at ``lengths[stage]``: the next one once the
+    current length is solved (``accuracy`` >= ``threshold``), else the same; the last stays."""
+    if not 0 <= stage < len(lengths):
+        raise ProbeError(f"groups: curriculum stage {stage} is outside the {len(lengths)} lengths {list(lengths)}")
+    return stage + 1 if accuracy >= threshold and stage + 1 < len(lengths) else stage
+
+
+def position_accuracy(pred: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """[n, T] predictions and targets -> [T]: the accuracy at each position t (the length-(t + 1)
+    problem)."""
+    if pred.shape != targets.shape:
+        raise ProbeError(f"groups: predictions {tuple(pred.shape)} do not match targets {tuple(targets.shape)}")
+    return (pred.to(targets.device) == targets).float().mean(0)
+
+
+def longest_prefix_solved(per_position: torch.Tensor, threshold: float) -> int:
+    """The largest L such that the accuracy at every position t < L is >= ``threshold`` (0 if the
+    first position is below it; T if every position reaches it)."""
+    below = (per_position < threshold).nonzero()
+    return int(below[0, 0]) if below.numel() else int(per_position.shape[0])
+
+
+def sign_accuracy(group: Group, pred: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """[n, T] -> [T]: how often the predicted product has the right sign (even or odd permutation)
+    at each position: S_3's products split into the sign and the rotation inside A_3."""
+    if group.signs is None:
+        raise ProbeError(f"groups: {group.name} is not a permutation group; the sign is defined for s3, a5, s5")
+    signs = torch.tensor(group.signs, device=targets.device)
+    return (signs[pred.to(targets.device)] == signs[targets]).float().mean(0)

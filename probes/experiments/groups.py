@@ -1,14 +1,22 @@
 """``groups``: group word problems (Liu et al. 2023; Merrill and Sabharwal 2025), a depth-law family.
 
-Members of each group train on its word problems of the longest length and are evaluated at each
-length T. The prediction: for solvable groups the depth needed stays constant in T; for
-non-solvable ones it grows like log T (law.csv's ``predicted_shape``, written only here).
+Members of each group train on its word problems under Merrill and Sabharwal's length curriculum
+(T = 2, 4, 8, ... up to the longest evaluated length, moving on when the current length is solved
+on a check set apart from the evaluation sets; ``curriculum=false``: the longest length only) and
+are evaluated at each length T. The prediction: for solvable groups the depth needed stays
+constant in T; for non-solvable ones it grows like log T (law.csv's ``predicted_shape``, written
+only here). Z_60 is A_5's control: the same order, so the same 60 x 60 table to learn, but
+abelian. Besides the law: ``positions.csv`` (accuracy, and for permutation groups the sign's
+accuracy, at every position of the longest sequences: position t is the length-(t + 1) problem),
+``prefix.csv`` (per depth the longest prefix solved) and ``curriculum.csv`` (when each member
+moved on).
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from depthprobe.probes.base.errors import ProbeError
@@ -26,10 +34,15 @@ LAW_COLUMNS = ["d_model", "group", "solvable", "T", "log2_T", "measured_depth", 
 
 @dataclass(frozen=True)
 class GroupsConfig(LawConfig):
-    """``groups``: the groups compared (names); ``lengths``: the T evaluated (members train on the longest)."""
+    """``groups``: the groups compared (names); ``lengths``: the T evaluated; ``curriculum``: train
+    on 2, 4, 8, ... up to the longest T, checking the current length on ``check_sequences``
+    sequences every ``check_every`` updates (else on the longest T only)."""
 
-    groups: tuple[str, ...] = ("s3", "a5")
+    groups: tuple[str, ...] = ("s3", "z60", "a5")
     lengths: tuple[int, ...] = (4, 8, 16)
+    curriculum: bool = True
+    check_every: int = 50
+    check_sequences: int = 64
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -45,6 +58,11 @@ class GroupsConfig(LawConfig):
             raise ProbeError(
                 f"--lengths must be distinct lengths T of 1 or more, e.g. 4,8,16, got {list(self.lengths)}"
             )
+        if self.curriculum and max(self.lengths) < 2:
+            raise ProbeError("--curriculum needs a longest length of at least 2; give --lengths up to 2 or more")
+        for name in ("check_every", "check_sequences"):
+            if getattr(self, name) < 1:
+                raise ProbeError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
 
 
 class Groups(LawExperiment):
@@ -53,18 +71,27 @@ class Groups(LawExperiment):
     Config = GroupsConfig
     key = "T"
     second = "accuracy_last"
+    extra_tables = ("positions.csv", "curriculum.csv")
     prediction = (
         "Prediction (Liu et al. 2023, 'Transformers learn shortcuts to automata'; Merrill and Sabharwal 2025, "
-        "'A little depth goes a long way'): for solvable groups (Z_2, S_3) the depth needed stays constant in T; "
-        "for non-solvable ones (A_5, S_5) it grows like log T."
+        "'A little depth goes a long way'): for solvable groups (Z_2, S_3, Z_60) the depth needed stays constant "
+        "in T; for non-solvable ones (A_5, S_5) it grows like log T. Members train under Merrill and Sabharwal's "
+        "length curriculum. At CPU scale expect at most a learnability gap between A_5 and Z_60 (the same order, "
+        "so the same table to learn), not a log T staircase, which needs GPU-scale runs."
     )
     presets: ClassVar[dict[str, dict[str, Any]]] = {
-        "smoke": {**COMMON["smoke"], "groups": ("z2", "s3"), "lengths": (4, 8)},
+        "smoke": {
+            **COMMON["smoke"],
+            "groups": ("z2", "s3"),
+            "lengths": (4, 8),
+            "check_every": 10,
+            "check_sequences": 16,
+        },
         "cpu": {
             **COMMON["cpu"],
             "depths": (1, 2, 3, 4),
             "d_models": (64,),
-            "groups": ("s3", "a5"),
+            "groups": ("s3", "z60", "a5"),
             "lengths": (4, 8, 16),
             "steps": 3000,
         },
@@ -72,17 +99,21 @@ class Groups(LawExperiment):
             **COMMON["gpu"],
             "depths": (1, 2, 3, 4, 6, 8),
             "d_models": (128, 256),
-            "groups": ("z2", "s3", "a5", "s5"),
+            "groups": ("z2", "s3", "z60", "a5", "s5"),
             "lengths": (8, 16, 32, 64, 128),
             "steps": 20000,
+            "check_every": 100,
+            "check_sequences": 128,
         },
     }
     costs: ClassVar[dict[str, str]] = {
-        "smoke": "z2, s3 at T 4,8: 3 members per group, 5-10 s on 2 CPU cores (the tests use it)",
-        "cpu": "s3 vs a5, T 4,8,16, depths 1-4 and a control, 2 seeds, 3,000 steps: 20 members, 9 min with --jobs 2 "
-        "(measured on shared cores; 15 CPU-minutes)",
-        "gpu": "z2, s3, a5, s5 at T 8-128, depths 1-8 at widths 128 and 256: 156 members, about 3-4 hours on one "
-        "large GPU (estimated; not run on a GPU)",
+        "smoke": "z2, s3 at T 4,8 with the curriculum 2, 4, 8: 2 members per group (the controls would equal "
+        "depth 2), about 5 CPU-seconds on 2 CPU cores (measured; the tests use it)",
+        "cpu": "s3, z60 and a5, T 4,8,16 with the curriculum 2, 4, 8, 16, depths 1-4 and a control, 2 seeds, 3,000 "
+        "steps: 30 members, at most about 25 CPU-minutes, 13 min with --jobs 2 (estimated from the 20-member run "
+        "without curriculum, 15 CPU-minutes, all at T 16; not run)",
+        "gpu": "z2, s3, z60, a5, s5 at T 8-128 with the curriculum, depths 1-8 at widths 128 and 256: 195 members, "
+        "about 4-5 hours on one large GPU (estimated; not run on a GPU)",
     }
 
     def groups_of(self, cfg: GroupsConfig) -> list[str | None]:
@@ -94,9 +125,72 @@ class Groups(LawExperiment):
         return group_data.get_group(str(group)).order, max(cfg.lengths)
 
     def source(self, job: LawJob) -> BatchSource:
-        from depthprobe.probes.training.sources import GroupSource
+        from depthprobe.probes.data import groups as group_data
+        from depthprobe.probes.training.sources import CurriculumSource, GroupSource
 
-        return GroupSource(str(job.group), job.config.batch_size, max(job.config.lengths), job.seed)
+        cfg = job.config
+        if cfg.curriculum:
+            return CurriculumSource(str(job.group), cfg.batch_size, group_data.curriculum(max(cfg.lengths)), job.seed)
+        return GroupSource(str(job.group), cfg.batch_size, max(cfg.lengths), job.seed)
+
+    def after_update(self, job: LawJob, source: BatchSource, model: Model, done: int) -> bool:
+        """The curriculum's check: every ``check_every`` updates, the accuracy over every position of
+        the current length on its check set; solved (>= the threshold) moves on to the next."""
+        from depthprobe.probes.data import groups as group_data
+        from depthprobe.probes.experiments.law_member import predict
+        from depthprobe.probes.training.sources import CurriculumSource
+
+        cfg = job.config
+        if not isinstance(source, CurriculumSource) or source.finished or done % cfg.check_every:
+            return False
+        group = group_data.get_group(str(job.group))
+        inputs, targets = group_data.check_batch(group, cfg.check_sequences, source.length, job.seed)
+        source.advance(float((predict(model, inputs) == targets).float().mean()), cfg.threshold, step=done)
+        return True
+
+    def training_files(self, job: LawJob, source: BatchSource, folder: Path) -> None:
+        """``curriculum.csv``: the length trained from each step on (step 0: the first)."""
+        import pandas as pd
+
+        from depthprobe.probes.base.artifacts import write_csv
+        from depthprobe.probes.training.sources import CurriculumSource
+
+        if isinstance(source, CurriculumSource):
+            moves = [(0, source.lengths[0]), *source.moves]
+            write_csv(
+                folder / "curriculum.csv",
+                pd.DataFrame([{"member": job.name, "step": s, "length": t} for s, t in moves]),
+            )
+
+    def probe(self, job: LawJob, model: Model, folder: Path) -> None:
+        """``positions.csv``: at each position of the longest evaluation set, the accuracy and (for
+        permutation groups) the sign's accuracy."""
+        import pandas as pd
+
+        from depthprobe.probes.base.artifacts import write_csv
+        from depthprobe.probes.data import groups as group_data
+        from depthprobe.probes.experiments.law_member import predict
+
+        group = group_data.get_group(str(job.group))
+        inputs, targets = group_data.eval_batch(group, job.config.eval_sequences, max(job.config.lengths), job.seed)
+        pred = predict(model, inputs)
+        per = group_data.position_accuracy(pred, targets).tolist()
+        signs = group_data.sign_accuracy(group, pred, targets).tolist() if group.signs else [None] * len(per)
+        rows = [
+            {
+                "member": job.name,
+                "group": job.group,
+                "depth": job.depth,
+                "d_model": job.d_model,
+                "seed": job.seed,
+                "control": job.control,
+                "position": t,
+                "accuracy": a,
+                "sign_accuracy": sa,
+            }
+            for t, (a, sa) in enumerate(zip(per, signs, strict=True))
+        ]
+        write_csv(folder / "positions.csv", pd.DataFrame(rows))
 
     def eval_sets(self, job: LawJob, n: int) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
         """Per T, drawn from the evaluation seed space (never a training batch: probes.data.streams)."""
@@ -140,5 +234,81 @@ class Groups(LawExperiment):
             )
         return pd.DataFrame(out).astype({"measured_depth": "Int64"})
 
+    def tables(self, config: GroupsConfig, members: pd.DataFrame, folder: Path) -> dict[str, pd.DataFrame]:
+        tables = super().tables(config, members, folder)
+        tables["prefix.csv"] = prefix_table(config, tables["positions.csv"], tables["curriculum.csv"])
+        return tables
 
-__all__ = ["Groups", "GroupsConfig"]
+    def page(self, config: GroupsConfig, tables: dict[str, pd.DataFrame], folder: Path) -> list[str]:
+        from depthprobe.probes.render.html import table as html_table
+
+        parts = super().page(config, tables, folder)
+        prefix = tables.get("prefix.csv")
+        if prefix is not None and not prefix.empty:
+            parts.append(
+                "<h2>Longest prefix solved</h2><p class='meta'>per depth: the largest L such that every position "
+                f"t < L of the longest sequences has accuracy >= {config.threshold} (position t is the length-(t + 1) "
+                "problem), min and max over seeds; trained_to: the last curriculum length reached (min over seeds); "
+                "sign_accuracy_last: for permutation groups, how often the product's sign is right at the last "
+                "position</p>" + html_table(prefix.astype(object).where(prefix.notna(), "").to_dict("records"))
+            )
+        return parts
+
+
+PREFIX_COLUMNS = [
+    "d_model",
+    "group",
+    "order",
+    "solvable",
+    "depth",
+    "control",
+    "longest_prefix_min",
+    "longest_prefix_max",
+    "trained_to",
+    "accuracy_last",
+    "sign_accuracy_last",
+]
+
+
+def prefix_table(cfg: GroupsConfig, positions: pd.DataFrame, curriculum: pd.DataFrame) -> pd.DataFrame:
+    """Per width, group, depth (and the control): the longest prefix solved over seeds, the last
+    curriculum length reached, and the accuracies at the last position (means over seeds)."""
+    import pandas as pd
+    import torch
+
+    from depthprobe.probes.data import groups as group_data
+
+    if positions.empty:
+        return pd.DataFrame(columns=PREFIX_COLUMNS)
+    reached = curriculum.groupby("member")["length"].max() if not curriculum.empty else pd.Series(dtype=float)
+    rows = []
+    for (d, g, depth, control), at in positions.groupby(["d_model", "group", "depth", "control"], sort=False):
+        group = group_data.get_group(str(g))
+        per_member = {m: p.sort_values("position") for m, p in at.groupby("member")}
+        prefixes = [
+            group_data.longest_prefix_solved(torch.tensor(p["accuracy"].tolist()), cfg.threshold)
+            for p in per_member.values()
+        ]
+        last = [p.iloc[-1] for p in per_member.values()]
+        trained = [reached[m] for m in per_member if m in reached]
+        rows.append(
+            {
+                "d_model": d,
+                "group": g,
+                "order": group.order,
+                "solvable": group.solvable,
+                "depth": depth,
+                "control": bool(control),
+                "longest_prefix_min": min(prefixes),
+                "longest_prefix_max": max(prefixes),
+                "trained_to": min(trained) if trained else None,
+                "accuracy_last": round(sum(r["accuracy"] for r in last) / len(last), 4),
+                "sign_accuracy_last": round(sum(r["sign_accuracy"] for r in last) / len(last), 4)
+                if group.signs
+                else None,
+            }
+        )
+    return pd.DataFrame(rows, columns=PREFIX_COLUMNS)
+
+
+__all__ = ["Groups", "GroupsConfig", "prefix_table"]

@@ -1,12 +1,14 @@
 """One member of a depth-law study, as an independent job.
 
-:func:`run_law_member` builds a native pre-LN GPT decoder (GELU MLPs, learned positions:
-``NativeConfig(attn_only=False)``), trains it with the one training loop
+:func:`run_law_member` builds a native pre-LN GPT decoder (GELU MLPs; ``job.native()``: learned
+positions, none for crasp), trains it with the one training loop
 (:func:`probes.training.loop.train_steps`, the one optimizer :func:`probes.training.lm.decay_adamw`:
 AdamW (0.9, 0.98), weight decay on matrices, linear warm-up then cosine, gradient clipping 1) on
-its family's batch source, evaluates it per key (k or T) on the fixed evaluation sets every
+its family's batch source (after each update the family may check it: groups' length
+curriculum), evaluates it per key (k, T or length range) on the fixed evaluation sets every
 ``eval_every`` steps (learning curves; the seconds are not training time) and at the end on the
-full sets, lets the family probe it (khop: hop attention), and writes its files once:
+full sets, lets the family probe it (khop: hop attention) and record its training (groups: the
+curriculum's moves), and writes its files once:
 ``member.json`` (the row and the SHA-256 of every other file), ``accuracy.csv``, ``curves.csv``,
 ``loss.csv``, ``checkpoint/`` and the family's. It is a pure function of its job.
 """
@@ -32,7 +34,7 @@ from depthprobe.probes.models.loading import load
 from depthprobe.probes.models.model import Model
 from depthprobe.probes.training.fast_forward import fast_logits
 from depthprobe.probes.training.lm import decay_adamw
-from depthprobe.probes.training.loop import Steps, Window, train_steps
+from depthprobe.probes.training.loop import BatchSource, Steps, Window, train_steps
 
 if TYPE_CHECKING:
     from depthprobe.probes.experiments.laws import LawExperiment, LawJob
@@ -47,9 +49,11 @@ def predict(model: Model, inputs: torch.Tensor) -> torch.Tensor:
     return torch.cat(parts)
 
 
-def train(exp: LawExperiment, job: LawJob, model: Model) -> tuple[list[dict[str, Any]], list[dict[str, Any]], float]:
-    """Train the member in place: its loss log, its learning curve (one row per evaluation and
-    key) and its training seconds (evaluations excluded)."""
+def train(
+    exp: LawExperiment, job: LawJob, model: Model, source: BatchSource
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]], float]:
+    """Train the member in place on ``source``: its loss log, its learning curve (one row per
+    evaluation and key) and its training seconds (evaluations and the family's checks excluded)."""
     cfg = job.config
     curve_sets = exp.eval_sets(job, cfg.curve_sequences)
     evals = set(cfg.eval_steps())
@@ -60,8 +64,9 @@ def train(exp: LawExperiment, job: LawJob, model: Model) -> tuple[list[dict[str,
         log.append({"step": w.step, "loss": w.loss, "lr": w.lr, "elapsed_s": w.elapsed})
 
     def after_step(done: int) -> bool:
+        used = exp.after_update(job, source, model, done)  # a length curriculum's check
         if done not in evals:
-            return False
+            return used
         for value, (acc, acc_all) in exp.scores(job, model, curve_sets).items():
             curves.append({"member": job.name, "step": done, exp.key: value, "accuracy": acc, "accuracy_all": acc_all})
         return True
@@ -75,7 +80,7 @@ def train(exp: LawExperiment, job: LawJob, model: Model) -> tuple[list[dict[str,
     run = train_steps(
         net,
         lambda x: fast_logits(model, x),
-        exp.source(job),
+        source,
         optimizer,
         params,
         plan,
@@ -117,7 +122,8 @@ def _run(exp: LawExperiment, job: LawJob, folder: Path) -> dict[str, Any]:
     with torch_threads(1 if device.type == "cpu" else None):
         model = load(job.native(), device=str(device))
         nonembed, embed = families.count_params(model)
-        log, curves, seconds = train(exp, job, model)
+        source = exp.source(job)
+        log, curves, seconds = train(exp, job, model, source)
         final = exp.scores(job, model, exp.eval_sets(job, job.config.eval_sequences))
         write_csv(folder / "loss.csv", pd.DataFrame(log, columns=["step", "loss", "lr", "elapsed_s"]))
         write_csv(folder / "curves.csv", pd.DataFrame(curves))
@@ -125,6 +131,7 @@ def _run(exp: LawExperiment, job: LawJob, folder: Path) -> dict[str, Any]:
         write_csv(folder / "accuracy.csv", accuracy)
         save_checkpoint(model, folder / "checkpoint", {"law_study": {"member": job.name, "family": exp.name}})
         exp.probe(job, model, folder)
+        exp.training_files(job, source, folder)
     row.update(
         params=nonembed + embed,
         params_nonembed=nonembed,

@@ -239,6 +239,14 @@ class LawExperiment(Experiment):
         )
         check_size(*need(biggest), what, device)
 
+    def after_update(self, job: LawJob, source: BatchSource, model: Model, done: int) -> bool:
+        """What the family does after update ``done`` (groups: the length curriculum's check);
+        True when it used the model (its seconds are then not training time)."""
+        return False
+
+    def training_files(self, job: LawJob, source: BatchSource, folder: Path) -> None:
+        """Files about the training itself (groups: when the curriculum moved on), in ``folder``."""
+
     # -- the protocol --------------------------------------------------------------------------
     def plan(self, config: Any) -> list[LawJob]:
         """Every member, seed-major: (per group) depth x width, then the control."""

@@ -174,7 +174,14 @@ def _loaded_fields(name: str) -> set[str]:
 EXPERIMENTS: Registry[Experiment] = Registry("study family", Experiment)
 BUILT_IN = {
     name: f"depthprobe.probes.experiments.{name}:{cls}"
-    for name, cls in (("levine", "Levine"), ("petty", "Petty"), ("spa", "Spa"), ("khop", "KHop"), ("groups", "Groups"))
+    for name, cls in (
+        ("levine", "Levine"),
+        ("petty", "Petty"),
+        ("spa", "Spa"),
+        ("khop", "KHop"),
+        ("groups", "Groups"),
+        ("crasp", "Crasp"),
+    )
 }
 EXPERIMENTS.register_lazy(BUILT_IN)
 EXPERIMENTS.register_lazy(entry_point_tasks(set(BUILT_IN), group=ENTRY_POINT_GROUP))

@@ -275,6 +275,8 @@ def _load_native(
 
     # TransformerLens attaches boot_native to the class with setattr, out of the type checker's sight
     bridge = TransformerBridge.boot_native(cfg.to_tl(), device=dev, dtype=dtype)  # type: ignore[attr-defined]
+    if cfg.positional == "none":
+        drop_rotation(bridge)
     bridge.eval()
     info = ModelInfo(
         name=name,
@@ -289,6 +291,23 @@ def _load_native(
         native=dataclasses.asdict(cfg),
     )
     return Model(bridge=bridge, tokenizer=None, info=info, device=dev)
+
+
+def drop_rotation(bridge: Any) -> None:
+    """NoPE (``positional=none``): remove the rotary tables of a native model built rotary, so its
+    blocks see no position at all (the causal mask and a BOS token are then the only anchors). The
+    bridge's config still reads "rotary" (TransformerLens's word for "no position parameter"); the
+    rotation buffers are not persistent, so checkpoints hold the same tensors either way."""
+
+    def unwrap(module: Any) -> Any:  # the original module under the bridge's wrappers
+        while "_original_component" in module._modules:
+            module = module._modules["_original_component"]
+        return module
+
+    native = bridge.original_model
+    native.rotary = None
+    for wrapped in native.layers:
+        unwrap(unwrap(wrapped).attn).rotary = None
 
 
 def _spec(cfg: NativeConfig) -> str:

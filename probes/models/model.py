@@ -31,7 +31,7 @@ class NativeConfig:
     n_ctx: int = 256
     attn_only: bool = True
     norm: Literal["ln", "none"] = "ln"
-    positional: Literal["learned", "rotary"] = "learned"
+    positional: Literal["learned", "rotary", "none"] = "learned"  # none: NoPE, no position signal at all
     act_fn: str = "gelu"
     seed: int = 0
 
@@ -78,6 +78,9 @@ class NativeConfig:
         }
         if self.positional == "rotary":
             cfg["rotary_dim"] = self.head_dim
+        if self.positional == "none":  # TransformerLens knows only standard and rotary: built rotary (no
+            cfg["positional_embedding_type"] = "rotary"  # position parameter), its rotation then dropped
+            cfg["rotary_dim"] = 2  # (probes.models.loading.drop_rotation)
         return cfg
 
     @classmethod

@@ -3,11 +3,13 @@
 - :class:`SyntheticSource`: ``probe train``'s repeated-token (or random) sequences, next-token loss.
 - :class:`CorpusSource`: a study member's windows of a text corpus, next-token loss.
 - :class:`CopySource`: the kernels sweep's copy task, loss on the repeated half only.
-- :class:`KHopSource`, :class:`GroupSource`: the depth-law families' k-hop induction and group
-  word problems (``probe study --family khop|groups``), loss at every scored position.
+- :class:`KHopSource`, :class:`GroupSource`, :class:`CurriculumSource`, :class:`CRaspSource`: the
+  depth-law families' k-hop induction, group word problems (one length, or Merrill and Sabharwal's
+  length curriculum) and C-RASP languages, loss at every scored position.
 
-Every source but :class:`CopySource` is a pure function of the step; the copy task draws from one
-generator in order, as the kernels sweep always has (it never resumes).
+Every source but :class:`CopySource` and :class:`CurriculumSource` is a pure function of the step;
+the copy task draws from one generator in order, as the kernels sweep always has (it never
+resumes); the curriculum's batch is a pure function of the step and its stage.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from depthprobe.probes.data import corpus as corpora
-from depthprobe.probes.data import groups, khop, synthetic
+from depthprobe.probes.data import crasp, groups, khop, synthetic
 from depthprobe.probes.data.synthetic import DataConfig
 from depthprobe.probes.training.fast_forward import lm_loss
 from depthprobe.probes.training.loop import target_loss
@@ -124,3 +126,59 @@ class GroupSource:
 
     def loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         return target_loss(logits, targets)
+
+
+@dataclass
+class CurriculumSource:
+    """A ``groups`` member's batches under Merrill and Sabharwal's length curriculum: batch ``step``
+    is :func:`probes.data.groups.train_batch` at the current stage's length (``lengths[stage]``);
+    the caller evaluates that length and moves on with :meth:`advance`."""
+
+    group: str
+    batch_size: int
+    lengths: tuple[int, ...]
+    seed: int
+    stage: int = 0
+    moves: list[tuple[int, int]] = field(default_factory=list)  # (step, the length trained from there on)
+
+    @property
+    def length(self) -> int:
+        return self.lengths[self.stage]
+
+    def advance(self, accuracy: float, threshold: float, step: int = 0) -> bool:
+        """Move to the next length once the current one is solved (recorded in ``moves`` at
+        ``step``); whether the stage moved."""
+        before = self.stage
+        self.stage = groups.advance(self.stage, self.lengths, accuracy, threshold)
+        if self.stage != before:
+            self.moves.append((step, self.length))
+        return self.stage != before
+
+    @property
+    def finished(self) -> bool:
+        """At the last length: nothing left to check."""
+        return self.stage == len(self.lengths) - 1
+
+    def batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return groups.train_batch(groups.get_group(self.group), self.batch_size, self.length, self.seed, step)
+
+    def loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return target_loss(logits, targets)
+
+
+@dataclass(frozen=True)
+class CRaspSource:
+    """A ``crasp`` member's batches: :func:`probes.data.crasp.train_batch` of ``(seed, step)``
+    (strings of L_k, lengths uniform in {max(nmin, k)..nmax}); loss at the x positions only."""
+
+    k: int
+    batch_size: int
+    nmin: int
+    nmax: int
+    seed: int
+
+    def batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return crasp.train_batch(self.k, self.batch_size, self.nmin, self.nmax, self.seed, step)
+
+    def loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return target_loss(logits[..., :2], targets)  # two classes, as crasp.predictions reads them

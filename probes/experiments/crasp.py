@@ -1,0 +1,231 @@
+"""``crasp``: the C-RASP depth hierarchy (Yang, Cadilhac and Chiang 2025, "Knee-Deep in C-RASP",
+arXiv 2506.16055), a depth-law family.
+
+One language L_k per member (k non-empty alternating blocks of a and b, first block a:
+:mod:`probes.data.crasp`); a NoPE decoder (no positional encoding, BOS the only anchor) reads BOS
+x_0..x_{n-1} and says at every x_t whether the prefix is in L_k. Members train on lengths
+{max(nmin, k)..nmax} and are scored by exact-match string accuracy (every position right), with
+token accuracy beside it, on four length ranges: the training lengths and about 2x, 4x, 8x longer.
+The prediction: C-RASP depth k - 2 recognises L_k and depth k - 3 does not, so the first depth
+that length-generalises is k - 2 (:func:`predicted_depth`, the only place it is written). A member
+solves L_k when its exact-match accuracy on the range ending at ``solve_at`` (129-256 in the cpu
+preset, 4x the training lengths) is >= ``threshold``. At the training lengths shallower models may
+fit L_k with shortcuts (the BOS token's attention weight gives the position), so the law is about
+length generalisation. Tables: :mod:`.crasp_tables`.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from depthprobe.probes.base.errors import ProbeError
+from depthprobe.probes.experiments.laws import COMMON, ROW_COLUMNS, LawConfig, LawExperiment, LawJob
+
+if TYPE_CHECKING:
+    import pandas as pd
+    import torch
+
+    from depthprobe.probes.models.model import Model, NativeConfig
+    from depthprobe.probes.training.loop import BatchSource
+
+VOCAB = 4  # a, b, BOS, PAD (probes.data.crasp.VOCAB; this module imports no torch)
+EVAL_CHUNK = 250  # strings per forward pass in evaluations
+
+
+@dataclass(frozen=True)
+class CraspConfig(LawConfig):
+    """``ks``: the languages L_k (one per member); training lengths {max(nmin, k)..nmax};
+    ``eval_lengths``: the upper ends of the evaluation ranges (nmin..first, first + 1..second, ...);
+    ``solve_at``: the range (by its upper end) whose exact-match accuracy decides "solved";
+    ``control_scale``: the wide shallow control (depth k - 3) is this many times the widest member."""
+
+    ks: tuple[int, ...] = (3, 4, 5, 6)
+    nmin: int = 32
+    nmax: int = 64
+    eval_lengths: tuple[int, ...] = (64, 128, 256, 512)
+    solve_at: int = 256
+    control_scale: float = 2.0
+    threshold: float = 0.95
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not self.ks or any(k < 1 for k in self.ks) or len(set(self.ks)) != len(self.ks):
+            raise ProbeError(f"--ks must be distinct block counts of 1 or more, e.g. 3,4,5,6, got {list(self.ks)}")
+        if self.nmin < 1 or self.nmax < max(self.nmin, max(self.ks)):
+            raise ProbeError(
+                f"--nmin and --nmax need 1 <= nmin and nmax >= max(nmin, k) = {max(self.nmin, max(self.ks))}, "
+                f"got {self.nmin}, {self.nmax}"
+            )
+        e = self.eval_lengths
+        if not e or e[0] < max(self.nmin, max(self.ks)) or any(b <= a for a, b in itertools.pairwise(e)):
+            raise ProbeError(f"--eval-lengths must rise from at least max(nmin, k), e.g. 64,128,256,512, got {list(e)}")
+        if self.solve_at not in e:
+            raise ProbeError(f"--solve-at must be one of --eval-lengths {list(e)}, got {self.solve_at}")
+        if not self.control_scale > 0:
+            raise ProbeError(f"--control-scale must be positive, got {self.control_scale}")
+
+    @property
+    def ranges(self) -> tuple[tuple[int, int], ...]:
+        """The evaluation ranges: (nmin, first), (first + 1, second), ..."""
+        lows = (self.nmin, *(hi + 1 for hi in self.eval_lengths[:-1]))
+        return tuple(zip(lows, self.eval_lengths, strict=True))
+
+    @property
+    def control_width(self) -> int:
+        """The control's width: ``control_scale`` x the widest member, a multiple of the heads."""
+        return max(self.heads, round(self.control_scale * max(self.d_models) / self.heads) * self.heads)
+
+
+def predicted_depth(k: int) -> int:
+    """Yang, Cadilhac and Chiang: C-RASP depth k - 2 recognises L_k, depth k - 3 does not (L_1..L_3
+    at depth 1)."""
+    return max(1, k - 2)
+
+
+@dataclass(frozen=True)
+class CraspJob(LawJob):
+    """A member trained on L_k (``group`` is the language's name, ``L<k>``, for the tables)."""
+
+    k: int = 0
+
+    @property
+    def name(self) -> str:
+        kind = "control-" if self.control else ""
+        return f"k{self.k}-{kind}L{self.depth}-d{self.d_model}-s{self.seed}"
+
+    def native(self) -> NativeConfig:
+        return replace(super().native(), positional="none")
+
+
+class Crasp(LawExperiment):
+    name = "crasp"
+    description = "C-RASP languages L_k (Yang et al. 2025): the first NoPE depth that length-generalises, per k"
+    Config = CraspConfig
+    columns: ClassVar[list[str]] = [*ROW_COLUMNS, "k"]
+    key = "max_length"
+    second = "token_accuracy"
+    extra_tables = ("ranges.csv",)
+    prediction = (
+        "Prediction (Yang, Cadilhac and Chiang 2025, 'Knee-Deep in C-RASP'): fixed-precision transformers without "
+        "positional encoding equal C-RASP depth for depth, and C-RASP depth k - 2 recognises L_k while depth k - 3 "
+        "does not, so the first depth that length-generalises on L_k is k - 2 (law.csv's predicted_depth). Solved: "
+        "exact-match accuracy (every position right) >= the threshold on the range law.csv names, in every seed. "
+        "At the training lengths shallower models may fit L_k with shortcuts: the law is about longer strings."
+    )
+    presets: ClassVar[dict[str, dict[str, Any]]] = {
+        "smoke": {**COMMON["smoke"], "ks": (4,), "nmin": 8, "nmax": 16, "eval_lengths": (16, 32), "solve_at": 32},
+        "cpu": {**COMMON["cpu"], "depths": (1, 2, 3, 4, 5), "d_models": (64,), "ks": (3, 4, 5, 6), "steps": 2000},
+        "gpu": {
+            **COMMON["gpu"],
+            "depths": (1, 2, 3, 4, 5, 6, 7, 8),
+            "d_models": (128, 256),
+            "ks": (3, 4, 5, 6, 7, 8, 9, 10),
+            "steps": 10000,
+        },
+    }
+    costs: ClassVar[dict[str, str]] = {
+        "smoke": "L_4 at depths 1, 2 (width 16) and the control (depth 1, width 32), lengths 8-16, evaluated to 32, "
+        "40 steps: 3 members, about 5 CPU-seconds on 2 CPU cores (measured; the tests use it)",
+        "cpu": "L_3-L_6 at depths 1-5 (width 64) and the control (depth k - 3, width 128), lengths 32-64, evaluated "
+        "to 512, 2 seeds, 2,000 steps: 46 members, about 85 CPU-minutes, 45 min with --jobs 2 on 2 idle cores "
+        "(estimated from a 200-step run of two members: docs/depth-laws.md; not run)",
+        "gpu": "L_3-L_10 at depths 1-8 at widths 128 and 256 and the control (depth k - 3, width 512), 3 seeds, "
+        "10,000 steps: 405 members (estimated at about 5 ms a step: some 6 hours on one large GPU, one member at a "
+        "time; not run)",
+    }
+
+    def shape(self, cfg: CraspConfig, group: str | None) -> tuple[int, int]:
+        return VOCAB, 1 + max(cfg.eval_lengths)
+
+    def plan(self, config: CraspConfig) -> list[LawJob]:
+        """Per k and seed: every depth x width, then the control (depth k - 3 at ``control_width``,
+        where k - 3 >= 1)."""
+        _, context = self.shape(config, None)
+        jobs: list[LawJob] = []
+        for k in config.ks:
+            common: dict[str, Any] = {"group": f"L{k}", "vocab": VOCAB, "context": context, "k": k}
+            for seed in range(config.seeds):
+                jobs += [CraspJob(config, depth, d, seed, **common) for d in config.d_models for depth in config.depths]
+                if config.control and k - 3 >= 1:
+                    jobs.append(CraspJob(config, k - 3, config.control_width, seed, control=True, **common))
+        return jobs
+
+    def base_row(self, job: LawJob) -> dict[str, Any]:
+        return {**super().base_row(job), "k": k_of(job)}
+
+    def source(self, job: LawJob) -> BatchSource:
+        from depthprobe.probes.training.sources import CRaspSource
+
+        cfg = job.config
+        return CRaspSource(k_of(job), cfg.batch_size, cfg.nmin, cfg.nmax, job.seed)
+
+    def eval_sets(self, job: LawJob, n: int) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
+        """Per range (keyed by its upper end), from the evaluation seed space (probes.data.streams)."""
+        from depthprobe.probes.data import crasp
+
+        return {hi: crasp.eval_batch(k_of(job), n, lo, hi, job.seed) for lo, hi in job.config.ranges}
+
+    def scores(self, job: LawJob, model: Model, sets: dict[int, Any]) -> dict[int, tuple[float, float]]:
+        """Per range: (exact-match string accuracy, token accuracy)."""
+        from depthprobe.probes.data import crasp
+
+        out = {}
+        for hi, (inputs, targets) in sets.items():
+            s = crasp.scores(predict(model, inputs), targets)
+            out[hi] = (s["exact_match"], s["token_accuracy"])
+        return out
+
+    def probe(self, job: LawJob, model: Model, folder: Path) -> None:
+        """``ranges.csv``: per range its lengths and the majority-class token accuracy of the final
+        evaluation set (what always answering the more frequent class scores)."""
+        import pandas as pd
+
+        from depthprobe.probes.base.artifacts import write_csv
+        from depthprobe.probes.data import crasp
+
+        sets = self.eval_sets(job, job.config.eval_sequences)
+        rows = []
+        for lo, hi in job.config.ranges:
+            majority = crasp.scores(sets[hi][1], sets[hi][1])["majority_accuracy"]
+            rows.append({"member": job.name, "min_length": max(lo, k_of(job)), "max_length": hi, "majority": majority})
+        write_csv(folder / "ranges.csv", pd.DataFrame(rows))
+
+    def tables(self, config: CraspConfig, members: pd.DataFrame, folder: Path) -> dict[str, pd.DataFrame]:
+        from depthprobe.probes.experiments import crasp_tables
+
+        return crasp_tables.tables(self, config, members, folder)
+
+    def law(self, cfg: CraspConfig, accuracy: pd.DataFrame) -> pd.DataFrame:
+        from depthprobe.probes.experiments import crasp_tables
+
+        return crasp_tables.law(cfg, accuracy, predicted_depth)
+
+    def page(self, config: CraspConfig, tables: dict[str, pd.DataFrame], folder: Path) -> list[str]:
+        from depthprobe.probes.experiments import crasp_tables
+
+        return crasp_tables.page(self, config, tables)
+
+
+def k_of(job: LawJob) -> int:
+    """The language index of a crasp member's job."""
+    if not isinstance(job, CraspJob):
+        raise ProbeError(f"crasp: member {job.name} is not a crasp job")
+    return job.k
+
+
+def predict(model: Model, inputs: torch.Tensor) -> torch.Tensor:
+    """0/1 predictions [n, T] (the argmax of the two class logits), in chunks."""
+    import torch
+
+    from depthprobe.probes.data import crasp
+    from depthprobe.probes.training.fast_forward import fast_logits
+
+    with torch.no_grad():
+        parts = [crasp.predictions(fast_logits(model, c.to(model.device))).cpu() for c in inputs.split(EVAL_CHUNK)]
+    return torch.cat(parts)
+
+
+__all__ = ["Crasp", "CraspConfig", "CraspJob", "predicted_depth"]
