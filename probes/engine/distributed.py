@@ -32,6 +32,7 @@ import torch
 
 from depthprobe.probes.base.errors import ProbeError, suggest
 from depthprobe.probes.engine.execute import accumulate, batch_costs
+from depthprobe.probes.engine.processes import LocalProcesses, Outcome, call, one_line
 from depthprobe.probes.engine.ray_cluster import check_feasible, cluster_cpus, ray_session, require_ray
 from depthprobe.probes.engine.task import Context, Examples, Output, Task
 from depthprobe.probes.models.model import Model
@@ -81,34 +82,6 @@ class JobResult:
     user_error: bool = False
 
 
-@dataclass(frozen=True)
-class Outcome:
-    """What one call of a job sends back across the job boundary: plain data, never an exception,
-    so that whether it was a user error survives pickling and the driver decides about retries.
-    ``crashed``: the worker itself died (Ray already retried it; a broken process pool cannot)."""
-
-    ok: bool
-    value: Any = None
-    error: str | None = None
-    user_error: bool = False
-    crashed: bool = False
-
-
-def one_line(exc: BaseException) -> str:
-    first = (str(exc).strip().splitlines() or [""])[0]
-    return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
-
-
-def _call(fn: Callable[[Any], Any], job: Any) -> Outcome:
-    """Run one job where it runs (this process, a pool process or a Ray worker)."""
-    try:
-        return Outcome(True, fn(job))
-    except ProbeError as exc:
-        return Outcome(False, error=(str(exc).strip().splitlines() or [type(exc).__name__])[0], user_error=True)
-    except Exception as exc:
-        return Outcome(False, error=one_line(exc))
-
-
 def local_slots(threads_per_job: int = 1) -> int:
     """How many jobs this machine runs at once at ``threads_per_job`` threads each (its usable cores)."""
     import os
@@ -142,8 +115,9 @@ def map_jobs(
     ``cores // processes`` torch threads, after ``setup()`` (a picklable callable that prepares the
     process, e.g. hands it what the driver has already read); Ray is not imported either way. ``ray``: each job is a
     Ray task with ``cpus_per_job`` CPUs and ``gpus_per_job`` GPUs. A job whose ``fn`` raises is run
-    again up to ``retries`` times (the same loop for every backend); a job whose Ray worker or node
-    dies is resubmitted by Ray up to ``retries`` times. A job that still fails is ``ok=False`` with
+    again up to ``retries`` times (the same loop for every backend), and so is a job whose local
+    process died (the other processes keep their jobs); a job whose Ray worker or node dies is
+    resubmitted by Ray up to ``retries`` times. A job that still fails is ``ok=False`` with
     its error; the others go on. ``on_done(index, result)`` runs here, on the driver, as each job
     finishes (in completion order). Ctrl-C cancels the outstanding jobs and re-raises."""
     check_backend(backend)
@@ -155,7 +129,8 @@ def map_jobs(
     if backend == "local" and (processes == 1 or len(jobs) < 2):
         return _drive(_InProcess(fn, jobs), len(jobs), retries, on_done)
     if backend == "local":
-        with _Pool(fn, jobs, min(processes, len(jobs)), setup) as pool:
+        n = min(processes, len(jobs))
+        with LocalProcesses(fn, jobs, n, max(1, local_slots() // n), setup) as pool:
             return _drive(pool, len(jobs), retries, on_done)
     if not jobs:  # nothing to run: no Ray session (joining a cluster takes seconds)
         return []
@@ -168,7 +143,8 @@ def map_jobs(
 
 def _drive(runner: Any, n: int, retries: int, on_done: Callable[[int, JobResult], None] | None) -> list[JobResult]:
     """The one retry loop: submit every job, take each outcome as it comes, resubmit a failed call
-    (not a crashed worker) up to ``retries`` times, report each job once."""
+    or a crashed member process up to ``retries`` times (a crashed Ray worker Ray has already
+    retried: ``runner.retries_crashes``), report each job once."""
     pending: dict[Any, tuple[int, int]] = {}  # handle -> (job index, attempt)
     results: list[JobResult | None] = [None] * n
     try:
@@ -177,7 +153,7 @@ def _drive(runner: Any, n: int, retries: int, on_done: Callable[[int, JobResult]
         while pending:
             handle, out = runner.next_done(pending)
             i, attempt = pending.pop(handle)
-            if not out.ok and not out.crashed and attempt <= retries:
+            if not out.ok and not (out.crashed and runner.retries_crashes) and attempt <= retries:
                 pending[runner.submit(i)] = (i, attempt + 1)
                 continue
             result = results[i] = JobResult(i, out.ok, out.value, out.error, attempt, out.user_error)
@@ -192,6 +168,8 @@ def _drive(runner: Any, n: int, retries: int, on_done: Callable[[int, JobResult]
 class _InProcess:
     """Jobs run here, one at a time, lowest index first (so a retry runs before the next job)."""
 
+    retries_crashes = False
+
     def __init__(self, fn: Callable[[Any], Any], jobs: Sequence[Any]) -> None:
         self.fn, self.jobs, self.count = fn, jobs, itertools.count()
 
@@ -200,71 +178,22 @@ class _InProcess:
 
     def next_done(self, pending: dict[Any, tuple[int, int]]) -> tuple[Any, Outcome]:
         handle = min(pending)
-        return handle, _call(self.fn, self.jobs[handle[0]])
+        return handle, call(self.fn, self.jobs[handle[0]])
 
     def cancel(self, handles: list[Any]) -> None:
         pass
 
 
-def _start_process(threads: int, setup: Callable[[], None] | None) -> None:
-    torch.set_num_threads(threads)
-    if setup is not None:
-        setup()
-
-
-class _Pool:
-    """Jobs in spawned processes (a fresh interpreter each: no forked torch or OpenMP state). Each
-    pays its imports and first calls once (about 7 s on a loaded 2-core machine): worth it for
-    members that train for tens of seconds, not for the smoke preset's 3-second members."""
-
-    def __init__(
-        self, fn: Callable[[Any], Any], jobs: Sequence[Any], processes: int, setup: Callable[[], None] | None
-    ) -> None:
-        import multiprocessing
-        from concurrent.futures import ProcessPoolExecutor
-
-        self.fn, self.jobs = fn, jobs
-        threads = max(1, local_slots() // processes)
-        context = multiprocessing.get_context("spawn")
-        self.pool = ProcessPoolExecutor(processes, context, _start_process, (threads, setup))
-
-    def __enter__(self) -> _Pool:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.pool.shutdown(wait=exc[0] is None, cancel_futures=True)
-
-    def submit(self, i: int) -> Any:
-        return self.pool.submit(_call, self.fn, self.jobs[i])
-
-    def next_done(self, pending: dict[Any, tuple[int, int]]) -> tuple[Any, Outcome]:
-        from concurrent.futures import FIRST_COMPLETED, wait
-
-        done, _ = wait(list(pending), return_when=FIRST_COMPLETED)
-        future = min(done, key=lambda f: pending[f])
-        try:
-            return future, future.result()
-        except Exception as exc:  # the process died (killed, out of memory): the pool is broken
-            return future, Outcome(False, error=f"the job's process died ({one_line(exc)})", crashed=True)
-
-    def cancel(self, handles: list[Any]) -> None:
-        for future in handles:
-            future.cancel()
-        procs = list((getattr(self.pool, "_processes", None) or {}).values())
-        for proc in procs:  # stop the running jobs too, and wait until they are gone
-            proc.terminate()
-        for proc in procs:
-            proc.join(10)
-
-
 class _OnRay:
     """Jobs as Ray tasks; a worker or node that dies is retried by Ray itself."""
+
+    retries_crashes = True
 
     def __init__(
         self, ray: Any, fn: Callable[[Any], Any], jobs: Sequence[Any], cpus: float, gpus: float, retries: int
     ) -> None:
         self.ray, self.jobs = ray, jobs
-        self.remote = ray.remote(_call).options(
+        self.remote = ray.remote(call).options(
             num_cpus=cpus, num_gpus=gpus, max_retries=retries, retry_exceptions=False
         )
         self.fn_ref = ray.put(fn)
