@@ -44,6 +44,17 @@ def entry_point_tasks(taken: set[str]) -> dict[str, str]:
     return entries
 
 
+def entry_point_origins(entries: dict[str, str]) -> dict[str, str]:
+    """``name -> "entry point module:Class of DIST"`` for the entries :func:`entry_point_tasks`
+    kept: what a task that fails to load is called in its one-line error."""
+    origins = {}
+    for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
+        if entries.get(ep.name) == ep.value:
+            dist = ep.dist.name if ep.dist is not None else "an installed package"
+            origins[ep.name] = f"entry point {ep.value} of {dist}"
+    return origins
+
+
 def _module_name(path: Path) -> str:
     """A file's module name: its stem under a private prefix, so it never shadows an installed module."""
     return "depthprobe_plugin_" + "".join(c if c.isalnum() else "_" for c in path.stem)
@@ -88,3 +99,8 @@ def load_plugin(spec_text: str) -> ModuleType:
         raise ProbeError(f"--plugin {spec_text} failed to import: {type(exc).__name__}: {exc}") from None
     except Exception as exc:  # the plugin's own code failed: say where, in one line
         raise ProbeError(f"--plugin {spec_text} failed to import: {type(exc).__name__}: {exc}") from None
+    except SystemExit as exc:  # sys.exit(...) in a plugin would end `probe` with nothing written
+        raise ProbeError(
+            f"--plugin {spec_text} called sys.exit({exc.code!r}) while importing; a plugin registers "
+            "tasks and must not exit (raise an exception instead)"
+        ) from None
