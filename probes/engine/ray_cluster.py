@@ -36,13 +36,40 @@ LOOPBACK_FIX = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0"
 _SIGNALS = tuple(s for s in (signal.SIGINT, signal.SIGTERM, getattr(signal, "SIGHUP", None)) if s is not None)
 
 
+RAY_API = ("init", "is_initialized", "remote", "get", "wait", "put", "shutdown")  # what depthprobe calls
+
+
 def require_ray() -> Any:
-    """The ``ray`` module, or a one-line error saying how to install it."""
+    """The ``ray`` module, or a one-line error saying how to install it (or why the Ray installed
+    here cannot be used: it fails to import, or it is not Ray)."""
     try:
         import ray
-    except ImportError:
+    except ModuleNotFoundError as exc:
+        if exc.name != "ray":
+            raise _unusable(_ray_location(), f"it needs {exc.name}, which is missing") from None
         raise ProbeError(f"--backend ray needs Ray, which is not installed: {INSTALL}") from None
+    except (Exception, SystemExit) as exc:
+        first = (str(exc).strip().splitlines() or [""])[0]
+        raise _unusable(_ray_location(), f"importing it raised {type(exc).__name__}: {first}") from None
+    missing = [name for name in RAY_API if not callable(getattr(ray, name, None))]
+    if missing:
+        where = getattr(ray, "__file__", None) or "?"
+        raise _unusable(where, f"it has no {', '.join(missing)}: not the Ray package")
     return ray
+
+
+def _ray_location() -> str:
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec("ray")
+    except (Exception, SystemExit):
+        return "?"
+    return (spec.origin if spec is not None else None) or "?"
+
+
+def _unusable(where: str, why: str) -> ProbeError:
+    return ProbeError(f"--backend ray cannot use the Ray installed at {where} ({why}); reinstall it: {INSTALL}")
 
 
 def check_reachable(address: str, timeout: float = CONNECT_TIMEOUT_S) -> None:
