@@ -240,3 +240,23 @@ def test_a_task_that_exits_while_it_runs_is_refused_in_one_line(tmp_path):
     lines = res.stderr.strip().splitlines()
     assert res.returncode == 2 and len(lines) == 1, (res.returncode, res.stderr)
     assert "called sys.exit(0) during probe run" in lines[0] and not (tmp_path / "r").exists(), lines[0]
+
+
+def test_a_plugin_path_that_is_not_a_file_says_what_it_is(tmp_path, monkeypatch):
+    from depthprobe.probes.base.errors import ProbeError
+    from depthprobe.probes.engine.plugins import load_plugin
+
+    (tmp_path / "plugdir").mkdir()
+    os.mkfifo(tmp_path / "p.fifo")
+    cases = {
+        f"{tmp_path}/plugdir": "is a folder",
+        f"{tmp_path}/p.fifo": "is a FIFO (named pipe), not a file",
+        "/dev/zero": "is a character device, not a file",
+        f"{tmp_path}/nothing.py": "does not exist",
+        "p.fifo": "is a FIFO (named pipe), not a file",  # a bare name that exists here is that path
+    }
+    monkeypatch.chdir(tmp_path)
+    for spec, says in cases.items():
+        with pytest.raises(ProbeError, match="^--plugin ") as got:
+            load_plugin(spec)
+        assert says in str(got.value), (spec, str(got.value))
