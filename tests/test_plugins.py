@@ -257,6 +257,6 @@ def test_a_plugin_path_that_is_not_a_file_says_what_it_is(tmp_path, monkeypatch)
     }
     monkeypatch.chdir(tmp_path)
     for spec, says in cases.items():
-        with pytest.raises(ProbeError, match="^--plugin ") as got:
+        with pytest.raises(ProbeError, match=r"^--plugin ") as got:
             load_plugin(spec)
         assert says in str(got.value), (spec, str(got.value))
