@@ -41,7 +41,8 @@ def test_a_killed_member_process_costs_only_its_own_job(tmp_path, retries):
         assert dead.ok and dead.value == "die-b" and dead.attempts == 2
     else:
         assert not dead.ok and dead.attempts == 1 and not dead.user_error
-        assert dead.error == "the job's process died (killed by SIGKILL)"
+        assert dead.error == "the job's process died (killed by SIGKILL)" and dead.crashed
+        assert dead.failure() == "the job's process died (killed by SIGKILL)"  # not an internal error
 
 
 DRIVER = """

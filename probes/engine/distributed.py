@@ -33,7 +33,16 @@ import torch
 from depthprobe.probes.base.errors import ProbeError, suggest
 from depthprobe.probes.engine.execute import accumulate, batch_costs
 from depthprobe.probes.engine.processes import LocalProcesses, Outcome, call, one_line
-from depthprobe.probes.engine.ray_cluster import check_feasible, cluster_cpus, ray_session, require_ray
+from depthprobe.probes.engine.ray_cluster import (
+    LOST_AFTER_S,
+    POLL_S,
+    ClusterLost,
+    HeadWatch,
+    check_feasible,
+    cluster_cpus,
+    ray_session,
+    require_ray,
+)
 from depthprobe.probes.engine.task import Context, Examples, Output, Task
 from depthprobe.probes.models.model import Model
 
@@ -72,7 +81,8 @@ class JobResult:
     """One job's outcome: ``value`` when ``ok``, else ``error`` (one line); ``attempts`` counts the
     calls of ``fn`` made for it (a node that died is retried by Ray within one attempt).
     ``user_error``: the job raised a :class:`ProbeError` (``error`` is then its message, which
-    names the fix); anything else is ``Type: message``."""
+    names the fix); anything else is ``Type: message``. ``crashed``: its process, Ray worker or
+    node died under it (the machine's fate, neither the user's error nor the library's)."""
 
     index: int
     ok: bool
@@ -80,6 +90,17 @@ class JobResult:
     error: str | None
     attempts: int
     user_error: bool = False
+    crashed: bool = False
+
+    def failure(self) -> str | None:
+        """The one line a failed job records: a user error as it is (it names the fix), a death
+        of its process or node said as such, anything else marked as an internal error."""
+        if self.ok:
+            return None
+        error = self.error or "unknown error"
+        if self.user_error or self.crashed:
+            return error
+        return f"internal error: {error}"
 
 
 def local_slots(threads_per_job: int = 1) -> int:
@@ -156,9 +177,15 @@ def _drive(runner: Any, n: int, retries: int, on_done: Callable[[int, JobResult]
             if not out.ok and not (out.crashed and runner.retries_crashes) and attempt <= retries:
                 pending[runner.submit(i)] = (i, attempt + 1)
                 continue
-            result = results[i] = JobResult(i, out.ok, out.value, out.error, attempt, out.user_error)
+            result = results[i] = JobResult(i, out.ok, out.value, out.error, attempt, out.user_error, out.crashed)
             if on_done is not None:
                 on_done(i, result)
+    except ClusterLost as exc:  # nothing to cancel: the cluster took its jobs with it
+        done = sum(r is not None for r in results)
+        raise ClusterLost(
+            f"{exc}; the {done} of {n} members that finished are kept "
+            "(rerun the same command when the cluster is back to run the rest)"
+        ) from None
     except BaseException:
         runner.cancel(list(pending))
         raise
@@ -197,18 +224,26 @@ class _OnRay:
             num_cpus=cpus, num_gpus=gpus, max_retries=retries, retry_exceptions=False
         )
         self.fn_ref = ray.put(fn)
+        self.watch = HeadWatch(ray.get_runtime_context().gcs_address)
 
     def submit(self, i: int) -> Any:
         return self.remote.remote(self.fn_ref, self.jobs[i])
 
     def next_done(self, pending: dict[Any, tuple[int, int]]) -> tuple[Any, Outcome]:
+        """The next finished job; :class:`ClusterLost` when the cluster's head stops answering
+        (checked while waiting, and when a job's worker or node dies)."""
         from ray.exceptions import RayError
 
-        (ref,), _ = self.ray.wait(list(pending), num_returns=1)
+        ready: list[Any] = []
+        while not ready:
+            ready, _ = self.ray.wait(list(pending), num_returns=1, timeout=POLL_S)
+            if not ready:
+                self.watch.check()
         try:
-            return ref, self.ray.get(ref)
+            return ready[0], self.ray.get(ready[0])
         except RayError as exc:  # the worker or its node died more often than Ray retries
-            return ref, Outcome(False, error=one_line(exc), crashed=True)
+            self.watch.check(wait_s=LOST_AFTER_S + POLL_S)  # or the whole cluster went
+            return ready[0], Outcome(False, error=f"its Ray worker or node died ({one_line(exc)})", crashed=True)
 
     def cancel(self, handles: list[Any]) -> None:
         for ref in handles:

@@ -72,6 +72,54 @@ def _unusable(where: str, why: str) -> ProbeError:
     return ProbeError(f"--backend ray cannot use the Ray installed at {where} ({why}); reinstall it: {INSTALL}")
 
 
+LOST_AFTER_S = 15  # a head that refuses connections this long is gone (Ray's own core gives up at 60 s)
+POLL_S = 2.0
+
+
+class ClusterLost(ProbeError):
+    """The Ray cluster went away during a run (its head stopped answering): exit code 3, as for
+    failed members; what finished is on disk and a rerun takes it up."""
+
+    exit_code = 3
+
+
+class HeadWatch:
+    """Whether the cluster's head (its GCS address) still accepts connections: :meth:`check`
+    raises :class:`ClusterLost` once it has refused them for ``LOST_AFTER_S`` seconds."""
+
+    def __init__(self, address: str) -> None:
+        self.address, self.silent_since = address, None  # type: float | None
+        host, _, port = address.rpartition(":")
+        self.host, self.port = host.strip("[]"), int(port)
+
+    def answers(self) -> bool:
+        try:
+            with socket.create_connection((self.host, self.port), timeout=POLL_S):
+                return True
+        except OSError:
+            return False
+
+    def check(self, wait_s: float = 0.0) -> None:
+        """Raise :class:`ClusterLost` when the head is gone; with ``wait_s``, keep asking that
+        long first (a node's death is often followed by its head's)."""
+        import time
+
+        deadline = time.monotonic() + wait_s
+        while True:
+            if self.answers():
+                self.silent_since = None
+                return
+            now = time.monotonic()
+            self.silent_since = self.silent_since or now
+            if now - self.silent_since >= LOST_AFTER_S:
+                raise ClusterLost(
+                    f"lost the Ray cluster at {self.address}: its head has not answered for {LOST_AFTER_S} s"
+                )
+            if now >= deadline:
+                return
+            time.sleep(POLL_S)
+
+
 def check_reachable(address: str, timeout: float = CONNECT_TIMEOUT_S) -> None:
     """Refuse a ``HOST:PORT`` that is malformed or does not accept a TCP connection within
     ``timeout`` seconds (Ray itself keeps retrying an unreachable address for minutes)."""
