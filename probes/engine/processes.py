@@ -28,6 +28,7 @@ from typing import Any, ClassVar
 import torch
 
 from depthprobe.probes.base.errors import ProbeError
+from depthprobe.probes.base.progress import job_label
 
 __all__ = ["LocalProcesses", "Outcome", "call", "one_line", "start_process"]
 
@@ -54,9 +55,12 @@ def one_line(exc: BaseException) -> str:
 
 
 def call(fn: Callable[[Any], Any], job: Any) -> Outcome:
-    """Run one job where it runs (this process, a pool process or a Ray worker)."""
+    """Run one job where it runs (this process, a pool process or a Ray worker); a job with a
+    ``name`` names the progress lines of its training."""
+    name = getattr(job, "name", None)
     try:
-        return Outcome(True, fn(job))
+        with job_label(name if isinstance(name, str) else None):
+            return Outcome(True, fn(job))
     except ProbeError as exc:
         return Outcome(False, error=(str(exc).strip().splitlines() or [type(exc).__name__])[0], user_error=True)
     except Exception as exc:
