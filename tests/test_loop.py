@@ -134,6 +134,7 @@ def test_a_named_job_prints_its_progress_with_steps_per_second_and_time_left(cap
     with job_label("levine-b0025k-L01-s0", every_s=0):
         _train(Scalar(), plan)
     lines = capsys.readouterr().err.splitlines()
-    assert [ln.split(",")[0] for ln in lines] == ["  levine-b0025k-L01-s0: step 2/6", "  levine-b0025k-L01-s0: step 4/6"]
+    name = "  levine-b0025k-L01-s0"
+    assert [ln.split(",")[0] for ln in lines] == [f"{name}: step 2/6", f"{name}: step 4/6"]
     line = r"  levine-b0025k-L01-s0: step \d/6, [0-9.]+ steps/s, about \d+ s of training left"
     assert all(re.fullmatch(line, ln) for ln in lines), lines
