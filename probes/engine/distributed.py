@@ -159,7 +159,20 @@ def map_jobs(
         check_feasible(
             ray, cpus_per_job, gpus_per_job, "lower --cpus-per-member / --gpus-per-member or add a node that has them"
         )
-        return _drive(_OnRay(ray, fn, jobs, cpus_per_job, gpus_per_job, retries), len(jobs), retries, on_done)
+        finished = [0]
+
+        def done(i: int, result: JobResult) -> None:
+            finished[0] += 1
+            if on_done is not None:
+                on_done(i, result)
+
+        try:
+            return _drive(_OnRay(ray, fn, jobs, cpus_per_job, gpus_per_job, retries), len(jobs), retries, done)
+        except ClusterLost as exc:
+            raise ClusterLost(
+                f"{exc}; the {finished[0]} of {len(jobs)} members that finished are kept "
+                "(rerun the same command when the cluster is back to run the rest)"
+            ) from None
 
 
 def _drive(runner: Any, n: int, retries: int, on_done: Callable[[int, JobResult], None] | None) -> list[JobResult]:
@@ -180,12 +193,8 @@ def _drive(runner: Any, n: int, retries: int, on_done: Callable[[int, JobResult]
             result = results[i] = JobResult(i, out.ok, out.value, out.error, attempt, out.user_error, out.crashed)
             if on_done is not None:
                 on_done(i, result)
-    except ClusterLost as exc:  # nothing to cancel: the cluster took its jobs with it
-        done = sum(r is not None for r in results)
-        raise ClusterLost(
-            f"{exc}; the {done} of {n} members that finished are kept "
-            "(rerun the same command when the cluster is back to run the rest)"
-        ) from None
+    except ClusterLost:  # nothing to cancel: the cluster took its jobs with it
+        raise
     except BaseException:
         runner.cancel(list(pending))
         raise
@@ -369,7 +378,12 @@ def run_sharded(
 
         gpus = 1 if model.device.type == "cuda" else 0
         check_feasible(ray, 1, gpus, "run with --device cpu or add a node with a GPU")
-        results = _drive(_OnRay(ray, run_shard, jobs, 1, gpus, 0), len(jobs), 0, done)
+        try:
+            results = _drive(_OnRay(ray, run_shard, jobs, 1, gpus, 0), len(jobs), 0, done)
+        except ClusterLost as exc:
+            raise ClusterLost(
+                f"{exc}; the run stopped and nothing was written (rerun it when the cluster is back)"
+            ) from None
     for r in results:
         if not r.ok:
             raise ProbeError(f"shard {r.index + 1} of {len(shards)} failed on its worker: {r.error}")
