@@ -88,7 +88,8 @@ class HeadWatch:
     raises :class:`ClusterLost` once it has refused them for ``LOST_AFTER_S`` seconds."""
 
     def __init__(self, address: str) -> None:
-        self.address, self.silent_since = address, None  # type: float | None
+        self.address = address
+        self.silent_since: float | None = None  # when the head first refused a connection
         host, _, port = address.rpartition(":")
         self.host, self.port = host.strip("[]"), int(port)
 
@@ -110,8 +111,8 @@ class HeadWatch:
                 self.silent_since = None
                 return
             now = time.monotonic()
-            self.silent_since = self.silent_since or now
-            if now - self.silent_since >= LOST_AFTER_S:
+            since = self.silent_since = self.silent_since or now
+            if now - since >= LOST_AFTER_S:
                 raise ClusterLost(
                     f"lost the Ray cluster at {self.address}: its head has not answered for {LOST_AFTER_S} s"
                 )
