@@ -141,6 +141,14 @@ def guarded(fn: Callable[..., Any]) -> Callable[..., Any]:
         except KeyboardInterrupt:
             err("interrupted; nothing was written")
             raise typer.Exit(130) from None
+        except SystemExit as exc:  # a task's or plugin's code called sys.exit (the library raises typer.Exit)
+            if _DEBUG["on"]:
+                raise
+            err(
+                f"a task's code called sys.exit({exc.code!r}) during probe {fn.__name__}; it stopped there "
+                "(a task must raise an exception, not exit)"
+            )
+            raise typer.Exit(2) from None
         except BrokenPipeError:  # the reader went away (`probe list tasks | head`): stop quietly
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
             raise typer.Exit(0) from None

@@ -177,11 +177,11 @@ def score_rows(res: dict[str, torch.Tensor]) -> list[dict[str, object]]:
 
 def summarise(res: dict[str, torch.Tensor]) -> pd.DataFrame:
     """Per layer: the largest hop some head resolves (0: none), the heads that resolve it (L-H)
-    and the best one's attention and the hop's chance."""
+    and the best one's attention and the hop's chance (blank where the layer resolves no hop)."""
     att, chance, resolved = res["attention"], res["chance"], res["resolved"]
     rows = []
     for layer, top in enumerate(res["largest_hop"].tolist()):
-        row: dict[str, object] = {"layer": layer, "largest_hop": top, "heads": "", "attention": None, "chance": None}
+        row: dict[str, object] = {"layer": layer, "largest_hop": top, "heads": "", "attention": "", "chance": ""}
         if top:
             j = top - 1
             heads = [h for h in range(att.shape[1]) if resolved[layer, h, j]]

@@ -404,4 +404,7 @@ def test_ray_map_jobs_resubmits_a_job_whose_worker_died(ray_local, tmp_path):
     assert r.ok and r.value == "recovered" and r.attempts == 1
     [r] = map_jobs(crash_first_time, [str(tmp_path / "b")], backend="ray", retries=0)
     assert not r.ok and r.value is None and r.error is not None
-    assert r.error.startswith(("WorkerCrashedError", "NodeDiedError")) and "\n" not in r.error
+    assert r.error.startswith(
+        ("its Ray worker or node died (WorkerCrashedError", "its Ray worker or node died (NodeDied")
+    )
+    assert "\n" not in r.error and r.crashed and r.failure() == r.error  # a death, not an internal error

@@ -148,6 +148,8 @@ def test_uniform_attention_of_a_real_model_scores_chance():
     assert len(scores) == 2 * 2 * 3
     assert scores["value"].to_numpy() == pytest.approx(scores["chance"].to_numpy(), rel=1e-5)
     assert result.headline["largest_hop_by_layer"] == [0, 0]
+    printed = result.summary.to_string(index=False)  # what `probe run` prints: a layer that resolves nothing
+    assert "None" not in printed and "nan" not in printed.lower(), printed  # shows blanks, not None
 
 
 def test_end_to_end_on_a_tiny_native_model(tmp_path):

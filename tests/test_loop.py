@@ -119,3 +119,22 @@ def test_copy_source_scores_only_the_repeated_half():
     assert source.loss(logits, targets).item() < 1e-6
     logits[:, 0] = 0.0  # the first half is not scored
     assert source.loss(logits, targets).item() < 1e-6
+
+
+def test_a_named_job_prints_its_progress_with_steps_per_second_and_time_left(capsys):
+    """Inside a named job (a study or sweep member) the loop says where training stands on stderr:
+    a long member was silent for minutes before. Outside one it prints nothing."""
+    import re
+
+    from depthprobe.probes.base.progress import job_label
+
+    plan = Steps(steps=6, lr_at=lambda s: 0.0, grad_clip=None, log_every=2)
+    _train(Scalar(), plan)
+    assert capsys.readouterr().err == ""
+    with job_label("levine-b0025k-L01-s0", every_s=0):
+        _train(Scalar(), plan)
+    lines = capsys.readouterr().err.splitlines()
+    name = "  levine-b0025k-L01-s0"
+    assert [ln.split(",")[0] for ln in lines] == [f"{name}: step 2/6", f"{name}: step 4/6"]
+    line = r"  levine-b0025k-L01-s0: step \d/6, [0-9.]+ steps/s, about \d+ s of training left"
+    assert all(re.fullmatch(line, ln) for ln in lines), lines

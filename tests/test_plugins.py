@@ -193,3 +193,70 @@ def test_the_plugins_page_example_runs_as_written(tmp_path):
     assert table[0].split() == ["layer", "head", "value"] and len(table) >= 4
     values = [float(row.split()[2]) for row in table[1:4]]
     assert values == sorted(values, reverse=True) and all(0 < v <= 1 for v in values)
+
+
+@pytest.mark.parametrize(
+    ("code", "says"),
+    [
+        ("import sys\nsys.exit(0)\n", "called sys.exit(0)"),
+        ("raise SystemExit('plugin gave up')\n", "called sys.exit('plugin gave up')"),
+    ],
+)
+def test_a_plugin_that_exits_is_refused_in_one_line_naming_it(tmp_path, code, says):
+    (tmp_path / "quits.py").write_text(code)
+    res = _probe(["run", "--plugin", "quits.py", "-t", "attention-stats", "-m", NATIVE, "-o", "r"], tmp_path)
+    lines = res.stderr.strip().splitlines()
+    assert res.returncode == 2 and len(lines) == 1, (res.returncode, res.stderr)
+    assert lines[0].startswith("error: --plugin quits.py ") and says in lines[0], lines[0]
+    assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize(
+    ("module", "says"),
+    [
+        ("raise RuntimeError('broken at import')\n", "RuntimeError: broken at import"),
+        (None, "ModuleNotFoundError: No module named 'ep_gone'"),
+        ("import sys\nsys.exit(0)\n", "called sys.exit(0)"),
+    ],
+)
+def test_an_entry_point_that_fails_to_load_is_named_in_one_line(tmp_path, module, says):
+    site = tmp_path / "site"
+    _dist(site, "ep-broken = ep_gone:Thing")
+    if module is not None:
+        (site / "ep_gone.py").write_text(module)
+    res = _probe(["run", "-t", "ep-broken", "-m", NATIVE, "-o", "r"], tmp_path, {"PYTHONPATH": str(site)})
+    lines = res.stderr.strip().splitlines()
+    assert res.returncode == 2 and len(lines) == 1, (res.returncode, res.stderr)
+    assert "task 'ep-broken' (entry point ep_gone:Thing of their-plugin) failed to load" in lines[0], lines[0]
+    assert says in lines[0], lines[0]
+
+
+def test_a_task_that_exits_while_it_runs_is_refused_in_one_line(tmp_path):
+    code = PLUGIN.format(name="quitter", version=1).replace(
+        "return probes.Examples([[1, 2, 3], [4, 5]])", "import sys; sys.exit(0)"
+    )
+    (tmp_path / "quitter.py").write_text(code)
+    res = _probe(["run", "--plugin", "quitter.py", "-t", "quitter", "-m", NATIVE, "-o", "r"], tmp_path)
+    lines = res.stderr.strip().splitlines()
+    assert res.returncode == 2 and len(lines) == 1, (res.returncode, res.stderr)
+    assert "called sys.exit(0) during probe run" in lines[0] and not (tmp_path / "r").exists(), lines[0]
+
+
+def test_a_plugin_path_that_is_not_a_file_says_what_it_is(tmp_path, monkeypatch):
+    from depthprobe.probes.base.errors import ProbeError
+    from depthprobe.probes.engine.plugins import load_plugin
+
+    (tmp_path / "plugdir").mkdir()
+    os.mkfifo(tmp_path / "p.fifo")
+    cases = {
+        f"{tmp_path}/plugdir": "is a folder",
+        f"{tmp_path}/p.fifo": "is a FIFO (named pipe), not a file",
+        "/dev/zero": "is a character device, not a file",
+        f"{tmp_path}/nothing.py": "does not exist",
+        "p.fifo": "is a FIFO (named pipe), not a file",  # a bare name that exists here is that path
+    }
+    monkeypatch.chdir(tmp_path)
+    for spec, says in cases.items():
+        with pytest.raises(ProbeError, match=r"^--plugin ") as got:
+            load_plugin(spec)
+        assert says in str(got.value), (spec, str(got.value))

@@ -216,3 +216,44 @@ def test_a_dead_node_is_one_line_on_the_driver(tmp_path):
         assert len(r.stderr.strip().splitlines()) <= 2, r.stderr
     finally:
         c.stop()
+
+
+VANISHING = """
+import sys, time
+from depthprobe.probes.base.errors import ProbeError
+from depthprobe.probes.engine.distributed import map_jobs
+
+def job(i):
+    time.sleep(1 if i == 0 else 600)
+    return i
+
+try:
+    map_jobs(job, [0, 1], backend="ray", address={address!r}, on_done=lambda i, r: print("done", i, r.ok, flush=True))
+except ProbeError as exc:
+    print("refused", exc.exit_code, exc, flush=True)
+"""
+
+
+@pytest.mark.slow
+def test_a_cluster_that_vanishes_mid_run_is_one_line_keeping_the_finished_members(tmp_path):
+    """The whole cluster goes while a member runs: one line naming it, saying what finished is
+    kept, exit code 3 (before: Ray's "Failed to connect to GCS within 60 seconds" and exit 1)."""
+    c = Cluster(cpus=2)
+    try:
+        code = VANISHING.format(address=c.address)
+        driver = subprocess.Popen([sys.executable, "-c", code], env=c.env, stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True)  # fmt: skip
+        assert driver.stdout is not None
+        assert driver.stdout.readline().strip() == "done 0 True"
+        c.stop()
+        out, err = driver.communicate(timeout=180)
+    finally:
+        c.stop()
+        if driver.poll() is None:
+            driver.kill()
+    assert driver.returncode == 0, err[-3000:]
+    assert out.strip() == (
+        f"refused 3 lost the Ray cluster at {c.address}: its head has not answered for 15 s; the 1 of 2 "
+        "members that finished are kept (rerun the same command when the cluster is back to run the rest)"
+    ), out
+    assert len(err.strip().splitlines()) <= 2, err[-3000:]

@@ -3,9 +3,11 @@
 import re
 import shlex
 from pathlib import Path
+from typing import Any
 
 import pytest
 import typer
+from typer._click import exceptions as click  # typer's own copy of click's exceptions
 
 from depthprobe.cli.main import app
 
@@ -40,7 +42,8 @@ def family_options(argv: list[str]) -> set[str]:
     return {"--" + n.replace("_", "-") for n in names}
 
 
-def test_every_probe_command_names_a_real_command_and_options():
+def doc_commands() -> list[str]:
+    """Every `probe ...` command line of the README's and docs' bash and sh blocks."""
     commands = []
     for block in blocks("bash", DOCS) + blocks("sh", DOCS):
         text = block.replace("\\\n", " ")
@@ -49,6 +52,57 @@ def test_every_probe_command_names_a_real_command_and_options():
             for ln in text.splitlines()
             if ln.strip().startswith((".venv/bin/probe ", "probe "))
         ]
+    return commands
+
+
+def leaf(argv: list[str]) -> tuple[Any, list[str]]:
+    """The sub-command an argv names (probe list tasks, probe run, ...) and the arguments left."""
+    command = typer.main.get_command(app)
+    while argv and not argv[0].startswith("-") and hasattr(command, "commands"):
+        command, argv = command.commands[argv[0]], argv[1:]
+    return command, argv
+
+
+def test_every_probe_command_parses_as_written():
+    """Each command's arguments as the command line reads them (types, choices, counts), without
+    running it; a line with a shell variable ($L in a loop) is skipped."""
+    for cmd in doc_commands():
+        argv = shlex.split(cmd)[1:]
+        if any("$" in a for a in argv):
+            continue
+        command, rest = leaf(argv)
+        try:
+            command.make_context(command.name or "probe", list(rest), resilient_parsing=False)
+        except click.UsageError as exc:
+            raise AssertionError(f"{cmd}: {exc.format_message()}") from None
+
+
+LAW_FAMILIES = ("khop", "groups", "crasp")  # their plans need no corpus: checked when parsed
+
+
+@pytest.mark.slow
+def test_every_study_command_plans_as_written(tmp_path, monkeypatch):
+    """Each text `probe study` command of the docs, run as `--dry-run` (plans, refusals included,
+    and trains nothing) in an empty folder: a planned study the command would refuse fails here.
+    About a minute: each plan reads and tokenizes its corpus."""
+    from typer.testing import CliRunner
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("DEPTHPROBE_CACHE", str(tmp_path / "cache"))
+    (tmp_path / "my-corpus.txt").write_text((ROOT / "tasks/data/tinyshakespeare.txt").read_text()[:400_000])
+    studies = [shlex.split(c)[1:] for c in doc_commands() if shlex.split(c)[1:2] == ["study"]]
+    studies = [a for a in studies if not any(f in a for f in LAW_FAMILIES)]
+    assert len(studies) > 10
+    for i, argv in enumerate(studies):
+        if "--out" not in argv and "-o" not in argv:
+            argv = [*argv, "--out", f"plans/{i}"]
+        argv = [*argv, "--dry-run"] if "--dry-run" not in argv else argv
+        res = CliRunner().invoke(app, argv)
+        assert res.exit_code == 0, (" ".join(argv), res.output[-600:])
+
+
+def test_every_probe_command_names_a_real_command_and_options():
+    commands = doc_commands()
     assert len(commands) > 20, "the README and docs show probe commands"
     root = typer.main.get_command(app)
     for cmd in commands:

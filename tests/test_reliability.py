@@ -123,6 +123,36 @@ def test_full_disk_is_one_line_and_leaves_nothing(tiny_bert_dir, tiny_fs):
     assert list(tiny_fs.iterdir()) == []
 
 
+def test_a_full_disk_says_which_output_was_not_written_and_keeps_the_earlier_ones(tiny_fs):
+    """Before: "nothing was written" although the outputs finished before it were kept."""
+    from depthprobe.probes.base.artifacts import WriteError, atomic_dir
+
+    with atomic_dir(tiny_fs / "first") as tmp:
+        (tmp / "small.txt").write_text("kept")
+    with pytest.raises(WriteError) as got, atomic_dir(tiny_fs / "second") as tmp:
+        (tmp / "big.bin").write_bytes(b"x" * 2_000_000)
+    message = str(got.value)
+    assert message == (
+        f"no space left on the device while writing {tiny_fs / 'second'}; that folder was not written "
+        "(outputs finished before it are kept): free some space and rerun, or choose another --out"
+    )
+    assert (tiny_fs / "first" / "small.txt").read_text() == "kept" and not (tiny_fs / "second").exists()
+
+
+def test_a_checkpoint_that_does_not_fit_is_a_write_error_not_an_internal_one(tiny_fs):
+    """Before: SafetensorError, recorded as a member's "internal error"."""
+    import torch
+    from safetensors.torch import save_file
+
+    from depthprobe.probes.base.artifacts import WriteError, atomic_dir
+    from depthprobe.probes.models.checkpoints import save_safetensors
+
+    no_space = "no space left on the device while writing"
+    with pytest.raises(WriteError, match=no_space) as got, atomic_dir(tiny_fs / "member") as tmp:
+        save_safetensors(save_file, {"w": torch.zeros(1_000_000)}, Path(tmp) / "model.safetensors")
+    assert "\n" not in str(got.value) and not (tiny_fs / "member").exists()
+
+
 def test_a_concurrent_run_that_saved_first_wins(tiny_bert_dir, tmp_path, monkeypatch):
     from depthprobe.probes.api import run as api
     from depthprobe.probes.render import report

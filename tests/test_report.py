@@ -417,3 +417,14 @@ def test_viz_cli_writes_page(tiny_bert_dir, tmp_path):
         app, ["viz", "--model", str(tiny_bert_dir), "--text", "x", "--heads", "4", "--out", str(out)]
     )
     assert res.exit_code == 2 and "--heads 4 out of range" in res.output
+
+
+def test_a_sweep_report_header_names_its_depths_not_none():
+    """A sweep's manifest describes several models (source sweep, depths): the header said
+    "encoder, None layers x None heads, d_model None" for a causal decoder sweep."""
+    from depthprobe.probes.render.report import RunData, _header
+
+    manifest = {"model": {"name": "sweep-induction", "source": "sweep", "depths": [1, 2, 3]}}
+    _, head = _header(RunData(summary={"task": "induction", "model": "sweep-induction"}, manifest=manifest))
+    assert "None" not in head and "encoder" not in head, head
+    assert "a sweep over depths 1, 2, 3" in head, head

@@ -92,3 +92,14 @@ def test_long_head_labels_are_shortened_in_the_selector_and_spelled_out_in_a_not
     assert same["heads"] == ["1-2 clean run", "1-2 ablated run"]  # head ids not unique: kept whole
     other = View("v", ["a", "b", "c"], pattern, ["1-2 induction", "mean of heads"], True).payload()
     assert other["heads"] == ["1-2 induction", "mean of heads"]  # not every label starts with a head id
+
+
+def test_view_takes_the_batch_of_one_that_encode_returns_and_refuses_a_larger_batch(native):
+    """``model.encode`` returns ids shaped [1, pos]: the view of one text (before: a TypeError)."""
+    ids, _ = native.encode([[3, 1, 4, 1, 5]])  # [1, pos]
+    flat = _frame_page(probes.view(native, [3, 1, 4, 1, 5], layers=[1])._repr_html_())
+    assert _frame_page(probes.view(native, ids, layers=[1])._repr_html_()) == flat
+    assert _frame_page(probes.view(native, ids.tolist(), layers=[1])._repr_html_()) == flat
+    two, _ = native.encode([[3, 1], [4, 1]])
+    with pytest.raises(probes.ProbeError, match=r"view shows one sequence; got ids shaped \[2, 2\]"):
+        probes.view(native, two)

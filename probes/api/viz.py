@@ -90,9 +90,21 @@ def word_input(model: Any, text: str, limit: int) -> Input:
     return Input(list(enc.ids), labels, enc, notes)
 
 
+def one_sequence(ids: Any) -> list[int]:
+    """Token ids of one sequence: a flat list, or the batch of one (``[1, pos]``) that
+    ``model.encode`` returns; a larger batch is refused in one line."""
+    got = ids.tolist() if hasattr(ids, "tolist") else list(ids)
+    if got and isinstance(got[0], (list, tuple)):
+        shape = [len(got), len(got[0])]
+        if len(got) != 1 or any(isinstance(i, (list, tuple)) for i in got[0]):
+            raise ProbeError(f"view shows one sequence; got ids shaped {shape}: pass one row (ids[0])")
+        got = list(got[0])
+    return [int(i) for i in got]
+
+
 def id_input(model: Any, ids: Any, limit: int) -> Input:
     """Token ids as they are (any model, with or without a tokenizer), labelled by ``to_str_tokens``."""
-    got = [int(i) for i in (ids.tolist() if hasattr(ids, "tolist") else ids)]
+    got = one_sequence(ids)
     vocab = model.bridge.cfg.d_vocab
     bad = [i for i in got if not 0 <= i < vocab]
     if not got or bad:
@@ -236,6 +248,8 @@ def view(
     layers = _indices(layers, model.info.n_layers, "layers")
     heads = _indices(heads, model.info.n_heads, "heads")
     source = "a text" if isinstance(text_or_ids, str) else "token ids"
+    if not isinstance(text_or_ids, str):
+        text_or_ids = one_sequence(text_or_ids)
     page_text = viz_page(
         model, text_or_ids, source=source, layers=layers, heads=heads, words=words, max_tokens=max_tokens
     )

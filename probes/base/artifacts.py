@@ -225,9 +225,10 @@ def write_error(exc: OSError | WriteError, final: Path) -> WriteError:
 
 def _write_message(exc: OSError, final: Path) -> str:
     if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        what = "that folder" if final.suffix == "" else "that file"
         return (
-            f"no space left on the device while writing {final}; nothing was written: "
-            "free some space or choose another --out"
+            f"no space left on the device while writing {final}; {what} was not written "
+            "(outputs finished before it are kept): free some space and rerun, or choose another --out"
         )
     if exc.errno == errno.EROFS:
         return f"cannot write {final}: read-only file system; choose another --out"

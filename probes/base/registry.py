@@ -20,6 +20,11 @@ from depthprobe.probes.base.errors import ProbeError, unknown
 T = TypeVar("T")
 
 
+def _one_line(exc: BaseException) -> str:
+    first = (str(exc).strip().splitlines() or [""])[0]
+    return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
+
+
 def _module_of(item: Any) -> str:
     return getattr(item, "__module__", "") or type(item).__module__
 
@@ -30,6 +35,7 @@ class Registry(Generic[T]):
         self.base = base  # what a lazy entry must resolve to (checked on first use)
         self._items: dict[str, T] = {}
         self._lazy: dict[str, str] = {}  # name -> "module:object", imported by get()
+        self._origins: dict[str, str] = {}  # name -> where an entry from outside the library comes from
 
     def register(self, name: str, item: T) -> T:
         """Add ``item`` under ``name``; the same name from the same module replaces the old item."""
@@ -46,8 +52,12 @@ class Registry(Generic[T]):
         self.register(cls.name, cls())  # type: ignore[attr-defined]  # plugins declare name on the class
         return cls
 
-    def register_lazy(self, entries: Mapping[str, str]) -> None:
-        """Add ``name -> "module:object"`` entries, resolved by :meth:`get` on first use."""
+    def register_lazy(self, entries: Mapping[str, str], origins: Mapping[str, str] | None = None) -> None:
+        """Add ``name -> "module:object"`` entries, resolved by :meth:`get` on first use.
+        ``origins``: entries from outside the library (what each is called, e.g. "entry point
+        m:C of pkg"); one that fails to import is a :class:`ProbeError` naming it, not an
+        internal error."""
+        self._origins.update(origins or {})
         for name, ref in entries.items():
             if name in self._items or name in self._lazy:
                 raise ValueError(f"{self.kind} {name!r} is already registered")
@@ -65,7 +75,16 @@ class Registry(Generic[T]):
 
     def _resolve(self, name: str) -> None:
         module, _, attr = self._lazy[name].partition(":")
-        obj = getattr(importlib.import_module(module), attr)
+        try:
+            obj = getattr(importlib.import_module(module), attr)
+        except (Exception, SystemExit) as exc:
+            if name not in self._origins:  # the library's own entry: an internal error
+                raise
+            why = f"it called sys.exit({exc.code!r})" if isinstance(exc, SystemExit) else _one_line(exc)
+            raise ProbeError(
+                f"{self.kind} {name!r} ({self._origins[name]}) failed to load: {why}; "
+                "fix or reinstall that package, or uninstall it"
+            ) from None
         if name in self._lazy:  # importing the module did not register it itself
             item = obj() if isinstance(obj, type) else obj
             if self.base is not None and not isinstance(item, self.base):

@@ -35,7 +35,17 @@ import torch
 from depthprobe.probes.base.errors import ProbeError, suggest
 from depthprobe.probes.base.runtime import torch_threads
 from depthprobe.probes.engine.execute import accumulate, batch_costs
-from depthprobe.probes.engine.ray_cluster import check_feasible, cluster_cpus, ray_session, require_ray
+from depthprobe.probes.engine.processes import LocalProcesses, Outcome, call, one_line
+from depthprobe.probes.engine.ray_cluster import (
+    LOST_AFTER_S,
+    POLL_S,
+    ClusterLost,
+    HeadWatch,
+    check_feasible,
+    cluster_cpus,
+    ray_session,
+    require_ray,
+)
 from depthprobe.probes.engine.task import Context, Examples, Output, Task
 from depthprobe.probes.models.model import Model
 
@@ -74,7 +84,8 @@ class JobResult:
     """One job's outcome: ``value`` when ``ok``, else ``error`` (one line); ``attempts`` counts the
     calls of ``fn`` made for it (a node that died is retried by Ray within one attempt).
     ``user_error``: the job raised a :class:`ProbeError` (``error`` is then its message, which
-    names the fix); anything else is ``Type: message``."""
+    names the fix); anything else is ``Type: message``. ``crashed``: its process, Ray worker or
+    node died under it (the machine's fate, neither the user's error nor the library's)."""
 
     index: int
     ok: bool
@@ -82,34 +93,17 @@ class JobResult:
     error: str | None
     attempts: int
     user_error: bool = False
-
-
-@dataclass(frozen=True)
-class Outcome:
-    """What one call of a job sends back across the job boundary: plain data, never an exception,
-    so that whether it was a user error survives pickling and the driver decides about retries.
-    ``crashed``: the worker itself died (Ray already retried it; a broken process pool cannot)."""
-
-    ok: bool
-    value: Any = None
-    error: str | None = None
-    user_error: bool = False
     crashed: bool = False
 
-
-def one_line(exc: BaseException) -> str:
-    first = (str(exc).strip().splitlines() or [""])[0]
-    return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
-
-
-def _call(fn: Callable[[Any], Any], job: Any) -> Outcome:
-    """Run one job where it runs (this process, a pool process or a Ray worker)."""
-    try:
-        return Outcome(True, fn(job))
-    except ProbeError as exc:
-        return Outcome(False, error=(str(exc).strip().splitlines() or [type(exc).__name__])[0], user_error=True)
-    except Exception as exc:
-        return Outcome(False, error=one_line(exc))
+    def failure(self) -> str | None:
+        """The one line a failed job records: a user error as it is (it names the fix), a death
+        of its process or node said as such, anything else marked as an internal error."""
+        if self.ok:
+            return None
+        error = self.error or "unknown error"
+        if self.user_error or self.crashed:
+            return error
+        return f"internal error: {error}"
 
 
 def local_slots(threads_per_job: int = 1) -> int:
@@ -145,8 +139,9 @@ def map_jobs(
     ``cores // processes`` torch threads, after ``setup()`` (a picklable callable that prepares the
     process, e.g. hands it what the driver has already read); Ray is not imported either way. ``ray``: each job is a
     Ray task with ``cpus_per_job`` CPUs and ``gpus_per_job`` GPUs. A job whose ``fn`` raises is run
-    again up to ``retries`` times (the same loop for every backend); a job whose Ray worker or node
-    dies is resubmitted by Ray up to ``retries`` times. A job that still fails is ``ok=False`` with
+    again up to ``retries`` times (the same loop for every backend), and so is a job whose local
+    process died (the other processes keep their jobs); a job whose Ray worker or node dies is
+    resubmitted by Ray up to ``retries`` times. A job that still fails is ``ok=False`` with
     its error; the others go on. ``on_done(index, result)`` runs here, on the driver, as each job
     finishes (in completion order). Ctrl-C cancels the outstanding jobs and re-raises."""
     check_backend(backend)
@@ -158,7 +153,8 @@ def map_jobs(
     if backend == "local" and (processes == 1 or len(jobs) < 2):
         return _drive(_InProcess(fn, jobs), len(jobs), retries, on_done)
     if backend == "local":
-        with _Pool(fn, jobs, min(processes, len(jobs)), setup) as pool:
+        n = min(processes, len(jobs))
+        with LocalProcesses(fn, jobs, n, max(1, local_slots() // n), setup) as pool:
             return _drive(pool, len(jobs), retries, on_done)
     if not jobs:  # nothing to run: no Ray session (joining a cluster takes seconds)
         return []
@@ -166,12 +162,26 @@ def map_jobs(
         check_feasible(
             ray, cpus_per_job, gpus_per_job, "lower --cpus-per-member / --gpus-per-member or add a node that has them"
         )
-        return _drive(_OnRay(ray, fn, jobs, cpus_per_job, gpus_per_job, retries), len(jobs), retries, on_done)
+        finished = [0]
+
+        def done(i: int, result: JobResult) -> None:
+            finished[0] += 1
+            if on_done is not None:
+                on_done(i, result)
+
+        try:
+            return _drive(_OnRay(ray, fn, jobs, cpus_per_job, gpus_per_job, retries), len(jobs), retries, done)
+        except ClusterLost as exc:
+            raise ClusterLost(
+                f"{exc}; the {finished[0]} of {len(jobs)} members that finished are kept "
+                "(rerun the same command when the cluster is back to run the rest)"
+            ) from None
 
 
 def _drive(runner: Any, n: int, retries: int, on_done: Callable[[int, JobResult], None] | None) -> list[JobResult]:
     """The one retry loop: submit every job, take each outcome as it comes, resubmit a failed call
-    (not a crashed worker) up to ``retries`` times, report each job once."""
+    or a crashed member process up to ``retries`` times (a crashed Ray worker Ray has already
+    retried: ``runner.retries_crashes``), report each job once."""
     pending: dict[Any, tuple[int, int]] = {}  # handle -> (job index, attempt)
     results: list[JobResult | None] = [None] * n
     try:
@@ -180,12 +190,14 @@ def _drive(runner: Any, n: int, retries: int, on_done: Callable[[int, JobResult]
         while pending:
             handle, out = runner.next_done(pending)
             i, attempt = pending.pop(handle)
-            if not out.ok and not out.crashed and attempt <= retries:
+            if not out.ok and not (out.crashed and runner.retries_crashes) and attempt <= retries:
                 pending[runner.submit(i)] = (i, attempt + 1)
                 continue
-            result = results[i] = JobResult(i, out.ok, out.value, out.error, attempt, out.user_error)
+            result = results[i] = JobResult(i, out.ok, out.value, out.error, attempt, out.user_error, out.crashed)
             if on_done is not None:
                 on_done(i, result)
+    except ClusterLost:  # nothing to cancel: the cluster took its jobs with it
+        raise
     except BaseException:
         runner.cancel(list(pending))
         raise
@@ -195,6 +207,8 @@ def _drive(runner: Any, n: int, retries: int, on_done: Callable[[int, JobResult]
 class _InProcess:
     """Jobs run here, one at a time, lowest index first (so a retry runs before the next job)."""
 
+    retries_crashes = False
+
     def __init__(self, fn: Callable[[Any], Any], jobs: Sequence[Any]) -> None:
         self.fn, self.jobs, self.count = fn, jobs, itertools.count()
 
@@ -203,86 +217,45 @@ class _InProcess:
 
     def next_done(self, pending: dict[Any, tuple[int, int]]) -> tuple[Any, Outcome]:
         handle = min(pending)
-        return handle, _call(self.fn, self.jobs[handle[0]])
+        return handle, call(self.fn, self.jobs[handle[0]])
 
     def cancel(self, handles: list[Any]) -> None:
         pass
 
 
-def _start_process(threads: int, setup: Callable[[], None] | None) -> None:
-    torch.set_num_threads(threads)
-    if setup is not None:
-        setup()
-
-
-class _Pool:
-    """Jobs in spawned processes (a fresh interpreter each: no forked torch or OpenMP state). Each
-    pays its imports and first calls once (about 7 s on a loaded 2-core machine): worth it for
-    members that train for tens of seconds, not for the smoke preset's 3-second members."""
-
-    def __init__(
-        self, fn: Callable[[Any], Any], jobs: Sequence[Any], processes: int, setup: Callable[[], None] | None
-    ) -> None:
-        import multiprocessing
-        from concurrent.futures import ProcessPoolExecutor
-
-        self.fn, self.jobs = fn, jobs
-        threads = max(1, local_slots() // processes)
-        context = multiprocessing.get_context("spawn")
-        self.pool = ProcessPoolExecutor(processes, context, _start_process, (threads, setup))
-
-    def __enter__(self) -> _Pool:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.pool.shutdown(wait=exc[0] is None, cancel_futures=True)
-
-    def submit(self, i: int) -> Any:
-        return self.pool.submit(_call, self.fn, self.jobs[i])
-
-    def next_done(self, pending: dict[Any, tuple[int, int]]) -> tuple[Any, Outcome]:
-        from concurrent.futures import FIRST_COMPLETED, wait
-
-        done, _ = wait(list(pending), return_when=FIRST_COMPLETED)
-        future = min(done, key=lambda f: pending[f])
-        try:
-            return future, future.result()
-        except Exception as exc:  # the process died (killed, out of memory): the pool is broken
-            return future, Outcome(False, error=f"the job's process died ({one_line(exc)})", crashed=True)
-
-    def cancel(self, handles: list[Any]) -> None:
-        for future in handles:
-            future.cancel()
-        procs = list((getattr(self.pool, "_processes", None) or {}).values())
-        for proc in procs:  # stop the running jobs too, and wait until they are gone
-            proc.terminate()
-        for proc in procs:
-            proc.join(10)
-
-
 class _OnRay:
     """Jobs as Ray tasks; a worker or node that dies is retried by Ray itself."""
+
+    retries_crashes = True
 
     def __init__(
         self, ray: Any, fn: Callable[[Any], Any], jobs: Sequence[Any], cpus: float, gpus: float, retries: int
     ) -> None:
         self.ray, self.jobs = ray, jobs
-        self.remote = ray.remote(_call).options(
+        self.remote = ray.remote(call).options(
             num_cpus=cpus, num_gpus=gpus, max_retries=retries, retry_exceptions=False
         )
         self.fn_ref = ray.put(fn)
+        self.watch = HeadWatch(ray.get_runtime_context().gcs_address)
 
     def submit(self, i: int) -> Any:
         return self.remote.remote(self.fn_ref, self.jobs[i])
 
     def next_done(self, pending: dict[Any, tuple[int, int]]) -> tuple[Any, Outcome]:
+        """The next finished job; :class:`ClusterLost` when the cluster's head stops answering
+        (checked while waiting, and when a job's worker or node dies)."""
         from ray.exceptions import RayError
 
-        (ref,), _ = self.ray.wait(list(pending), num_returns=1)
+        ready: list[Any] = []
+        while not ready:
+            ready, _ = self.ray.wait(list(pending), num_returns=1, timeout=POLL_S)
+            if not ready:
+                self.watch.check()
         try:
-            return ref, self.ray.get(ref)
+            return ready[0], self.ray.get(ready[0])
         except RayError as exc:  # the worker or its node died more often than Ray retries
-            return ref, Outcome(False, error=one_line(exc), crashed=True)
+            self.watch.check(wait_s=LOST_AFTER_S + POLL_S)  # or the whole cluster went
+            return ready[0], Outcome(False, error=f"its Ray worker or node died ({one_line(exc)})", crashed=True)
 
     def cancel(self, handles: list[Any]) -> None:
         for ref in handles:
@@ -421,7 +394,12 @@ def run_sharded(
                 on_examples(sum(sizes[j] for j in shards[i]))
 
         check_feasible(ray, threads, gpus, "run with --device cpu or add a node with a GPU")
-        results = _drive(_OnRay(ray, run_shard, jobs, threads, gpus, 0), len(jobs), 0, done)
+        try:
+            results = _drive(_OnRay(ray, run_shard, jobs, threads, gpus, 0), len(jobs), 0, done)
+        except ClusterLost as exc:
+            raise ClusterLost(
+                f"{exc}; the run stopped and nothing was written (rerun it when the cluster is back)"
+            ) from None
     for r in results:
         if not r.ok:
             raise ProbeError(f"shard {r.index + 1} of {len(shards)} failed on its worker: {r.error}")

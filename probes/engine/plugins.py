@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import stat
 import sys
 import warnings
 from importlib import metadata
@@ -45,14 +46,40 @@ def entry_point_tasks(taken: set[str], group: str = ENTRY_POINT_GROUP) -> dict[s
     return entries
 
 
+def entry_point_origins(entries: dict[str, str]) -> dict[str, str]:
+    """``name -> "entry point module:Class of DIST"`` for the entries :func:`entry_point_tasks`
+    kept: what a task that fails to load is called in its one-line error."""
+    origins = {}
+    for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
+        if entries.get(ep.name) == ep.value:
+            dist = ep.dist.name if ep.dist is not None else "an installed package"
+            origins[ep.name] = f"entry point {ep.value} of {dist}"
+    return origins
+
+
 def _module_name(path: Path) -> str:
     """A file's module name: its stem under a private prefix, so it never shadows an installed module."""
     return "depthprobe_plugin_" + "".join(c if c.isalnum() else "_" for c in path.stem)
 
 
+def _not_a_file(path: Path) -> str | None:
+    """What ``path`` is when it is not a regular file ("does not exist", "is a folder", ...), else None."""
+    try:
+        mode = path.stat().st_mode
+    except FileNotFoundError:
+        return "does not exist"
+    except OSError as exc:
+        return f"cannot be read ({exc.strerror or type(exc).__name__})"
+    kinds = {stat.S_ISDIR: "is a folder", stat.S_ISFIFO: "is a FIFO (named pipe), not a file",
+             stat.S_ISCHR: "is a character device, not a file", stat.S_ISBLK: "is a block device, not a file",
+             stat.S_ISSOCK: "is a socket, not a file"}  # fmt: skip
+    return next((what for test, what in kinds.items() if test(mode)), None)
+
+
 def _import_file(path: Path, spec_text: str) -> ModuleType:
-    if not path.is_file():
-        raise ProbeError(f"--plugin {spec_text} does not exist; pass a Python file or an importable module name")
+    what = _not_a_file(path)
+    if what is not None:
+        raise ProbeError(f"--plugin {spec_text} {what}; pass a Python file or an importable module name")
     name = _module_name(path)
     spec = importlib.util.spec_from_file_location(name, path)
     if spec is None or spec.loader is None:
@@ -73,7 +100,8 @@ def load_plugin(spec_text: str) -> ModuleType:
     Loading the same file or module again re-runs it; its tasks replace their earlier versions."""
     path = Path(spec_text)
     try:
-        if spec_text.endswith(".py") or path.is_file() or "/" in spec_text or "\\" in spec_text:
+        a_path = "/" in spec_text or "\\" in spec_text or (path.exists() and not path.is_dir())
+        if spec_text.endswith(".py") or a_path:
             return _import_file(path, spec_text)
         if spec_text in sys.modules:
             return importlib.reload(sys.modules[spec_text])
@@ -89,3 +117,8 @@ def load_plugin(spec_text: str) -> ModuleType:
         raise ProbeError(f"--plugin {spec_text} failed to import: {type(exc).__name__}: {exc}") from None
     except Exception as exc:  # the plugin's own code failed: say where, in one line
         raise ProbeError(f"--plugin {spec_text} failed to import: {type(exc).__name__}: {exc}") from None
+    except SystemExit as exc:  # sys.exit(...) in a plugin would end `probe` with nothing written
+        raise ProbeError(
+            f"--plugin {spec_text} called sys.exit({exc.code!r}) while importing; a plugin registers "
+            "tasks and must not exit (raise an exception instead)"
+        ) from None

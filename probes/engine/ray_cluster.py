@@ -36,13 +36,89 @@ LOOPBACK_FIX = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0"
 _SIGNALS = tuple(s for s in (signal.SIGINT, signal.SIGTERM, getattr(signal, "SIGHUP", None)) if s is not None)
 
 
+RAY_API = ("init", "is_initialized", "remote", "get", "wait", "put", "shutdown")  # what depthprobe calls
+
+
 def require_ray() -> Any:
-    """The ``ray`` module, or a one-line error saying how to install it."""
+    """The ``ray`` module, or a one-line error saying how to install it (or why the Ray installed
+    here cannot be used: it fails to import, or it is not Ray)."""
     try:
         import ray
-    except ImportError:
+    except ModuleNotFoundError as exc:
+        if exc.name != "ray":
+            raise _unusable(_ray_location(), f"it needs {exc.name}, which is missing") from None
         raise ProbeError(f"--backend ray needs Ray, which is not installed: {INSTALL}") from None
+    except (Exception, SystemExit) as exc:
+        first = (str(exc).strip().splitlines() or [""])[0]
+        raise _unusable(_ray_location(), f"importing it raised {type(exc).__name__}: {first}") from None
+    missing = [name for name in RAY_API if not callable(getattr(ray, name, None))]
+    if missing:
+        where = getattr(ray, "__file__", None) or "?"
+        raise _unusable(where, f"it has no {', '.join(missing)}: not the Ray package")
     return ray
+
+
+def _ray_location() -> str:
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec("ray")
+    except (Exception, SystemExit):
+        return "?"
+    return (spec.origin if spec is not None else None) or "?"
+
+
+def _unusable(where: str, why: str) -> ProbeError:
+    return ProbeError(f"--backend ray cannot use the Ray installed at {where} ({why}); reinstall it: {INSTALL}")
+
+
+LOST_AFTER_S = 15  # a head that refuses connections this long is gone (Ray's own core gives up at 60 s)
+POLL_S = 2.0
+
+
+class ClusterLost(ProbeError):
+    """The Ray cluster went away during a run (its head stopped answering): exit code 3, as for
+    failed members; what finished is on disk and a rerun takes it up."""
+
+    exit_code = 3
+
+
+class HeadWatch:
+    """Whether the cluster's head (its GCS address) still accepts connections: :meth:`check`
+    raises :class:`ClusterLost` once it has refused them for ``LOST_AFTER_S`` seconds."""
+
+    def __init__(self, address: str) -> None:
+        self.address = address
+        self.silent_since: float | None = None  # when the head first refused a connection
+        host, _, port = address.rpartition(":")
+        self.host, self.port = host.strip("[]"), int(port)
+
+    def answers(self) -> bool:
+        try:
+            with socket.create_connection((self.host, self.port), timeout=POLL_S):
+                return True
+        except OSError:
+            return False
+
+    def check(self, wait_s: float = 0.0) -> None:
+        """Raise :class:`ClusterLost` when the head is gone; with ``wait_s``, keep asking that
+        long first (a node's death is often followed by its head's)."""
+        import time
+
+        deadline = time.monotonic() + wait_s
+        while True:
+            if self.answers():
+                self.silent_since = None
+                return
+            now = time.monotonic()
+            since = self.silent_since = self.silent_since or now
+            if now - since >= LOST_AFTER_S:
+                raise ClusterLost(
+                    f"lost the Ray cluster at {self.address}: its head has not answered for {LOST_AFTER_S} s"
+                )
+            if now >= deadline:
+                return
+            time.sleep(POLL_S)
 
 
 def check_reachable(address: str, timeout: float = CONNECT_TIMEOUT_S) -> None:

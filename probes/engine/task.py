@@ -46,7 +46,7 @@ from depthprobe.probes.base.batching import Batch, length_batches
 from depthprobe.probes.base.errors import ProbeError, suggest
 from depthprobe.probes.base.options import check_ranges, coerce
 from depthprobe.probes.base.registry import Registry
-from depthprobe.probes.engine.plugins import entry_point_tasks
+from depthprobe.probes.engine.plugins import entry_point_origins, entry_point_tasks
 from depthprobe.tasks import SWEEPS as SWEEP_LIBRARY
 from depthprobe.tasks import TASKS as TASK_LIBRARY
 
@@ -234,7 +234,8 @@ TASKS: Registry[Task[Any, Any]] = Registry("task", Task)
 # The task library's table (it imports nothing): a task's module is imported on first use; then
 # installed packages' `depthprobe.tasks` entry points, the same way (probes/engine/plugins.py).
 TASKS.register_lazy(TASK_LIBRARY)
-TASKS.register_lazy(entry_point_tasks(set(TASK_LIBRARY)))
+_INSTALLED = entry_point_tasks(set(TASK_LIBRARY))
+TASKS.register_lazy(_INSTALLED, entry_point_origins(_INSTALLED))
 # @register on a Task subclass adds it to the library; registering the same name again from the
 # same module (a re-run notebook cell, a reloaded module) replaces it
 register = TASKS.register_class

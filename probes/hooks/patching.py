@@ -6,6 +6,7 @@ they do not apply; ``hook`` is the hook name without its ``blocks.{i}.`` prefix)
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -71,8 +72,16 @@ def each_slot(p: Plan, name: str, act: torch.Tensor) -> list[Slot]:
 
 
 def value(metric: Metric, logits: torch.Tensor) -> float:
+    """``metric(logits)`` as a float: a number or a one-element tensor, anything else refused."""
     out = metric(logits)
-    return float(out.item() if isinstance(out, torch.Tensor) else out)
+    if isinstance(out, torch.Tensor) and out.numel() == 1:
+        return float(out.item())
+    if isinstance(out, numbers.Real):
+        return float(out)
+    what = f"a tensor of shape {list(out.shape)}" if isinstance(out, torch.Tensor) else f"a {type(out).__name__}"
+    raise ProbeError(
+        f"metric must return a number or a one-element tensor; it returned {what} (reduce it, e.g. logits[0, -1, t])"
+    )
 
 
 def row(model: Model, task: str, metric: Metric, name: str, slot: Slot, v: float) -> dict[str, Any]:

@@ -5,9 +5,11 @@ weights against its config, attaching a study's tokenizer, and the checks on a H
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
+import re
 import secrets
 import shutil
 from collections.abc import Callable
@@ -71,8 +73,16 @@ def save_checkpoint(
 
 
 def save_safetensors(save_file: Callable[..., Any], tensors: dict[str, torch.Tensor], path: Path) -> None:
-    """safetensors writes files with mode 600; give them the umask's mode like every other file."""
-    save_file(tensors, str(path))
+    """safetensors writes files with mode 600; give them the umask's mode like every other file.
+    Its I/O failures (a full disk) come back as OSError, so the writers name them in one line."""
+    try:
+        save_file(tensors, str(path))
+    except Exception as exc:
+        if type(exc).__name__ != "SafetensorError" or "I/O error" not in str(exc):
+            raise
+        code = re.search(r"os error (\d+)", str(exc))
+        number = int(code[1]) if code else errno.EIO
+        raise OSError(number, os.strerror(number), str(path)) from None
     os.chmod(path, 0o666 & ~current_umask())
 
 

@@ -94,8 +94,14 @@ BRIDGE_BYTES_PER_LAYER = 200_000
 
 def native_bytes(cfg: NativeConfig, training: bool = False) -> int:
     """float32 weights (x4 when training: gradients and AdamW's two moments), causal masks and
-    the bridge's per-block objects."""
-    return (16 if training else 4) * cfg.n_params() + cfg.layers * (cfg.n_ctx**2 + BRIDGE_BYTES_PER_LAYER)
+    the bridge's per-block objects; building the model also holds a second copy of its largest
+    matrix for a moment (the embedding at a large vocabulary), measured with
+    ``ru_maxrss``: a build peaks at 323 MB for 213 MB of weights (d_vocab 50000, d_model 512)
+    and 692 MB for 479 MB (d_vocab 50000, d_model 1024), about weights + that matrix."""
+    d_ff = 0 if cfg.attn_only else (cfg.d_mlp or 4 * cfg.d_model)
+    largest = 4 * cfg.d_model * max(cfg.d_vocab, cfg.n_ctx, d_ff, cfg.heads * cfg.head_dim)
+    per_layer = cfg.layers * (cfg.n_ctx**2 + BRIDGE_BYTES_PER_LAYER)
+    return (16 if training else 4) * cfg.n_params() + largest + per_layer
 
 
 def available_memory(dev: torch.device | None = None) -> int | None:

@@ -264,7 +264,9 @@ def _header(data: RunData) -> tuple[str, str]:
     title = f"depthprobe: {task} on {model}"
     info = m.get("model") or {}
     facts = []
-    if info:
+    if info.get("depths"):  # a sweep: one model per depth, each described in the table
+        facts.append(f"{info.get('name', model)}: a sweep over depths {', '.join(map(str, info['depths']))}")
+    elif info:
         kind = "decoder" if info.get("causal") else "encoder"
         facts.append(
             f"{info.get('resolved', model)}: {kind}, {info.get('n_layers')} layers x "

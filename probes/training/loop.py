@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from depthprobe.probes.base.errors import ProbeError
+from depthprobe.probes.base.progress import TrainingProgress
 from depthprobe.probes.base.signals import check_interrupt
 
 IGNORE = -100  # a target position that is not scored
@@ -113,8 +114,10 @@ def train_steps(
     """Train ``net`` (whose parameters ``opt`` updates; ``forward`` maps inputs to logits) from
     ``plan.start`` to ``plan.steps``. ``on_window`` sees each log window; ``after_step(done)`` runs
     after every update and returns True when it used the model (the loop then puts ``net`` back in
-    training mode). The net is left in eval mode."""
+    training mode). The net is left in eval mode. Inside a named job (a study or sweep member) a
+    progress line goes to stderr every half minute (:mod:`depthprobe.probes.base.progress`)."""
     params = list(params)
+    progress = TrainingProgress(plan.start, plan.steps)
     window = torch.zeros((), dtype=torch.float64, device=device)
     count, elapsed, hands = 0, 0.0, 0.0
     net.train()
@@ -132,6 +135,7 @@ def train_steps(
             if plan.check_finite and not math.isfinite(mean):
                 raise ProbeError(f"training diverged by step {done} (loss {mean}); lower --lr or pick another variant")
             elapsed += now - t0
+            progress(done, elapsed)
             if on_window is not None:
                 on_window(Window(done, mean, lr, count, now - t0, elapsed))
                 net.train()
