@@ -13,7 +13,7 @@ import pytest
 
 from depthprobe.probes.base.errors import ProbeError
 from depthprobe.probes.engine.distributed import JobResult, map_jobs
-from depthprobe.probes.experiments.runner import member_error, study
+from depthprobe.probes.experiments.runner import study
 
 SHAKESPEARE = Path(__file__).resolve().parent.parent / "tasks" / "data" / "tinyshakespeare.txt"
 TINY = {"vocab": 300, "min_tokens": 40960, "tokens_per_param": 1.0, "context": 32, "batch_size": 8,
@@ -52,9 +52,9 @@ def test_errors_keep_their_type_across_the_job_boundary(processes):
     assert results[0] == JobResult(0, True, 9, None, 1, False)
     assert results[1] == JobResult(1, False, None, "--width -1 must be positive; pass --width 8", 1, True)
     assert results[2] == JobResult(2, False, None, "ValueError: ProbeError: looks like a user error but is not", 1)
-    assert member_error(results[1]) == "--width -1 must be positive; pass --width 8"
-    assert member_error(results[2]) == "internal error: ValueError: ProbeError: looks like a user error but is not"
-    assert member_error(results[0]) is None
+    assert results[1].failure() == "--width -1 must be positive; pass --width 8"
+    assert results[2].failure() == "internal error: ValueError: ProbeError: looks like a user error but is not"
+    assert results[0].failure() is None
 
 
 @pytest.mark.parametrize("processes", [1, 2])

@@ -118,7 +118,5 @@ def _mapped_members(sw: Sweep, task: str, jobs: list[Any], placing: dict[str, An
     for r in results:
         if not r.ok:
             tries = f" after {r.attempts} attempts" if r.attempts > 1 else ""
-            error = r.error or "unknown error"
-            error = error if r.user_error else f"internal error: {error}"
-            raise ProbeError(f"sweep {task}: member {sw.job_name(jobs[r.index])} failed{tries}: {error}")
+            raise ProbeError(f"sweep {task}: member {sw.job_name(jobs[r.index])} failed{tries}: {r.failure()}")
     return [r.value for r in results]

@@ -28,7 +28,6 @@ from depthprobe.probes.experiments.protocol import Experiment, MemberOutput, get
 if TYPE_CHECKING:
     import pandas as pd
 
-    from depthprobe.probes.engine.distributed import JobResult
 
 DEFAULT_ROOT = Path("artifacts") / "studies"
 MAX_MEMBERS = 10_000  # members of one study
@@ -210,7 +209,7 @@ def run_jobs(
             gpus_per_job=where.gpus_per_member,
             processes=processes,
             setup=plugin_setup(exp, setup),
-            on_done=lambda i, r: finished(i, r.value if r.ok else None, member_error(r)),
+            on_done=lambda i, r: finished(i, r.value if r.ok else None, r.failure()),
         )
     except BaseException:  # members stopped mid-write (their processes are gone) leave no hidden folder
         artifacts.remove_stale_partials(folder / folders.MEMBERS / "any", any_name=True)
@@ -233,15 +232,6 @@ def _load_then(path: str, setup: Callable[[], None] | None) -> None:
     load_plugin(path)
     if setup is not None:
         setup()
-
-
-def member_error(result: JobResult) -> str | None:
-    """The one line a failed member records: a user error's message as it is (it already names
-    the fix), anything else (``Type: message``) marked as an internal error."""
-    if result.ok:
-        return None
-    error = result.error or "unknown error"
-    return error if result.user_error else f"internal error: {error}"
 
 
 def write_members(exp: Experiment, folder: Path) -> pd.DataFrame:
