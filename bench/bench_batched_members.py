@@ -1,6 +1,7 @@
 """Batched members against the same members one by one: training steps per second, in one run.
 
-N depth-law members of one shape (khop: different seeds, the same mix of hop counts), each with
+N depth-law members of one shape (khop: different seeds, the same mix of hop counts; or groups:
+word problems of one group), each with
 the law member's training step (forward, per-member loss, backward, clipping at 1, AdamW (0.9,
 0.98) with decay on matrices, the warm-up/cosine rate) through the one loop,
 :func:`probes.training.loop.train_steps`:
@@ -18,7 +19,10 @@ shown: evaluations, probes and writing (the rest of a member's job), nor a GPU u
 164 s and its steps were no faster (``bench/bench_flops.py``).
 
     .venv/bin/python bench/bench_batched_members.py [--members 4] [--depth 4] [--width 64] [--length 48]
-        [--batch 32] [--steps 10] [--rounds 3] [--device cpu|cuda] [--threads 1]
+        [--batch 32] [--steps 10] [--rounds 3] [--device cpu|cuda] [--threads 1] [--family khop|groups]
+        [--group s5]
+
+``--length`` is khop's sequence length N (context N + 1) or the groups' sequence length T.
 """
 
 from __future__ import annotations
@@ -35,27 +39,33 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: F401  (offline environment)
 import torch
 
-from depthprobe.probes.data import khop
+from depthprobe.probes.data import groups, khop
 from depthprobe.probes.models.loading import load
 from depthprobe.probes.models.model import Model, NativeConfig
 from depthprobe.probes.training.batched import train_batched
 from depthprobe.probes.training.fast_forward import fast_logits
-from depthprobe.probes.training.loop import Steps, train_steps
+from depthprobe.probes.training.loop import BatchSource, Steps, train_steps
 from depthprobe.probes.training.schedule import warmup_cosine
-from depthprobe.probes.training.sources import KHopSource
+from depthprobe.probes.training.sources import GroupSource, KHopSource
 
 LETTERS, KS = 4, (1, 2, 3, 4)
 BETAS, DECAY = (0.9, 0.98), 0.01
 
 
 def build(args: argparse.Namespace, seed: int) -> Model:
-    cfg = NativeConfig(layers=args.depth, d_model=args.width, heads=4, d_vocab=khop.vocab_size(LETTERS, max(KS)),
-                       n_ctx=args.length + 1, attn_only=False, seed=seed)  # fmt: skip
+    if args.family == "khop":
+        vocab, context = khop.vocab_size(LETTERS, max(KS)), args.length + 1
+    else:
+        vocab, context = groups.get_group(args.group).order, args.length
+    cfg = NativeConfig(layers=args.depth, d_model=args.width, heads=4, d_vocab=vocab, n_ctx=context,
+                       attn_only=False, seed=seed)  # fmt: skip
     return load(cfg, device=args.device)
 
 
-def source(args: argparse.Namespace, seed: int) -> KHopSource:
-    return KHopSource(KS, args.batch, args.length, LETTERS, max(KS), seed)
+def source(args: argparse.Namespace, seed: int) -> BatchSource:
+    if args.family == "khop":
+        return KHopSource(KS, args.batch, args.length, LETTERS, max(KS), seed)
+    return GroupSource(args.group, args.batch, args.length, seed)
 
 
 def rate(step: int) -> float:
@@ -116,10 +126,13 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     ap.add_argument("--threads", type=int, default=1, help="CPU intra-op threads (law members train on 1)")
+    ap.add_argument("--family", default="khop", choices=["khop", "groups"])
+    ap.add_argument("--group", default="s5", help="groups: the group (z2, s3, a5, s5...)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     name = "cuda: " + torch.cuda.get_device_name() if args.device == "cuda" else f"cpu, {args.threads} thread(s)"
-    print(f"{args.members} khop members: depth {args.depth}, d_model {args.width}, 4 heads, context {args.length + 1}, "
+    what = "khop" if args.family == "khop" else f"groups ({args.group})"
+    print(f"{args.members} {what} members: depth {args.depth}, d_model {args.width}, 4 heads, length {args.length}, "
           f"batch {args.batch}; {args.steps} steps a round, best of {args.rounds} rounds; {name}")  # fmt: skip
     runners = {"sequential": sequential(args), "batched": batched(args)}
     for fn in runners.values():

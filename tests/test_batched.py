@@ -35,10 +35,14 @@ MEMBERS = [  # (seed, peak lr, warm-up, hop levels)
 ]
 
 
-def _model(seed: int):
+CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.cuda, CUDA])]
+
+
+def _model(seed: int, device: str = "cpu"):
     cfg = NativeConfig(layers=2, d_model=32, heads=2, d_vocab=khop.vocab_size(LETTERS, MAX_K), n_ctx=LENGTH + 1,
                        attn_only=False, seed=seed)  # fmt: skip
-    return load(cfg, device="cpu")
+    return load(cfg, device=device)
 
 
 def _source(seed: int, ks: tuple[int, ...]) -> KHopSource:
@@ -53,9 +57,9 @@ def _plan() -> Steps:
     return Steps(steps=STEPS, lr_at=lambda s: 0.0, grad_clip=1.0, log_every=8, check_finite=True)
 
 
-def _alone(seed, lr, warmup, ks) -> tuple[torch.nn.Module, list[Window]]:
+def _alone(device, seed, lr, warmup, ks) -> tuple[torch.nn.Module, list[Window]]:
     """The member trained by itself, as a depth-law member trains (AdamW groups, decay on matrices)."""
-    model = _model(seed)
+    model = _model(seed, device)
     net = model.bridge.original_model
     params = [p for p in net.parameters() if p.requires_grad]
     groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": 0.01},
@@ -71,12 +75,13 @@ def _alone(seed, lr, warmup, ks) -> tuple[torch.nn.Module, list[Window]]:
 def _val_loss(model, seed: int) -> float:
     inputs, targets = khop.eval_batch(MAX_K, 64, LENGTH, LETTERS, MAX_K, seed)
     with torch.no_grad():
-        return float(target_loss(fast_logits(model, inputs), targets))
+        return float(target_loss(fast_logits(model, inputs.to(model.device)), targets.to(model.device)))
 
 
-def test_batched_members_equal_members_trained_one_by_one():
-    alone = [_alone(*m) for m in MEMBERS]
-    models = [_model(m[0]) for m in MEMBERS]
+@pytest.mark.parametrize("device", DEVICES)
+def test_batched_members_equal_members_trained_one_by_one(device):
+    alone = [_alone(device, *m) for m in MEMBERS]
+    models = [_model(m[0], device) for m in MEMBERS]
     windows: list[Window] = []
     seen: list[float] = []
 
