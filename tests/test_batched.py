@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from depthprobe.probes.base.errors import ProbeError
+from depthprobe.probes.base.runtime import torch_threads
 from depthprobe.probes.data import khop
 from depthprobe.probes.models.loading import load
 from depthprobe.probes.models.model import NativeConfig
@@ -28,6 +29,15 @@ from depthprobe.probes.training.sources import KHopSource
 
 LETTERS, LENGTH, MAX_K, STEPS = 3, 12, 2, 24
 WEIGHT_TOL, LOSS_TOL = 1e-4, 1e-5
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """As law members train on a CPU (and fast on a loaded machine)."""
+    with torch_threads(1):
+        yield
+
+
 MEMBERS = [  # (seed, peak lr, warm-up, hop levels)
     (0, 3e-3, 4, (1,)),
     (1, 1e-2, 2, (1, 2)),
