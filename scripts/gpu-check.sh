@@ -13,6 +13,8 @@
 #   6. members:  steps/s of law members at the gpu preset's shapes, one by one and batched
 #                (bench/bench_batched_members.py, khop and groups)
 #   7. process:  probe run --task attention-stats on the 2,000 lines against bench/bare_hf.py
+#   8. cuda-tests: the tests marked cuda (batched members equal to one-by-one training on CUDA),
+#                when pytest is installed
 #
 # Environment: PY (the Python with torch; default .venv/bin/python, else python3), PROBE (the probe
 # command; default: next to PY), WHEELS (a folder of wheels installed first, offline: the packages
@@ -99,6 +101,11 @@ step members-groups 60 "$PY" bench/bench_batched_members.py --device "$DEVICE" -
 step process-probe 60 "$PROBE" run --model "$BERT" --task attention-stats --data "$BERT/lines.txt" --device "$DEVICE" \
     --out "$OUT/attention-stats"
 step process-bare 60 "$PY" bench/bare_hf.py "$BERT" --batches "$BERT/batches.json"
+if "$PY" -c "import pytest" 2>/dev/null; then
+    step cuda-tests 90 "$PY" -m pytest -q -p no:cacheprovider -m cuda tests/test_batched.py
+else
+    echo "| cuda-tests | skipped: no pytest for $PY | 0 |" >>"$SUMMARY"
+fi
 
 TOTAL=$(($(date +%s) - START))
 {
