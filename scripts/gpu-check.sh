@@ -119,7 +119,7 @@ TOTAL=$(($(date +%s) - START))
     grep -h -E "members:|time:" "$OUT/logs/members-khop.log" "$OUT/logs/members-groups.log" 2>/dev/null
     echo
     echo "## whole process: BERT-base-shaped model, attention-stats on 2,000 lines, one round"
-    echo "probe run ${SECS[process-probe]} s, bare Hugging Face script ${SECS[process-bare]} s (whole processes, imports and loading included)"
+    echo "probe run ${SECS[process-probe]} s, bare Hugging Face script ${SECS[process-bare]} s (whole processes, imports and loading included; a step that timed out or failed says so in the table)"
 } >>"$SUMMARY"
 echo "gpu-check: summary in $SUMMARY ($FAILS failed steps)"
 [ "$FAILS" = 0 ]
