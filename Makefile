@@ -86,3 +86,9 @@ bench: install
 
 clean:
 	rm -rf $(VENV) build *.egg-info
+
+# On a machine with CUDA, about 5 minutes, one summary file (README "GPU"); without CUDA one line, exit 0.
+# No install step: a GPU image brings its own torch (PY=..., WHEELS=dir for what it lacks).
+.PHONY: gpu-check
+gpu-check:
+	bash scripts/gpu-check.sh

@@ -67,7 +67,7 @@ class Steps:
     clipping (None: none), a log window every ``log_every`` updates and at ``log_at`` (and at the end)."""
 
     steps: int
-    lr_at: Callable[[int], float]
+    lr_at: Callable[[int], float | tuple[float, ...]]  # a tuple: one rate per member (batched members)
     grad_clip: float | None = 1.0
     log_every: int = 10
     log_at: frozenset[int] = frozenset()
@@ -80,15 +80,32 @@ class Steps:
 
 @dataclass(frozen=True)
 class Window:
-    """The updates since the last window: mean loss, the last update's learning rate, how many
-    updates and their training seconds, and the run's training seconds so far (this call's)."""
+    """The updates since the last window: each member's mean loss and last learning rate (one
+    member unless batched: :mod:`probes.training.batched`), how many updates and their training
+    seconds, and the run's training seconds so far (this call's)."""
 
     step: int
-    loss: float
-    lr: float
+    losses: tuple[float, ...]
+    lrs: tuple[float, ...]
     updates: int
     seconds: float
     elapsed: float
+
+    @property
+    def loss(self) -> float:
+        """The mean loss of a run of one member."""
+        return _single(self.losses, "loss", "losses")
+
+    @property
+    def lr(self) -> float:
+        """The last learning rate of a run of one member."""
+        return _single(self.lrs, "lr", "lrs")
+
+
+def _single(values: tuple[float, ...], name: str, plural: str) -> float:
+    if len(values) != 1:
+        raise ValueError(f"Window.{name}: this run trains {len(values)} members; read Window.{plural}")
+    return values[0]
 
 
 @dataclass(frozen=True)
@@ -97,6 +114,9 @@ class LoopRun:
 
     seconds: float
     hands_seconds: float
+
+
+Clip = Callable[[list[torch.nn.Parameter], float], object]  # (params, max_norm): scales the gradients in place
 
 
 def train_steps(
@@ -110,34 +130,40 @@ def train_steps(
     device: torch.device,
     on_window: Callable[[Window], None] | None = None,
     after_step: Callable[[int], bool] | None = None,
+    clip: Clip = torch.nn.utils.clip_grad_norm_,
 ) -> LoopRun:
     """Train ``net`` (whose parameters ``opt`` updates; ``forward`` maps inputs to logits) from
     ``plan.start`` to ``plan.steps``. ``on_window`` sees each log window; ``after_step(done)`` runs
     after every update and returns True when it used the model (the loop then puts ``net`` back in
     training mode). The net is left in eval mode. Inside a named job (a study or sweep member) a
-    progress line goes to stderr every half minute (:mod:`depthprobe.probes.base.progress`)."""
+    progress line goes to stderr every half minute (:mod:`depthprobe.probes.base.progress`).
+
+    Batched members (:mod:`probes.training.batched`) train here too: their source's loss is one
+    value per member (the loop backpropagates the sum; members share no parameters, so each gets
+    its own gradient), ``plan.lr_at`` gives one rate per member and ``clip`` clips each member's
+    gradient norm."""
     params = list(params)
     progress = TrainingProgress(plan.start, plan.steps)
     window = torch.zeros((), dtype=torch.float64, device=device)
     count, elapsed, hands = 0, 0.0, 0.0
     net.train()
     t0 = time.perf_counter()
-    lr = math.nan
+    lrs: tuple[float, ...] = ()
     for step in range(plan.start, plan.steps):
         check_interrupt()  # a signal whose exception a finalizer dropped still stops the run
         lr = plan.lr_at(step)
-        window += _update(forward, source, opt, params, step, lr, plan.grad_clip, device)
+        lrs = lr if isinstance(lr, tuple) else (lr,)
+        window = window + _update(forward, source, opt, params, step, lr, plan.grad_clip, device, clip)
         count += 1
         done = step + 1
         if plan.logs(done):
             now = time.perf_counter()
-            mean = float(window) / count
-            if plan.check_finite and not math.isfinite(mean):
-                raise ProbeError(f"training diverged by step {done} (loss {mean}); lower --lr or pick another variant")
+            means = tuple(window.div(count).reshape(-1).tolist())
+            _check(plan, done, means)
             elapsed += now - t0
             progress(done, elapsed)
             if on_window is not None:
-                on_window(Window(done, mean, lr, count, now - t0, elapsed))
+                on_window(Window(done, means, lrs, count, now - t0, elapsed))
                 net.train()
             window.zero_()
             count = 0
@@ -156,17 +182,29 @@ def train_steps(
     return LoopRun(seconds=elapsed, hands_seconds=hands)
 
 
+def _check(plan: Steps, done: int, means: tuple[float, ...]) -> None:
+    """With ``plan.check_finite``, a non-finite window mean stops the run (naming the members of a batch)."""
+    if not plan.check_finite or all(math.isfinite(m) for m in means):
+        return
+    if len(means) == 1:
+        raise ProbeError(f"training diverged by step {done} (loss {means[0]}); lower --lr or pick another variant")
+    bad = ", ".join(f"member {i} (loss {m})" for i, m in enumerate(means) if not math.isfinite(m))
+    raise ProbeError(f"training diverged by step {done}: {bad}; lower --lr or train those members alone")
+
+
 def _update(
     forward: Callable[[torch.Tensor], torch.Tensor],
     source: BatchSource,
     opt: torch.optim.Optimizer,
     params: list[torch.nn.Parameter],
     step: int,
-    lr: float,
+    lr: float | tuple[float, ...],
     grad_clip: float | None,
     device: torch.device,
+    clip: Clip,
 ) -> torch.Tensor:
-    """One optimiser update from ``step`` to ``step + 1`` at ``lr``; its loss (detached, no sync)."""
+    """One optimiser update from ``step`` to ``step + 1`` at ``lr``; its loss (detached, no sync):
+    a scalar, or one per member of a batch."""
     inputs, targets = source.batch(step)
     inputs = inputs.to(device, non_blocking=True)
     targets = targets.to(device, non_blocking=True)
@@ -174,8 +212,8 @@ def _update(
         group["lr"] = lr
     loss = source.loss(forward(inputs), targets)
     opt.zero_grad(set_to_none=True)
-    loss.backward()
+    (loss.sum() if loss.dim() else loss).backward()
     if grad_clip is not None:
-        torch.nn.utils.clip_grad_norm_(params, grad_clip)
+        clip(params, grad_clip)
     opt.step()
     return loss.detach()
