@@ -134,7 +134,8 @@ class Crasp(LawExperiment):
         "(estimated from a 200-step run of two members: docs/depth-laws.md; not run)",
         "gpu": "L_3-L_10 at depths 1-8 at widths 128 and 256 and the control (depth k - 3, width 512), 3 seeds, "
         "10,000 steps: 405 members: about 11-14 hours one at a time, 5.8-7.1 hours with --jobs 3 on one GPU "
-        "(estimated from khop member rates measured on one NVIDIA H200: 80-104 steps/s one at a time, 53-65 each with --jobs 3; training only; not run)",
+        "(estimated from khop member rates measured on one NVIDIA H200: 80-104 steps/s one at a time, "
+        "53-65 each with --jobs 3; training only; not run)",
     }
 
     def shape(self, cfg: CraspConfig, group: str | None) -> tuple[int, int]:

@@ -114,7 +114,8 @@ class Groups(LawExperiment):
         "without curriculum, 15 CPU-minutes, all at T 16; not run)",
         "gpu": "z2, s3, z60, a5, s5 at T 8-128 with the curriculum, depths 1-8 at widths 128 and 256: 195 members, "
         "about 10-14 hours one at a time, 5.6-6.8 hours with --jobs 3 on one GPU "
-        "(estimated from khop member rates measured on one NVIDIA H200: 80-104 steps/s one at a time, 53-65 each with --jobs 3; training only; not run)",
+        "(estimated from khop member rates measured on one NVIDIA H200: 80-104 steps/s one at a time, "
+        "53-65 each with --jobs 3; training only; not run)",
     }
 
     def groups_of(self, cfg: GroupsConfig) -> list[str | None]:

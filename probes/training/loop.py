@@ -138,10 +138,8 @@ def train_steps(
     training mode). The net is left in eval mode. Inside a named job (a study or sweep member) a
     progress line goes to stderr every half minute (:mod:`depthprobe.probes.base.progress`).
 
-    Batched members (:mod:`probes.training.batched`) train here too: their source's loss is one
-    value per member (the loop backpropagates the sum; members share no parameters, so each gets
-    its own gradient), ``plan.lr_at`` gives one rate per member and ``clip`` clips each member's
-    gradient norm."""
+    Batched members (:mod:`probes.training.batched`) train here too: one loss per member (the loop
+    backpropagates their sum; members share no parameters), one rate per member, ``clip`` per member."""
     params = list(params)
     progress = TrainingProgress(plan.start, plan.steps)
     window = torch.zeros((), dtype=torch.float64, device=device)
