@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import os
+import pickle
 import signal
 import sys
 from collections import deque
@@ -85,12 +86,14 @@ def die_with_parent(parent: int) -> None:
         os._exit(0)
 
 
-def serve(conn: Any, parent: int, threads: int, setup: Callable[[], None] | None, fn: Callable[[Any], Any]) -> None:
+def serve(conn: Any, parent: int, threads: int, setup: Callable[[], None] | None, fn_bytes: bytes) -> None:
     """A member process's loop: take a job, run it, send back its outcome; stop when told, when
-    the pipe closes, or when the driver is no longer this process's parent."""
+    the pipe closes, or when the driver is no longer this process's parent. ``fn`` arrives pickled
+    and is read after ``setup()``, which may load the module it comes from (a plugin file)."""
     die_with_parent(parent)
     try:
         start_process(threads, setup)
+        fn = pickle.loads(fn_bytes)
         while (job := take(conn, parent)) is not None:
             outcome = call(fn, job[1])
             try:
@@ -150,7 +153,7 @@ class LocalProcesses:
 
     def _start(self) -> Member:
         ours, theirs = self.context.Pipe()
-        args = (theirs, os.getpid(), self.threads, self.setup, self.fn)
+        args = (theirs, os.getpid(), self.threads, self.setup, pickle.dumps(self.fn))
         process = self.context.Process(target=serve, args=args, daemon=True)
         process.start()
         theirs.close()
