@@ -53,7 +53,9 @@ def attribute(
     rows = []
     for name, g in zip(names, grads, strict=True):
         corrupt_act = acts[name].detach()
-        change = (cache[name].to(corrupt_act.dtype) - corrupt_act) * (torch.zeros_like(corrupt_act) if g is None else g)
+        diff = cache[name].to(corrupt_act.dtype) - corrupt_act
+        diff = diff.masked_fill(cache[name] == corrupt_act, 0.0)  # masked scores: -inf - -inf is no change
+        change = diff * (torch.zeros_like(corrupt_act) if g is None else g)
         for slot in each_slot(p, name, corrupt_act):
             delta = float(change[slot.index(layout(name))].sum())
             rows.append(row(model, task, metric, name, slot, corrupt_value + delta))

@@ -24,6 +24,7 @@ import torch
 
 from depthprobe.probes.base.errors import ProbeError, suggest
 from depthprobe.probes.hooks import eager_attention, guard
+from depthprobe.probes.models import native_attention
 from depthprobe.probes.models.model import Model
 
 HookFn = Callable[[torch.Tensor, Any], torch.Tensor | None]
@@ -147,7 +148,10 @@ def capture(
     """
     fns = _hook_fns(model, names, fn)
     eager_attention.install(model.bridge)  # pattern and score hooks fire where the tensors are used
-    eager_attention.check_editable(model.bridge, [n for n, f in fns.items() if f is not None])
+    native_attention.install(model.bridge)
+    edited = [n for n, f in fns.items() if f is not None]
+    eager_attention.check_editable(model.bridge, edited)
+    native_attention.check_editable(model.bridge, edited)
     acts = Captured()
     wanted, fired = set(fns), set()
     stop = stop_early and _open_captures(model) == 0

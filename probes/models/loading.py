@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from depthprobe.probes.base.errors import ProbeError, suggest
+from depthprobe.probes.models import native_attention
 from depthprobe.probes.models.architectures import (
     ALIASES,
     DEFAULT_MODEL,
@@ -276,6 +277,7 @@ def _load_native(
     # TransformerLens attaches boot_native to the class with setattr, out of the type checker's sight
     bridge = TransformerBridge.boot_native(cfg.to_tl(), device=dev, dtype=dtype)  # type: ignore[attr-defined]
     bridge.eval()
+    native_attention.install(bridge)
     info = ModelInfo(
         name=name,
         source="native",
