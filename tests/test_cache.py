@@ -4,7 +4,7 @@ import pytest
 import torch
 import transformers
 
-from depthprobe.probes import Cache, ProbeError, load, run_with_cache
+from depthprobe.probes import Cache, ProbeError, capture, load, run_with_cache
 
 TEXTS = ["the dog saw the cat and ran", "a man read a book"]
 
@@ -94,3 +94,31 @@ def test_errors_name_the_fix(tiny_gpt2):
         native.encode("hello")
     logits, cache = run_with_cache(native, torch.tensor([1, 2, 3]))
     assert logits.shape == (1, 3, 20) and "blocks.0.attn.hook_pattern" in cache
+
+
+def test_loss_gradients_with_every_hook_equal_transformer_lens():
+    """#38.8: grad=True with the default names raised on the token ids (no gradient); now the
+    cache holds the gradients TransformerLens's incl_bwd holds, key for key."""
+    model = load("native:layers=2,d_model=32,heads=4,d_vocab=20,n_ctx=16,attn_only=false", device="cpu")
+    ids = torch.randint(0, 20, (2, 8), generator=torch.Generator().manual_seed(0))
+    loss, cache = run_with_cache(model, ids, return_type="loss", grad=True)
+    ref_loss, ref = model.bridge.run_with_cache(ids, incl_bwd=True, return_type="loss")
+    assert torch.allclose(loss, ref_loss, atol=1e-6)
+    grads = {k for k in cache if k.endswith("_grad")}
+    assert grads == {k for k in ref.cache_dict if k.endswith("_grad")} and "embed.hook_in_grad" not in grads
+    for k in grads:
+        assert torch.allclose(cache[k], ref[k], atol=1e-6), k
+
+
+def test_grad_capture_under_no_grad_is_refused():
+    model = load("native:layers=1,d_model=16,heads=2,d_vocab=10,n_ctx=8", device="cpu")
+    ids = torch.tensor([[1, 2, 3]])
+    with (
+        pytest.raises(ProbeError, match=r"torch\.no_grad\(\).*enable_grad"),
+        torch.no_grad(),
+        capture(model, "blocks.0.hook_resid_post", grad=True),
+    ):
+        model.bridge(ids)
+    with capture(model, "blocks.0.hook_resid_post", grad=True) as acts:
+        model.bridge(ids)
+    assert acts["blocks.0.hook_resid_post"].requires_grad

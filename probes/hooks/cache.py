@@ -150,7 +150,8 @@ def run_with_cache(
     the final hidden states [batch, pos, d_model] (see the module notes). ``return_type="loss"``
     gives the next-token loss of a causal model instead (mean over real tokens, or [batch, pos - 1]
     with ``loss_per_token``; padding is 0 there), ``"both"`` gives ``(logits, loss)``. ``grad=True``
-    (TransformerLens's ``incl_bwd``) backpropagates the mean loss and caches ``name + "_grad"``.
+    (TransformerLens's ``incl_bwd``) backpropagates the mean loss and caches ``name + "_grad"`` for
+    every cached tensor that has one (zeros where the loss does not depend on it; none for token ids).
     """
     check_return_type(model, return_type, loss_per_token, grad)
     ids, mask = inputs(model, texts_or_ids, attention_mask)
@@ -171,8 +172,10 @@ def run_with_cache(
     loss = token_loss(logits, ids, mask, per_token=loss_per_token) if return_type != "logits" else None
     tensors = {k: v.detach().clone() if grad else v for k, v in acts.items()}
     if grad and loss is not None:
-        grads = torch.autograd.grad(loss, [acts[k] for k in acts], allow_unused=True)
-        for k, g in zip(list(acts), grads, strict=True):
+        # token ids (embed.hook_in...) have no gradient: skipped, as TransformerLens's incl_bwd skips them
+        wrt = [k for k, v in acts.items() if v.requires_grad]
+        grads = torch.autograd.grad(loss, [acts[k] for k in wrt], allow_unused=True)
+        for k, g in zip(wrt, grads, strict=True):
             tensors[f"{k}_grad"] = torch.zeros_like(tensors[k]) if g is None else g
         logits, loss = logits.detach(), loss.detach()
     cache = Cache(tensors, model.info.n_layers, model.bridge)

@@ -92,6 +92,10 @@ class _StopForward(Exception):
 
 
 Names = str | Sequence[str] | Mapping[str, HookFn]
+_NO_GRAD = (
+    "capture(..., grad=True) keeps gradients, but this pass runs under torch.no_grad() or inference_mode; "
+    "run it outside them (or inside torch.enable_grad())"
+)
 
 
 def _open_captures(model: Model) -> int:
@@ -158,9 +162,13 @@ def capture(
 
     def make_hook(name: str, edit: HookFn | None) -> HookFn:
         def hook(tensor: torch.Tensor, hook: Any) -> torch.Tensor | None:
+            if grad and not torch.is_grad_enabled():
+                raise ProbeError(_NO_GRAD)
             out = edit(tensor, hook) if edit is not None else None
             if store:  # keyed by the name asked for (the hook point may carry an alias)
                 kept = out if out is not None else tensor
+                if grad:  # a node of its own: its gradient is what flows through this hook point alone
+                    kept = kept.view_as(kept)  # (q, k and v read one tensor; TransformerLens's grads are per hook)
                 acts[name] = kept if grad else kept.detach().clone() if clone else kept.detach()
             fired.add(name)
             if stop and wanted.issubset(fired):
