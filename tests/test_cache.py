@@ -122,3 +122,34 @@ def test_grad_capture_under_no_grad_is_refused():
     with capture(model, "blocks.0.hook_resid_post", grad=True) as acts:
         model.bridge(ids)
     assert acts["blocks.0.hook_resid_post"].requires_grad
+
+
+def test_cache_saves_loads_and_pickles_exactly_without_its_model(tmp_path):
+    import io
+    import pickle
+
+    model = load("native:layers=2,d_model=32,heads=4,d_vocab=20,n_ctx=16", device="cpu")
+    ids = torch.randint(0, 20, (2, 8), generator=torch.Generator().manual_seed(0))
+    _, cache = run_with_cache(model, ids)
+    _, grads = run_with_cache(model, ids, names="blocks.*.hook_resid_post", return_type="loss", grad=True)
+
+    def same(a, b):
+        assert list(a) == list(b) and a.n_layers == b.n_layers and a.has_batch_dim == b.has_batch_dim
+        assert all(torch.equal(a[k], b[k]) and a[k].dtype == b[k].dtype for k in a)
+
+    for c in (cache, grads):
+        same(Cache.load(c.save(tmp_path / "c.safetensors")), c)
+        same(pickle.loads(pickle.dumps(c)), c)
+        buf = io.BytesIO()
+        torch.save(c, buf)  # raised before: it pickled the bridge
+        buf.seek(0)
+        same(torch.load(buf, weights_only=False), c)
+    loaded = Cache.load(tmp_path / "c.safetensors")
+    with pytest.raises(ProbeError, match=r"attach"):
+        loaded.decompose_resid()
+    one = Cache.load(cache.save(tmp_path / "d.safetensors"), model=model)
+    assert torch.equal(one.decompose_resid(), cache.decompose_resid())
+    (tmp_path / "bad").write_bytes(b"not a cache")
+    for bad in (tmp_path / "bad", tmp_path / "missing"):
+        with pytest.raises(ProbeError, match="cache"):
+            Cache.load(bad)

@@ -15,8 +15,10 @@ the last block's ``hook_resid_post``, which is what Hugging Face calls ``last_hi
 from __future__ import annotations
 
 import fnmatch
+import json
 import re
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -54,7 +56,7 @@ class Cache(dict):
         from transformer_lens import ActivationCache
 
         if self.bridge is None:
-            raise ProbeError("this cache has no model; build it with probes.run_with_cache")
+            raise ProbeError("this cache has no model (loaded or unpickled?); attach one: cache.attach(model)")
         return ActivationCache(dict(self.items()), self.bridge, has_batch_dim=self.has_batch_dim)
 
     def __getattr__(self, name: str) -> Any:
@@ -98,10 +100,71 @@ class Cache(dict):
             dict.__setitem__(self, k, dict.__getitem__(self, k)[0])
         self.has_batch_dim = False
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickles (``torch.save(cache)``) without its model: load it back with ``model=`` or
+        :meth:`attach` to use TransformerLens's verbs."""
+        return (_rebuild, (dict(self), self.n_layers, self.has_batch_dim))
+
+    def attach(self, model: Any) -> Cache:
+        """This cache with ``model``'s bridge (for ``cache.tl`` and the verbs); returns itself."""
+        self.bridge = getattr(model, "bridge", model)
+        return self
+
+    def save(self, path: str | Path) -> Path:
+        """Write the tensors to one safetensors file, with their names in order, the layer count and
+        whether it has a batch axis (the model is not saved); :meth:`load` reads it back exactly."""
+        from safetensors.torch import save_file
+
+        tensors, seen = {}, set()
+        for k, v in self.items():
+            v = v.detach().cpu().contiguous()
+            tensors[k] = v.clone() if v.data_ptr() in seen and v.numel() else v  # no shared storage
+            seen.add(v.data_ptr())
+        meta = {"format": _FORMAT, "names": json.dumps(list(self)), "n_layers": str(self.n_layers)}
+        meta["has_batch_dim"] = str(self.has_batch_dim)
+        path = Path(path)
+        save_file(tensors, str(path), metadata=meta)
+        return path
+
+    @classmethod
+    def load(cls, path: str | Path, model: Any = None, device: str | torch.device = "cpu") -> Cache:
+        """A cache written by :meth:`save`, on ``device``; with ``model``, attached to it."""
+        from safetensors import SafetensorError, safe_open
+
+        path = Path(path)
+        if not path.is_file():
+            raise ProbeError(f"no cache file at {path}; write one with cache.save(path)")
+        try:
+            with safe_open(str(path), framework="pt", device=str(device)) as f:
+                meta = f.metadata() or {}
+                if meta.get("format") != _FORMAT:
+                    raise ProbeError(f"{path} is not a cache written by Cache.save; load it with safetensors")
+                tensors = {k: f.get_tensor(k) for k in json.loads(meta["names"])}
+        except (OSError, ValueError, KeyError, SafetensorError) as e:  # not safetensors, or cut short
+            raise ProbeError(f"{path} is not a readable cache file ({e}); write it again with cache.save") from e
+        cache = _rebuild(tensors, int(meta["n_layers"]), meta["has_batch_dim"] == "True")
+        return cache if model is None else cache.attach(model)
+
+    def __repr__(self) -> str:
+        """One line: size, layers, a few names (the tensors are in the dict)."""
+        shown = ", ".join(list(self)[:3]) + (", ..." if len(self) > 3 else "")
+        mb = sum(v.numel() * v.element_size() for v in self.values()) / 1e6
+        model = "" if self.bridge is None else ", with model"
+        return f"Cache({len(self)} tensors, {mb:.1f} MB, {self.n_layers} layers{model}: {shown})"
+
     def to(self, device: str | torch.device) -> Cache:
         out = Cache({k: v.to(device) for k, v in self.items()}, self.n_layers, self.bridge)
         out.has_batch_dim = self.has_batch_dim
         return out
+
+
+_FORMAT = "depthprobe-cache-1"
+
+
+def _rebuild(tensors: dict[str, torch.Tensor], n_layers: int, has_batch_dim: bool) -> Cache:
+    cache = Cache(tensors, n_layers)
+    cache.has_batch_dim = has_batch_dim
+    return cache
 
 
 def _every_hook(model: Model) -> list[str]:
