@@ -153,3 +153,29 @@ def test_cache_saves_loads_and_pickles_exactly_without_its_model(tmp_path):
     for bad in (tmp_path / "bad", tmp_path / "missing"):
         with pytest.raises(ProbeError, match="cache"):
             Cache.load(bad)
+
+
+def test_transformer_lens_verbs_and_their_options():
+    """#35.6: accumulated_resid takes TransformerLens's options (it shadowed them), and equals it."""
+    model = load("native:layers=2,d_model=32,heads=4,d_vocab=20,n_ctx=16,attn_only=false", device="cpu")
+    ids = torch.randint(0, 20, (2, 8), generator=torch.Generator().manual_seed(0))
+    _, cache = run_with_cache(model, ids)
+    _, ref = model.bridge.run_with_cache(ids)
+    assert torch.equal(cache.accumulated_resid(), ref.accumulated_resid())
+    ours, labels = cache.accumulated_resid(apply_ln=True, incl_mid=True, return_labels=True)
+    theirs, ref_labels = ref.accumulated_resid(apply_ln=True, incl_mid=True, return_labels=True)
+    assert labels == ref_labels and len(labels) == 2 * 2 + 1 and torch.allclose(ours, theirs, atol=1e-6)
+    assert torch.allclose(cache.accumulated_resid(1, mlp_input=True), ref.accumulated_resid(1, mlp_input=True))
+    listed = dir(cache)
+    assert {"decompose_resid", "stack_head_results", "logit_attrs", "save", "stack"} <= set(listed)
+
+
+def test_tokenizer_verbs_are_transformer_lens(tiny_gpt2):
+    ids = tiny_gpt2.to_tokens("the dog saw the cat", prepend_bos=False)
+    assert ids.shape[0] == 1 and tiny_gpt2.to_string(ids[0]) == "the dog saw the cat"
+    first = tiny_gpt2.to_string(ids[0, :1])
+    assert tiny_gpt2.to_single_token(first) == int(ids[0, 0])
+    assert torch.equal(tiny_gpt2.to_tokens(["a b", "c"]), tiny_gpt2.bridge.to_tokens(["a b", "c"]))
+    native = load("native:layers=1,d_model=16,heads=2,d_vocab=10,n_ctx=8", device="cpu")
+    with pytest.raises(ProbeError, match=r"needs a tokenizer.*pass ids"):
+        native.to_tokens("text")

@@ -79,8 +79,17 @@ class Cache(dict):
             )
         return torch.stack([self[n] for n in names])
 
-    def accumulated_resid(self) -> torch.Tensor:
-        """The residual stream before every block and after the last: [n_layers + 1, batch, pos, d_model]."""
+    def __dir__(self) -> list[str]:  # tab completion sees TransformerLens's verbs too
+        from transformer_lens import ActivationCache
+
+        return sorted({*super().__dir__(), *(n for n in dir(ActivationCache) if not n.startswith("_"))})
+
+    def accumulated_resid(self, layer: int | None = None, *args: Any, **kwargs: Any) -> Any:
+        """The residual stream before every block and after the last: [n_layers + 1, batch, pos, d_model].
+        With any of TransformerLens's options (``layer``, ``incl_mid``, ``apply_ln``, ``pos_slice``,
+        ``mlp_input``, ``return_labels``), TransformerLens's own ``accumulated_resid`` on this cache."""
+        if layer is not None or args or kwargs:
+            return self.tl.accumulated_resid(layer, *args, **kwargs)
         names = [f"blocks.{i}.hook_resid_pre" for i in range(self.n_layers)]
         names.append(f"blocks.{self.n_layers - 1}.hook_resid_post")
         missing = [n for n in names if n not in self]
