@@ -92,3 +92,38 @@ def test_long_head_labels_are_shortened_in_the_selector_and_spelled_out_in_a_not
     assert same["heads"] == ["1-2 clean run", "1-2 ablated run"]  # head ids not unique: kept whole
     other = View("v", ["a", "b", "c"], pattern, ["1-2 induction", "mean of heads"], True).payload()
     assert other["heads"] == ["1-2 induction", "mean of heads"]  # not every label starts with a head id
+
+
+def test_views_are_light_in_a_notebook(native, monkeypatch):
+    """#35.4: one-line reprs; the circuitsvis bundle goes with the first display only."""
+    from depthprobe.probes.render import html as page_html
+
+    monkeypatch.setitem(page_html._NOTEBOOK, "bundle_shown", False)
+    bundle = page_html.bundle_js()
+    first, second = probes.view(native, [3, 1, 4], layers=[0]), probes.view(native, [2, 7], layers=[1])
+    assert len(repr(first)) < 2000 and "\n" not in repr(first) and "<" not in repr(first)
+    assert bundle in _frame_page(first._repr_html_())
+    later = _frame_page(second._repr_html_())
+    assert bundle not in later and "dp-views-data" in later and page_html._sha256(bundle) in later  # pinned, borrowed
+    assert bundle in _frame_page(probes.view(native, [5, 5], layers=[0], bundle=True)._repr_html_())
+    assert bundle in first.page  # the standalone page always carries it
+    _, cache = probes.run_with_cache(native, torch.tensor([[1, 2, 3]]))
+    assert len(repr(cache)) < 2000 and "\n" not in repr(cache)
+
+
+def test_a_notebook_with_two_views_and_a_result_is_under_2_mb(tmp_path):
+    nbformat = pytest.importorskip("nbformat")
+    nbclient = pytest.importorskip("nbclient")
+    cells = [
+        "import depthprobe.probes as probes\nm = probes.load('native:layers=2,d_model=32,heads=4,d_vocab=16,n_ctx=32')",
+        "probes.view(m, [1, 2, 3, 4, 5, 6])",
+        "probes.view(m, [6, 5, 4, 3, 2, 1], layers=[1])",
+        "r = probes.run(m, 'induction', repeat_len=5, n_seqs=4)\nassert r.views\nr",
+    ]
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in cells])
+    nbclient.NotebookClient(nb, timeout=300, kernel_name="python3").execute()
+    path = tmp_path / "views.ipynb"
+    nbformat.write(nb, path)
+    outputs = [o for c in nb.cells for o in c.outputs]
+    assert sum("text/html" in o.get("data", {}) for o in outputs) == 3
+    assert path.stat().st_size < 2e6, path.stat().st_size  # before: 4.5 MB (the bundle three times, a page twice)

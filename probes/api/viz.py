@@ -12,7 +12,7 @@ from typing import Any
 
 from depthprobe.probes.base.errors import ProbeError
 from depthprobe.probes.render.attention import MAX_TOKENS, View, inline_frame, parse_indices, views_html
-from depthprobe.probes.render.html import esc, page
+from depthprobe.probes.render.html import esc, notebook_bundle, page
 
 _WORD = re.compile(r"\w+(?:['’]\w+)*|[^\w\s]", re.UNICODE)  # noqa: RUF001 (the typographic apostrophe)
 
@@ -170,7 +170,20 @@ def model_views(
     return views, notes
 
 
-def viz_page(
+@dataclass
+class VizPage:
+    """A `probe viz` page before it is written: its title, escaped body and view payloads."""
+
+    title: str
+    body: str
+    payloads: list[dict[str, Any]]
+    n_views: int
+
+    def html(self, bundle: bool = True) -> str:
+        return page(self.title, self.body, self.payloads, bundle=bundle)
+
+
+def viz_parts(
     model: Any,
     text: Any,
     *,
@@ -179,8 +192,8 @@ def viz_page(
     heads: Sequence[int] | None = None,
     words: bool = False,
     max_tokens: int = MAX_TOKENS,
-) -> str:
-    """The whole `probe viz` page for ``model`` on ``text`` (``source`` says where it came from)."""
+) -> VizPage:
+    """The `probe viz` page for ``model`` on ``text`` (``source`` says where it came from), in parts."""
     views, notes = model_views(model, text, layers=layers, heads=heads, words=words, max_tokens=max_tokens)
     info = model.info
     kind = (
@@ -202,18 +215,34 @@ def viz_page(
         "<p class='meta'>Click a head thumbnail to enlarge it; hover a cell or a token to see "
         "the attention values. Rows are queries (attending from), columns keys (attended to).</p>"
     )
-    return page(f"depthprobe attention: {info.name}", head + body, payloads)
+    return VizPage(f"depthprobe attention: {info.name}", head + body, list(payloads), len(views))
 
 
-@dataclass
+def viz_page(model: Any, text: Any, **kwargs: Any) -> str:
+    """The whole `probe viz` page (see :func:`viz_parts` for the arguments)."""
+    return viz_parts(model, text, **kwargs).html()
+
+
 class InlineView:
-    """A `probe viz` page that a notebook shows inline (an iframe holding the page, its CSP kept)."""
+    """A `probe viz` page that a notebook shows inline (an iframe holding the page, its CSP kept).
+    The circuitsvis bundle goes with the first display in the process (``bundle=None``), or
+    always (True) or never (False); later displays borrow it from the first on the notebook page."""
 
-    page: str
-    n_views: int
+    def __init__(self, parts: VizPage, bundle: bool | None = None) -> None:
+        self.parts = parts
+        self.bundle = bundle
+
+    @property
+    def page(self) -> str:
+        """The whole standalone page (bundle included), e.g. to write to a file."""
+        return self.parts.html()
+
+    def __repr__(self) -> str:
+        return f"InlineView({self.parts.n_views} attention views: {self.parts.title!r}; shown inline in a notebook)"
 
     def _repr_html_(self) -> str:
-        return inline_frame(self.page, "depthprobe attention views", height=140 + 560 * self.n_views)
+        html_page = self.parts.html(bundle=notebook_bundle(self.bundle))
+        return inline_frame(html_page, "depthprobe attention views", height=140 + 560 * self.parts.n_views)
 
 
 def _indices(chosen: Sequence[int] | None, n: int, what: str) -> list[int] | None:
@@ -228,15 +257,16 @@ def view(
     heads: Sequence[int] | None = None,
     words: bool = False,
     max_tokens: int = MAX_TOKENS,
+    bundle: bool | None = None,
 ) -> InlineView:
     """Attention views of ``model`` on a text or on token ids, shown inline in a notebook: the same
     self-contained, offline page as ``probe viz`` (escaping and Content-Security-Policy included)
     in a sandboxed iframe. Any model: without a tokenizer pass token ids (shown as numbers).
-    ``layers`` and ``heads`` are 0-indexed (default: all)."""
+    ``layers`` and ``heads`` are 0-indexed (default: all). The circuitsvis bundle (1.3 MB) goes
+    into the notebook once: with the first display in this process (``bundle=None``); later ones
+    borrow it from that output (``bundle=True`` embeds it again, e.g. after clearing that output)."""
     layers = _indices(layers, model.info.n_layers, "layers")
     heads = _indices(heads, model.info.n_heads, "heads")
     source = "a text" if isinstance(text_or_ids, str) else "token ids"
-    page_text = viz_page(
-        model, text_or_ids, source=source, layers=layers, heads=heads, words=words, max_tokens=max_tokens
-    )
-    return InlineView(page_text, len(layers) if layers is not None else model.info.n_layers)
+    parts = viz_parts(model, text_or_ids, source=source, layers=layers, heads=heads, words=words, max_tokens=max_tokens)
+    return InlineView(parts, bundle)

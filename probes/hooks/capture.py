@@ -124,6 +124,15 @@ def _hook_fns(model: Model, names: Names, fn: HookFn | None) -> dict[str, HookFn
     return fns
 
 
+def _check_edits(model: Model, edited: list[str]) -> None:
+    """Attention hooks fire where their tensors are used (HF families and native models); an edit
+    that would still be discarded is refused, before any pass."""
+    eager_attention.install(model.bridge)
+    native_attention.install(model.bridge)
+    eager_attention.check_editable(model.bridge, edited)
+    native_attention.check_editable(model.bridge, edited)
+
+
 @contextmanager
 def capture(
     model: Model,
@@ -151,11 +160,7 @@ def capture(
     refused while another thread has one open on the same model (see :mod:`.guard`).
     """
     fns = _hook_fns(model, names, fn)
-    eager_attention.install(model.bridge)  # pattern and score hooks fire where the tensors are used
-    native_attention.install(model.bridge)
-    edited = [n for n, f in fns.items() if f is not None]
-    eager_attention.check_editable(model.bridge, edited)
-    native_attention.check_editable(model.bridge, edited)
+    _check_edits(model, [n for n, f in fns.items() if f is not None])
     acts = Captured()
     wanted, fired = set(fns), set()
     stop = stop_early and _open_captures(model) == 0
