@@ -40,6 +40,7 @@ _NAMES: dict[str, str] = {
     "load_checkpoint": "models.loading:load_checkpoint",
     "logit_lens": "hooks.lens:logit_lens",
     "patch": "hooks.interventions:patch",
+    "ranged": "base.options:ranged",
     "register": "engine.task:register",
     "resolve_names": "hooks.capture:resolve_names",
     "run": "api.run:run",
@@ -68,8 +69,8 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_NAMES})
+def __dir__() -> list[str]:  # the public names only: not Any, TYPE_CHECKING, annotations, importlib
+    return sorted(_NAMES)
 
 
 if TYPE_CHECKING:  # what static checkers and IDEs see; never run
@@ -78,6 +79,7 @@ if TYPE_CHECKING:  # what static checkers and IDEs see; never run
     from depthprobe.probes.api.study import Study, study
     from depthprobe.probes.api.viz import view
     from depthprobe.probes.base.errors import ProbeError
+    from depthprobe.probes.base.options import ranged
     from depthprobe.probes.data.align import encode_words, word_attention
     from depthprobe.probes.data.memory import Text
     from depthprobe.probes.engine.task import (

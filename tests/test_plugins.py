@@ -193,3 +193,22 @@ def test_the_plugins_page_example_runs_as_written(tmp_path):
     assert table[0].split() == ["layer", "head", "value"] and len(table) >= 4
     values = [float(row.split()[2]) for row in table[1:4]]
     assert values == sorted(values, reverse=True) and all(0 < v <= 1 for v in values)
+
+
+def test_an_entry_point_naming_a_function_is_not_listed_as_a_task(tmp_path):
+    """#35.10: read from the source, without importing the plugin (its import would fail here)."""
+    site = tmp_path / "site"
+    _dist(site, "ep-fn = ep_fn:make_task")
+    (site / "ep_fn.py").write_text("raise SystemExit('imported')\n\ndef make_task():\n    return None\n")
+    listed = _probe(["list", "tasks"], tmp_path, {"PYTHONPATH": str(site)})
+    assert listed.returncode == 0, listed.stderr
+    line = next(ln for ln in listed.stdout.splitlines() if ln.startswith("ep-fn"))
+    assert "not a task: ep_fn:make_task is a function" in line and "from an installed package" not in line
+
+
+def test_dir_of_the_facade_lists_only_public_names():
+    from depthprobe import probes
+
+    listed = set(dir(probes))
+    assert not listed & {"Any", "TYPE_CHECKING", "annotations", "importlib"}
+    assert {"capture", "run_with_cache", "Cache", "view"} <= listed
