@@ -123,3 +123,47 @@ def test_attribution_of_scores_is_finite(native):
         per="head",
     )  # fmt: skip
     assert len(df) == 8 and df["value"].notna().all()
+
+
+@pytest.mark.parametrize("component", ["q", "k", "v"])
+def test_transformer_lens_path_patching_runs_and_equals_the_edge_by_hand(native, component):
+    """#35.1: TL's get_act_patch_direct_path needs hook_{q,k,v}_input (refused on native models
+    before). The edge by hand: head (0, 1)'s clean-minus-corrupted write added to the residual
+    stream that only head (1, h)'s {q,k,v} reads, through ln1 and that head's own weights."""
+    from transformer_lens.patching import get_act_patch_direct_path
+
+    from depthprobe.probes.training.fast_forward import inner
+
+    clean, corrupt = torch.tensor([[1, 5, 7, 2, 9, 3]]), torch.tensor([[4, 5, 8, 2, 11, 3]])
+    b = native.bridge
+    _, clean_cache = b.run_with_cache(clean)
+    _, corrupt_cache = b.run_with_cache(corrupt)
+
+    def metric(logits):
+        return logits[0, -1, 3] - logits[0, -1, 4]
+
+    theirs = get_act_patch_direct_path(b, corrupt, clean_cache, corrupt_cache, metric, 0, 1, component, verbose=False)
+    z = "blocks.0.attn.hook_z"
+    delta = (clean_cache[z][:, :, 1] - corrupt_cache[z][:, :, 1]) @ b.blocks[0].attn.W_O[1]  # [batch, pos, d_model]
+    W, bias = getattr(b, f"W_{component.upper()}")[1], getattr(b, f"b_{component.upper()}")[1]
+    ln1 = inner(b.blocks[1].ln1)
+    seen: dict[str, torch.Tensor] = {}
+    for head in range(4):
+
+        def keep(t, hook):
+            seen["resid"] = t
+
+        def edit(t, hook, head=head):
+            t = t.clone()
+            t[:, :, head] = ln1(seen["resid"] + delta) @ W[head] + bias[head]
+            return t
+
+        with (
+            torch.no_grad(),
+            capture(native, {"blocks.1.hook_resid_pre": keep, f"blocks.1.attn.hook_{component}": edit}),
+        ):
+            ours = metric(b(corrupt))
+        assert abs(float(ours) - float(theirs[1, head])) < 1e-5
+    with torch.no_grad():
+        assert (theirs[1] - metric(b(corrupt))).abs().max() > 1e-5  # the edges matter
+    assert not b.cfg.use_split_qkv_input  # TL restores the switch
