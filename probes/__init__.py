@@ -49,6 +49,7 @@ _NAMES: dict[str, str] = {
     "study": "api.study:study",
     "task_names": "engine.task:task_names",
     "tidy": "engine.task:tidy",
+    "train": "api.train:train",
     "view": "api.viz:view",
     "word_attention": "data.align:word_attention",
 }
@@ -77,6 +78,7 @@ if TYPE_CHECKING:  # what static checkers and IDEs see; never run
     from depthprobe.probes.api.compare import compare
     from depthprobe.probes.api.run import Result, run
     from depthprobe.probes.api.study import Study, study
+    from depthprobe.probes.api.train import train
     from depthprobe.probes.api.viz import view
     from depthprobe.probes.base.errors import ProbeError
     from depthprobe.probes.base.options import ranged
