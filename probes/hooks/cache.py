@@ -27,6 +27,7 @@ from depthprobe.probes.base.errors import ProbeError
 from depthprobe.probes.hooks.capture import Names, capture, resolve_names
 from depthprobe.probes.hooks.inputs import inputs
 from depthprobe.probes.hooks.loss import ReturnType, check_return_type, token_loss
+from depthprobe.probes.hooks.stats import bar, chunks
 from depthprobe.probes.models.model import Model
 
 
@@ -214,6 +215,8 @@ def run_with_cache(
     return_type: ReturnType = "logits",
     loss_per_token: bool = False,
     grad: bool = False,
+    batch_size: int | None = None,
+    progress: bool = False,
 ) -> tuple[Any, Cache]:
     """``(logits, cache)`` for texts (encoded with ``model.encode``: padded, masked) or token ids.
 
@@ -224,11 +227,57 @@ def run_with_cache(
     with ``loss_per_token``; padding is 0 there), ``"both"`` gives ``(logits, loss)``. ``grad=True``
     (TransformerLens's ``incl_bwd``) backpropagates the mean loss and caches ``name + "_grad"`` for
     every cached tensor that has one (zeros where the loss does not depend on it; none for token ids).
+    ``batch_size`` runs the examples that many at a time (the same logits, loss, cache and gradients,
+    joined on the batch axis; less memory for the passes), ``progress`` shows a bar over the batches.
     """
     check_return_type(model, return_type, loss_per_token, grad)
     ids, mask = inputs(model, texts_or_ids, attention_mask)
     keys = _check_names(model, names)
     wanted: Names = names if isinstance(names, Mapping) else keys
+    parts = chunks(ids.shape[0], batch_size)
+    total = _real_tokens(mask)
+    shown = bar(progress, len(parts), "run_with_cache batches")
+    runs = []
+    for part in parts:
+        share = None if len(parts) == 1 else _real_tokens(mask[part]) / total  # of the mean loss
+        runs.append(_one_pass(model, ids[part], mask[part], wanted, keys, return_type, loss_per_token, grad, share))
+        if shown is not None:
+            shown.update(1)
+    if shown is not None:
+        shown.close()
+    logits, loss, tensors = runs[0] if len(runs) == 1 else _join(runs, loss_per_token)
+    cache = Cache(tensors, model.info.n_layers, model.bridge)
+    if return_type == "both":
+        return (logits, loss), cache
+    return (loss if return_type == "loss" else logits), cache
+
+
+def _real_tokens(mask: torch.Tensor) -> float:
+    """Next-token targets with a real token on both sides (what the mean loss averages over)."""
+    return float((mask[:, 1:] * mask[:, :-1]).sum().clamp(min=1))
+
+
+def _join(runs: list[Any], per_token: bool) -> tuple[Any, Any, dict[str, torch.Tensor]]:
+    """Batches' (logits, loss, tensors) joined: on the batch axis, the mean loss as the sum of shares."""
+    logits = torch.cat([r[0] for r in runs])
+    losses = [r[1] for r in runs]
+    loss = None if losses[0] is None else torch.cat(losses) if per_token else torch.stack(losses).sum()
+    tensors = {k: torch.cat([r[2][k] for r in runs]) for k in runs[0][2]}
+    return logits, loss, tensors
+
+
+def _one_pass(
+    model: Model,
+    ids: torch.Tensor,
+    mask: torch.Tensor,
+    wanted: Names,
+    keys: list[str],
+    return_type: str,
+    loss_per_token: bool,
+    grad: bool,
+    share: float | None,
+) -> tuple[torch.Tensor, torch.Tensor | None, dict[str, torch.Tensor]]:
+    """One batch's logits, loss (times ``share`` of the whole mean, when batched) and cached tensors."""
     last = f"blocks.{model.info.n_layers - 1}.hook_resid_post"
     lm = model.has_lm_head
     extra = [] if lm or last in keys else [last]
@@ -242,6 +291,8 @@ def run_with_cache(
     if not grad and not lm:
         logits = logits.clone()
     loss = token_loss(logits, ids, mask, per_token=loss_per_token) if return_type != "logits" else None
+    if loss is not None and share is not None and not loss_per_token:
+        loss = loss * share
     tensors = {k: v.detach().clone() if grad else v for k, v in acts.items()}
     if grad and loss is not None:
         # token ids (embed.hook_in...) have no gradient: skipped, as TransformerLens's incl_bwd skips them
@@ -250,7 +301,4 @@ def run_with_cache(
         for k, g in zip(wrt, grads, strict=True):
             tensors[f"{k}_grad"] = torch.zeros_like(tensors[k]) if g is None else g
         logits, loss = logits.detach(), loss.detach()
-    cache = Cache(tensors, model.info.n_layers, model.bridge)
-    if return_type == "both":
-        return (logits, loss), cache
-    return (loss if return_type == "loss" else logits), cache
+    return logits, loss, tensors

@@ -2,11 +2,12 @@
 over a dataset in batches.
 
 A metric is ``fn(logits) -> number`` (one value for the batch: the table holds it, as before) or
-``fn(logits) -> tensor [batch]`` (one value per example: the table holds their mean, its standard
-error ``se = std / sqrt(n)`` and ``n``; with ``per_example=True`` one row per example instead,
-numbered in ``example``). ``metric`` may be a dict of name -> function: every metric of every
-patched run, in one sweep (the ``metric`` column names it). With ``batch_size`` the examples run
-in batches (a metric must then give one value per example, so that batches join exactly).
+``fn(logits) -> tensor [batch]`` (one value per example, a batch of one included: the table holds
+their mean, its standard error ``se = std / sqrt(n)`` and ``n``; with ``per_example=True`` one row
+per example instead, numbered in ``example``). ``metric`` may be a dict of name -> function: every
+metric of every patched run, in one sweep (the ``metric`` column names it). With ``batch_size``
+the examples run in batches (a metric must then give one value per example, so that batches join
+exactly).
 """
 
 from __future__ import annotations
@@ -41,10 +42,10 @@ def measure(name: str, fn: Metric, logits: torch.Tensor) -> torch.Tensor:
     if isinstance(out, (int, float)) and not isinstance(out, bool):
         return torch.tensor(float(out), dtype=torch.float64)
     if isinstance(out, torch.Tensor) and (out.is_floating_point() or out.dtype in (torch.int32, torch.int64)):
+        if out.shape == (logits.shape[0],):  # a [batch] tensor, even of one example
+            return out.detach().to(torch.float64).cpu()
         if out.numel() == 1:
             return torch.tensor(float(out.detach().reshape(()).item()), dtype=torch.float64)
-        if out.shape == (logits.shape[0],):
-            return out.detach().to(torch.float64).cpu()
     got = f"a tensor of shape {list(out.shape)}" if isinstance(out, torch.Tensor) else type(out).__name__
     raise ProbeError(
         f"metric {name!r} must return a number, a one-element tensor or one value per example "
