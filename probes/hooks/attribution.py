@@ -44,7 +44,8 @@ def attribute(
     p = plan(model, clean, corrupt, hooks, metric, per, positions)
     fns = metric_fns(metric)
     parts = chunks(p.clean[0].shape[0], batch_size)
-    got, order = Values(fns, batch_size is not None), {}
+    got = Values(fns, batch_size is not None)
+    order: dict[Any, None] = {}  # (hook, slot) in the order run
     shown = bar(progress, len(parts), "attribution batches")
     for part in parts:
         _attribute_batch(model, p, part, got, order)

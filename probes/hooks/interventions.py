@@ -169,7 +169,8 @@ def patch(
     p = plan(model, clean, corrupt, hooks, metric, per, positions)
     fns = metric_fns(metric)
     parts = chunks(p.clean[0].shape[0], batch_size)
-    got, order = Values(fns, batch_size is not None), {}
+    got = Values(fns, batch_size is not None)
+    order: dict[Any, None] = {}  # (hook, slot) in the order run
     shown = bar(progress, len(parts), "patching batches")
     with torch.no_grad():
         for part in parts:
