@@ -167,3 +167,34 @@ def test_transformer_lens_path_patching_runs_and_equals_the_edge_by_hand(native,
     with torch.no_grad():
         assert (theirs[1] - metric(b(corrupt))).abs().max() > 1e-5  # the edges matter
     assert not b.cfg.use_split_qkv_input  # TL restores the switch
+
+
+def test_transformer_lens_edge_attribution_runs_and_equals_the_edge_gradient_by_hand():
+    """#35.1: TL's edge attribution patching (attribution_patch at edge granularity) needs the split
+    inputs, per-head results and hook_mlp_in; on a native model with MLPs each edge score equals
+    (clean - corrupted head output) . d metric / d (reader's own input), computed with capture."""
+    from transformer_lens.tools.analysis.attribution_patching import EdgeAttributionConfig, attribution_patch
+
+    model = probes.load(SPECS[0], device="cpu")
+    clean, corrupt = torch.tensor([[1, 5, 7, 2, 9, 3]]), torch.tensor([[4, 5, 8, 2, 11, 3]])
+
+    def metric(logits):
+        return logits[0, -1, 3] - logits[0, -1, 4]
+
+    got = attribution_patch(model.bridge, clean, corrupt, metric, EdgeAttributionConfig(granularity="edge"))
+    for switch in ("use_split_qkv_input", "use_attn_result"):
+        getattr(model.bridge, f"set_{switch}")(True)
+    out = "blocks.0.attn.hook_result"
+    readers = [f"blocks.1.attn.hook_{c}_input" for c in "qkv"]
+    _, cache = probes.run_with_cache(model, clean, out)
+    with capture(model, [out, *readers], grad=True) as acts:
+        grads = torch.autograd.grad(metric(model.bridge(corrupt)), [acts[r] for r in readers])
+    delta = cache[out] - acts[out].detach()  # [batch, pos, head, d_model]
+    checked = 0
+    for (src, dst), score in got.edge_scores.items():
+        if src.kind == "attn_head_out" and src.layer == 0 and dst.kind in ("q_input", "k_input", "v_input"):
+            g = grads["qkv".index(dst.kind[0])]
+            by_hand = float((delta[0, src.position, src.head] * g[0, dst.position, dst.head]).sum())
+            assert abs(score - by_hand) < 1e-5, (src, dst)
+            checked += 1
+    assert checked == 6 * 4 * 3 * 4  # positions x source heads x q, k, v x destination heads
