@@ -249,6 +249,61 @@ def _indices(chosen: Sequence[int] | None, n: int, what: str) -> list[int] | Non
     return None if chosen is None else parse_indices(",".join(str(int(i)) for i in chosen), n, what)
 
 
+def pattern_views(
+    tokens: Sequence[str],
+    patterns: Any,
+    *,
+    layers: Sequence[int] | None = None,
+    heads: Sequence[int] | None = None,
+    causal: bool | None = None,
+) -> list[View]:
+    """One :class:`View` per layer of ``patterns``: a Cache (its ``blocks.L.attn.hook_pattern``, first
+    example), or an array [head, query, key] (one layer) or [layer, head, query, key]; any map of
+    positions works (an edited or ablated pattern, attribution scores). ``causal`` None: the upper
+    triangle is masked when it is all zero."""
+    import numpy as np
+
+    if isinstance(patterns, dict):
+        names = sorted((k for k in patterns if re.fullmatch(r"blocks\.\d+\.attn\.hook_pattern", k)), key=_layer_of)
+        if not names:
+            raise ProbeError(
+                "the cache holds no attention pattern; run_with_cache(..., names='blocks.*.attn.hook_pattern')"
+            )
+        stack = np.stack([_array(patterns[n])[0] for n in names])  # first example: [layer, head, q, k]
+        numbers = [_layer_of(n) for n in names]
+    else:
+        arr = _array(patterns)
+        if arr.ndim not in (3, 4):
+            raise ProbeError(
+                f"a pattern is [head, query, key] or [layer, head, query, key], got shape {list(arr.shape)}"
+            )
+        stack = arr[None] if arr.ndim == 3 else arr
+        numbers = list(range(stack.shape[0]))
+    if stack.shape[-1] != len(tokens) or stack.shape[-2] != len(tokens):
+        raise ProbeError(f"{len(tokens)} tokens for a pattern over {stack.shape[-2]} x {stack.shape[-1]} positions")
+    chosen = range(stack.shape[1]) if heads is None else list(heads)
+    out = []
+    for i, layer in enumerate(numbers):
+        if layers is not None and layer not in layers:
+            continue
+        pat = stack[i][list(chosen)]
+        mask = bool(np.allclose(np.triu(pat, 1), 0)) if causal is None else causal
+        out.append(View(f"layer {layer}", [str(t) for t in tokens], pat, [f"{layer}-{h}" for h in chosen], mask))
+    return out
+
+
+def _layer_of(name: str) -> int:
+    return int(name.split(".")[1])
+
+
+def _array(x: Any) -> Any:
+    import numpy as np
+
+    if hasattr(x, "detach"):
+        x = x.detach().to("cpu").double().numpy()
+    return np.asarray(x, dtype=np.float64)
+
+
 def view(
     model: Any,
     text_or_ids: Any,
@@ -259,12 +314,19 @@ def view(
     max_tokens: int = MAX_TOKENS,
     bundle: bool | None = None,
 ) -> InlineView:
-    """Attention views of ``model`` on a text or on token ids, shown inline in a notebook: the same
+    """Attention views of ``model`` on a text or on token ids, shown inline in a notebook (or, given
+    tokens and a pattern or a cache, ``view(tokens, pattern_or_cache)``, of that pattern: an edited,
+    ablated or cached one, or any [head, query, key] map; see :func:`pattern_views`): the same
     self-contained, offline page as ``probe viz`` (escaping and Content-Security-Policy included)
     in a sandboxed iframe. Any model: without a tokenizer pass token ids (shown as numbers).
     ``layers`` and ``heads`` are 0-indexed (default: all). The circuitsvis bundle (1.3 MB) goes
     into the notebook once: with the first display in this process (``bundle=None``); later ones
     borrow it from that output (``bundle=True`` embeds it again, e.g. after clearing that output)."""
+    if not hasattr(model, "bridge"):  # tokens and a pattern (or a cache): no model runs
+        views = pattern_views(model, text_or_ids, layers=layers, heads=heads)
+        body, payloads = views_html(views, max_tokens=max_tokens)
+        title = "depthprobe attention: given patterns"
+        return InlineView(VizPage(title, f"<h1>{esc(title)}</h1>{body}", list(payloads), len(views)), bundle)
     layers = _indices(layers, model.info.n_layers, "layers")
     heads = _indices(heads, model.info.n_heads, "heads")
     source = "a text" if isinstance(text_or_ids, str) else "token ids"
