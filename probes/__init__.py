@@ -35,6 +35,7 @@ _NAMES: dict[str, str] = {
     "direct_logit_attribution": "hooks.lens:direct_logit_attribution",
     "encode_words": "data.align:encode_words",
     "forward": "hooks.capture:forward",
+    "generate": "hooks.steering:generate",
     "get_task": "engine.task:get_task",
     "load": "models.loading:load",
     "load_checkpoint": "models.loading:load_checkpoint",
@@ -46,6 +47,8 @@ _NAMES: dict[str, str] = {
     "run": "api.run:run",
     "run_with_cache": "hooks.cache:run_with_cache",
     "save_checkpoint": "models.checkpoints:save_checkpoint",
+    "steer": "hooks.steering:steer",
+    "steering_vector": "hooks.steering:steering_vector",
     "study": "api.study:study",
     "task_names": "engine.task:task_names",
     "tidy": "engine.task:tidy",
@@ -101,6 +104,7 @@ if TYPE_CHECKING:  # what static checkers and IDEs see; never run
     from depthprobe.probes.hooks.capture import capture, forward, resolve_names
     from depthprobe.probes.hooks.interventions import ablate_heads, patch
     from depthprobe.probes.hooks.lens import direct_logit_attribution, logit_lens
+    from depthprobe.probes.hooks.steering import generate, steer, steering_vector
     from depthprobe.probes.models.architectures import ALIASES, DEFAULT_MODEL
     from depthprobe.probes.models.checkpoints import save_checkpoint
     from depthprobe.probes.models.loading import load, load_checkpoint
