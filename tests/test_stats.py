@@ -85,3 +85,31 @@ def test_run_with_cache_in_batches_equals_one_batch(pair):
         )
         assert torch.allclose(one, many, atol=1e-5) and list(cache) == list(batched)
         assert all(torch.allclose(cache[k], batched[k], atol=1e-6) for k in cache), kw
+
+
+def test_destination_by_source_grain_for_attention_maps(pair):
+    """#35.6: per='head_query_key' patches one (head, query, key) entry of a map; attribution's
+    estimates over a query's keys add up to its per='head_position' estimate (linearity)."""
+    model, clean, corrupt = pair
+    clean, corrupt = clean[:1], corrupt[:1]
+    hook = "blocks.1.attn.hook_pattern"
+    rows = probes.patch(model, clean, corrupt, hooks=hook, metric=mean_diff, per="head_query_key", positions=[3, 6])
+    assert len(rows) == 4 * (4 + 7) and (rows["key"] <= rows["position"]).all()
+    _, cache = probes.run_with_cache(model, clean, hook)
+
+    def one(t, h):  # head 2, query 6, key 1 from the clean run
+        t = t.clone()
+        t[:, 2, 6, 1] = cache[hook][:, 2, 6, 1]
+        return t
+
+    with torch.no_grad(), probes.capture(model, hook, one):
+        by_hand = float(mean_diff(model.bridge(corrupt)))
+    got = rows.query("head == 2 and position == 6 and key == 1")["value"].item()
+    assert got == pytest.approx(by_hand, abs=1e-6)
+    est = probes.attribute(model, clean, corrupt, mean_diff, hook, per="head_query_key", positions=[6])
+    whole = probes.attribute(model, clean, corrupt, mean_diff, hook, per="head_position", positions=[6])
+    base = est.attrs["corrupt"]
+    summed = (est["value"] - base).groupby(est["head"]).sum().to_numpy() + base
+    assert np.allclose(summed, whole["value"].to_numpy(), atol=1e-6)
+    with pytest.raises(probes.ProbeError, match="cuts attention maps"):
+        probes.patch(model, clean, corrupt, hooks="blocks.1.attn.hook_z", metric=mean_diff, per="head_query_key")

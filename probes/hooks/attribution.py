@@ -84,7 +84,7 @@ def _attribute_batch(model: Model, p: Plan, part: slice, got: Values, order: dic
                 diff = cache[name].to(corrupt_act.dtype) - corrupt_act
                 diff = diff.masked_fill(cache[name] == corrupt_act, 0.0)  # masked scores: -inf - -inf is no change
                 change = diff * (torch.zeros_like(corrupt_act) if g is None else g)
-                for slot in each_slot(p, name, corrupt_act):
+                for slot in each_slot(p, name, corrupt_act, model.info.causal):
                     order[(name, slot)] = None
                     got.put((name, slot), metric, _estimate(corrupt_value, change[slot.index(layout(name))]))
 

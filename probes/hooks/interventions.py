@@ -190,7 +190,7 @@ def _patch_batch(model: Model, p: Plan, part: slice, got: Values, order: dict[An
     got.add("clean", logits)
     got.add("corrupt", outputs(model, x_ids, x_mask))
     for name in p.grains:
-        for slot in each_slot(p, name, cache[name]):
+        for slot in each_slot(p, name, cache[name], model.info.causal):
             with capture(model, {name: _write_clean(cache[name], slot.index(layout(name)))}, store=False):
                 out = outputs(model, x_ids, x_mask)
             order[(name, slot)] = None  # an ordered set of the runs

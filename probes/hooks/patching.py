@@ -66,8 +66,8 @@ def head_count(name: str, act: torch.Tensor) -> int:
     return act.shape[2] if kind == "heads" else act.shape[1]
 
 
-def each_slot(p: Plan, name: str, act: torch.Tensor) -> list[Slot]:
-    return slots(p.grains[name], head_count(name, act), p.positions)
+def each_slot(p: Plan, name: str, act: torch.Tensor, causal: bool = True) -> list[Slot]:
+    return slots(p.grains[name], head_count(name, act), p.positions, act.shape[-1], causal)
 
 
 def value(metric: Metric, logits: torch.Tensor) -> float:
@@ -85,6 +85,7 @@ def where(model: Model, task: str, name: str, slot: Slot) -> dict[str, Any]:
         "head": pd.NA if slot.head is None else slot.head,
         "position": pd.NA if slot.position is None else slot.position,
         "hook": hook,
+        **({} if slot.key is None else {"key": slot.key}),
     }
 
 
@@ -94,7 +95,7 @@ def row(model: Model, task: str, metric: Metric, name: str, slot: Slot, v: float
 
 def table(rows: list[dict[str, Any]], clean: Any, corrupt: Any) -> pd.DataFrame:
     """The tidy table; per-example metrics add ``se`` and ``n`` (or ``example``) columns."""
-    extra = [c for c in ("example", "se", "n") if any(c in r for r in rows)]
+    extra = [c for c in ("key", "example", "se", "n") if any(c in r for r in rows)]
     df = pd.DataFrame(rows, columns=COLUMNS + extra)
     for col in ("layer", "head", "position", *(c for c in extra if c != "se")):
         df[col] = df[col].astype("Int64")
