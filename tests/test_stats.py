@@ -113,3 +113,17 @@ def test_destination_by_source_grain_for_attention_maps(pair):
     assert np.allclose(summed, whole["value"].to_numpy(), atol=1e-6)
     with pytest.raises(probes.ProbeError, match="cuts attention maps"):
         probes.patch(model, clean, corrupt, hooks="blocks.1.attn.hook_z", metric=mean_diff, per="head_query_key")
+
+
+def test_a_metric_reads_its_own_targets_in_batches(pair):
+    """fn(logits, index) gets each batch's slice of the dataset: batched equals unbatched."""
+    model, clean, corrupt = pair
+    targets = clean[:, -1]
+
+    def own(logits, index):  # [batch]: the logit of each example's own last token
+        return logits[:, -2].gather(-1, targets[index, None])[:, 0]
+
+    for verb in (probes.patch, probes.attribute):
+        one = verb(model, clean, corrupt, hooks=HOOKS, metric=own, per_example=True)
+        batched = verb(model, clean, corrupt, hooks=HOOKS, metric=own, per_example=True, batch_size=2)
+        assert np.allclose(one["value"], batched["value"], atol=1e-5)

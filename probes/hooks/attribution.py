@@ -20,7 +20,7 @@ from depthprobe.probes.hooks.cache import outputs, run_with_cache
 from depthprobe.probes.hooks.capture import capture
 from depthprobe.probes.hooks.grains import Per, layout
 from depthprobe.probes.hooks.patching import Plan, each_slot, plan, table, where
-from depthprobe.probes.hooks.stats import Metrics, Values, bar, chunks, measure, metric_fns
+from depthprobe.probes.hooks.stats import Metrics, Values, bar, call, chunks, measure, metric_fns
 from depthprobe.probes.models.model import Model
 
 
@@ -57,8 +57,10 @@ def attribute(
     return table(rows, got.attrs("clean"), got.attrs("corrupt"))
 
 
-def _gradients(name: str, fn: Any, logits: torch.Tensor, acts: dict[str, torch.Tensor], names: list[str]) -> Any:
-    out = fn(logits)
+def _gradients(
+    name: str, fn: Any, logits: torch.Tensor, acts: dict[str, torch.Tensor], names: list[str], part: slice
+) -> Any:
+    out = call(fn, logits, part)
     if not isinstance(out, torch.Tensor) or not out.requires_grad or out.numel() not in (1, logits.shape[0]):
         raise ProbeError(
             f"attribute needs metric {name!r} to return a one-element tensor (or one per example) computed from "
@@ -73,11 +75,11 @@ def _attribute_batch(model: Model, p: Plan, part: slice, got: Values, order: dic
     (c_ids, c_mask), (x_ids, x_mask) = ((ids[part], mask[part]) for ids, mask in (p.clean, p.corrupt))
     names = list(p.grains)
     clean_logits, cache = run_with_cache(model, c_ids, names=names, attention_mask=c_mask)
-    got.add("clean", clean_logits)
+    got.add("clean", clean_logits, part)
     with torch.enable_grad(), capture(model, names, grad=True) as acts:
         logits = outputs(model, x_ids, x_mask)
         for metric, fn in got.fns.items():
-            corrupt_value, grads = _gradients(metric, fn, logits, acts, names)
+            corrupt_value, grads = _gradients(metric, fn, logits, acts, names, part)
             got.put("corrupt", metric, corrupt_value)
             for name, g in zip(names, grads, strict=True):
                 corrupt_act = acts[name].detach()

@@ -187,11 +187,11 @@ def _patch_batch(model: Model, p: Plan, part: slice, got: Values, order: dict[An
     """One batch of examples: its clean and corrupted runs and one patched run per hook x slot."""
     (c_ids, c_mask), (x_ids, x_mask) = ((ids[part], mask[part]) for ids, mask in (p.clean, p.corrupt))
     logits, cache = run_with_cache(model, c_ids, names=list(p.grains), attention_mask=c_mask)
-    got.add("clean", logits)
-    got.add("corrupt", outputs(model, x_ids, x_mask))
+    got.add("clean", logits, part)
+    got.add("corrupt", outputs(model, x_ids, x_mask), part)
     for name in p.grains:
         for slot in each_slot(p, name, cache[name], model.info.causal):
             with capture(model, {name: _write_clean(cache[name], slot.index(layout(name)))}, store=False):
                 out = outputs(model, x_ids, x_mask)
             order[(name, slot)] = None  # an ordered set of the runs
-            got.add((name, slot), out)
+            got.add((name, slot), out, part)

@@ -7,11 +7,13 @@ their mean, its standard error ``se = std / sqrt(n)`` and ``n``; with ``per_exam
 per example instead, numbered in ``example``). ``metric`` may be a dict of name -> function: every
 metric of every patched run, in one sweep (the ``metric`` column names it). With ``batch_size``
 the examples run in batches (a metric must then give one value per example, so that batches join
-exactly).
+exactly); a metric with two arguments, ``fn(logits, index)``, gets the batch's slice of the
+dataset, to read its own targets (``targets[index]``).
 """
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Callable, Hashable, Mapping
 from typing import Any
@@ -20,7 +22,7 @@ import torch
 
 from depthprobe.probes.base.errors import ProbeError
 
-Metric = Callable[[torch.Tensor], Any]
+Metric = Callable[..., Any]  # fn(logits) or fn(logits, index)
 Metrics = Metric | Mapping[str, Metric]
 
 
@@ -36,9 +38,27 @@ def metric_fns(metric: Metrics | None) -> dict[str, Metric]:
     )
 
 
-def measure(name: str, fn: Metric, logits: torch.Tensor) -> torch.Tensor:
+def takes_examples(fn: Metric) -> bool:
+    """Whether ``fn`` takes the examples' index too: ``fn(logits, index)`` (two required arguments)."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    return sum(p.kind in kinds and p.default is p.empty for p in params) >= 2
+
+
+def call(fn: Metric, logits: torch.Tensor, index: slice | None) -> Any:
+    """``fn(logits)``, or ``fn(logits, index)`` (the examples' slice of the dataset, so that a
+    metric reads its own targets as ``targets[index]`` in batches)."""
+    if takes_examples(fn):
+        return fn(logits, slice(0, logits.shape[0]) if index is None else index)
+    return fn(logits)
+
+
+def measure(name: str, fn: Metric, logits: torch.Tensor, index: slice | None = None) -> torch.Tensor:
     """The metric's value(s) as float64: 0-d (one for the batch) or [batch] (one per example)."""
-    out = fn(logits)
+    out = call(fn, logits, index)
     if isinstance(out, (int, float)) and not isinstance(out, bool):
         return torch.tensor(float(out), dtype=torch.float64)
     if isinstance(out, torch.Tensor) and (out.is_floating_point() or out.dtype in (torch.int32, torch.int64)):
@@ -61,9 +81,9 @@ class Values:
         self.fns, self.batched = fns, batched
         self.got: dict[tuple[Hashable, str], list[torch.Tensor]] = {}
 
-    def add(self, key: Hashable, logits: torch.Tensor) -> None:
+    def add(self, key: Hashable, logits: torch.Tensor, index: slice | None = None) -> None:
         for name, fn in self.fns.items():
-            self.put(key, name, measure(name, fn, logits))
+            self.put(key, name, measure(name, fn, logits, index))
 
     def put(self, key: Hashable, name: str, v: torch.Tensor) -> None:
         if self.batched and v.dim() == 0:
