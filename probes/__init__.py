@@ -37,21 +37,26 @@ _NAMES: dict[str, str] = {
     "direct_logit_attribution": "hooks.lens:direct_logit_attribution",
     "encode_words": "data.align:encode_words",
     "forward": "hooks.capture:forward",
+    "generate": "hooks.steering:generate",
     "get_task": "engine.task:get_task",
     "load": "models.loading:load",
     "load_checkpoint": "models.loading:load_checkpoint",
     "logit_lens": "hooks.lens:logit_lens",
     "patch": "hooks.interventions:patch",
+    "ranged": "base.options:ranged",
     "register": "engine.task:register",
+    "register_experiment": "experiments.protocol:register_experiment",
     "resolve_names": "hooks.capture:resolve_names",
     "run": "api.run:run",
     "run_with_cache": "hooks.cache:run_with_cache",
     "save_checkpoint": "models.checkpoints:save_checkpoint",
-    "register_experiment": "experiments.protocol:register_experiment",
     "skip_layers": "hooks.depth:skip_layers",
+    "steer": "hooks.steering:steer",
+    "steering_vector": "hooks.steering:steering_vector",
     "study": "experiments.runner:study",
     "task_names": "engine.task:task_names",
     "tidy": "engine.task:tidy",
+    "train": "api.train:train",
     "view": "api.viz:view",
     "word_attention": "data.align:word_attention",
 }
@@ -72,15 +77,17 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_NAMES})
+def __dir__() -> list[str]:  # the public names only: not Any, TYPE_CHECKING, annotations, importlib
+    return sorted(_NAMES)
 
 
 if TYPE_CHECKING:  # what static checkers and IDEs see; never run
     from depthprobe.probes.api.compare import compare
     from depthprobe.probes.api.run import Result, run
+    from depthprobe.probes.api.train import train
     from depthprobe.probes.api.viz import view
     from depthprobe.probes.base.errors import ProbeError
+    from depthprobe.probes.base.options import ranged
     from depthprobe.probes.data.align import encode_words, word_attention
     from depthprobe.probes.data.memory import Text
     from depthprobe.probes.engine.task import (
@@ -103,6 +110,7 @@ if TYPE_CHECKING:  # what static checkers and IDEs see; never run
     from depthprobe.probes.hooks.depth import skip_layers
     from depthprobe.probes.hooks.interventions import ablate_heads, patch
     from depthprobe.probes.hooks.lens import direct_logit_attribution, logit_lens
+    from depthprobe.probes.hooks.steering import generate, steer, steering_vector
     from depthprobe.probes.models.architectures import ALIASES, DEFAULT_MODEL
     from depthprobe.probes.models.checkpoints import save_checkpoint
     from depthprobe.probes.models.loading import load, load_checkpoint

@@ -498,3 +498,25 @@ def test_real_report_in_browser_and_screenshot(browser, tmp_path, minilm):
 
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(pytest.main([__file__, "-q"]))
+
+
+def test_a_notebook_view_borrows_the_bundle_from_an_earlier_one(browser, tmp_path, monkeypatch):
+    """#35.4: the second output carries no bundle; it runs the first one's (same hash) and draws."""
+    from depthprobe import probes
+    from depthprobe.probes.render import html as page_html
+
+    monkeypatch.setitem(page_html._NOTEBOOK, "bundle_shown", False)
+    model = probes.load("native:layers=2,d_model=16,heads=2,d_vocab=12,n_ctx=16", device="cpu")
+    first, second = probes.view(model, [1, 2, 3, 4], layers=[0]), probes.view(model, [4, 3, 2], layers=[1])
+    outputs = [first._repr_html_(), second._repr_html_()]
+    assert len(outputs[1]) < len(outputs[0]) / 10
+    path = _write(tmp_path, "notebook.html", "<!doctype html><html><body>" + "".join(outputs) + "</body></html>")
+    frame = "document.querySelectorAll('iframe')[{}].contentDocument.body.dataset"
+    done = " && ".join(f"({frame.format(i)}.viewsDone === '1')" for i in (0, 1))
+    tab = Page(browser, path, until=done, height=2400)
+    try:
+        assert tab.eval(f"{frame.format(1)}.viewsDrawn") == "1"
+        assert tab.eval("document.querySelectorAll('iframe')[1].contentDocument.querySelectorAll('canvas').length") > 0
+        assert tab.network_requests() == []
+    finally:
+        tab.close()

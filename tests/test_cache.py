@@ -4,7 +4,7 @@ import pytest
 import torch
 import transformers
 
-from depthprobe.probes import Cache, ProbeError, load, run_with_cache
+from depthprobe.probes import Cache, ProbeError, capture, load, run_with_cache
 
 TEXTS = ["the dog saw the cat and ran", "a man read a book"]
 
@@ -94,3 +94,88 @@ def test_errors_name_the_fix(tiny_gpt2):
         native.encode("hello")
     logits, cache = run_with_cache(native, torch.tensor([1, 2, 3]))
     assert logits.shape == (1, 3, 20) and "blocks.0.attn.hook_pattern" in cache
+
+
+def test_loss_gradients_with_every_hook_equal_transformer_lens():
+    """#38.8: grad=True with the default names raised on the token ids (no gradient); now the
+    cache holds the gradients TransformerLens's incl_bwd holds, key for key."""
+    model = load("native:layers=2,d_model=32,heads=4,d_vocab=20,n_ctx=16,attn_only=false", device="cpu")
+    ids = torch.randint(0, 20, (2, 8), generator=torch.Generator().manual_seed(0))
+    loss, cache = run_with_cache(model, ids, return_type="loss", grad=True)
+    ref_loss, ref = model.bridge.run_with_cache(ids, incl_bwd=True, return_type="loss")
+    assert torch.allclose(loss, ref_loss, atol=1e-6)
+    grads = {k for k in cache if k.endswith("_grad")}
+    assert grads == {k for k in ref.cache_dict if k.endswith("_grad")} and "embed.hook_in_grad" not in grads
+    for k in grads:
+        assert torch.allclose(cache[k], ref[k], atol=1e-6), k
+
+
+def test_grad_capture_under_no_grad_is_refused():
+    model = load("native:layers=1,d_model=16,heads=2,d_vocab=10,n_ctx=8", device="cpu")
+    ids = torch.tensor([[1, 2, 3]])
+    with (
+        pytest.raises(ProbeError, match=r"torch\.no_grad\(\).*enable_grad"),
+        torch.no_grad(),
+        capture(model, "blocks.0.hook_resid_post", grad=True),
+    ):
+        model.bridge(ids)
+    with capture(model, "blocks.0.hook_resid_post", grad=True) as acts:
+        model.bridge(ids)
+    assert acts["blocks.0.hook_resid_post"].requires_grad
+
+
+def test_cache_saves_loads_and_pickles_exactly_without_its_model(tmp_path):
+    import io
+    import pickle
+
+    model = load("native:layers=2,d_model=32,heads=4,d_vocab=20,n_ctx=16", device="cpu")
+    ids = torch.randint(0, 20, (2, 8), generator=torch.Generator().manual_seed(0))
+    _, cache = run_with_cache(model, ids)
+    _, grads = run_with_cache(model, ids, names="blocks.*.hook_resid_post", return_type="loss", grad=True)
+
+    def same(a, b):
+        assert list(a) == list(b) and a.n_layers == b.n_layers and a.has_batch_dim == b.has_batch_dim
+        assert all(torch.equal(a[k], b[k]) and a[k].dtype == b[k].dtype for k in a)
+
+    for c in (cache, grads):
+        same(Cache.load(c.save(tmp_path / "c.safetensors")), c)
+        same(pickle.loads(pickle.dumps(c)), c)
+        buf = io.BytesIO()
+        torch.save(c, buf)  # raised before: it pickled the bridge
+        buf.seek(0)
+        same(torch.load(buf, weights_only=False), c)
+    loaded = Cache.load(tmp_path / "c.safetensors")
+    with pytest.raises(ProbeError, match=r"attach"):
+        loaded.decompose_resid()
+    one = Cache.load(cache.save(tmp_path / "d.safetensors"), model=model)
+    assert torch.equal(one.decompose_resid(), cache.decompose_resid())
+    (tmp_path / "bad").write_bytes(b"not a cache")
+    for bad in (tmp_path / "bad", tmp_path / "missing"):
+        with pytest.raises(ProbeError, match="cache"):
+            Cache.load(bad)
+
+
+def test_transformer_lens_verbs_and_their_options():
+    """#35.6: accumulated_resid takes TransformerLens's options (it shadowed them), and equals it."""
+    model = load("native:layers=2,d_model=32,heads=4,d_vocab=20,n_ctx=16,attn_only=false", device="cpu")
+    ids = torch.randint(0, 20, (2, 8), generator=torch.Generator().manual_seed(0))
+    _, cache = run_with_cache(model, ids)
+    _, ref = model.bridge.run_with_cache(ids)
+    assert torch.equal(cache.accumulated_resid(), ref.accumulated_resid())
+    ours, labels = cache.accumulated_resid(apply_ln=True, incl_mid=True, return_labels=True)
+    theirs, ref_labels = ref.accumulated_resid(apply_ln=True, incl_mid=True, return_labels=True)
+    assert labels == ref_labels and len(labels) == 2 * 2 + 1 and torch.allclose(ours, theirs, atol=1e-6)
+    assert torch.allclose(cache.accumulated_resid(1, mlp_input=True), ref.accumulated_resid(1, mlp_input=True))
+    listed = dir(cache)
+    assert {"decompose_resid", "stack_head_results", "logit_attrs", "save", "stack"} <= set(listed)
+
+
+def test_tokenizer_verbs_are_transformer_lens(tiny_gpt2):
+    ids = tiny_gpt2.to_tokens("the dog saw the cat", prepend_bos=False)
+    assert ids.shape[0] == 1 and tiny_gpt2.to_string(ids[0]) == "the dog saw the cat"
+    first = tiny_gpt2.to_string(ids[0, :1])
+    assert tiny_gpt2.to_single_token(first) == int(ids[0, 0])
+    assert torch.equal(tiny_gpt2.to_tokens(["a b", "c"]), tiny_gpt2.bridge.to_tokens(["a b", "c"]))
+    native = load("native:layers=1,d_model=16,heads=2,d_vocab=10,n_ctx=8", device="cpu")
+    with pytest.raises(ProbeError, match=r"needs a tokenizer.*pass ids"):
+        native.to_tokens("text")

@@ -260,3 +260,22 @@ def test_a_plugin_path_that_is_not_a_file_says_what_it_is(tmp_path, monkeypatch)
         with pytest.raises(ProbeError, match=r"^--plugin ") as got:
             load_plugin(spec)
         assert says in str(got.value), (spec, str(got.value))
+
+
+def test_an_entry_point_naming_a_function_is_not_listed_as_a_task(tmp_path):
+    """#35.10: read from the source, without importing the plugin (its import would fail here)."""
+    site = tmp_path / "site"
+    _dist(site, "ep-fn = ep_fn:make_task")
+    (site / "ep_fn.py").write_text("raise SystemExit('imported')\n\ndef make_task():\n    return None\n")
+    listed = _probe(["list", "tasks"], tmp_path, {"PYTHONPATH": str(site)})
+    assert listed.returncode == 0, listed.stderr
+    line = next(ln for ln in listed.stdout.splitlines() if ln.startswith("ep-fn"))
+    assert "not a task: ep_fn:make_task is a function" in line and "from an installed package" not in line
+
+
+def test_dir_of_the_facade_lists_only_public_names():
+    from depthprobe import probes
+
+    listed = set(dir(probes))
+    assert not listed & {"Any", "TYPE_CHECKING", "annotations", "importlib"}
+    assert {"capture", "run_with_cache", "Cache", "view"} <= listed

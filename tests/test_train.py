@@ -386,3 +386,21 @@ def test_sigint_and_sigterm_during_saving_leave_a_resumable_checkpoint(tmp_path)
         )
     )
     assert same(weights(load(str(out), device="cpu")), weights(straight.model))
+
+
+def test_probes_train_is_probe_train_from_python(tmp_path):
+    """#35.8: probes.train(**settings) equals the internal path bit for bit, resumes, and refuses in one line."""
+    from depthprobe import probes
+
+    settings = {**TINY, "save_every": 10}
+    ref = train(*build_configs(**settings, steps=20), out=tmp_path / "ref")
+    done = probes.train(tmp_path / "api", steps=20, **settings)
+    assert same(weights(done.model), weights(ref.model)) and done.step == 20
+    more = probes.train(tmp_path / "api", resume=True, steps=30)
+    assert more.step == 30 and len(more.losses) > len(done.losses)
+    in_memory = probes.train(steps=20, **settings)
+    assert in_memory.path is None and same(weights(in_memory.model), weights(ref.model))
+    with pytest.raises(probes.ProbeError, match=r"unknown training setting.*layerz"):
+        probes.train(layerz=2)
+    with pytest.raises(probes.ProbeError, match="resume=True needs out="):
+        probes.train(resume=True)

@@ -103,3 +103,74 @@ def test_view_takes_the_batch_of_one_that_encode_returns_and_refuses_a_larger_ba
     two, _ = native.encode([[3, 1], [4, 1]])
     with pytest.raises(probes.ProbeError, match=r"view shows one sequence; got ids shaped \[2, 2\]"):
         probes.view(native, two)
+
+
+def test_views_are_light_in_a_notebook(native, monkeypatch):
+    """#35.4: one-line reprs; the circuitsvis bundle goes with the first display only."""
+    from depthprobe.probes.render import html as page_html
+
+    monkeypatch.setitem(page_html._NOTEBOOK, "bundle_shown", False)
+    bundle = page_html.bundle_js()
+    first, second = probes.view(native, [3, 1, 4], layers=[0]), probes.view(native, [2, 7], layers=[1])
+    assert len(repr(first)) < 2000 and "\n" not in repr(first) and "<" not in repr(first)
+    assert bundle in _frame_page(first._repr_html_())
+    later = _frame_page(second._repr_html_())
+    assert bundle not in later and "dp-views-data" in later and page_html._sha256(bundle) in later  # pinned, borrowed
+    assert bundle in _frame_page(probes.view(native, [5, 5], layers=[0], bundle=True)._repr_html_())
+    assert bundle in first.page  # the standalone page always carries it
+    _, cache = probes.run_with_cache(native, torch.tensor([[1, 2, 3]]))
+    assert len(repr(cache)) < 2000 and "\n" not in repr(cache)
+
+
+def test_a_notebook_with_two_views_and_a_result_is_under_2_mb(tmp_path):
+    nbformat = pytest.importorskip("nbformat")
+    nbclient = pytest.importorskip("nbclient")
+    cells = [
+        "import depthprobe.probes as probes\nm = probes.load('native:layers=2,d_model=32,heads=4,d_vocab=16,n_ctx=32')",
+        "probes.view(m, [1, 2, 3, 4, 5, 6])",
+        "probes.view(m, [6, 5, 4, 3, 2, 1], layers=[1])",
+        "r = probes.run(m, 'induction', repeat_len=5, n_seqs=4)\nassert r.views\nr",
+    ]
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in cells])
+    nbclient.NotebookClient(nb, timeout=300, kernel_name="python3").execute()
+    path = tmp_path / "views.ipynb"
+    nbformat.write(nb, path)
+    outputs = [o for c in nb.cells for o in c.outputs]
+    assert sum("text/html" in o.get("data", {}) for o in outputs) == 3
+    assert path.stat().st_size < 2e6, path.stat().st_size  # before: 4.5 MB (the bundle three times, a page twice)
+
+
+def test_views_of_a_cache_or_any_pattern(native):
+    """#35.5: view(tokens, cache) draws the cached (here edited) patterns; view(tokens, array) any map."""
+    ids = torch.tensor([[3, 1, 4, 1, 5]])
+
+    def uniform(t, hook):  # an edit: head 0 of layer 1 attends evenly to what it may see
+        t = t.clone()
+        t[:, 0] = torch.tril(torch.ones(5, 5)) / torch.arange(1, 6)[:, None]
+        return t
+
+    _, cache = probes.run_with_cache(
+        native, ids, {"blocks.1.attn.hook_pattern": uniform, "blocks.0.attn.hook_pattern": lambda t, h: t}
+    )
+    tokens = native.to_str_tokens(ids[0])
+    shown = probes.view(tokens, cache, heads=[0, 1])
+    import json
+
+    page = _frame_page(shown._repr_html_())
+    payload = re.search(r"<script type='application/json' id='dp-views-data'>(.*?)</script>", page, re.S)
+    views = json.loads(payload.group(1))
+    assert [v["heads"] for v in views] == [["0-0", "0-1"], ["1-0", "1-1"]] and views[0]["causal"]
+    edited = decode_pattern(views[1]["pattern"])
+    assert abs(edited[0] - (torch.tril(torch.ones(5, 5)) / torch.arange(1, 6)[:, None]).numpy()).max() < 1e-3
+    assert abs(edited[1] - cache["blocks.1.attn.hook_pattern"][0, 1].numpy()).max() < 1e-3
+    scores = torch.rand(2, 5, 5)  # any map, e.g. attribution scores: not causal
+    one = json.loads(
+        re.search(
+            r"id='dp-views-data'>(.*?)</script>", _frame_page(probes.view(tokens, scores)._repr_html_()), re.S
+        ).group(1)
+    )
+    assert len(one) == 1 and not one[0]["causal"]
+    with pytest.raises(probes.ProbeError, match="5 tokens for a pattern over 4 x 4"):
+        probes.view(tokens, torch.rand(2, 4, 4))
+    with pytest.raises(probes.ProbeError, match="holds no attention pattern"):
+        probes.view(tokens, probes.run_with_cache(native, ids, "blocks.0.hook_resid_post")[1])

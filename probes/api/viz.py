@@ -12,7 +12,7 @@ from typing import Any
 
 from depthprobe.probes.base.errors import ProbeError
 from depthprobe.probes.render.attention import MAX_TOKENS, View, inline_frame, parse_indices, views_html
-from depthprobe.probes.render.html import esc, page
+from depthprobe.probes.render.html import esc, notebook_bundle, page
 
 _WORD = re.compile(r"\w+(?:['’]\w+)*|[^\w\s]", re.UNICODE)  # noqa: RUF001 (the typographic apostrophe)
 
@@ -182,7 +182,20 @@ def model_views(
     return views, notes
 
 
-def viz_page(
+@dataclass
+class VizPage:
+    """A `probe viz` page before it is written: its title, escaped body and view payloads."""
+
+    title: str
+    body: str
+    payloads: list[dict[str, Any]]
+    n_views: int
+
+    def html(self, bundle: bool = True) -> str:
+        return page(self.title, self.body, self.payloads, bundle=bundle)
+
+
+def viz_parts(
     model: Any,
     text: Any,
     *,
@@ -191,8 +204,8 @@ def viz_page(
     heads: Sequence[int] | None = None,
     words: bool = False,
     max_tokens: int = MAX_TOKENS,
-) -> str:
-    """The whole `probe viz` page for ``model`` on ``text`` (``source`` says where it came from)."""
+) -> VizPage:
+    """The `probe viz` page for ``model`` on ``text`` (``source`` says where it came from), in parts."""
     views, notes = model_views(model, text, layers=layers, heads=heads, words=words, max_tokens=max_tokens)
     info = model.info
     kind = (
@@ -214,22 +227,93 @@ def viz_page(
         "<p class='meta'>Click a head thumbnail to enlarge it; hover a cell or a token to see "
         "the attention values. Rows are queries (attending from), columns keys (attended to).</p>"
     )
-    return page(f"depthprobe attention: {info.name}", head + body, payloads)
+    return VizPage(f"depthprobe attention: {info.name}", head + body, list(payloads), len(views))
 
 
-@dataclass
+def viz_page(model: Any, text: Any, **kwargs: Any) -> str:
+    """The whole `probe viz` page (see :func:`viz_parts` for the arguments)."""
+    return viz_parts(model, text, **kwargs).html()
+
+
 class InlineView:
-    """A `probe viz` page that a notebook shows inline (an iframe holding the page, its CSP kept)."""
+    """A `probe viz` page that a notebook shows inline (an iframe holding the page, its CSP kept).
+    The circuitsvis bundle goes with the first display in the process (``bundle=None``), or
+    always (True) or never (False); later displays borrow it from the first on the notebook page."""
 
-    page: str
-    n_views: int
+    def __init__(self, parts: VizPage, bundle: bool | None = None) -> None:
+        self.parts = parts
+        self.bundle = bundle
+
+    @property
+    def page(self) -> str:
+        """The whole standalone page (bundle included), e.g. to write to a file."""
+        return self.parts.html()
+
+    def __repr__(self) -> str:
+        return f"InlineView({self.parts.n_views} attention views: {self.parts.title!r}; shown inline in a notebook)"
 
     def _repr_html_(self) -> str:
-        return inline_frame(self.page, "depthprobe attention views", height=140 + 560 * self.n_views)
+        html_page = self.parts.html(bundle=notebook_bundle(self.bundle))
+        return inline_frame(html_page, "depthprobe attention views", height=140 + 560 * self.parts.n_views)
 
 
 def _indices(chosen: Sequence[int] | None, n: int, what: str) -> list[int] | None:
     return None if chosen is None else parse_indices(",".join(str(int(i)) for i in chosen), n, what)
+
+
+def pattern_views(
+    tokens: Sequence[str],
+    patterns: Any,
+    *,
+    layers: Sequence[int] | None = None,
+    heads: Sequence[int] | None = None,
+    causal: bool | None = None,
+) -> list[View]:
+    """One :class:`View` per layer of ``patterns``: a Cache (its ``blocks.L.attn.hook_pattern``, first
+    example), or an array [head, query, key] (one layer) or [layer, head, query, key]; any map of
+    positions works (an edited or ablated pattern, attribution scores). ``causal`` None: the upper
+    triangle is masked when it is all zero."""
+    import numpy as np
+
+    if isinstance(patterns, dict):
+        names = sorted((k for k in patterns if re.fullmatch(r"blocks\.\d+\.attn\.hook_pattern", k)), key=_layer_of)
+        if not names:
+            raise ProbeError(
+                "the cache holds no attention pattern; run_with_cache(..., names='blocks.*.attn.hook_pattern')"
+            )
+        stack = np.stack([_array(patterns[n])[0] for n in names])  # first example: [layer, head, q, k]
+        numbers = [_layer_of(n) for n in names]
+    else:
+        arr = _array(patterns)
+        if arr.ndim not in (3, 4):
+            raise ProbeError(
+                f"a pattern is [head, query, key] or [layer, head, query, key], got shape {list(arr.shape)}"
+            )
+        stack = arr[None] if arr.ndim == 3 else arr
+        numbers = list(range(stack.shape[0]))
+    if stack.shape[-1] != len(tokens) or stack.shape[-2] != len(tokens):
+        raise ProbeError(f"{len(tokens)} tokens for a pattern over {stack.shape[-2]} x {stack.shape[-1]} positions")
+    chosen = range(stack.shape[1]) if heads is None else list(heads)
+    out = []
+    for i, layer in enumerate(numbers):
+        if layers is not None and layer not in layers:
+            continue
+        pat = stack[i][list(chosen)]
+        mask = bool(np.allclose(np.triu(pat, 1), 0)) if causal is None else causal
+        out.append(View(f"layer {layer}", [str(t) for t in tokens], pat, [f"{layer}-{h}" for h in chosen], mask))
+    return out
+
+
+def _layer_of(name: str) -> int:
+    return int(name.split(".")[1])
+
+
+def _array(x: Any) -> Any:
+    import numpy as np
+
+    if hasattr(x, "detach"):
+        x = x.detach().to("cpu").double().numpy()
+    return np.asarray(x, dtype=np.float64)
 
 
 def view(
@@ -240,17 +324,25 @@ def view(
     heads: Sequence[int] | None = None,
     words: bool = False,
     max_tokens: int = MAX_TOKENS,
+    bundle: bool | None = None,
 ) -> InlineView:
-    """Attention views of ``model`` on a text or on token ids, shown inline in a notebook: the same
+    """Attention views of ``model`` on a text or on token ids, shown inline in a notebook (or, given
+    tokens and a pattern or a cache, ``view(tokens, pattern_or_cache)``, of that pattern: an edited,
+    ablated or cached one, or any [head, query, key] map; see :func:`pattern_views`): the same
     self-contained, offline page as ``probe viz`` (escaping and Content-Security-Policy included)
     in a sandboxed iframe. Any model: without a tokenizer pass token ids (shown as numbers).
-    ``layers`` and ``heads`` are 0-indexed (default: all)."""
+    ``layers`` and ``heads`` are 0-indexed (default: all). The circuitsvis bundle (1.3 MB) goes
+    into the notebook once: with the first display in this process (``bundle=None``); later ones
+    borrow it from that output (``bundle=True`` embeds it again, e.g. after clearing that output)."""
+    if not hasattr(model, "bridge"):  # tokens and a pattern (or a cache): no model runs
+        views = pattern_views(model, text_or_ids, layers=layers, heads=heads)
+        body, payloads = views_html(views, max_tokens=max_tokens)
+        title = "depthprobe attention: given patterns"
+        return InlineView(VizPage(title, f"<h1>{esc(title)}</h1>{body}", list(payloads), len(views)), bundle)
     layers = _indices(layers, model.info.n_layers, "layers")
     heads = _indices(heads, model.info.n_heads, "heads")
     source = "a text" if isinstance(text_or_ids, str) else "token ids"
     if not isinstance(text_or_ids, str):
         text_or_ids = one_sequence(text_or_ids)
-    page_text = viz_page(
-        model, text_or_ids, source=source, layers=layers, heads=heads, words=words, max_tokens=max_tokens
-    )
-    return InlineView(page_text, len(layers) if layers is not None else model.info.n_layers)
+    parts = viz_parts(model, text_or_ids, source=source, layers=layers, heads=heads, words=words, max_tokens=max_tokens)
+    return InlineView(parts, bundle)

@@ -9,7 +9,7 @@ attention saturates)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import pandas as pd
@@ -19,7 +19,8 @@ from depthprobe.probes.base.errors import ProbeError
 from depthprobe.probes.hooks.cache import outputs, run_with_cache
 from depthprobe.probes.hooks.capture import capture
 from depthprobe.probes.hooks.grains import Per, layout
-from depthprobe.probes.hooks.patching import each_slot, plan, row, table, value
+from depthprobe.probes.hooks.patching import Plan, each_slot, plan, table, where
+from depthprobe.probes.hooks.stats import Metrics, Values, bar, call, chunks, measure, metric_fns
 from depthprobe.probes.models.model import Model
 
 
@@ -27,34 +28,71 @@ def attribute(
     model: Model,
     clean: Any,
     corrupt: Any,
-    metric: Callable[[torch.Tensor], Any] | None = None,
+    metric: Metrics | None = None,
     hooks: str | Sequence[str] = "blocks.*.hook_resid_pre",
     task: str = "attribution",
     *,
     per: Per | None = None,
     positions: Sequence[int] | None = None,
+    per_example: bool = False,
+    batch_size: int | None = None,
+    progress: bool = False,
 ) -> pd.DataFrame:
-    """The table :func:`patch` gives (same hooks, ``per`` and ``positions``), from two passes and a
-    backward pass instead of one pass per slot; see the module notes."""
+    """The table :func:`patch` gives (same hooks, ``per``, ``positions``, metrics, ``per_example``,
+    ``batch_size`` and ``progress``), from two passes and a backward pass per metric instead of
+    one pass per slot; see the module notes. A per-example metric gets per-example estimates."""
     p = plan(model, clean, corrupt, hooks, metric, per, positions)
-    assert metric is not None
-    (c_ids, c_mask), (x_ids, x_mask) = p.clean, p.corrupt
+    fns = metric_fns(metric)
+    parts = chunks(p.clean[0].shape[0], batch_size)
+    got = Values(fns, batch_size is not None)
+    order: dict[Any, None] = {}  # (hook, slot) in the order run
+    shown = bar(progress, len(parts), "attribution batches")
+    for part in parts:
+        _attribute_batch(model, p, part, got, order)
+        if shown is not None:
+            shown.update(1)
+    if shown is not None:
+        shown.close()
+    rows = [r for name, slot in order for r in got.rows((name, slot), where(model, task, name, slot), per_example)]
+    return table(rows, got.attrs("clean"), got.attrs("corrupt"))
+
+
+def _gradients(
+    name: str, fn: Any, logits: torch.Tensor, acts: dict[str, torch.Tensor], names: list[str], part: slice
+) -> Any:
+    out = call(fn, logits, part)
+    if not isinstance(out, torch.Tensor) or not out.requires_grad or out.numel() not in (1, logits.shape[0]):
+        raise ProbeError(
+            f"attribute needs metric {name!r} to return a one-element tensor (or one per example) computed from "
+            "the logits (no .item() or float()), so that it can be differentiated"
+        )
+    grads = torch.autograd.grad(out.sum(), [acts[n] for n in names], allow_unused=True, retain_graph=True)
+    return measure(name, lambda _: out, logits), grads
+
+
+def _attribute_batch(model: Model, p: Plan, part: slice, got: Values, order: dict[Any, None]) -> None:
+    """One batch: the clean activations, the corrupted pass, and each metric's linear estimates."""
+    (c_ids, c_mask), (x_ids, x_mask) = ((ids[part], mask[part]) for ids, mask in (p.clean, p.corrupt))
     names = list(p.grains)
     clean_logits, cache = run_with_cache(model, c_ids, names=names, attention_mask=c_mask)
+    got.add("clean", clean_logits, part)
     with torch.enable_grad(), capture(model, names, grad=True) as acts:
-        out = metric(outputs(model, x_ids, x_mask))
-        if not isinstance(out, torch.Tensor) or out.numel() != 1 or not out.requires_grad:
-            raise ProbeError(
-                "attribute needs metric to return a one-element tensor computed from the logits "
-                "(no .item() or float()), so that it can be differentiated"
-            )
-        grads = torch.autograd.grad(out, [acts[n] for n in names], allow_unused=True)
-    corrupt_value = float(out.detach())
-    rows = []
-    for name, g in zip(names, grads, strict=True):
-        corrupt_act = acts[name].detach()
-        change = (cache[name].to(corrupt_act.dtype) - corrupt_act) * (torch.zeros_like(corrupt_act) if g is None else g)
-        for slot in each_slot(p, name, corrupt_act):
-            delta = float(change[slot.index(layout(name))].sum())
-            rows.append(row(model, task, metric, name, slot, corrupt_value + delta))
-    return table(rows, value(metric, clean_logits), corrupt_value)
+        logits = outputs(model, x_ids, x_mask)
+        for metric, fn in got.fns.items():
+            corrupt_value, grads = _gradients(metric, fn, logits, acts, names, part)
+            got.put("corrupt", metric, corrupt_value)
+            for name, g in zip(names, grads, strict=True):
+                corrupt_act = acts[name].detach()
+                diff = cache[name].to(corrupt_act.dtype) - corrupt_act
+                diff = diff.masked_fill(cache[name] == corrupt_act, 0.0)  # masked scores: -inf - -inf is no change
+                change = diff * (torch.zeros_like(corrupt_act) if g is None else g)
+                for slot in each_slot(p, name, corrupt_act, model.info.causal):
+                    order[(name, slot)] = None
+                    got.put((name, slot), metric, _estimate(corrupt_value, change[slot.index(layout(name))]))
+
+
+def _estimate(corrupt_value: torch.Tensor, change: torch.Tensor) -> torch.Tensor:
+    """The corrupted metric plus the change summed over the slot (per example for per-example metrics)."""
+    if corrupt_value.dim() == 0:
+        return torch.tensor(float(corrupt_value) + float(change.sum()), dtype=torch.float64)
+    return corrupt_value + change.reshape(change.shape[0], -1).sum(1).to(torch.float64).cpu()

@@ -15,8 +15,10 @@ the last block's ``hook_resid_post``, which is what Hugging Face calls ``last_hi
 from __future__ import annotations
 
 import fnmatch
+import json
 import re
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -25,6 +27,7 @@ from depthprobe.probes.base.errors import ProbeError
 from depthprobe.probes.hooks.capture import Names, capture, resolve_names
 from depthprobe.probes.hooks.inputs import inputs
 from depthprobe.probes.hooks.loss import ReturnType, check_return_type, token_loss
+from depthprobe.probes.hooks.stats import bar, chunks
 from depthprobe.probes.models.model import Model
 
 
@@ -54,7 +57,7 @@ class Cache(dict):
         from transformer_lens import ActivationCache
 
         if self.bridge is None:
-            raise ProbeError("this cache has no model; build it with probes.run_with_cache")
+            raise ProbeError("this cache has no model (loaded or unpickled?); attach one: cache.attach(model)")
         return ActivationCache(dict(self.items()), self.bridge, has_batch_dim=self.has_batch_dim)
 
     def __getattr__(self, name: str) -> Any:
@@ -77,8 +80,17 @@ class Cache(dict):
             )
         return torch.stack([self[n] for n in names])
 
-    def accumulated_resid(self) -> torch.Tensor:
-        """The residual stream before every block and after the last: [n_layers + 1, batch, pos, d_model]."""
+    def __dir__(self) -> list[str]:  # tab completion sees TransformerLens's verbs too
+        from transformer_lens import ActivationCache
+
+        return sorted({*super().__dir__(), *(n for n in dir(ActivationCache) if not n.startswith("_"))})
+
+    def accumulated_resid(self, layer: int | None = None, *args: Any, **kwargs: Any) -> Any:
+        """The residual stream before every block and after the last: [n_layers + 1, batch, pos, d_model].
+        With any of TransformerLens's options (``layer``, ``incl_mid``, ``apply_ln``, ``pos_slice``,
+        ``mlp_input``, ``return_labels``), TransformerLens's own ``accumulated_resid`` on this cache."""
+        if layer is not None or args or kwargs:
+            return self.tl.accumulated_resid(layer, *args, **kwargs)
         names = [f"blocks.{i}.hook_resid_pre" for i in range(self.n_layers)]
         names.append(f"blocks.{self.n_layers - 1}.hook_resid_post")
         missing = [n for n in names if n not in self]
@@ -98,10 +110,71 @@ class Cache(dict):
             dict.__setitem__(self, k, dict.__getitem__(self, k)[0])
         self.has_batch_dim = False
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickles (``torch.save(cache)``) without its model: load it back with ``model=`` or
+        :meth:`attach` to use TransformerLens's verbs."""
+        return (_rebuild, (dict(self), self.n_layers, self.has_batch_dim))
+
+    def attach(self, model: Any) -> Cache:
+        """This cache with ``model``'s bridge (for ``cache.tl`` and the verbs); returns itself."""
+        self.bridge = getattr(model, "bridge", model)
+        return self
+
+    def save(self, path: str | Path) -> Path:
+        """Write the tensors to one safetensors file, with their names in order, the layer count and
+        whether it has a batch axis (the model is not saved); :meth:`load` reads it back exactly."""
+        from safetensors.torch import save_file
+
+        tensors, seen = {}, set()
+        for k, v in self.items():
+            v = v.detach().cpu().contiguous()
+            tensors[k] = v.clone() if v.data_ptr() in seen and v.numel() else v  # no shared storage
+            seen.add(v.data_ptr())
+        meta = {"format": _FORMAT, "names": json.dumps(list(self)), "n_layers": str(self.n_layers)}
+        meta["has_batch_dim"] = str(self.has_batch_dim)
+        path = Path(path)
+        save_file(tensors, str(path), metadata=meta)
+        return path
+
+    @classmethod
+    def load(cls, path: str | Path, model: Any = None, device: str | torch.device = "cpu") -> Cache:
+        """A cache written by :meth:`save`, on ``device``; with ``model``, attached to it."""
+        from safetensors import SafetensorError, safe_open
+
+        path = Path(path)
+        if not path.is_file():
+            raise ProbeError(f"no cache file at {path}; write one with cache.save(path)")
+        try:
+            with safe_open(str(path), framework="pt", device=str(device)) as f:
+                meta = f.metadata() or {}
+                if meta.get("format") != _FORMAT:
+                    raise ProbeError(f"{path} is not a cache written by Cache.save; load it with safetensors")
+                tensors = {k: f.get_tensor(k) for k in json.loads(meta["names"])}
+        except (OSError, ValueError, KeyError, SafetensorError) as e:  # not safetensors, or cut short
+            raise ProbeError(f"{path} is not a readable cache file ({e}); write it again with cache.save") from e
+        cache = _rebuild(tensors, int(meta["n_layers"]), meta["has_batch_dim"] == "True")
+        return cache if model is None else cache.attach(model)
+
+    def __repr__(self) -> str:
+        """One line: size, layers, a few names (the tensors are in the dict)."""
+        shown = ", ".join(list(self)[:3]) + (", ..." if len(self) > 3 else "")
+        mb = sum(v.numel() * v.element_size() for v in self.values()) / 1e6
+        model = "" if self.bridge is None else ", with model"
+        return f"Cache({len(self)} tensors, {mb:.1f} MB, {self.n_layers} layers{model}: {shown})"
+
     def to(self, device: str | torch.device) -> Cache:
         out = Cache({k: v.to(device) for k, v in self.items()}, self.n_layers, self.bridge)
         out.has_batch_dim = self.has_batch_dim
         return out
+
+
+_FORMAT = "depthprobe-cache-1"
+
+
+def _rebuild(tensors: dict[str, torch.Tensor], n_layers: int, has_batch_dim: bool) -> Cache:
+    cache = Cache(tensors, n_layers)
+    cache.has_batch_dim = has_batch_dim
+    return cache
 
 
 def _every_hook(model: Model) -> list[str]:
@@ -142,6 +215,8 @@ def run_with_cache(
     return_type: ReturnType = "logits",
     loss_per_token: bool = False,
     grad: bool = False,
+    batch_size: int | None = None,
+    progress: bool = False,
 ) -> tuple[Any, Cache]:
     """``(logits, cache)`` for texts (encoded with ``model.encode``: padded, masked) or token ids.
 
@@ -150,12 +225,59 @@ def run_with_cache(
     the final hidden states [batch, pos, d_model] (see the module notes). ``return_type="loss"``
     gives the next-token loss of a causal model instead (mean over real tokens, or [batch, pos - 1]
     with ``loss_per_token``; padding is 0 there), ``"both"`` gives ``(logits, loss)``. ``grad=True``
-    (TransformerLens's ``incl_bwd``) backpropagates the mean loss and caches ``name + "_grad"``.
+    (TransformerLens's ``incl_bwd``) backpropagates the mean loss and caches ``name + "_grad"`` for
+    every cached tensor that has one (zeros where the loss does not depend on it; none for token ids).
+    ``batch_size`` runs the examples that many at a time (the same logits, loss, cache and gradients,
+    joined on the batch axis; less memory for the passes), ``progress`` shows a bar over the batches.
     """
     check_return_type(model, return_type, loss_per_token, grad)
     ids, mask = inputs(model, texts_or_ids, attention_mask)
     keys = _check_names(model, names)
     wanted: Names = names if isinstance(names, Mapping) else keys
+    parts = chunks(ids.shape[0], batch_size)
+    total = _real_tokens(mask)
+    shown = bar(progress, len(parts), "run_with_cache batches")
+    runs = []
+    for part in parts:
+        share = None if len(parts) == 1 else _real_tokens(mask[part]) / total  # of the mean loss
+        runs.append(_one_pass(model, ids[part], mask[part], wanted, keys, return_type, loss_per_token, grad, share))
+        if shown is not None:
+            shown.update(1)
+    if shown is not None:
+        shown.close()
+    logits, loss, tensors = runs[0] if len(runs) == 1 else _join(runs, loss_per_token)
+    cache = Cache(tensors, model.info.n_layers, model.bridge)
+    if return_type == "both":
+        return (logits, loss), cache
+    return (loss if return_type == "loss" else logits), cache
+
+
+def _real_tokens(mask: torch.Tensor) -> float:
+    """Next-token targets with a real token on both sides (what the mean loss averages over)."""
+    return float((mask[:, 1:] * mask[:, :-1]).sum().clamp(min=1))
+
+
+def _join(runs: list[Any], per_token: bool) -> tuple[Any, Any, dict[str, torch.Tensor]]:
+    """Batches' (logits, loss, tensors) joined: on the batch axis, the mean loss as the sum of shares."""
+    logits = torch.cat([r[0] for r in runs])
+    losses = [r[1] for r in runs]
+    loss = None if losses[0] is None else torch.cat(losses) if per_token else torch.stack(losses).sum()
+    tensors = {k: torch.cat([r[2][k] for r in runs]) for k in runs[0][2]}
+    return logits, loss, tensors
+
+
+def _one_pass(
+    model: Model,
+    ids: torch.Tensor,
+    mask: torch.Tensor,
+    wanted: Names,
+    keys: list[str],
+    return_type: str,
+    loss_per_token: bool,
+    grad: bool,
+    share: float | None,
+) -> tuple[torch.Tensor, torch.Tensor | None, dict[str, torch.Tensor]]:
+    """One batch's logits, loss (times ``share`` of the whole mean, when batched) and cached tensors."""
     last = f"blocks.{model.info.n_layers - 1}.hook_resid_post"
     lm = model.has_lm_head
     extra = [] if lm or last in keys else [last]
@@ -169,13 +291,14 @@ def run_with_cache(
     if not grad and not lm:
         logits = logits.clone()
     loss = token_loss(logits, ids, mask, per_token=loss_per_token) if return_type != "logits" else None
+    if loss is not None and share is not None and not loss_per_token:
+        loss = loss * share
     tensors = {k: v.detach().clone() if grad else v for k, v in acts.items()}
     if grad and loss is not None:
-        grads = torch.autograd.grad(loss, [acts[k] for k in acts], allow_unused=True)
-        for k, g in zip(list(acts), grads, strict=True):
+        # token ids (embed.hook_in...) have no gradient: skipped, as TransformerLens's incl_bwd skips them
+        wrt = [k for k, v in acts.items() if v.requires_grad]
+        grads = torch.autograd.grad(loss, [acts[k] for k in wrt], allow_unused=True)
+        for k, g in zip(wrt, grads, strict=True):
             tensors[f"{k}_grad"] = torch.zeros_like(tensors[k]) if g is None else g
         logits, loss = logits.detach(), loss.detach()
-    cache = Cache(tensors, model.info.n_layers, model.bridge)
-    if return_type == "both":
-        return (logits, loss), cache
-    return (loss if return_type == "loss" else logits), cache
+    return logits, loss, tensors

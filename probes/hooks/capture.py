@@ -24,6 +24,7 @@ import torch
 
 from depthprobe.probes.base.errors import ProbeError, suggest
 from depthprobe.probes.hooks import eager_attention, guard
+from depthprobe.probes.models import native_attention
 from depthprobe.probes.models.model import Model
 
 HookFn = Callable[[torch.Tensor, Any], torch.Tensor | None]
@@ -91,6 +92,10 @@ class _StopForward(Exception):
 
 
 Names = str | Sequence[str] | Mapping[str, HookFn]
+_NO_GRAD = (
+    "capture(..., grad=True) keeps gradients, but this pass runs under torch.no_grad() or inference_mode; "
+    "run it outside them (or inside torch.enable_grad())"
+)
 
 
 def _open_captures(model: Model) -> int:
@@ -117,6 +122,15 @@ def _hook_fns(model: Model, names: Names, fn: HookFn | None) -> dict[str, HookFn
         for n in resolve_names(model, pattern):
             fns[n] = f
     return fns
+
+
+def _check_edits(model: Model, edited: list[str]) -> None:
+    """Attention hooks fire where their tensors are used (HF families and native models); an edit
+    that would still be discarded is refused, before any pass."""
+    eager_attention.install(model.bridge)
+    native_attention.install(model.bridge)
+    eager_attention.check_editable(model.bridge, edited)
+    native_attention.check_editable(model.bridge, edited)
 
 
 @contextmanager
@@ -146,17 +160,20 @@ def capture(
     refused while another thread has one open on the same model (see :mod:`.guard`).
     """
     fns = _hook_fns(model, names, fn)
-    eager_attention.install(model.bridge)  # pattern and score hooks fire where the tensors are used
-    eager_attention.check_editable(model.bridge, [n for n, f in fns.items() if f is not None])
+    _check_edits(model, [n for n, f in fns.items() if f is not None])
     acts = Captured()
     wanted, fired = set(fns), set()
     stop = stop_early and _open_captures(model) == 0
 
     def make_hook(name: str, edit: HookFn | None) -> HookFn:
         def hook(tensor: torch.Tensor, hook: Any) -> torch.Tensor | None:
+            if grad and not torch.is_grad_enabled():
+                raise ProbeError(_NO_GRAD)
             out = edit(tensor, hook) if edit is not None else None
             if store:  # keyed by the name asked for (the hook point may carry an alias)
                 kept = out if out is not None else tensor
+                if grad:  # a node of its own: its gradient is what flows through this hook point alone
+                    kept = kept.view_as(kept)  # (q, k and v read one tensor; TransformerLens's grads are per hook)
                 acts[name] = kept if grad else kept.detach().clone() if clone else kept.detach()
             fired.add(name)
             if stop and wanted.issubset(fired):

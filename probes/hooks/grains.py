@@ -8,8 +8,9 @@ Three layouts (TransformerLens's), told apart by the hook's name:
 - everything else [batch, pos, ...] (residuals, ``hook_attn_out``, ``q.hook_out``, ``o.hook_in``...).
 
 ``per`` is ``"position"`` (one slot per position, every head), ``"head"`` (one per head, every
-position) or ``"head_position"``; the default is the hook's natural grain: ``head`` for the
-per-head layouts, ``position`` for the rest (which has no heads to cut).
+position), ``"head_position"`` or, for the maps, ``"head_query_key"`` (one slot per head and
+destination x source pair: a causal model's pairs with key <= query); the default is the hook's
+natural grain: ``head`` for the per-head layouts, ``position`` for the rest (no heads to cut).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from typing import Any, Literal, get_args
 
 from depthprobe.probes.base.errors import ProbeError
 
-Per = Literal["position", "head", "head_position"]
+Per = Literal["position", "head", "head_position", "head_query_key"]
 Layout = Literal["heads", "maps", "positions"]
 _HEADS = re.compile(r"attn\.hook_(z|q|k|v|result)$")
 _MAPS = re.compile(r"attn\.hook_(pattern|attn_scores)$")
@@ -46,6 +47,10 @@ def grain(name: str, per: Per | None) -> Per:
             f"{name} has no head axis, so it cannot be patched per={per!r}; use per='position' "
             "or a per-head hook (blocks.*.attn.hook_z, hook_q/k/v, hook_pattern)"
         )
+    if per == "head_query_key" and kind != "maps":
+        raise ProbeError(
+            f"per='head_query_key' cuts attention maps; {name} is not one (use hook_pattern or hook_attn_scores)"
+        )
     return per
 
 
@@ -59,6 +64,7 @@ def layer_and_hook(name: str) -> tuple[int | None, str]:
 class Slot:
     head: int | None
     position: int | None
+    key: int | None = None  # the source position of a map's slot (per="head_query_key")
 
     def index(self, kind: Layout) -> tuple[Any, ...]:
         """The index of this slot in a tensor of the layout (batch first)."""
@@ -68,15 +74,18 @@ class Slot:
         if kind == "heads":
             return (every, pos, head)
         if kind == "maps":
-            return (every, head, pos)
+            return (every, head, pos) if self.key is None else (every, head, pos, self.key)
         return (every, pos)
 
 
-def slots(per: Per, n_heads: int, positions: Sequence[int]) -> list[Slot]:
+def slots(per: Per, n_heads: int, positions: Sequence[int], n_keys: int = 0, causal: bool = True) -> list[Slot]:
     if per == "position":
         return [Slot(None, p) for p in positions]
     if per == "head":
         return [Slot(h, None) for h in range(n_heads)]
+    if per == "head_query_key":
+        keys = [(q, k) for q in positions for k in range(n_keys) if k <= q or not causal]
+        return [Slot(h, q, k) for q, k in keys for h in range(n_heads)]
     return [Slot(h, p) for p in positions for h in range(n_heads)]
 
 

@@ -22,7 +22,8 @@ from depthprobe.probes.hooks.cache import outputs, run_with_cache
 from depthprobe.probes.hooks.capture import HookFn, capture, forward
 from depthprobe.probes.hooks.grains import Per, layout
 from depthprobe.probes.hooks.inputs import inputs
-from depthprobe.probes.hooks.patching import each_slot, plan, row, table, value
+from depthprobe.probes.hooks.patching import Plan, each_slot, plan, table, where
+from depthprobe.probes.hooks.stats import Metrics, Values, bar, chunks, metric_fns
 from depthprobe.probes.models.model import Model
 
 Head = tuple[int, int]
@@ -144,11 +145,14 @@ def patch(
     clean: Any,
     corrupt: Any,
     hooks: str | Sequence[str] = "blocks.*.hook_resid_pre",
-    metric: Callable[[torch.Tensor], Any] | None = None,
+    metric: Metrics | None = None,
     task: str = "patching",
     *,
     per: Per | None = None,
     positions: Sequence[int] | None = None,
+    per_example: bool = False,
+    batch_size: int | None = None,
+    progress: bool = False,
 ) -> pd.DataFrame:
     """Activation patching: the corrupted input, with one slot of one clean activation written in.
 
@@ -156,19 +160,38 @@ def patch(
     ``attn.hook_z`` / ``hook_q/k/v``, ``attn.hook_pattern`` / ``hook_attn_scores``...
     ``per``: ``"position"``, ``"head"`` or ``"head_position"`` (default: ``head`` for per-head hooks,
     ``position`` otherwise; see :mod:`.grains`); ``positions`` limits the positions patched.
-    ``metric(logits) -> float`` (logits as :func:`run_with_cache` gives them: final hidden states
-    for encoders without an LM head). Returns the tidy table of :mod:`.patching` (one row per hook
-    x slot, the metric of the patched run); the clean and corrupted values are in ``df.attrs``."""
+    ``metric(logits)`` (logits as :func:`run_with_cache` gives them: final hidden states for
+    encoders without an LM head) gives a number, or one per example (then the table has the mean,
+    ``se`` and ``n``, or with ``per_example`` a row per example); a dict of them measures each
+    (see :mod:`.stats`). ``batch_size`` runs the examples in batches, ``progress`` shows a bar.
+    Returns the tidy table of :mod:`.patching` (one row per hook x slot x metric, the metric of the
+    patched run); the clean and corrupted values are in ``df.attrs``."""
     p = plan(model, clean, corrupt, hooks, metric, per, positions)
-    assert metric is not None
-    (c_ids, c_mask), (x_ids, x_mask) = p.clean, p.corrupt
-    logits, cache = run_with_cache(model, c_ids, names=list(p.grains), attention_mask=c_mask)
-    rows = []
+    fns = metric_fns(metric)
+    parts = chunks(p.clean[0].shape[0], batch_size)
+    got = Values(fns, batch_size is not None)
+    order: dict[Any, None] = {}  # (hook, slot) in the order run
+    shown = bar(progress, len(parts), "patching batches")
     with torch.no_grad():
-        corrupt_logits = outputs(model, x_ids, x_mask)
-        for name in p.grains:
-            for slot in each_slot(p, name, cache[name]):
-                with capture(model, {name: _write_clean(cache[name], slot.index(layout(name)))}, store=False):
-                    out = outputs(model, x_ids, x_mask)
-                rows.append(row(model, task, metric, name, slot, value(metric, out)))
-    return table(rows, value(metric, logits), value(metric, corrupt_logits))
+        for part in parts:
+            _patch_batch(model, p, part, got, order)
+            if shown is not None:
+                shown.update(1)
+    if shown is not None:
+        shown.close()
+    rows = [r for name, slot in order for r in got.rows((name, slot), where(model, task, name, slot), per_example)]
+    return table(rows, got.attrs("clean"), got.attrs("corrupt"))
+
+
+def _patch_batch(model: Model, p: Plan, part: slice, got: Values, order: dict[Any, None]) -> None:
+    """One batch of examples: its clean and corrupted runs and one patched run per hook x slot."""
+    (c_ids, c_mask), (x_ids, x_mask) = ((ids[part], mask[part]) for ids, mask in (p.clean, p.corrupt))
+    logits, cache = run_with_cache(model, c_ids, names=list(p.grains), attention_mask=c_mask)
+    got.add("clean", logits, part)
+    got.add("corrupt", outputs(model, x_ids, x_mask), part)
+    for name in p.grains:
+        for slot in each_slot(p, name, cache[name], model.info.causal):
+            with capture(model, {name: _write_clean(cache[name], slot.index(layout(name)))}, store=False):
+                out = outputs(model, x_ids, x_mask)
+            order[(name, slot)] = None  # an ordered set of the runs
+            got.add((name, slot), out, part)

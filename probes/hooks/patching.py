@@ -19,6 +19,7 @@ from depthprobe.probes.hooks import eager_attention
 from depthprobe.probes.hooks.capture import resolve_names
 from depthprobe.probes.hooks.grains import Per, Slot, check_positions, grain, layer_and_hook, layout, slots
 from depthprobe.probes.hooks.inputs import inputs
+from depthprobe.probes.hooks.stats import Metrics, metric_fns
 from depthprobe.probes.models.model import Model
 
 COLUMNS = ["model", "task", "layer", "head", "position", "hook", "metric", "value"]
@@ -38,13 +39,12 @@ def plan(
     clean: Any,
     corrupt: Any,
     hooks: str | Sequence[str],
-    metric: Metric | None,
+    metric: Metrics | None,
     per: Per | None,
     positions: Sequence[int] | None,
 ) -> Plan:
     """Check everything a patching run needs, before any forward pass."""
-    if metric is None or not callable(metric):
-        raise ProbeError("give metric=, a function of the logits [batch, pos, vocab] giving a number")
+    metric_fns(metric)
     names = resolve_names(model, hooks)
     grains = {name: grain(name, per) for name in names}
     c_ids, c_mask = inputs(model, clean, None)
@@ -67,8 +67,8 @@ def head_count(name: str, act: torch.Tensor) -> int:
     return act.shape[2] if kind == "heads" else act.shape[1]
 
 
-def each_slot(p: Plan, name: str, act: torch.Tensor) -> list[Slot]:
-    return slots(p.grains[name], head_count(name, act), p.positions)
+def each_slot(p: Plan, name: str, act: torch.Tensor, causal: bool = True) -> list[Slot]:
+    return slots(p.grains[name], head_count(name, act), p.positions, act.shape[-1], causal)
 
 
 def value(metric: Metric, logits: torch.Tensor) -> float:
@@ -84,7 +84,8 @@ def value(metric: Metric, logits: torch.Tensor) -> float:
     )
 
 
-def row(model: Model, task: str, metric: Metric, name: str, slot: Slot, v: float) -> dict[str, Any]:
+def where(model: Model, task: str, name: str, slot: Slot) -> dict[str, Any]:
+    """A row's columns before ``metric`` and ``value``."""
     layer, hook = layer_and_hook(name)
     return {
         "model": model.name,
@@ -93,14 +94,19 @@ def row(model: Model, task: str, metric: Metric, name: str, slot: Slot, v: float
         "head": pd.NA if slot.head is None else slot.head,
         "position": pd.NA if slot.position is None else slot.position,
         "hook": hook,
-        "metric": getattr(metric, "__name__", "metric"),
-        "value": v,
+        **({} if slot.key is None else {"key": slot.key}),
     }
 
 
-def table(rows: list[dict[str, Any]], clean: float, corrupt: float) -> pd.DataFrame:
-    df = pd.DataFrame(rows, columns=COLUMNS)
-    for col in ("layer", "head", "position"):
+def row(model: Model, task: str, metric: Metric, name: str, slot: Slot, v: float) -> dict[str, Any]:
+    return {**where(model, task, name, slot), "metric": getattr(metric, "__name__", "metric"), "value": v}
+
+
+def table(rows: list[dict[str, Any]], clean: Any, corrupt: Any) -> pd.DataFrame:
+    """The tidy table; per-example metrics add ``se`` and ``n`` (or ``example``) columns."""
+    extra = [c for c in ("key", "example", "se", "n") if any(c in r for r in rows)]
+    df = pd.DataFrame(rows, columns=COLUMNS + extra)
+    for col in ("layer", "head", "position", *(c for c in extra if c != "se")):
         df[col] = df[col].astype("Int64")
     df.attrs.update(clean=clean, corrupt=corrupt)
     return df

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from depthprobe.probes.base.errors import ProbeError, suggest
+from depthprobe.probes.models import native_attention
 from depthprobe.probes.models.architectures import (
     ALIASES,
     DEFAULT_MODEL,
@@ -278,6 +279,7 @@ def _load_native(
     if cfg.positional == "none":
         drop_rotation(bridge)
     bridge.eval()
+    native_attention.install(bridge)
     info = ModelInfo(
         name=name,
         source="native",

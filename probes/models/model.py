@@ -231,6 +231,30 @@ class Model:
             ids = list(text_or_ids)
         return [tok.decode([int(i)]) for i in ids]
 
+    # --- TransformerLens's tokenizer verbs: the bridge's own, so their answers are TransformerLens's ---
+
+    def _tl_tokenizer(self, verb: str) -> Any:
+        if self.tokenizer is None:
+            raise ProbeError(
+                f"{verb} needs a tokenizer and {self.name!r} has none (native models read token ids); "
+                "pass ids, e.g. torch.tensor([[1, 2, 3]])"
+            )
+        return self.bridge
+
+    def to_tokens(self, text: str | list[str], prepend_bos: bool | None = None, **kwargs: Any) -> torch.Tensor:
+        """TransformerLens's ``to_tokens`` ([batch, pos]; a BOS first unless ``prepend_bos=False``;
+        ``padding_side``, ``move_to_device``, ``truncate`` as there). :meth:`encode` adds what the
+        tokenizer adds instead, and a mask."""
+        return self._tl_tokenizer("to_tokens").to_tokens(text, prepend_bos=prepend_bos, **kwargs)
+
+    def to_string(self, tokens: Any) -> str | list[str]:
+        """TransformerLens's ``to_string``: ids ([pos] or [batch, pos]) decoded to text."""
+        return self._tl_tokenizer("to_string").to_string(tokens)
+
+    def to_single_token(self, string: str) -> int:
+        """TransformerLens's ``to_single_token``: the id of a string that is one token (an error if not)."""
+        return self._tl_tokenizer("to_single_token").to_single_token(string)
+
     @property
     def has_lm_head(self) -> bool:
         """False when the checkpoint holds no trained head over the vocabulary (a sentence encoder

@@ -144,18 +144,21 @@ STYLE = _asset("page.css")
 LOADER = _asset("attention.js")
 
 
-def page(title: str, body: str, payloads: Sequence[dict[str, Any]] = ()) -> str:
+def page(title: str, body: str, payloads: Sequence[dict[str, Any]] = (), *, bundle: bool = True) -> str:
     """A complete, self-contained HTML document. ``body`` must already be escaped markup.
 
-    With view payloads, the circuitsvis bundle and the loader are appended once.
+    With view payloads, the circuitsvis bundle and the loader are appended once. Without the
+    bundle (``bundle=False``: a notebook output after the first, see :func:`notebook_bundle`), the
+    page borrows it from an earlier page in a frame of the same host (its hash stays pinned).
     """
     scripts, hashes = "", []
     if payloads:
-        bundle, loader = bundle_js(), LOADER
-        hashes = [_sha256(bundle), _sha256(loader)]
+        code, loader = bundle_js(), LOADER
+        hashes = [_sha256(code), _sha256(loader)]
+        inline = f"<script id='dp-bundle'>{code}</script>" if bundle else ""
         scripts = (
             f"<script type='application/json' id='dp-views-data'>{script_json(list(payloads))}</script>"
-            f"<script>{bundle}</script><script>{loader}</script>"
+            f"{inline}<script>{loader}</script>"
         )
     script_src = " ".join(hashes) if hashes else "'none'"
     csp = (
@@ -180,6 +183,18 @@ def page(title: str, body: str, payloads: Sequence[dict[str, Any]] = ()) -> str:
     )
 
 
+_NOTEBOOK = {"bundle_shown": False}
+
+
+def notebook_bundle(bundle: bool | None = None) -> bool:
+    """Whether a notebook display carries the circuitsvis bundle (1.3 MB): always (True), never
+    (False), or the first time in this process (None); later displays borrow it from that one."""
+    if bundle is None:
+        bundle = not _NOTEBOOK["bundle_shown"]
+    _NOTEBOOK["bundle_shown"] = _NOTEBOOK["bundle_shown"] or bundle
+    return bundle
+
+
 def write_atomic(path: Path, text: str) -> Path:
     """Write ``text`` to ``path`` via a temporary sibling file (never a half-written page): a text
     page over the one atomic writer, ``artifacts.replace_file``."""
@@ -194,4 +209,4 @@ def write_atomic(path: Path, text: str) -> Path:
         raise write_error(exc, path) from None
 
 
-__all__ = ["bundle_js", "clean", "esc", "page", "script_json", "svg_img", "table", "write_atomic"]
+__all__ = ["bundle_js", "clean", "esc", "notebook_bundle", "page", "script_json", "svg_img", "table", "write_atomic"]

@@ -26,7 +26,7 @@ import pandas as pd
 from depthprobe.probes.base.errors import ProbeError
 from depthprobe.probes.render.attention import MAX_TOKENS, View, inline_frame, views_html
 from depthprobe.probes.render.charts import heatmap_svg as draw_heatmap
-from depthprobe.probes.render.html import esc, page, svg_img, table, write_atomic
+from depthprobe.probes.render.html import esc, notebook_bundle, page, svg_img, table, write_atomic
 
 MAX_DEFAULT_PANELS = 12  # heatmaps drawn when the task lists none (one per metric)
 MAX_PANELS = 48  # panels drawn at most; the rest are named in a note
@@ -369,7 +369,8 @@ def _views_frame(raw: Sequence[Any], title: str) -> str:
     if not views:
         return "".join(f"<p class='error'>{esc(e)}</p>" for e in errors)
     body, payloads = views_html(views)
-    return "<h2>Attention views</h2>" + inline_frame(page(title, body, payloads), title, height=80 + 560 * len(views))
+    frame = page(title, body, payloads, bundle=notebook_bundle())  # the bundle once per notebook
+    return "<h2>Attention views</h2>" + inline_frame(frame, title, height=80 + 560 * len(views))
 
 
 def result_html(result: Any) -> str:
