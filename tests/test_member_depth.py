@@ -4,7 +4,10 @@ false, the skipped-block accuracy equal to evaluating with probes.skip_layers by
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
+from typing import Any, ClassVar
 
 import pandas as pd
 import pytest
@@ -14,7 +17,9 @@ from typer.testing import CliRunner
 from depthprobe import probes
 from depthprobe.cli.main import app
 from depthprobe.probes.data import khop
-from depthprobe.probes.experiments.protocol import get_experiment
+from depthprobe.probes.experiments import member_depth
+from depthprobe.probes.experiments.folder import finish_member, in_member_folder
+from depthprobe.probes.experiments.protocol import EXPERIMENTS, Experiment, get_experiment, register_experiment
 from depthprobe.probes.experiments.runner import study
 from tests.helpers import plan, resolve
 
@@ -115,7 +120,7 @@ def test_text_members_and_resume(tmp_path, plays):
         assert list(usage.columns) == TASK_COLUMNS
         assert not (folder / "members" / m / "skipped_accuracy.csv").exists()  # text members: no task levels
     table = pd.read_csv(folder / "depth_usage.csv")
-    assert ["member", "variant", "depth", "d_model"] == list(table.columns)[:4]
+    assert list(table.columns)[:4] == ["member", "variant", "depth", "d_model"]
     assert len(table) == int(members["depth"].sum())
     one = pd.read_csv(folder / "members" / members["member"][0] / "depth_usage.csv")
     rel = one[one.metric == "relative_contribution"].set_index("layer")["value"]
@@ -125,3 +130,59 @@ def test_text_members_and_resume(tmp_path, plays):
     again = study("levine", "smoke", out=folder, corpus=str(plays), echo=lines.append, **TINY)
     assert any("2 finished member(s) kept" in line for line in lines)
     pd.testing.assert_frame_equal(pd.read_csv(again.folder / "depth_usage.csv"), table)
+
+
+@dataclass(frozen=True)
+class PluginConfig:
+    preset: str = "smoke"
+    depths: tuple[int, ...] = (1, 2)
+    depth_usage: bool = True  # the one declaration: --depth-usage reads it
+
+
+@dataclass(frozen=True)
+class PluginJob:
+    config: PluginConfig
+    depth: int
+    dest: str | None = None
+
+    @property
+    def name(self) -> str:
+        return f"L{self.depth}"
+
+
+class PluginFamily(Experiment):
+    """A plugin's family: untrained native members, the probe called once in the member."""
+
+    name = "depthplugin"
+    Config = PluginConfig
+    presets: ClassVar[dict[str, dict[str, Any]]] = {"smoke": {}}
+    costs: ClassVar[dict[str, str]] = {"smoke": "two untrained members, seconds"}
+    columns: ClassVar[list[str]] = ["family", "member", "depth", "wall_s", "device", "status", "error"]
+
+    def plan(self, config: PluginConfig) -> list[PluginJob]:
+        return [PluginJob(config, d) for d in config.depths]
+
+    def base_row(self, job: PluginJob) -> dict[str, Any]:
+        return {**super().base_row(job), "depth": job.depth}
+
+    def run_member(self, job: PluginJob) -> Any:
+        return in_member_folder(partial(self._run, job), job.dest)
+
+    def _run(self, job: PluginJob, folder: Path) -> dict[str, Any]:
+        model = probes.load(f"native:layers={job.depth},d_model=16,heads=2,d_vocab=12,n_ctx=8,seed=0", device="cpu")
+        if member_depth.enabled(job.config):
+            ids = torch.randint(0, 12, (4, 8), generator=torch.Generator().manual_seed(0))
+            member_depth.write_depth_usage(model, ids, folder, job.name)
+        row = {**self.base_row(job), "wall_s": 0.0, "device": "cpu", "status": "ok", "error": ""}
+        return finish_member(folder, row)
+
+
+def test_a_plugin_family_gets_the_study_table(tmp_path, monkeypatch):
+    monkeypatch.setattr(EXPERIMENTS, "_items", dict(EXPERIMENTS._items))  # registered for this test only
+    register_experiment(PluginFamily)
+    s = study("depthplugin", "smoke", out=tmp_path / "p", echo=lambda line: None)
+    table = pd.read_csv(s.folder / "depth_usage.csv")
+    assert list(table.columns)[:3] == ["member", "depth", "layer"] and len(table) == 1 + 2
+    assert "<h2>Depth usage</h2>" in (s.folder / "report.html").read_text()
+    off = study("depthplugin", "smoke", out=tmp_path / "off", echo=lambda line: None, depth_usage="false")
+    assert not list(off.folder.rglob("depth_usage.csv"))

@@ -70,7 +70,8 @@ def skipped_section(table: pd.DataFrame, key: str, threshold: float | None, law:
         rows.append(row)
     shown = pd.DataFrame(rows)
     skips = sorted((c for c in shown if c.startswith("skip ")), key=lambda c: int(c.split()[1]))
-    shown = shown[[c for c in shown if c not in skips and c != "needs"] + skips + (["needs"] if threshold is not None else [])]
+    needs = ["needs"] if threshold is not None else []
+    shown = shown[[c for c in shown if c not in skips and c != "needs"] + skips + needs]
     predicted = _predicted(shown, key, law)
     if predicted is not None:
         shown.insert(shown.columns.get_loc("intact"), "predicted_depth", predicted)
