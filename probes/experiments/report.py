@@ -24,18 +24,18 @@ def render(exp: Experiment, cfg: Any, tables: dict[str, pd.DataFrame], folder: P
 
 
 def depth_sections(exp: Experiment, cfg: Any, tables: dict[str, pd.DataFrame]) -> list[str]:
-    """The members' depth usage and, for law families, the accuracy with each block skipped
+    """For law families the accuracy with each block skipped, then the members' depth usage
     (experiments/member_depth.py's tables), after the family's sections."""
     from depthprobe.probes.experiments.member_depth import DEPTH_USAGE_CSV, SKIPPED_CSV
     from depthprobe.probes.render.study_depth import skipped_section, usage_section
 
     out = []
-    if DEPTH_USAGE_CSV in tables and not tables[DEPTH_USAGE_CSV].empty:
-        out.append(usage_section(tables[DEPTH_USAGE_CSV]))
-    if SKIPPED_CSV in tables and not tables[SKIPPED_CSV].empty:
+    if SKIPPED_CSV in tables and not tables[SKIPPED_CSV].empty:  # first: the nearer the law, the better
         law = tables.get("law.csv")
         key = getattr(exp, "key", "level")
         out.append(skipped_section(tables[SKIPPED_CSV], key, getattr(cfg, "threshold", None), law))
+    if DEPTH_USAGE_CSV in tables and not tables[DEPTH_USAGE_CSV].empty:
+        out.append(usage_section(tables[DEPTH_USAGE_CSV]))
     return out
 
 
