@@ -22,7 +22,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from depthprobe.probes.base.errors import ProbeError
-from depthprobe.probes.experiments.laws import COMMON, ROW_COLUMNS, LawConfig, LawExperiment, LawJob
+from depthprobe.probes.experiments.laws import (
+    COMMON,
+    ROW_COLUMNS,
+    USAGE_SEQUENCES,
+    LawConfig,
+    LawExperiment,
+    LawJob,
+)
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -179,6 +186,14 @@ class Crasp(LawExperiment):
             out[hi] = (s["exact_match"], s["token_accuracy"])
         return out
 
+    def usage_inputs(self, job: LawJob) -> torch.Tensor:
+        """Strings of L_k of the longest training length, ``nmax`` (no padding), from the
+        evaluation seed space."""
+        from depthprobe.probes.data import crasp
+
+        cfg = job.config
+        return crasp.eval_batch(k_of(job), USAGE_SEQUENCES, cfg.nmax, cfg.nmax, job.seed)[0]
+
     def probe(self, job: LawJob, model: Model, folder: Path) -> None:
         """``ranges.csv``: per range its lengths and the majority-class token accuracy of the final
         evaluation set (what always answering the more frequent class scores)."""
@@ -222,10 +237,10 @@ def predict(model: Model, inputs: torch.Tensor) -> torch.Tensor:
     import torch
 
     from depthprobe.probes.data import crasp
-    from depthprobe.probes.training.fast_forward import fast_logits
+    from depthprobe.probes.experiments.law_member import member_logits
 
     with torch.no_grad():
-        parts = [crasp.predictions(fast_logits(model, c.to(model.device))).cpu() for c in inputs.split(EVAL_CHUNK)]
+        parts = [crasp.predictions(member_logits(model, c.to(model.device))).cpu() for c in inputs.split(EVAL_CHUNK)]
     return torch.cat(parts)
 
 

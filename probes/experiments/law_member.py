@@ -16,6 +16,8 @@ curriculum's moves), and writes its files once:
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -25,6 +27,7 @@ import torch
 
 from depthprobe.probes.base.artifacts import write_csv
 from depthprobe.probes.base.runtime import torch_threads
+from depthprobe.probes.experiments import member_depth
 from depthprobe.probes.experiments.folder import finish_member, in_member_folder
 from depthprobe.probes.experiments.protocol import MemberOutput
 from depthprobe.probes.models import families
@@ -42,10 +45,31 @@ if TYPE_CHECKING:
 EVAL_CHUNK = 250  # sequences per forward pass in evaluations
 
 
+_HOOKED: dict[str, bool] = {"on": False}  # inside through_hooks(): evaluations run the bridge, hooks and all
+
+
+@contextmanager
+def through_hooks() -> Iterator[None]:
+    """Within the block, :func:`member_logits` runs ``model.bridge`` (through its hook points, so
+    that skipped blocks are skipped) instead of the training fast path (the same function)."""
+    before = _HOOKED["on"]
+    _HOOKED["on"] = True
+    try:
+        yield
+    finally:
+        _HOOKED["on"] = before
+
+
+def member_logits(model: Model, tokens: torch.Tensor) -> torch.Tensor:
+    """Logits [batch, pos, vocab] for the family's evaluations: the fast path, or the bridge inside
+    :func:`through_hooks`."""
+    return model.bridge(tokens) if _HOOKED["on"] else fast_logits(model, tokens)
+
+
 @torch.no_grad()
 def predict(model: Model, inputs: torch.Tensor) -> torch.Tensor:
     """Argmax predictions [n, T], in chunks."""
-    parts = [fast_logits(model, chunk.to(model.device)).argmax(-1).cpu() for chunk in inputs.split(EVAL_CHUNK)]
+    parts = [member_logits(model, chunk.to(model.device)).argmax(-1).cpu() for chunk in inputs.split(EVAL_CHUNK)]
     return torch.cat(parts)
 
 
@@ -109,6 +133,19 @@ def accuracy_rows(
     return rows
 
 
+def depth_files(exp: LawExperiment, job: LawJob, model: Model, sets: dict[int, Any], folder: Path) -> None:
+    """``depth_usage.csv`` on the family's depth-usage inputs, and ``skipped_accuracy.csv``: the
+    accuracy per key on the final evaluation sets, intact and with each single block skipped,
+    evaluated through the model's hooks."""
+    member_depth.write_depth_usage(model, exp.usage_inputs(job), folder, job.name, max_len=job.context)
+
+    def evaluate() -> dict[int, float]:
+        with through_hooks():
+            return {value: acc for value, (acc, _) in exp.scores(job, model, sets).items()}
+
+    member_depth.write_skipped_accuracy(model, evaluate, folder, job.name, key=exp.key)
+
+
 def run_law_member(exp: LawExperiment, job: LawJob) -> MemberOutput:
     """Train, evaluate and probe one member: its row and its files (written to ``job.dest``, or
     returned as bytes when there is none)."""
@@ -124,7 +161,8 @@ def _run(exp: LawExperiment, job: LawJob, folder: Path) -> dict[str, Any]:
         nonembed, embed = families.count_params(model)
         source = exp.source(job)
         log, curves, seconds = train(exp, job, model, source)
-        final = exp.scores(job, model, exp.eval_sets(job, job.config.eval_sequences))
+        sets = exp.eval_sets(job, job.config.eval_sequences)
+        final = exp.scores(job, model, sets)
         write_csv(folder / "loss.csv", pd.DataFrame(log, columns=["step", "loss", "lr", "elapsed_s"]))
         write_csv(folder / "curves.csv", pd.DataFrame(curves))
         accuracy = pd.DataFrame(accuracy_rows(exp, job, final, curves)).astype({"step_reached": "Int64"})
@@ -132,6 +170,8 @@ def _run(exp: LawExperiment, job: LawJob, folder: Path) -> dict[str, Any]:
         save_checkpoint(model, folder / "checkpoint", {"law_study": {"member": job.name, "family": exp.name}})
         exp.probe(job, model, folder)
         exp.training_files(job, source, folder)
+        if member_depth.enabled(job.config):  # after every other measurement: nothing above depends on it
+            depth_files(exp, job, model, sets, folder)
     row.update(
         params=nonembed + embed,
         params_nonembed=nonembed,
@@ -145,4 +185,4 @@ def _run(exp: LawExperiment, job: LawJob, folder: Path) -> dict[str, Any]:
     return finish_member(folder, row)
 
 
-__all__ = ["accuracy_rows", "predict", "run_law_member"]
+__all__ = ["accuracy_rows", "member_logits", "predict", "run_law_member", "through_hooks"]

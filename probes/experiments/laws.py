@@ -39,6 +39,7 @@ MAX_SEEDS = 1000  # seeds per study (a plan of more members is refused, not buil
 MAX_DEPTH = 1000  # layers of a member
 MAX_STEPS = 100_000_000  # training steps of a member
 MAX_EVALS = 100_000  # learning-curve evaluations of a member (steps / eval_every)
+USAGE_SEQUENCES = 32  # sequences the depth-usage probe of a member reads (member_depth.py)
 ROW_COLUMNS = [
     "family",
     "member",
@@ -81,6 +82,7 @@ class LawConfig:
     threshold: float = 0.99  # accuracy that counts as solved (law.csv, step_reached)
     control: bool = True
     device: str | None = None
+    depth_usage: bool = True  # each member's depth_usage.csv and skipped_accuracy.csv (experiments/member_depth.py)
 
     def __post_init__(self) -> None:
         for name in ("heads", "seeds", "steps", "batch_size", "eval_every", "curve_sequences", "eval_sequences"):
@@ -219,6 +221,12 @@ class LawExperiment(Experiment):
 
     def probe(self, job: LawJob, model: Model, folder: Path) -> None:
         """What the family measures on a trained member besides accuracy (files in ``folder``)."""
+
+    def usage_inputs(self, job: LawJob) -> torch.Tensor:
+        """The depth-usage probe's token ids [example, pos] (every row one whole sequence, no
+        padding): :data:`USAGE_SEQUENCES` sequences of the largest key, from the evaluation seed space."""
+        sets = self.eval_sets(job, USAGE_SEQUENCES)
+        return sets[max(sets)][0]
 
     def prepare(self, config: Any, jobs: list[LawJob], say: Any) -> None:
         """Refuse, before anything is written, a member that cannot fit: its weights, gradients,

@@ -241,9 +241,12 @@ def write_members(exp: Experiment, folder: Path) -> pd.DataFrame:
 
 
 def write_tables(exp: Experiment, cfg: Any, folder: Path) -> dict[str, pd.DataFrame]:
-    """members.csv and the family's tables, written and returned."""
+    """members.csv, the family's tables and the depth tables of its members (member_depth.py),
+    written and returned."""
+    from depthprobe.probes.experiments.member_depth import study_tables
+
     members = write_members(exp, folder)
-    tables = exp.tables(cfg, members, folder)
+    tables = {**study_tables(members, folder), **exp.tables(cfg, members, folder)}
     for name, table in tables.items():
         folders.write_table(folder, name, table)
     return {folders.MEMBERS_CSV: members, **tables}

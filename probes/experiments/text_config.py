@@ -47,6 +47,7 @@ class TextConfig:
     icl_windows: int = 32  # validation windows for the ICL score
     device: str | None = None
     max_params: int | None = None  # refuse members with more parameters than this (they fail, the rest go on)
+    depth_usage: bool = True  # each member's depth_usage.csv after training (experiments/member_depth.py)
 
     def __post_init__(self) -> None:
         if not (self.max_passes > 0 and math.isfinite(self.max_passes)):

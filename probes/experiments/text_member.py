@@ -24,6 +24,7 @@ from depthprobe.probes.base.artifacts import write_csv
 from depthprobe.probes.base.errors import ProbeError
 from depthprobe.probes.data import corpus as corpora
 from depthprobe.probes.data.memory import Text
+from depthprobe.probes.experiments import member_depth
 from depthprobe.probes.experiments.folder import finish_member, in_member_folder
 from depthprobe.probes.experiments.probing import mean_metric, probe
 from depthprobe.probes.experiments.protocol import MemberOutput
@@ -175,6 +176,8 @@ def _run(exp: TextExperiment, job: TextJob, folder: Path) -> dict[str, Any]:
     )
     ker = probe(model, "kernels", folder / "runs" / "kernels", data=lines, max_len=cfg.context)
     att = probe(model, "attention-stats", folder / "runs" / "attention-stats", data=lines, max_len=cfg.context)
+    if member_depth.enabled(cfg):  # after every other measurement: nothing above depends on it
+        member_depth.write_depth_usage(model, lines, folder, job.name, max_len=cfg.context)
     m = job.member
     row.update(exp.size_columns(m, nonembed, embed))
     row.update(

@@ -1,0 +1,95 @@
+"""The study report's depth sections (from ``depth_usage.csv`` and ``skipped_accuracy.csv``, the
+study tables of probes/experiments/member_depth.py): per depth, the members' relative contribution
+and the output effect of skipping each block as line charts; for law families, the accuracy per
+task level with each single block skipped, beside the law. The page reports; it proves nothing.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pandas as pd
+
+from depthprobe.probes.render.html import esc
+from depthprobe.probes.render.html import table as html_table
+from depthprobe.probes.render.lines import Chart, Series, row_svg
+
+SKIPPED_NOTE = (
+    "Reported beside the law, never as proof of it: a member of exactly the predicted depth should need every "
+    "block for its largest level; a deeper one may have a block to spare. Accuracy on the final evaluation sets, "
+    "run through the model's hooks with the block's output replaced by its input."
+)
+
+
+def _series(rows: pd.DataFrame, metric: str) -> list[Series]:
+    out = []
+    for member, at in rows.groupby("member", sort=False):
+        at = at.sort_values("layer")
+        points = tuple((float(x), float(y)) for x, y in zip(at["layer"], at[metric], strict=True))
+        out.append(Series(str(member), points))
+    return out
+
+
+def usage_section(table: pd.DataFrame) -> str:
+    """Per depth: relative contribution ||c_l|| / ||h_l|| and the output effect of skipping block l
+    (``skip_kl`` where the members have an unembedding, else ``skip_output``), a line per member."""
+    effect = "skip_kl" if "skip_kl" in table and table["skip_kl"].notna().any() else "skip_output"
+    parts = [
+        "<h2>Depth usage</h2><p class='meta'>depth_usage.csv: each member's depth-usage probe after training on "
+        f"its evaluation inputs (docs/depth-usage.md); right: {esc(effect)}, the output's change when the block is "
+        "skipped. Switch it off with --depth-usage false.</p>"
+    ]
+    by = table.groupby("depth", sort=True) if "depth" in table else [(None, table)]
+    for depth, rows in by:
+        charts = [
+            Chart(tuple(_series(rows, m)), title, "block", m, width=420, height=240, legend_cols=2)
+            for m, title in (("relative_contribution", "relative contribution"), (effect, "skipping the block"))
+            if m in rows
+        ]
+        title = "" if depth is None else f"depth {int(depth)}"
+        parts.append(f"<figure>{row_svg(charts, title=title)}</figure>")
+    return "".join(parts)
+
+
+def skipped_section(table: pd.DataFrame, key: str, threshold: float | None, law: pd.DataFrame | None) -> str:
+    """Per member and level: the intact accuracy, the accuracy with each block skipped, and (with a
+    threshold) the blocks it needs there: those whose skip takes a solved level below the threshold."""
+    ids = [c for c in ("group", "k", "depth", "d_model", "seed", "control") if c in table and c != key]
+    rows = []
+    for (member, level), at in table.groupby(["member", key], sort=False):
+        intact = at.loc[at["skipped"].isna(), "accuracy"]
+        base = float(intact.iloc[0]) if len(intact) else float("nan")
+        first = at.iloc[0]
+        row: dict[str, Any] = {"member": member, **{c: first[c] for c in ids}, key: level, "intact": round(base, 4)}
+        skips = at[at["skipped"].notna()].sort_values("skipped")
+        for s, acc in zip(skips["skipped"], skips["accuracy"], strict=True):
+            row[f"skip {int(s)}"] = round(float(acc), 4)
+        if threshold is not None:
+            need = [int(s) for s, a in zip(skips["skipped"], skips["accuracy"], strict=True) if a < threshold]
+            row["needs"] = ", ".join(map(str, need)) if base >= threshold else "(not solved)"
+        rows.append(row)
+    shown = pd.DataFrame(rows)
+    skips = sorted((c for c in shown if c.startswith("skip ")), key=lambda c: int(c.split()[1]))
+    needs = ["needs"] if threshold is not None else []
+    shown = shown[[c for c in shown if c not in skips and c != "needs"] + skips + needs]
+    predicted = _predicted(shown, key, law)
+    if predicted is not None:
+        shown.insert(shown.columns.get_loc("intact"), "predicted_depth", predicted)
+    note = "" if threshold is None else f" needs: blocks whose skip takes accuracy below the threshold {threshold}."
+    return (
+        f"<h2>Accuracy with each block skipped</h2><p class='meta'>skipped_accuracy.csv. {esc(SKIPPED_NOTE)}"
+        f"{esc(note)}</p>" + html_table(shown.astype(object).where(shown.notna(), "").to_dict("records"))
+    )
+
+
+def _predicted(shown: pd.DataFrame, key: str, law: pd.DataFrame | None) -> pd.Series | None:
+    """law.csv's predicted first depth of each row (by width and k, where law.csv has both)."""
+    if law is None or "predicted_depth" not in law or "k" not in law or "d_model" not in law:
+        return None
+    if "k" not in shown or "d_model" not in shown:
+        return None
+    pred = law.drop_duplicates(["d_model", "k"]).set_index(["d_model", "k"])["predicted_depth"]
+    return pd.Series([pred.get((d, k)) for d, k in zip(shown["d_model"], shown["k"], strict=True)], index=shown.index)
+
+
+__all__ = ["skipped_section", "usage_section"]
