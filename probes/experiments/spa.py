@@ -7,10 +7,13 @@ budget: each member trains on tokens for the weight matrices every variant share
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
+from depthprobe.probes.base.errors import ProbeError
 from depthprobe.probes.experiments.text import TextExperiment
 from depthprobe.probes.experiments.text_config import COMMON, GPU_COST, TextConfig, check_width
 
@@ -19,21 +22,49 @@ if TYPE_CHECKING:
     from depthprobe.probes.experiments.text_member import TextJob
     from depthprobe.probes.models.family_member import Member
     from depthprobe.probes.models.model import Model
+    from depthprobe.probes.models.variants import SPAConfig
     from depthprobe.probes.render.study_data import StudyData
+
+GAMMA_LAST = 0.005  # He et al.'s E-SPA endpoint, SPAConfig's default (docs/study.md: where it comes from)
+# the cpu preset's: 1 - exp(-2 gamma_L) = 1 - rho_L = 0.2, the current token's share of the last layer's
+# variance that U-SPA (rho_L = 0.8) keeps at long context, i.e. gamma_L = -ln(0.8) / 2 = 0.11157
+CPU_GAMMA_LAST = 0.1116
+RHO_LAST = 0.8  # U-SPA's endpoint (SPAConfig's rho_last; not a study option)
+MAX_GAMMA = 50.0  # SPAConfig's bound: exp(-100) is 0 in float64, so larger values change nothing
 
 
 @dataclass(frozen=True)
 class SpaConfig(TextConfig):
     """``d_model``: the width; ``variants``: those compared; ``mlp``: none (attention-only blocks)
-    or tat (TAT leaky-ReLU MLPs, He et al.'s setting)."""
+    or tat (TAT leaky-ReLU MLPs, He et al.'s setting); ``gamma_last``: E-SPA's kernel endpoint
+    gamma_L (the last layer's target exp(-gamma_L |i - j|); the current token keeps 1 - exp(-2
+    gamma_L) of its variance there at init)."""
 
     d_model: int = 64
     variants: tuple[str, ...] = ("pre-ln", "vanilla", "e-spa", "u-spa", "value-skipinit")
     mlp: Literal["none", "tat"] = "none"
+    gamma_last: float = GAMMA_LAST
 
     def __post_init__(self) -> None:
         super().__post_init__()
         check_width(self.d_model)
+        if not (0 < self.gamma_last < MAX_GAMMA):  # also refuses nan
+            raise ProbeError(
+                f"--gamma-last must be in (0, {MAX_GAMMA:g}), got {self.gamma_last}; e.g. 0.005 (He et al.'s "
+                "endpoint) or 0.1116 (the cpu preset's)"
+            )
+
+    def espa_fact(self) -> str:
+        """gamma_last and the current token's share of the last layer's variance it implies at init
+        (beside U-SPA's at rho_L = 0.8), at the last position of the context."""
+        from depthprobe.probes.measures.kernels import current_share
+
+        share = current_share("e-spa", self.context, gamma_last=self.gamma_last)
+        uspa, n = current_share("u-spa", self.context, rho_last=RHO_LAST), self.context - 1
+        return (
+            f"E-SPA gamma_last {self.gamma_last:g}: current-token share of the last layer's variance at init "
+            f"{share:.4f} (U-SPA, rho_last {RHO_LAST:g}: {uspa:.4f} at position {n})"
+        )
 
 
 class Spa(TextExperiment):
@@ -53,6 +84,7 @@ class Spa(TextExperiment):
             "min_tokens": 500_000,
             "lrs": (1e-3, 3e-3, 1e-2),
             "seeds": 2,
+            "gamma_last": CPU_GAMMA_LAST,
         },
         "gpu": {**COMMON["gpu"], "depths": (8, 16, 32), "d_model": 256, "d_head": 32},
     }
@@ -78,19 +110,31 @@ class Spa(TextExperiment):
     def sizes(self, job: TextJob, vocab: int) -> tuple[int, int] | None:
         return None  # the variants differ in small per-layer parameters: counted on the built model
 
+    @staticmethod
+    def model_config(job: TextJob, vocab: int) -> SPAConfig:
+        """The member's SPAConfig with the study's gamma_last (it changes only E-SPA's attention)."""
+        spa = job.member.spa(vocab, job.config.context, job.seed)
+        return dataclasses.replace(spa, gamma_last=job.config.gamma_last)
+
     def member_params(self, job: TextJob, vocab: int) -> int:
-        return job.member.spa(vocab, job.config.context, job.seed).n_params()
+        return self.model_config(job, vocab).n_params()
 
     def build(self, job: TextJob, corpus: Corpus, device: Any) -> Model:
         from depthprobe.probes.data import corpus as corpora
         from depthprobe.probes.models import variant_net
 
-        model = variant_net.build(
-            job.member.spa(corpus.vocab, job.config.context, job.seed), device=device, name=job.name
-        )
+        model = variant_net.build(self.model_config(job, corpus.vocab), device=device, name=job.name)
         model.tokenizer = corpora.hf_tokenizer(corpus.tokenizer)
         model.special_ids = frozenset({corpus.bos})
         return model
+
+    def facts(self, config: SpaConfig) -> list[str]:
+        return [*super().facts(config), *([config.espa_fact()] if "e-spa" in config.variants else [])]
+
+    def prepare(self, config: SpaConfig, jobs: list[TextJob], say: Callable[[str], None]) -> Corpus:
+        if "e-spa" in config.variants:
+            say(config.espa_fact())
+        return super().prepare(config, jobs, say)
 
     def save(self, model: Model, job: TextJob, corpus: Corpus, folder: Path) -> None:
         from depthprobe.probes.data import corpus as corpora

@@ -268,6 +268,19 @@ def espa_gamma(layer: int, depth: int, gamma_last: float = 0.005) -> float:
     return -0.5 * math.log1p(-rhs)
 
 
+def current_share(kind: str, t: int, gamma_last: float = 0.005, rho_last: float = 0.8) -> float:
+    """The current token's share of the last layer's variance at init, at position ``t - 1``: the
+    squared last diagonal entry of chol(Sigma_L) (the variance the earlier positions cannot explain).
+    E-SPA: 1 - exp(-2 gamma_L) at every position after the first; U-SPA: (1 - rho)(1 + n rho) /
+    (1 + (n - 1) rho) with n = t - 1 earlier positions, which falls to 1 - rho_L as t grows."""
+    if kind == "e-spa":
+        return 1.0 if t == 1 else -math.expm1(-2.0 * gamma_last)
+    if kind == "u-spa":
+        n = t - 1
+        return (1.0 - rho_last) * (1.0 + n * rho_last) / (1.0 + (n - 1) * rho_last)
+    raise ValueError(f"current_share exists for e-spa and u-spa, not {kind!r}")
+
+
 def espa_kernel(t: int, gamma: float) -> torch.Tensor:
     """Sigma[i, j] = exp(-gamma |i - j|) (the identity for gamma = inf). [T, T]."""
     if math.isinf(gamma):
