@@ -54,6 +54,7 @@ _NAMES: dict[str, str] = {
     "steer": "hooks.steering:steer",
     "steering_vector": "hooks.steering:steering_vector",
     "study": "experiments.runner:study",
+    "sweep": "api.sweep:sweep",
     "task_names": "engine.task:task_names",
     "tidy": "engine.task:tidy",
     "train": "api.train:train",
@@ -84,6 +85,7 @@ def __dir__() -> list[str]:  # the public names only: not Any, TYPE_CHECKING, an
 if TYPE_CHECKING:  # what static checkers and IDEs see; never run
     from depthprobe.probes.api.compare import compare
     from depthprobe.probes.api.run import Result, run
+    from depthprobe.probes.api.sweep import sweep
     from depthprobe.probes.api.train import train
     from depthprobe.probes.api.viz import view
     from depthprobe.probes.base.errors import ProbeError
