@@ -97,13 +97,14 @@ def test_patching_per_head_matches_a_hand_made_patch(native):
 @pytest.mark.parametrize(
     ("metric", "says"),
     [
-        (lambda logits: "high", "it returned a str"),
-        (lambda logits: logits[0, -1], "it returned a tensor of shape [20]"),
-        (lambda logits: None, "it returned a NoneType"),
+        (lambda logits: "high", "got str"),
+        (lambda logits: logits[0, -1], "got a tensor of shape [20]"),
+        (lambda logits: None, "got NoneType"),
     ],
 )
 def test_a_patch_metric_that_is_not_one_number_is_refused_in_one_line(native, metric, says):
     clean, corrupt = torch.tensor([[1, 2, 3]]), torch.tensor([[1, 9, 3]])
-    with pytest.raises(ProbeError, match="metric must return a number or a one-element tensor") as got:
+    refused = r"metric '<lambda>' must return a number, a one-element tensor or one value per example"
+    with pytest.raises(ProbeError, match=refused) as got:
         patch(native, clean, corrupt, metric=metric)
     assert says in str(got.value) and "\n" not in str(got.value)
