@@ -7,6 +7,7 @@ sessions' included). Every port is chosen free, so a second node fits on the sam
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -31,16 +32,24 @@ SWEEP = ["sweep", "--task", "kernels", "--depths", "1", "--option", "variants=va
          "--option", "seq_len=8", "--option", "samples=2", "--option", "steps=0"]  # fmt: skip
 
 
+def free_ports(n: int) -> list[int]:
+    """``n`` distinct free ports: every socket is held until all are chosen (ports chosen one at a
+    time can repeat, and Ray refuses a node whose components share a port)."""
+    with contextlib.ExitStack() as stack:
+        socks = [stack.enter_context(socket.socket()) for _ in range(n)]
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [int(s.getsockname()[1]) for s in socks]
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    return free_ports(1)[0]
 
 
 def node_ports() -> list[str]:
     names = ["node-manager-port", "object-manager-port", "metrics-export-port", "runtime-env-agent-port",
              "dashboard-agent-grpc-port", "dashboard-agent-listen-port"]  # fmt: skip
-    return [f"--{name}={free_port()}" for name in names]
+    return [f"--{name}={port}" for name, port in zip(names, free_ports(len(names)), strict=True)]
 
 
 def base_env(**extra: str) -> dict[str, str]:
@@ -76,7 +85,15 @@ class Cluster:
         code = f"import ray; ray.init(address={self.address!r}); print(sum(n['Alive'] for n in ray.nodes()))"
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            r = subprocess.run([sys.executable, "-c", code], env=self.env, capture_output=True, text=True)
+            dead = [p for p in self.nodes if p.poll() is not None]
+            if dead:  # a node that failed to start: its log says why (ray.init would wait for it forever)
+                log = (Path(self.temp) / f"node{self.nodes.index(dead[0])}.log").read_text()[-2000:]
+                raise RuntimeError(f"a ray node exited with code {dead[0].returncode}:\n{log}")
+            try:
+                r = subprocess.run([sys.executable, "-c", code], env=self.env, capture_output=True, text=True,
+                                   timeout=max(1.0, deadline - time.monotonic()))  # fmt: skip
+            except subprocess.TimeoutExpired:
+                break
             if r.returncode == 0 and r.stdout.strip().splitlines()[-1:] == [str(n_nodes)]:
                 return
             time.sleep(1)
