@@ -102,7 +102,7 @@ def levine_section(study: StudyData) -> str:
     parts = [
         "<h2>Validation loss vs non-embedding budget</h2>",
         f"<p class='meta'>One line per depth; mean over seeds, {SPREAD}. Budget: the target non-embedding "
-        "parameter count (members match it within 1%).</p>",
+        "parameter count (members match it within 5%; each miss is budget_miss in members.csv).</p>",
         _figure(
             chart_svg(
                 lines,
