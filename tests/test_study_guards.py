@@ -82,3 +82,20 @@ def test_no_law_control_equals_a_member():
     wider = plan(resolve("khop", "smoke", depths=(1, 2, 3)))
     control = [j for j in wider if j.control]
     assert len(control) == 1 and control[0].depth == 2 and control[0].d_model > 16
+
+
+def test_a_ray_cluster_that_refuses_the_run_at_join_time_leaves_no_folder(tmp_path):
+    """#38.14: the runner wrote study.json before the member jobs joined the cluster; a cluster that
+    is not there (refused at join time) left OUT/study.json behind."""
+    pytest.importorskip("ray")
+    import socket
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = tmp_path / "s"
+    res = runner.invoke(
+        app, ["study", "-f", "khop", "--backend", "ray", "--address", f"127.0.0.1:{port}", "-o", str(out)]
+    )
+    assert res.exit_code == 2 and "cannot reach a Ray cluster" in res.output, res.output
+    assert not out.exists()

@@ -90,6 +90,17 @@ def locked(folder: Path, say: Callable[[str], None]) -> Iterator[None]:
             folder.rmdir()
 
 
+def forget_new_study(folder: Path) -> None:
+    """Undo :func:`open_study`'s new study.json when no member has started (a Ray cluster refused
+    the run at join time): a refusal leaves nothing half-written."""
+    members = folder / MEMBERS
+    if members.is_dir() and any(members.iterdir()):
+        return
+    if members.is_dir():
+        members.rmdir()
+    (folder / STUDY_JSON).unlink(missing_ok=True)
+
+
 def check_folder(folder: Path, family: str, config: Any, resumable: tuple[str, ...]) -> dict[str, Any] | None:
     """Check ``--out`` before any work: a new folder that can be written (None), or an existing
     study of the same family and settings (its study.json)."""

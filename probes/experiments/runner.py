@@ -129,7 +129,12 @@ def study(
         todo = [exp.bind(j, context, None if dest is None else str(dest / j.name)) for j in jobs_ if j.name not in done]
         if done:
             say(f"{len(done)} finished member(s) kept in {folder}; {len(todo)} to run")
-        run_jobs(exp, cfg, folder, todo, len(done), len(jobs_), say, where, exp.setup(cfg, context))
+        try:
+            run_jobs(exp, cfg, folder, todo, len(done), len(jobs_), say, where, exp.setup(cfg, context))
+        except ProbeError:  # refused before any member ran (a Ray cluster at join time): no new study.json
+            if saved is None:
+                folders.forget_new_study(folder)
+            raise
         tables = write_tables(exp, cfg, folder)
         from depthprobe.probes.experiments.report import write_report
 
