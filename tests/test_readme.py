@@ -97,7 +97,8 @@ def test_every_study_command_plans_as_written(tmp_path, monkeypatch):
         if "--out" not in argv and "-o" not in argv:
             argv = [*argv, "--out", f"plans/{i}"]
         argv = [*argv, "--dry-run"] if "--dry-run" not in argv else argv
-        res = CliRunner().invoke(app, argv)
+        argv = [str(ROOT / a) if prev == "--plugin" else a for prev, a in zip(["", *argv[:-1]], argv, strict=True)]
+        res = CliRunner().invoke(app, argv)  # the docs' commands run in the repository: its files by full path
         assert res.exit_code == 0, (" ".join(argv), res.output[-600:])
 
 
