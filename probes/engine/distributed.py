@@ -244,18 +244,21 @@ class _OnRay:
     def next_done(self, pending: dict[Any, tuple[int, int]]) -> tuple[Any, Outcome]:
         """The next finished job; :class:`ClusterLost` when the cluster's head stops answering
         (checked while waiting, and when a job's worker or node dies)."""
-        from ray.exceptions import RayError
+        from ray.exceptions import GetTimeoutError, RayError
 
         ready: list[Any] = []
         while not ready:
             ready, _ = self.ray.wait(list(pending), num_returns=1, timeout=POLL_S)
             if not ready:
                 self.watch.check()
-        try:
-            return ready[0], self.ray.get(ready[0])
-        except RayError as exc:  # the worker or its node died more often than Ray retries
-            self.watch.check(wait_s=LOST_AFTER_S + POLL_S)  # or the whole cluster went
-            return ready[0], Outcome(False, error=f"its Ray worker or node died ({one_line(exc)})", crashed=True)
+        while True:  # a lost result may be rebuilt by resubmitting its task: never wait on it blindly
+            try:
+                return ready[0], self.ray.get(ready[0], timeout=POLL_S)
+            except GetTimeoutError:
+                self.watch.check()
+            except RayError as exc:  # the worker or its node died more often than Ray retries
+                self.watch.check(wait_s=LOST_AFTER_S + POLL_S)  # or the whole cluster went
+                return ready[0], Outcome(False, error=f"its Ray worker or node died ({one_line(exc)})", crashed=True)
 
     def cancel(self, handles: list[Any]) -> None:
         for ref in handles:
