@@ -10,6 +10,7 @@ attention saturates)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import partial
 from typing import Any
 
 import pandas as pd
@@ -19,8 +20,8 @@ from depthprobe.probes.base.errors import ProbeError
 from depthprobe.probes.hooks.cache import outputs, run_with_cache
 from depthprobe.probes.hooks.capture import capture
 from depthprobe.probes.hooks.grains import Per, layout
-from depthprobe.probes.hooks.patching import Plan, each_slot, plan, table, where
-from depthprobe.probes.hooks.stats import Metrics, Values, bar, call, chunks, measure, metric_fns
+from depthprobe.probes.hooks.patching import Plan, each_slot, plan, sweep
+from depthprobe.probes.hooks.stats import Metrics, Values, call, measure
 from depthprobe.probes.models.model import Model
 
 
@@ -42,19 +43,17 @@ def attribute(
     ``batch_size`` and ``progress``), from two passes and a backward pass per metric instead of
     one pass per slot; see the module notes. A per-example metric gets per-example estimates."""
     p = plan(model, clean, corrupt, hooks, metric, per, positions)
-    fns = metric_fns(metric)
-    parts = chunks(p.clean[0].shape[0], batch_size)
-    got = Values(fns, batch_size is not None)
-    order: dict[Any, None] = {}  # (hook, slot) in the order run
-    shown = bar(progress, len(parts), "attribution batches")
-    for part in parts:
-        _attribute_batch(model, p, part, got, order)
-        if shown is not None:
-            shown.update(1)
-    if shown is not None:
-        shown.close()
-    rows = [r for name, slot in order for r in got.rows((name, slot), where(model, task, name, slot), per_example)]
-    return table(rows, got.attrs("clean"), got.attrs("corrupt"))
+    return sweep(
+        model,
+        p,
+        task,
+        metric,
+        partial(_attribute_batch, model, p),
+        per_example=per_example,
+        batch_size=batch_size,
+        progress=progress,
+        label="attribution batches",
+    )
 
 
 def _gradients(

@@ -22,8 +22,8 @@ from depthprobe.probes.hooks.cache import outputs, run_with_cache
 from depthprobe.probes.hooks.capture import HookFn, capture, forward
 from depthprobe.probes.hooks.grains import Per, layout
 from depthprobe.probes.hooks.inputs import inputs
-from depthprobe.probes.hooks.patching import Plan, each_slot, plan, table, where
-from depthprobe.probes.hooks.stats import Metrics, Values, bar, chunks, metric_fns
+from depthprobe.probes.hooks.patching import Plan, each_slot, plan, sweep
+from depthprobe.probes.hooks.stats import Metrics, Values
 from depthprobe.probes.models.model import Model
 
 Head = tuple[int, int]
@@ -167,20 +167,22 @@ def patch(
     Returns the tidy table of :mod:`.patching` (one row per hook x slot x metric, the metric of the
     patched run); the clean and corrupted values are in ``df.attrs``."""
     p = plan(model, clean, corrupt, hooks, metric, per, positions)
-    fns = metric_fns(metric)
-    parts = chunks(p.clean[0].shape[0], batch_size)
-    got = Values(fns, batch_size is not None)
-    order: dict[Any, None] = {}  # (hook, slot) in the order run
-    shown = bar(progress, len(parts), "patching batches")
-    with torch.no_grad():
-        for part in parts:
+
+    def run_batch(part: slice, got: Values, order: dict[Any, None]) -> None:
+        with torch.no_grad():
             _patch_batch(model, p, part, got, order)
-            if shown is not None:
-                shown.update(1)
-    if shown is not None:
-        shown.close()
-    rows = [r for name, slot in order for r in got.rows((name, slot), where(model, task, name, slot), per_example)]
-    return table(rows, got.attrs("clean"), got.attrs("corrupt"))
+
+    return sweep(
+        model,
+        p,
+        task,
+        metric,
+        run_batch,
+        per_example=per_example,
+        batch_size=batch_size,
+        progress=progress,
+        label="patching batches",
+    )
 
 
 def _patch_batch(model: Model, p: Plan, part: slice, got: Values, order: dict[Any, None]) -> None:

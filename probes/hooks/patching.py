@@ -19,7 +19,7 @@ from depthprobe.probes.hooks import eager_attention
 from depthprobe.probes.hooks.capture import resolve_names
 from depthprobe.probes.hooks.grains import Per, Slot, check_positions, grain, layer_and_hook, layout, slots
 from depthprobe.probes.hooks.inputs import inputs
-from depthprobe.probes.hooks.stats import Metrics, metric_fns
+from depthprobe.probes.hooks.stats import Metrics, Values, bar, chunks, metric_fns
 from depthprobe.probes.models.model import Model
 
 COLUMNS = ["model", "task", "layer", "head", "position", "hook", "metric", "value"]
@@ -110,3 +110,35 @@ def table(rows: list[dict[str, Any]], clean: Any, corrupt: Any) -> pd.DataFrame:
         df[col] = df[col].astype("Int64")
     df.attrs.update(clean=clean, corrupt=corrupt)
     return df
+
+
+Batch = Callable[[slice, Values, dict[Any, None]], None]
+
+
+def sweep(
+    model: Model,
+    p: Plan,
+    task: str,
+    metric: Metrics | None,
+    run_batch: Batch,
+    *,
+    per_example: bool,
+    batch_size: int | None,
+    progress: bool,
+    label: str,
+) -> pd.DataFrame:
+    """Run ``run_batch(part, values, order)`` over the plan's examples in batches (a bar with
+    ``progress``) and return the tidy table of every (hook, slot) in the order run: the one loop
+    of patching and attribution."""
+    got = Values(metric_fns(metric), batch_size is not None)
+    order: dict[Any, None] = {}  # (hook, slot) in the order run
+    parts = chunks(p.clean[0].shape[0], batch_size)
+    shown = bar(progress, len(parts), label)
+    for part in parts:
+        run_batch(part, got, order)
+        if shown is not None:
+            shown.update(1)
+    if shown is not None:
+        shown.close()
+    rows = [r for name, slot in order for r in got.rows((name, slot), where(model, task, name, slot), per_example)]
+    return table(rows, got.attrs("clean"), got.attrs("corrupt"))
