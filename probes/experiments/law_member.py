@@ -16,8 +16,9 @@ curriculum's moves), and writes its files once:
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -43,6 +44,7 @@ if TYPE_CHECKING:
     from depthprobe.probes.experiments.laws import LawExperiment, LawJob
 
 EVAL_CHUNK = 250  # sequences per forward pass in evaluations
+BETAS = (0.9, 0.98)  # AdamW's of every law member, alone or batched
 
 
 _HOOKED: dict[str, bool] = {"on": False}  # inside through_hooks(): evaluations run the bridge, hooks and all
@@ -73,11 +75,20 @@ def predict(model: Model, inputs: torch.Tensor) -> torch.Tensor:
     return torch.cat(parts)
 
 
-def train(
-    exp: LawExperiment, job: LawJob, model: Model, source: BatchSource
-) -> tuple[list[dict[str, Any]], list[dict[str, Any]], float]:
-    """Train the member in place on ``source``: its loss log, its learning curve (one row per
-    evaluation and key) and its training seconds (evaluations and the family's checks excluded)."""
+@dataclass
+class Hands:
+    """What a member's training hands back to it: its loss log and learning curve, filled by
+    ``on_window`` and ``after_step`` (the loop's hands; a batch calls each member's)."""
+
+    log: list[dict[str, Any]]
+    curves: list[dict[str, Any]]
+    on_window: Callable[[Window], None]
+    after_step: Callable[[int], bool]
+
+
+def hands(exp: LawExperiment, job: LawJob, model: Model, source: BatchSource) -> Hands:
+    """The member's loss log (each window) and learning curve (one row per evaluation and key,
+    every ``eval_every`` steps); after each update the family may check the model (a curriculum)."""
     cfg = job.config
     curve_sets = exp.eval_sets(job, cfg.curve_sequences)
     evals = set(cfg.eval_steps())
@@ -95,24 +106,38 @@ def train(
             curves.append({"member": job.name, "step": done, exp.key: value, "accuracy": acc, "accuracy_all": acc_all})
         return True
 
-    net = model.bridge.original_model
-    plan = Steps(
+    return Hands(log, curves, on_window, after_step)
+
+
+def steps_plan(cfg: Any) -> Steps:
+    """How a law member steps: the config's schedule, clipping 1, five loss windows per evaluation."""
+    return Steps(
         steps=cfg.steps, lr_at=cfg.lr_at, grad_clip=1.0, log_every=max(1, cfg.eval_every // 5), check_finite=True
     )
+
+
+def train(
+    exp: LawExperiment, job: LawJob, model: Model, source: BatchSource
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]], float]:
+    """Train the member in place on ``source``: its loss log, its learning curve (one row per
+    evaluation and key) and its training seconds (evaluations and the family's checks excluded)."""
+    cfg = job.config
+    member = hands(exp, job, model, source)
+    net = model.bridge.original_model
     params = [p for p in net.parameters() if p.requires_grad]
-    optimizer = decay_adamw(net, lr=cfg.lr, betas=(0.9, 0.98), weight_decay=cfg.weight_decay)
+    optimizer = decay_adamw(net, lr=cfg.lr, betas=BETAS, weight_decay=cfg.weight_decay)
     run = train_steps(
         net,
         lambda x: fast_logits(model, x),
         source,
         optimizer,
         params,
-        plan,
+        steps_plan(cfg),
         device=model.device,
-        on_window=on_window,
-        after_step=after_step,
+        on_window=member.on_window,
+        after_step=member.after_step,
     )
-    return log, curves, run.seconds
+    return member.log, member.curves, run.seconds
 
 
 def accuracy_rows(
@@ -155,29 +180,47 @@ def run_law_member(exp: LawExperiment, job: LawJob) -> MemberOutput:
 def _run(exp: LawExperiment, job: LawJob, folder: Path) -> dict[str, Any]:
     t0 = time.perf_counter()
     device = resolve_device(job.config.device)
-    row = exp.base_row(job)
     with torch_threads(1 if device.type == "cpu" else None):
         model = load(job.native(), device=str(device))
-        nonembed, embed = families.count_params(model)
         source = exp.source(job)
-        log, curves, seconds = train(exp, job, model, source)
-        sets = exp.eval_sets(job, job.config.eval_sequences)
-        final = exp.scores(job, model, sets)
-        write_csv(folder / "loss.csv", pd.DataFrame(log, columns=["step", "loss", "lr", "elapsed_s"]))
-        write_csv(folder / "curves.csv", pd.DataFrame(curves))
-        accuracy = pd.DataFrame(accuracy_rows(exp, job, final, curves)).astype({"step_reached": "Int64"})
-        write_csv(folder / "accuracy.csv", accuracy)
-        save_checkpoint(model, folder / "checkpoint", {"law_study": {"member": job.name, "family": exp.name}})
-        exp.probe(job, model, folder)
-        exp.training_files(job, source, folder)
-        if member_depth.enabled(job.config):  # after every other measurement: nothing above depends on it
-            depth_files(exp, job, model, sets, folder)
+        trained = train(exp, job, model, source)
+        return finish(exp, job, folder, model, source, trained, t0)
+
+
+def finish(
+    exp: LawExperiment,
+    job: LawJob,
+    folder: Path,
+    model: Model,
+    source: BatchSource,
+    trained: tuple[list[dict[str, Any]], list[dict[str, Any]], float],
+    t0: float,
+    batch: int = 1,
+) -> dict[str, Any]:
+    """Evaluate, probe and write a trained member (``trained``: its loss log, curve and training
+    seconds; ``t0``: when its work began; ``batch``: members it trained with, itself included);
+    its finished row."""
+    log, curves, seconds = trained
+    row = exp.base_row(job)
+    nonembed, embed = families.count_params(model)
+    sets = exp.eval_sets(job, job.config.eval_sequences)
+    final = exp.scores(job, model, sets)
+    write_csv(folder / "loss.csv", pd.DataFrame(log, columns=["step", "loss", "lr", "elapsed_s"]))
+    write_csv(folder / "curves.csv", pd.DataFrame(curves))
+    accuracy = pd.DataFrame(accuracy_rows(exp, job, final, curves)).astype({"step_reached": "Int64"})
+    write_csv(folder / "accuracy.csv", accuracy)
+    save_checkpoint(model, folder / "checkpoint", {"law_study": {"member": job.name, "family": exp.name}})
+    exp.probe(job, model, folder)
+    exp.training_files(job, source, folder)
+    if member_depth.enabled(job.config):  # after every other measurement: nothing above depends on it
+        depth_files(exp, job, model, sets, folder)
     row.update(
         params=nonembed + embed,
         params_nonembed=nonembed,
         train_s=seconds,
         steps_per_s=job.config.steps / seconds if seconds > 0 else None,
-        device=str(device),
+        batch=batch,
+        device=str(resolve_device(job.config.device)),
         status="ok",
         error="",
         wall_s=time.perf_counter() - t0,
@@ -185,4 +228,14 @@ def _run(exp: LawExperiment, job: LawJob, folder: Path) -> dict[str, Any]:
     return finish_member(folder, row)
 
 
-__all__ = ["accuracy_rows", "member_logits", "predict", "run_law_member", "through_hooks"]
+__all__ = [
+    "Hands",
+    "accuracy_rows",
+    "finish",
+    "hands",
+    "member_logits",
+    "predict",
+    "run_law_member",
+    "steps_plan",
+    "through_hooks",
+]

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from depthprobe.probes.base.errors import ProbeError
 from depthprobe.probes.base.options import check_seed
+from depthprobe.probes.experiments.batching import check_batch_members, read_batch_members
 from depthprobe.probes.experiments.protocol import Experiment, MemberOutput
 from depthprobe.probes.training.schedule import warmup_cosine
 
@@ -54,6 +55,7 @@ ROW_COLUMNS = [
     "steps",
     "train_s",
     "steps_per_s",
+    "batch",
     "wall_s",
     "device",
     "status",
@@ -83,8 +85,10 @@ class LawConfig:
     control: bool = True
     device: str | None = None
     depth_usage: bool = True  # each member's depth_usage.csv and skipped_accuracy.csv (experiments/member_depth.py)
+    batch_members: str | int = "auto"  # auto, off or N: members of one shape trained as one model (batching.py)
 
     def __post_init__(self) -> None:
+        check_batch_members(self.batch_members)
         for name in ("heads", "seeds", "steps", "batch_size", "eval_every", "curve_sequences", "eval_sequences"):
             if getattr(self, name) < 1:
                 raise ProbeError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
@@ -194,6 +198,8 @@ class LawExperiment(Experiment):
 
     columns: ClassVar[list[str]] = ROW_COLUMNS
     aliases: ClassVar[dict[str, str]] = {"d_model": "d_models"}
+    resumable: ClassVar[tuple[str, ...]] = ("device", "batch_members")  # batched members equal members alone
+    parsers: ClassVar[dict[str, Any]] = {"batch_members": read_batch_members}
     key: ClassVar[str]  # the evaluation key's column: k or T
     second: ClassVar[str]  # accuracy.csv's second accuracy column
     extra_tables: ClassVar[tuple[str, ...]] = ()  # member tables gathered besides accuracy and curves
@@ -231,21 +237,45 @@ class LawExperiment(Experiment):
     def prepare(self, config: Any, jobs: list[LawJob], say: Any) -> None:
         """Refuse, before anything is written, a member that cannot fit: its weights, gradients,
         AdamW's moments and a training batch's activations against the memory available."""
-        from depthprobe.probes.models.device import check_size, native_bytes, resolve_device
+        from depthprobe.probes.models.device import check_size, resolve_device
 
         device = resolve_device(config.device) if config.device is not None else None
-
-        def need(job: LawJob) -> tuple[int, int]:
-            native = job.native()
-            per_token = native.layers * native.d_model * 24 + native.d_vocab  # activations kept for backward
-            batch = config.batch_size * native.n_ctx * per_token * 4
-            return native.n_params(), native_bytes(native, training=True) + batch
-
-        biggest = max(jobs, key=lambda j: need(j)[1])
+        biggest = max(jobs, key=lambda j: self.member_bytes(config, j))
         what = (
             f"member {biggest.name} with batches of {config.batch_size} (lower --batch-size, the length or the width)"
         )
-        check_size(*need(biggest), what, device)
+        check_size(biggest.native().n_params(), self.member_bytes(config, biggest), what, device)
+
+    def member_bytes(self, config: Any, job: LawJob) -> int:
+        """A member's training memory: its weights, gradients, AdamW's moments and a batch's activations."""
+        from depthprobe.probes.models.device import native_bytes
+
+        native = job.native()
+        per_token = native.layers * native.d_model * 24 + native.d_vocab  # activations kept for backward
+        return native_bytes(native, training=True) + config.batch_size * native.n_ctx * per_token * 4
+
+    # -- batched members (experiments/batching.py) ----------------------------------------------
+    def batches(self, config: Any, jobs: list[LawJob], processes: int) -> list[Any]:
+        """Members of one network shape (all but the seed) in batches of ``--batch-members``."""
+        import dataclasses
+
+        from depthprobe.probes.experiments import batching
+        from depthprobe.probes.models.device import resolve_device
+
+        device = resolve_device(config.device).type
+        mode = config.batch_members
+        return batching.plan_units(
+            jobs,
+            shape=lambda j: dataclasses.replace(j.native(), seed=0),
+            size=lambda j: batching.batch_size(mode, device, j.d_model),
+            processes=processes,
+            auto=mode == "auto",
+        )
+
+    def run_batch(self, jobs: tuple[LawJob, ...]) -> list[Any]:
+        from depthprobe.probes.experiments.law_batch import run_law_batch
+
+        return run_law_batch(self, jobs)
 
     def after_update(self, job: LawJob, source: BatchSource, model: Model, done: int) -> bool:
         """What the family does after update ``done`` (groups: the length curriculum's check);

@@ -186,12 +186,12 @@ def run_jobs(
     """Run the members still to do, recording each as it finishes: its folder (a Ray member's
     files; a local member wrote its own), its line, members.csv; a failed one with its error."""
     from depthprobe.probes.engine.distributed import map_jobs
+    from depthprobe.probes.experiments import batching
 
     counter = {"n": done}
     device = getattr(cfg, "device", None)
 
-    def finished(index: int, output: MemberOutput | None, error: str | None) -> None:
-        job = todo[index]
+    def finished(job: Any, output: MemberOutput | None, error: str | None) -> None:
         counter["n"] += 1
         if output is not None:
             if output.files:
@@ -202,11 +202,23 @@ def run_jobs(
             say(f"[{counter['n']}/{total}] {job.name}: failed: {error}")
         write_members(exp, folder)
 
-    processes = 1 if where.backend == "ray" else min(where.jobs or 1, max(1, len(todo)))
+    # batched members (experiments/batching.py): units of one job, or of several trained as one model
+    units = list(todo) if where.backend == "ray" else exp.batches(cfg, todo, where.jobs or 1)
+    jobs = where.jobs
+    if jobs is None and where.backend == "local":
+        jobs = batching.default_jobs(exp, cfg, units, say)  # 1 on a CPU; on CUDA from its memory
+
+    def unit_done(index: int, result: Any) -> None:
+        unit = batching.members(units[index])
+        outcomes = result.value if result.ok else [(None, result.failure())] * len(unit)
+        for job, (output, error) in zip(unit, outcomes, strict=True):
+            finished(job, output, error)
+
+    processes = 1 if where.backend == "ray" else min(jobs or 1, max(1, len(units)))
     try:
         map_jobs(
-            exp.run_member,
-            todo,
+            partial(batching.run_unit, exp),
+            units,
             backend=where.backend,
             address=where.address,
             retries=where.retries,
@@ -214,7 +226,7 @@ def run_jobs(
             gpus_per_job=where.gpus_per_member,
             processes=processes,
             setup=plugin_setup(exp, setup),
-            on_done=lambda i, r: finished(i, r.value if r.ok else None, r.failure()),
+            on_done=unit_done,
         )
     except BaseException:  # members stopped mid-write (their processes are gone) leave no hidden folder
         artifacts.remove_stale_partials(folder / folders.MEMBERS / "any", any_name=True)
