@@ -23,6 +23,7 @@ from depthprobe.probes.base.errors import ProbeError
 from depthprobe.probes.base.options import check_seed
 from depthprobe.probes.experiments.batching import check_batch_members, read_batch_members
 from depthprobe.probes.experiments.protocol import Experiment, MemberOutput
+from depthprobe.probes.training.rates import device_label, estimate
 from depthprobe.probes.training.schedule import warmup_cosine
 
 if TYPE_CHECKING:
@@ -323,7 +324,8 @@ class LawExperiment(Experiment):
         row = {k: v for k, v in self.base_row(job).items() if k not in ("status", "error", "wall_s", "device")}
         row.update(params=params, tokens=tokens, flops=6.0 * params * tokens)
         row["cpu_minutes"] = row["flops"] / CPU_FLOPS / 60
-        return {k: v for k, v in row.items() if v is not None or k in ("group",)}
+        row["est_seconds"], row["source"] = estimate(self.name, plan_device(config), config.steps)
+        return {k: v for k, v in row.items() if v is not None or k in ("group", "est_seconds")}
 
     def run_member(self, job: LawJob) -> MemberOutput:
         from depthprobe.probes.experiments.law_member import run_law_member
@@ -375,6 +377,18 @@ def control_width(cfg: Any, vocab: int, context: int) -> int:
     ):
         width += cfg.heads
     return width
+
+
+def plan_device(config: Any) -> str | None:
+    """The rates' name (training/rates.py) of the device the members would train on."""
+    from depthprobe.probes.models.device import resolve_device
+
+    dev = resolve_device(config.device)
+    if dev.type != "cuda":
+        return device_label(dev.type)
+    import torch
+
+    return device_label("cuda", torch.cuda.get_device_name(dev))
 
 
 def measured_depth(rows: pd.DataFrame, threshold: float, seeds: int) -> int | None:

@@ -295,6 +295,9 @@ def dry_run(
     table = pd.DataFrame(rows, columns=list(dict.fromkeys(k for r in rows for k in r)))
     folder.mkdir(parents=True, exist_ok=True)
     folders.write_table(folder, folders.PLAN_CSV, table)
+    if "est_seconds" in table and table["est_seconds"].notna().any():  # measured rates (training/rates.py)
+        total = float(table["est_seconds"].sum())
+        say(f"estimated training: at most {total / 60:.1f} min one member at a time; {table['source'].iloc[0]}")
     return table
 
 
