@@ -6,7 +6,8 @@ It resolves the family's Config (:meth:`Experiment.config`), plans the members, 
 damaged ones again and runs failed ones again), runs the members still to do as independent jobs
 (``engine.distributed.map_jobs``: in this process, ``jobs`` spawned processes, or Ray tasks),
 records each as it finishes (its folder, its row in ``members.csv``; a failed one with its one-line
-error while the others go on), then writes the family's tables and ``report.html``. ``dry_run``
+error while the others go on; members of one shape may train together as one batched model:
+:mod:`.batching`), then writes the family's tables and ``report.html``. ``dry_run``
 writes ``plan.csv`` (every member with its estimated cost) and trains nothing.
 """
 
@@ -104,7 +105,8 @@ def study(
 ) -> Study:
     """Run (or continue) a study of ``family``; returns it. ``options`` override the preset (the
     family's Config fields). ``jobs`` (local backend): members at once in spawned processes, each
-    with ``cores // jobs`` threads; the numbers and files equal ``jobs=1``."""
+    with ``cores // jobs`` threads; the numbers and files equal ``jobs=1``; None: 1 on a CPU, on
+    CUDA chosen from the GPU's free memory (:func:`.batching.default_jobs`)."""
     exp = get_experiment(family)
     cfg = exp.config(preset, **options)
     where = Backend(backend, address, cpus_per_member, gpus_per_member, retries, jobs)
