@@ -194,6 +194,13 @@ class Crasp(LawExperiment):
         cfg = job.config
         return crasp.eval_batch(k_of(job), USAGE_SEQUENCES, cfg.nmax, cfg.nmax, job.seed)[0]
 
+    def usage_keys(self, job: LawJob) -> set[Any]:
+        """The training range and the solve range: the question is which blocks the member needs
+        where it was trained and where the law is decided (the longest range alone is 3/4 of the
+        evaluation cost and would be read once per block)."""
+        cfg = job.config
+        return {cfg.ranges[0][1], cfg.solve_at}
+
     def probe(self, job: LawJob, model: Model, folder: Path) -> None:
         """``ranges.csv``: per range its lengths and the majority-class token accuracy of the final
         evaluation set (what always answering the more frequent class scores)."""

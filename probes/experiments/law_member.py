@@ -47,25 +47,25 @@ EVAL_CHUNK = 250  # sequences per forward pass in evaluations
 BETAS = (0.9, 0.98)  # AdamW's of every law member, alone or batched
 
 
-_HOOKED: dict[str, bool] = {"on": False}  # inside through_hooks(): evaluations run the bridge, hooks and all
+_SKIP: dict[str, tuple[int, ...]] = {"blocks": ()}  # inside skipping(): the blocks evaluations skip
 
 
 @contextmanager
-def through_hooks() -> Iterator[None]:
-    """Within the block, :func:`member_logits` runs ``model.bridge`` (through its hook points, so
-    that skipped blocks are skipped) instead of the training fast path (the same function)."""
-    before = _HOOKED["on"]
-    _HOOKED["on"] = True
+def skipping(block: int | None) -> Iterator[None]:
+    """Within the block, :func:`member_logits` skips ``block`` (its output is its input; ``None``:
+    none), the same function as the bridge under ``probes.skip_layers`` (tests/test_train.py)."""
+    before = _SKIP["blocks"]
+    _SKIP["blocks"] = () if block is None else (block,)
     try:
         yield
     finally:
-        _HOOKED["on"] = before
+        _SKIP["blocks"] = before
 
 
 def member_logits(model: Model, tokens: torch.Tensor) -> torch.Tensor:
-    """Logits [batch, pos, vocab] for the family's evaluations: the fast path, or the bridge inside
-    :func:`through_hooks`."""
-    return model.bridge(tokens) if _HOOKED["on"] else fast_logits(model, tokens)
+    """Logits [batch, pos, vocab] for the family's evaluations (the fast path), with the blocks of
+    :func:`skipping` skipped."""
+    return fast_logits(model, tokens, skip=_SKIP["blocks"])
 
 
 @torch.no_grad()
@@ -160,13 +160,15 @@ def accuracy_rows(
 
 def depth_files(exp: LawExperiment, job: LawJob, model: Model, sets: dict[int, Any], folder: Path) -> None:
     """``depth_usage.csv`` on the family's depth-usage inputs, and ``skipped_accuracy.csv``: the
-    accuracy per key on the final evaluation sets, intact and with each single block skipped,
-    evaluated through the model's hooks."""
+    accuracy per key on the final evaluation sets of :meth:`~LawExperiment.usage_keys`, intact and
+    with each single block skipped."""
     member_depth.write_depth_usage(model, exp.usage_inputs(job), folder, job.name, max_len=job.context)
+    keys = exp.usage_keys(job)
+    chosen = sets if keys is None else {key: s for key, s in sets.items() if key in keys}
 
-    def evaluate() -> dict[int, float]:
-        with through_hooks():
-            return {value: acc for value, (acc, _) in exp.scores(job, model, sets).items()}
+    def evaluate(block: int | None) -> dict[int, float]:
+        with skipping(block):
+            return {value: acc for value, (acc, _) in exp.scores(job, model, chosen).items()}
 
     member_depth.write_skipped_accuracy(model, evaluate, folder, job.name, key=exp.key)
 
@@ -236,6 +238,6 @@ __all__ = [
     "member_logits",
     "predict",
     "run_law_member",
+    "skipping",
     "steps_plan",
-    "through_hooks",
 ]

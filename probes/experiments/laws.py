@@ -235,6 +235,10 @@ class LawExperiment(Experiment):
         sets = self.eval_sets(job, USAGE_SEQUENCES)
         return sets[max(sets)][0]
 
+    def usage_keys(self, job: LawJob) -> set[Any] | None:
+        """The keys whose final evaluation sets ``skipped_accuracy.csv`` reads (``None``: all)."""
+        return None
+
     def prepare(self, config: Any, jobs: list[LawJob], say: Any) -> None:
         """Refuse, before anything is written, a member that cannot fit: its weights, gradients,
         AdamW's moments and a training batch's activations against the memory available."""
