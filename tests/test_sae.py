@@ -209,26 +209,30 @@ def test_errors_are_one_line(model, tmp_path):
     with pytest.raises(ProbeError, match="no SAE weights at"):
         probes.load_sae(tmp_path / "missing.safetensors", hook_name=HOOK)
     (tmp_path / "empty").mkdir()
-    with pytest.raises(ProbeError, match="has no cfg.json"):
+    with pytest.raises(ProbeError, match=r"has no cfg\.json"):
         probes.load_sae(tmp_path / "empty")
     wide = SAE(SAEConfig(16, 4, HOOK), {k: v for k, v in _sized(16, 4).items()})
-    with pytest.raises(ProbeError, match=r"reads 16 values per position but blocks.1.hook_resid_pre .* \(8\)"):
-        with probes.attach_sae(model, wide):
-            pass
-    with pytest.raises(ProbeError, match="did you mean 'blocks.1.hook_resid_pre'"):
-        with probes.attach_sae(model, identity_sae(), hook="blocks.1.hook_resid_pr"):
-            pass
-    with probes.attach_sae(model, identity_sae()):
-        with pytest.raises(ProbeError, match="already attached"):
-            with probes.attach_sae(model, identity_sae()):
-                pass
+    too_wide = r"reads 16 values per position but blocks\.1\.hook_resid_pre .* \(8\)"
+    with pytest.raises(ProbeError, match=too_wide), probes.attach_sae(model, wide):
+        pass
+    suggestion = r"did you mean 'blocks\.1\.hook_resid_pre'"
+    with (
+        pytest.raises(ProbeError, match=suggestion),
+        probes.attach_sae(model, identity_sae(), hook="blocks.1.hook_resid_pr"),
+    ):
+        pass
+    with (
+        probes.attach_sae(model, identity_sae()),
+        pytest.raises(ProbeError, match="already attached"),
+        probes.attach_sae(model, identity_sae()),
+    ):
+        pass
     with pytest.raises(ProbeError, match="expected \\[8, 12\\]"):
         SAE(SAEConfig(D, 12), random_tensors() | {"W_enc": torch.zeros(8, 3)})
     with pytest.raises(ProbeError, match="normalize_activations='expected_average_only_in' is not supported"):
         SAEConfig(D, 12, normalize_activations="expected_average_only_in")
-    with pytest.raises(ProbeError, match="per='head' does not cut"):
-        with probes.attach_sae(model, identity_sae()):
-            probes.patch(model, [[1, 2]], [[2, 1]], f"{HOOK}.hook_sae_acts_post", logit_diff, per="head")
+    with pytest.raises(ProbeError, match="per='head' does not cut"), probes.attach_sae(model, identity_sae()):
+        probes.patch(model, [[1, 2]], [[2, 1]], f"{HOOK}.hook_sae_acts_post", logit_diff, per="head")
 
 
 def _sized(d_in, d_sae):

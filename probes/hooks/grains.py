@@ -44,7 +44,8 @@ def grain(name: str, per: Per | None) -> Per:
     """The grain a hook is patched at, checked before any pass."""
     kind = layout(name)
     if per is None:
-        return {"positions": "position", "latents": "latent"}.get(kind, "head")
+        natural: dict[str, Per] = {"positions": "position", "latents": "latent"}
+        return natural.get(kind, "head")
     if per not in get_args(Per):
         raise ProbeError(f"unknown per={per!r}; use one of {', '.join(get_args(Per))}")
     if (kind == "latents") != per.startswith("latent") and not (kind == "latents" and per == "position"):

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+
 import torch
 
 from depthprobe.probes.base.errors import ProbeError
@@ -28,7 +29,7 @@ def _hook_of(model: Model, sae: SAE, hook: str | None) -> str:
         raise ProbeError(f"attach_sae needs an SAE from probes.load_sae, got {type(sae).__name__}")
     name = hook or sae.cfg.hook_name
     if name is None:
-        raise ProbeError("this SAE names no hook; give hook=, e.g. attach_sae(model, sae, hook='blocks.0.hook_resid_post')")
+        raise ProbeError("this SAE names no hook; give hook=, e.g. hook='blocks.0.hook_resid_post'")
     names = resolve_names(model, name)
     if len(names) != 1 or names[0] != name:
         raise ProbeError(f"an SAE reads one hook, not the pattern {name!r}; name it, e.g. blocks.0.hook_resid_post")
@@ -70,4 +71,3 @@ def attach_sae(model: Model, sae: SAE, hook: str | None = None) -> Iterator[SAE]
         point.fwd_hooks[:] = [h for h in point.fwd_hooks if h is not handle]
         for full in points:
             bridge._hook_registry.pop(full, None)
-

@@ -26,7 +26,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import Any, Literal, cast, get_args
 
 import torch
 from torch import nn
@@ -37,8 +37,14 @@ Architecture = Literal["standard", "jumprelu", "topk"]
 Normalize = Literal["none", "constant_norm_rescale", "layer_norm"]
 WEIGHTS = "sae_weights.safetensors"
 CONFIG = "cfg.json"
-HOOKS = ("hook_sae_input", "hook_sae_acts_pre", "hook_sae_acts_post", "hook_sae_recons", "hook_sae_error")
-HOOKS += ("hook_sae_output",)
+HOOKS = (
+    "hook_sae_input",
+    "hook_sae_acts_pre",
+    "hook_sae_acts_post",
+    "hook_sae_recons",
+    "hook_sae_error",
+    "hook_sae_output",
+)
 
 
 @dataclass(frozen=True)
@@ -76,6 +82,19 @@ _NORM_FIX = (
 
 class SAE(nn.Module):
     """An inference SAE with sae-lens's hook points (see the module notes)."""
+
+    W_enc: torch.Tensor  # [d_in, d_sae]; buffers, read from the file
+    b_enc: torch.Tensor  # [d_sae]
+    W_dec: torch.Tensor  # [d_sae, d_in]
+    b_dec: torch.Tensor  # [d_in]
+    threshold: torch.Tensor  # [d_sae], jumprelu only
+    scaling_factor: torch.Tensor  # [d_sae], sae-lens before 6 (finetuning_scaling_factor), when not all ones
+    hook_sae_input: Any  # TransformerLens HookPoints
+    hook_sae_acts_pre: Any
+    hook_sae_acts_post: Any
+    hook_sae_recons: Any
+    hook_sae_error: Any
+    hook_sae_output: Any
 
     def __init__(self, cfg: SAEConfig, tensors: dict[str, torch.Tensor]) -> None:
         from transformer_lens.hook_points import HookPoint
@@ -195,15 +214,15 @@ def config_from_dict(raw: dict[str, Any]) -> SAEConfig:
         if not isinstance(raw.get(key), int):
             raise ProbeError(f"the SAE config has no integer {key!r}; sae-lens's cfg.json holds d_in and d_sae")
     reshape = raw.get("reshape_activations") or ("hook_z" if hook and hook.endswith("hook_z") else "none")
-    return SAEConfig(
+    return SAEConfig(  # the Literal fields are checked in __post_init__
         d_in=raw["d_in"],
         d_sae=raw["d_sae"],
         hook_name=hook,
-        architecture=arch,
+        architecture=cast(Any, arch),
         k=k,
         apply_b_dec_to_input=bool(raw.get("apply_b_dec_to_input", True)),
-        normalize_activations=norm,
-        reshape_activations=reshape,
+        normalize_activations=cast(Any, norm),
+        reshape_activations=cast(Any, reshape),
     )
 
 
