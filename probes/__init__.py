@@ -16,6 +16,7 @@ _NAMES: dict[str, str] = {
     "ALIASES": "models.architectures:ALIASES",
     "DEFAULT_MODEL": "models.architectures:DEFAULT_MODEL",
     "TASKS": "engine.task:TASKS",
+    "AttributionWarning": "hooks.spot_check:AttributionWarning",
     "Batch": "engine.task:Batch",
     "Cache": "hooks.cache:Cache",
     "Context": "engine.task:Context",
@@ -117,6 +118,7 @@ if TYPE_CHECKING:  # what static checkers and IDEs see; never run
     from depthprobe.probes.hooks.interventions import ablate_heads, patch
     from depthprobe.probes.hooks.lens import direct_logit_attribution, logit_lens
     from depthprobe.probes.hooks.sae import attach_sae
+    from depthprobe.probes.hooks.spot_check import AttributionWarning
     from depthprobe.probes.hooks.steering import generate, steer, steering_vector
     from depthprobe.probes.models.architectures import ALIASES, DEFAULT_MODEL
     from depthprobe.probes.models.checkpoints import save_checkpoint

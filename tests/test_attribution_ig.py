@@ -2,11 +2,14 @@
 form: exact where the metric is linear in the activation, the left Riemann sum's deficit where it
 is quadratic, and completeness (the slots' estimates add up to the whole hook patched) as N grows."""
 
+import warnings
+
 import pytest
 import torch
 
 import depthprobe.probes as probes
 from depthprobe.probes.base.errors import ProbeError
+from depthprobe.probes.hooks.spot_check import AttributionWarning
 
 SPEC = "native:layers=2,d_model=16,heads=2,d_vocab=20,n_ctx=16,attn_only=false,seed=3"
 LAST = "unembed.hook_in"  # the logits are linear in it, position by position
@@ -80,5 +83,31 @@ def test_completeness_on_a_nonlinear_hook(model, pair):
 
 def test_ig_steps_is_checked_first(model, pair):
     for bad in (0, -2, 2.5, True):
-        with pytest.raises(ProbeError, match="ig_steps must be a positive integer"):
+        with pytest.raises(ProbeError, match="ig_steps must be an integer of at least 1"):
             probes.attribute(model, *pair, logit_diff, "blocks.1.hook_resid_pre", ig_steps=bad)
+
+
+def test_spot_check_warns_where_patching_disagrees_and_reports_the_patched_values(model, pair):
+    """On the residual stream (nonlinear downstream) the top estimate is -1.17 where patching gives
+    -0.20: one AttributionWarning; the checked values are patch's own."""
+    hook = "blocks.1.hook_resid_pre"
+    with pytest.warns(AttributionWarning, match=r"disagrees with patching at \d of the 3 slots it ranks first"):
+        df = probes.attribute(model, *pair, logit_diff, hook)
+    patched = probes.patch(model, *pair, hook, logit_diff)
+    checked = df.attrs["checked"]
+    assert checked[0]["slot"] == "position 5"
+    for c in checked:
+        position = int(c["slot"].split()[-1])
+        want = patched.loc[patched["position"] == position, "value"].item() - patched.attrs["corrupt"]
+        assert abs(c["patched"] - want) < 1e-5
+
+
+def test_spot_check_is_quiet_where_attribution_is_exact_and_off_with_zero(model, pair):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        df = probes.attribute(model, *pair, logit_diff, LAST)
+        assert len(df.attrs["checked"]) == 3
+        quiet = probes.attribute(model, *pair, logit_diff, "blocks.1.hook_resid_pre", check=0)
+    assert "checked" not in quiet.attrs
+    with pytest.raises(ProbeError, match="check must be an integer of at least 0"):
+        probes.attribute(model, *pair, logit_diff, LAST, check=-1)

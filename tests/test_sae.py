@@ -188,7 +188,9 @@ def test_attribution_of_latents_equals_the_gradient_by_hand(model, pair):
         (g,) = torch.autograd.grad(value.sum(), [acts[HOOK]])  # [batch, pos, d_model]
     hand = value.detach()[:, None, None] + (a_clean - a_corrupt) * (g @ sae.W_dec.T)  # [batch, pos, latent]
     with probes.attach_sae(model, sae):
-        df = probes.attribute(model, clean, corrupt, logit_diff, f"{HOOK}.hook_sae_acts_post", per="latent_position")
+        df = probes.attribute(
+            model, clean, corrupt, logit_diff, f"{HOOK}.hook_sae_acts_post", per="latent_position", check=0
+        )
     assert len(df) == 6 * 12
     for row in df.itertuples():
         assert abs(row.value - float(hand[:, row.position, row.latent].mean())) < 1e-5
@@ -198,8 +200,8 @@ def test_per_latent_sums_positions(model, pair):
     clean, corrupt = pair
     with probes.attach_sae(model, random_sae()):
         name = f"{HOOK}.hook_sae_acts_post"
-        by_latent = probes.attribute(model, clean, corrupt, logit_diff, name)
-        by_both = probes.attribute(model, clean, corrupt, logit_diff, name, per="latent_position")
+        by_latent = probes.attribute(model, clean, corrupt, logit_diff, name, check=0)
+        by_both = probes.attribute(model, clean, corrupt, logit_diff, name, per="latent_position", check=0)
     corrupt_value = by_latent.attrs["corrupt"]
     summed = (by_both.assign(change=by_both["value"] - corrupt_value)).groupby("latent")["change"].sum()
     assert torch.allclose(torch.tensor(by_latent["value"].to_numpy() - corrupt_value), torch.tensor(summed.to_numpy()))

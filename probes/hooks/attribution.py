@@ -29,6 +29,7 @@ from depthprobe.probes.hooks.cache import outputs, run_with_cache
 from depthprobe.probes.hooks.capture import capture
 from depthprobe.probes.hooks.grains import Per, layout
 from depthprobe.probes.hooks.patching import Plan, each_slot, plan, sweep
+from depthprobe.probes.hooks.spot_check import spot_check
 from depthprobe.probes.hooks.stats import Metrics, Values, call, measure
 from depthprobe.probes.models.model import Model
 
@@ -47,15 +48,20 @@ def attribute(
     batch_size: int | None = None,
     progress: bool = False,
     ig_steps: int = 1,
+    check: int = 3,
 ) -> pd.DataFrame:
     """The table :func:`patch` gives (same hooks, ``per``, ``positions``, metrics, ``per_example``,
     ``batch_size`` and ``progress``), from two passes and a backward pass per metric instead of
     one pass per slot; ``ig_steps`` > 1 integrates the gradient along the path from the corrupted
-    to the clean activation (see the module notes). A per-example metric gets per-example estimates."""
-    if isinstance(ig_steps, bool) or not isinstance(ig_steps, int) or ig_steps < 1:
-        raise ProbeError(f"ig_steps must be a positive integer (1: plain attribution), got {ig_steps!r}")
+    to the clean activation (see the module notes). A per-example metric gets per-example estimates.
+    ``check`` slots, those with the largest estimated effect, are patched too: an estimate off by
+    more than half is one :class:`~.spot_check.AttributionWarning` (``df.attrs["checked"]`` holds
+    them; 0 checks none)."""
+    for arg, value, low in (("ig_steps", ig_steps, 1), ("check", check, 0)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise ProbeError(f"{arg} must be an integer of at least {low}, got {value!r}")
     p = plan(model, clean, corrupt, hooks, metric, per, positions)
-    return sweep(
+    df = sweep(
         model,
         p,
         task,
@@ -66,6 +72,9 @@ def attribute(
         progress=progress,
         label="attribution batches",
     )
+    if check:
+        df.attrs["checked"] = spot_check(model, p, df, metric, check, batch_size)
+    return df
 
 
 def _gradients(
