@@ -64,7 +64,7 @@ def spot_check(
     for part in chunks(p.clean[0].shape[0], batch_size):
         with torch.no_grad():
             _patch_batch(model, p, part, got, {}, only=set(keys))
-    checked = []
+    checked: list[dict[str, Any]] = []
     for (hook, slot), (_, row) in zip(keys, rows.iterrows(), strict=True):
         patched = got.mean((hook, slot), name) - got.mean("corrupt", name)
         checked.append({"hook": hook, "slot": _where(slot), "estimate": float(row["effect"]), "patched": patched})
