@@ -26,15 +26,14 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, cast, get_args
+from typing import Any, Literal, cast
 
 import torch
 from torch import nn
 
 from depthprobe.probes.base.errors import ProbeError
+from depthprobe.probes.base.options import check_choices
 
-Architecture = Literal["standard", "jumprelu", "topk"]
-Normalize = Literal["none", "constant_norm_rescale", "layer_norm"]
 WEIGHTS = "sae_weights.safetensors"
 CONFIG = "cfg.json"
 HOOKS = (
@@ -54,22 +53,16 @@ class SAEConfig:
     d_in: int
     d_sae: int
     hook_name: str | None = None
-    architecture: Architecture = "standard"
+    architecture: Literal["standard", "jumprelu", "topk"] = "standard"
     k: int | None = None  # topk only
     apply_b_dec_to_input: bool = True
-    normalize_activations: Normalize = "none"
+    normalize_activations: Literal["none", "constant_norm_rescale", "layer_norm"] = "none"
     reshape_activations: Literal["none", "hook_z"] = "none"
 
     def __post_init__(self) -> None:
-        for name, allowed in (
-            ("architecture", get_args(Architecture)),
-            ("normalize_activations", get_args(Normalize)),
-            ("reshape_activations", ("none", "hook_z")),
-        ):
-            value = getattr(self, name)
-            if value not in allowed:
-                fix = _NORM_FIX if value == "expected_average_only_in" else f"use one of {', '.join(allowed)}"
-                raise ProbeError(f"SAE {name}={value!r} is not supported; {fix}")
+        if self.normalize_activations == "expected_average_only_in":
+            raise ProbeError(f"SAE normalize_activations='expected_average_only_in' is not supported; {_NORM_FIX}")
+        check_choices(self, "SAE config")
         if self.architecture == "topk" and not (isinstance(self.k, int) and 0 < self.k <= self.d_sae):
             raise ProbeError(f"a topk SAE needs k between 1 and d_sae={self.d_sae}, got k={self.k!r} (cfg.json 'k')")
 
@@ -226,7 +219,7 @@ def config_from_dict(raw: dict[str, Any]) -> SAEConfig:
     )
 
 
-def load_sae(path: str | Path, hook_name: str | None = None, architecture: Architecture | None = None) -> SAE:
+def load_sae(path: str | Path, hook_name: str | None = None, architecture: str | None = None) -> SAE:
     """An SAE from a sae-lens folder (``cfg.json`` + ``sae_weights.safetensors``) or from one
     safetensors file (``W_enc``, ``b_enc``, ``W_dec``, ``b_dec``, and ``threshold`` for a JumpReLU
     SAE); ``hook_name`` says (or overrides) the hook it reads, ``architecture`` what a plain file
