@@ -8,11 +8,12 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from depthprobe.probes.base.errors import ProbeError
 from depthprobe.probes.render.attention import MAX_TOKENS, View, inline_frame, parse_indices, views_html
-from depthprobe.probes.render.html import esc, notebook_bundle, page
+from depthprobe.probes.render.html import canvas_page, esc, notebook_bundle, page
+from depthprobe.probes.render.inspect import SCRIPT
 
 _WORD = re.compile(r"\w+(?:['’]\w+)*|[^\w\s]", re.UNICODE)  # noqa: RUF001 (the typographic apostrophe)
 
@@ -190,8 +191,12 @@ class VizPage:
     body: str
     payloads: list[dict[str, Any]]
     n_views: int
+    inspect: dict[str, Any] | None = None  # a model or neuron view's data (drawn without circuitsvis)
+    height: int | None = None  # its frame's height in a notebook
 
     def html(self, bundle: bool = True) -> str:
+        if self.inspect is not None:
+            return canvas_page(self.title, self.body, self.inspect, SCRIPT)
         return page(self.title, self.body, self.payloads, bundle=bundle)
 
 
@@ -204,8 +209,18 @@ def viz_parts(
     heads: Sequence[int] | None = None,
     words: bool = False,
     max_tokens: int = MAX_TOKENS,
+    kind: str = "layers",
+    query: int | None = None,
 ) -> VizPage:
-    """The `probe viz` page for ``model`` on ``text`` (``source`` says where it came from), in parts."""
+    """The `probe viz` page for ``model`` on ``text`` (``source`` says where it came from), in parts:
+    ``kind`` "layers" (one circuitsvis view per layer), "model" (every layer x head at a glance)
+    or "neuron" (q, k and q*k behind the scores of a query position, ``query``; default the last)."""
+    if kind != "layers":
+        from depthprobe.probes.api.inspect_views import inspect_parts
+
+        return inspect_parts(
+            model, text, kind=kind, layers=layers, heads=heads, words=words, max_tokens=max_tokens, query=query
+        )
     views, notes = model_views(model, text, layers=layers, heads=heads, words=words, max_tokens=max_tokens)
     info = model.info
     kind = (
@@ -253,8 +268,9 @@ class InlineView:
         return f"InlineView({self.parts.n_views} attention views: {self.parts.title!r}; shown inline in a notebook)"
 
     def _repr_html_(self) -> str:
-        html_page = self.parts.html(bundle=notebook_bundle(self.bundle))
-        return inline_frame(html_page, "depthprobe attention views", height=140 + 560 * self.parts.n_views)
+        bundle = False if self.parts.inspect is not None else notebook_bundle(self.bundle)
+        height = self.parts.height or 140 + 560 * self.parts.n_views
+        return inline_frame(self.parts.html(bundle=bundle), "depthprobe attention views", height=height)
 
 
 def _indices(chosen: Sequence[int] | None, n: int, what: str) -> list[int] | None:
@@ -325,6 +341,8 @@ def view(
     words: bool = False,
     max_tokens: int = MAX_TOKENS,
     bundle: bool | None = None,
+    kind: Literal["layers", "model", "neuron"] = "layers",
+    query: int | None = None,
 ) -> InlineView:
     """Attention views of ``model`` on a text or on token ids, shown inline in a notebook (or, given
     tokens and a pattern or a cache, ``view(tokens, pattern_or_cache)``, of that pattern: an edited,
@@ -333,7 +351,19 @@ def view(
     in a sandboxed iframe. Any model: without a tokenizer pass token ids (shown as numbers).
     ``layers`` and ``heads`` are 0-indexed (default: all). The circuitsvis bundle (1.3 MB) goes
     into the notebook once: with the first display in this process (``bundle=None``); later ones
-    borrow it from that output (``bundle=True`` embeds it again, e.g. after clearing that output)."""
+    borrow it from that output (``bundle=True`` embeds it again, e.g. after clearing that output).
+
+    ``kind``: "layers" (the default: one circuitsvis view per layer, its heads side by side),
+    "model" (every layer x head pattern at a glance, bertviz's model view: thumbnails, click one
+    to enlarge it) or "neuron" (bertviz's neuron view: for a layer, a head and a query position,
+    the model's q and k vectors, their products q*k per key, its score and weight; ``query`` is
+    the first query position shown, default the last token before a closing [SEP]). Both draw on
+    plain canvases without the circuitsvis bundle (a few kB). Given tokens and a cache, the neuron
+    view reads ``hook_q``, ``hook_k``, ``hook_attn_scores`` and ``hook_pattern`` from the cache."""
+    if kind != "layers" and not hasattr(model, "bridge"):
+        from depthprobe.probes.api.inspect_views import inspect_given
+
+        return InlineView(inspect_given(model, text_or_ids, kind=kind, layers=layers, heads=heads, query=query), False)
     if not hasattr(model, "bridge"):  # tokens and a pattern (or a cache): no model runs
         views = pattern_views(model, text_or_ids, layers=layers, heads=heads)
         body, payloads = views_html(views, max_tokens=max_tokens)
@@ -344,5 +374,15 @@ def view(
     source = "a text" if isinstance(text_or_ids, str) else "token ids"
     if not isinstance(text_or_ids, str):
         text_or_ids = one_sequence(text_or_ids)
-    parts = viz_parts(model, text_or_ids, source=source, layers=layers, heads=heads, words=words, max_tokens=max_tokens)
+    parts = viz_parts(
+        model,
+        text_or_ids,
+        source=source,
+        layers=layers,
+        heads=heads,
+        words=words,
+        max_tokens=max_tokens,
+        kind=kind,
+        query=query,
+    )
     return InlineView(parts, bundle)
