@@ -12,6 +12,7 @@ says so instead of showing numbers that disagree silently.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -217,7 +218,9 @@ def inspect_given(
         )
     if not isinstance(patterns, Mapping):
         raise ProbeError("the neuron view of given values needs a cache (q, k, scores, patterns), not an array")
-    found = sorted({int(n.split(".")[1]) for n in patterns if n.endswith("attn.hook_attn_scores")})
+    found = sorted({int(n.split(".")[1]) for n in patterns if re.match(r"blocks\.\d+\.attn\.", n)})
+    if not found and layers is None:
+        raise ProbeError("the cache holds no attention hook; run_with_cache(model, ids) keeps them all")
     data = neuron_from(tokens, patterns, found if layers is None else list(layers), heads, query)
     return _page(kind, data, "Neuron view: a cache")
 
