@@ -12,16 +12,14 @@ says so instead of showing numbers that disagree silently.
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
-from depthprobe.probes.api.viz import VizPage, _input, model_views, pattern_views
 from depthprobe.probes.base.errors import ProbeError, unknown
 from depthprobe.probes.render.attention import View
-from depthprobe.probes.render.inspect import ModelGrid, NeuronData, model_view, neuron_view
+from depthprobe.probes.render.inspect import ModelGrid, NeuronData
 
 KINDS = ("layers", "model", "neuron")
 MASKED_BELOW = -1e30  # a score at or below this (or -inf) is the model's mask, not a number
@@ -136,24 +134,20 @@ def _scale_notes(
 
 def neuron_data(
     model: Any,
-    text_or_ids: Any,
+    inp: Any,
     *,
     layers: Sequence[int] | None,
     heads: Sequence[int] | None,
     query: int | None,
-    max_tokens: int,
 ) -> NeuronData:
-    """The neuron view of ``model`` on a text or token ids: one forward pass capturing q, k,
-    scores and pattern of ``layers`` (default all). ``query`` defaults to the last position
-    before the model's closing special token (e.g. [SEP]), else the last."""
+    """The neuron view of ``model`` on one input (``probes.api.viz.Input``: ids, labels, notes): one
+    forward pass capturing q, k, scores and pattern of ``layers`` (default all). ``query`` defaults
+    to the last position before the model's closing special token (e.g. [SEP]), else the last."""
     import torch
 
     from depthprobe.probes.hooks.capture import forward
 
-    info = model.info
-    layers = list(range(info.n_layers)) if layers is None else list(layers)
-    limit = min(max_tokens, info.max_len) if info.max_len else max_tokens
-    inp = _input(model, text_or_ids, False, limit)
+    layers = list(range(model.info.n_layers)) if layers is None else list(layers)
     ids = torch.tensor([inp.ids])  # [1, pos]
     acts = forward(model, ids, torch.ones_like(ids), neuron_names(layers, model.bridge.hook_dict))
     if query is None:
@@ -171,66 +165,10 @@ def check_kind(kind: str) -> str:
     return kind
 
 
-def _page(kind: str, grid_or_data: Any, title: str) -> VizPage:
-    if kind == "model":
-        body, data = model_view(grid_or_data, title)
-        return VizPage(title, body, [], 1, inspect=data, height=760 + 72 * len(grid_or_data.layers))
-    body, data = neuron_view(grid_or_data, title)
-    return VizPage(title, body, [], 1, inspect=data, height=260 + 26 * len(grid_or_data.tokens))
-
-
-def inspect_parts(
-    model: Any,
-    text: Any,
-    *,
-    kind: str,
-    layers: Sequence[int] | None,
-    heads: Sequence[int] | None,
-    words: bool,
-    max_tokens: int,
-    query: int | None,
-) -> VizPage:
-    """The model view or the neuron view of ``model`` on ``text`` (a string or token ids)."""
-    name = model.info.name
-    if check_kind(kind) == "model":
-        views, notes = model_views(model, text, layers=layers, heads=heads, words=words, max_tokens=max_tokens)
-        return _page(kind, grid_of(views, notes), f"Model view: {name}")
-    if words:
-        raise ProbeError("the neuron view shows tokens (q and k are per token); drop --words / words=True")
-    data = neuron_data(model, text, layers=layers, heads=heads, query=query, max_tokens=max_tokens)
-    return _page(kind, data, f"Neuron view: {name}")
-
-
-def inspect_given(
-    tokens: Sequence[str],
-    patterns: Any,
-    *,
-    kind: str,
-    layers: Sequence[int] | None,
-    heads: Sequence[int] | None,
-    query: int | None,
-) -> VizPage:
-    """The model view of given patterns or a cache, or the neuron view of a cache holding q, k,
-    scores and patterns (``probes.view(tokens, cache, kind=...)``): no model runs."""
-    if check_kind(kind) == "model":
-        return _page(
-            kind, grid_of(pattern_views(tokens, patterns, layers=layers, heads=heads)), "Model view: given patterns"
-        )
-    if not isinstance(patterns, Mapping):
-        raise ProbeError("the neuron view of given values needs a cache (q, k, scores, patterns), not an array")
-    found = sorted({int(n.split(".")[1]) for n in patterns if re.match(r"blocks\.\d+\.attn\.", n)})
-    if not found and layers is None:
-        raise ProbeError("the cache holds no attention hook; run_with_cache(model, ids) keeps them all")
-    data = neuron_from(tokens, patterns, found if layers is None else list(layers), heads, query)
-    return _page(kind, data, "Neuron view: a cache")
-
-
 __all__ = [
     "KINDS",
     "check_kind",
     "grid_of",
-    "inspect_given",
-    "inspect_parts",
     "neuron_data",
     "neuron_from",
     "neuron_names",

@@ -6,14 +6,15 @@ The forward pass and word alignment happen here; ``probes.render.attention`` onl
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from depthprobe.probes.api.inspect_views import check_kind, grid_of, neuron_data, neuron_from
 from depthprobe.probes.base.errors import ProbeError
 from depthprobe.probes.render.attention import MAX_TOKENS, View, inline_frame, parse_indices, views_html
 from depthprobe.probes.render.html import canvas_page, esc, notebook_bundle, page
-from depthprobe.probes.render.inspect import SCRIPT
+from depthprobe.probes.render.inspect import SCRIPT, model_view, neuron_view
 
 _WORD = re.compile(r"\w+(?:['’]\w+)*|[^\w\s]", re.UNICODE)  # noqa: RUF001 (the typographic apostrophe)
 
@@ -216,8 +217,6 @@ def viz_parts(
     ``kind`` "layers" (one circuitsvis view per layer), "model" (every layer x head at a glance)
     or "neuron" (q, k and q*k behind the scores of a query position, ``query``; default the last)."""
     if kind != "layers":
-        from depthprobe.probes.api.inspect_views import inspect_parts
-
         return inspect_parts(
             model, text, kind=kind, layers=layers, heads=heads, words=words, max_tokens=max_tokens, query=query
         )
@@ -361,8 +360,6 @@ def view(
     plain canvases without the circuitsvis bundle (a few kB). Given tokens and a cache, the neuron
     view reads ``hook_q``, ``hook_k``, ``hook_attn_scores`` and ``hook_pattern`` from the cache."""
     if kind != "layers" and not hasattr(model, "bridge"):
-        from depthprobe.probes.api.inspect_views import inspect_given
-
         return InlineView(inspect_given(model, text_or_ids, kind=kind, layers=layers, heads=heads, query=query), False)
     if not hasattr(model, "bridge"):  # tokens and a pattern (or a cache): no model runs
         views = pattern_views(model, text_or_ids, layers=layers, heads=heads)
@@ -386,3 +383,61 @@ def view(
         query=query,
     )
     return InlineView(parts, bundle)
+
+
+# the model view and the neuron view (probes.api.inspect_views gathers their values)
+
+
+def _page(kind: str, grid_or_data: Any, title: str) -> VizPage:
+    if kind == "model":
+        body, data = model_view(grid_or_data, title)
+        return VizPage(title, body, [], 1, inspect=data, height=760 + 72 * len(grid_or_data.layers))
+    body, data = neuron_view(grid_or_data, title)
+    return VizPage(title, body, [], 1, inspect=data, height=260 + 26 * len(grid_or_data.tokens))
+
+
+def inspect_parts(
+    model: Any,
+    text: Any,
+    *,
+    kind: str,
+    layers: Sequence[int] | None,
+    heads: Sequence[int] | None,
+    words: bool,
+    max_tokens: int,
+    query: int | None,
+) -> VizPage:
+    """The model view or the neuron view of ``model`` on ``text`` (a string or token ids)."""
+    name = model.info.name
+    if check_kind(kind) == "model":
+        views, notes = model_views(model, text, layers=layers, heads=heads, words=words, max_tokens=max_tokens)
+        return _page(kind, grid_of(views, notes), f"Model view: {name}")
+    if words:
+        raise ProbeError("the neuron view shows tokens (q and k are per token); drop --words / words=True")
+    limit = min(max_tokens, model.info.max_len) if model.info.max_len else max_tokens
+    data = neuron_data(model, _input(model, text, False, limit), layers=layers, heads=heads, query=query)
+    return _page(kind, data, f"Neuron view: {name}")
+
+
+def inspect_given(
+    tokens: Sequence[str],
+    patterns: Any,
+    *,
+    kind: str,
+    layers: Sequence[int] | None,
+    heads: Sequence[int] | None,
+    query: int | None,
+) -> VizPage:
+    """The model view of given patterns or a cache, or the neuron view of a cache holding q, k,
+    scores and patterns (``probes.view(tokens, cache, kind=...)``): no model runs."""
+    if check_kind(kind) == "model":
+        return _page(
+            kind, grid_of(pattern_views(tokens, patterns, layers=layers, heads=heads)), "Model view: given patterns"
+        )
+    if not isinstance(patterns, Mapping):
+        raise ProbeError("the neuron view of given values needs a cache (q, k, scores, patterns), not an array")
+    found = sorted({int(n.split(".")[1]) for n in patterns if re.match(r"blocks\.\d+\.attn\.", n)})
+    if not found and layers is None:
+        raise ProbeError("the cache holds no attention hook; run_with_cache(model, ids) keeps them all")
+    data = neuron_from(tokens, patterns, found if layers is None else list(layers), heads, query)
+    return _page(kind, data, "Neuron view: a cache")
