@@ -114,6 +114,7 @@ def test_views_are_small_and_carry_no_bundle(tiny_bert):
     for kind in ("model", "neuron"):
         shown = probes.view(tiny_bert, "the dog saw a cat", kind=kind)
         assert "CircuitsVis" not in shown.page and len(shown._repr_html_()) < 60_000
+        assert repr(shown).startswith(f"InlineView(a {kind} view: ") and len(repr(shown)) < 200
         assert "Content-Security-Policy" in shown.page and "connect-src 'none'" in shown.page
 
 

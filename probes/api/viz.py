@@ -264,7 +264,8 @@ class InlineView:
         return self.parts.html()
 
     def __repr__(self) -> str:
-        return f"InlineView({self.parts.n_views} attention views: {self.parts.title!r}; shown inline in a notebook)"
+        what = f"a {self.parts.inspect['kind']} view" if self.parts.inspect else f"{self.parts.n_views} attention views"
+        return f"InlineView({what}: {self.parts.title!r}; shown inline in a notebook)"
 
     def _repr_html_(self) -> str:
         bundle = False if self.parts.inspect is not None else notebook_bundle(self.bundle)
