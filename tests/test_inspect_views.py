@@ -198,7 +198,8 @@ WAITING = "Array.from(document.querySelectorAll('.view')).filter(e => e.dataset.
 
 
 def _first_drawn(browser, tmp_path):  # noqa: F811
-    tab = Page(browser, _lazy_page(tmp_path), until="document.body.dataset.viewsDrawn >= '1'", height=700)
+    ready = "document.body.dataset.viewsDrawn >= '1' && document.body.dataset.viewsReady === '1'"
+    tab = Page(browser, _lazy_page(tmp_path), until=ready, height=700)
     time.sleep(0.5)
     assert tab.eval(WAITING) > 6  # far below the fold: waiting to draw
     return tab
@@ -224,6 +225,7 @@ def test_print_media_and_a_full_page_viewport_draw_every_view(browser, tmp_path)
     tab = _first_drawn(browser, tmp_path)
     try:
         tab.send("Emulation.setEmulatedMedia", {"media": "print"})
+        tab.eval("new Promise(r => requestAnimationFrame(() => r(1)))")  # media listeners run before frames
         assert tab.eval(WAITING) == 0
     finally:
         tab.close()

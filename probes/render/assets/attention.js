@@ -219,7 +219,8 @@
       status();
       return;
     }
-    views.forEach(function (v, i) { inflate(i); });  // ready for a print at any moment
+    Promise.all(views.map(function (v, i) { return inflate(i); }))  // ready for a print at any moment
+      .then(function () { attr("ready", 1); }, function () {});
     window.addEventListener("beforeprint", printAll);
     if (window.matchMedia) {
       var media = window.matchMedia("print");
