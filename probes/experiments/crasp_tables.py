@@ -165,9 +165,7 @@ def page(exp: Crasp, config: CraspConfig, tables: dict[str, pd.DataFrame]) -> li
     parts = [f"<p>{esc(exp.prediction)} {esc(law_pages.NOTE)}</p>"]
     if acc.empty:
         return [*parts, "<p class='note'>no member finished; there is nothing to plot.</p>"]
-    parts.append(
-        "<h2>The law</h2>" + html_table(law_table.astype(object).where(law_table.notna(), "").to_dict("records"))
-    )
+    parts.append(law_pages.law_table(law_table, acc[acc["max_length"] == config.solve_at], config.threshold))
     parts.append(law_pages.heatmaps(exp.key, acc, pd.DataFrame()))  # per k (group L_k); the prediction is per k
     depths = tables.get("depths.csv", pd.DataFrame())
     if not depths.empty:
