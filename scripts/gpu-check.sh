@@ -19,7 +19,7 @@
 #
 # Environment: PY (the Python with torch; default .venv/bin/python, else python3), PROBE (the probe
 # command; default: next to PY), WHEELS (a folder of wheels installed first, offline: the packages
-# a GPU image lacks; README "GPU" says how to build it), FAMILIES (default: the five study families).
+# a GPU image lacks; README "GPU" says how to build it), FAMILIES (default: the six study families).
 # DEVICE=cpu rehearses every command on the CPU (for testing the script; SCALE=N multiplies every timeout).
 # Without CUDA it prints one line and exits 0. Exit status: 0 when every step passed, 1 otherwise.
 set -u
@@ -29,7 +29,7 @@ if [ -z "${PY:-}" ]; then
     if [ -x .venv/bin/python ]; then PY=$ROOT/.venv/bin/python; else PY=$(command -v python3); fi
 fi
 OUT=${1:-build/gpu-check}
-FAMILIES=${FAMILIES:-levine petty spa khop groups}
+FAMILIES=${FAMILIES:-levine petty spa khop groups crasp}
 DEVICE=${DEVICE:-cuda}
 SCALE=${SCALE:-1}
 
