@@ -23,13 +23,14 @@ import json
 import os
 import shutil
 import tempfile
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from depthprobe.probes.base import artifacts
 from depthprobe.probes.base.errors import ProbeError
-from depthprobe.probes.experiments.protocol import MemberOutput
+from depthprobe.probes.experiments.protocol import Experiment, MemberOutput
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -195,6 +196,21 @@ def finish_member(folder: Path, row: dict[str, Any], **extra: Any) -> dict[str, 
     """The one digest writer: ``member.json`` with the row and the SHA-256 of every other file."""
     artifacts.write_json(folder / MEMBER_JSON, {"row": row, **extra, "files": artifacts.file_digests(folder)})
     return row
+
+
+def measure_member(exp: Experiment, job: Any) -> MemberOutput:
+    """Run ``exp.measure(job, folder, row)`` in the member's folder (:func:`in_member_folder`): the
+    row starts as its ``base_row`` and ends ``ok`` with its wall seconds; ``member.json`` holds the
+    row, the entries ``measure`` returned and the SHA-256 of every other file."""
+
+    def body(folder: Path) -> dict[str, Any]:
+        t0 = time.perf_counter()
+        row = exp.base_row(job)
+        extra = exp.measure(job, folder, row)
+        row.update(status="ok", error="", wall_s=time.perf_counter() - t0)
+        return finish_member(folder, row, **extra)
+
+    return in_member_folder(body, job.dest)
 
 
 def in_member_folder(body: Callable[[Path], dict[str, Any]], dest: str | None) -> MemberOutput:

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from depthprobe.probes.base.errors import ProbeError
-from depthprobe.probes.experiments.protocol import Experiment, MemberOutput
+from depthprobe.probes.experiments.protocol import Experiment
 from depthprobe.probes.experiments.text_config import parse_vocab
 
 if TYPE_CHECKING:
@@ -215,10 +215,12 @@ class TextExperiment(Experiment):
             row.update(self.size_columns(m, *sizes))
         return row
 
-    def run_member(self, job: TextJob) -> MemberOutput:
-        from depthprobe.probes.experiments.text_member import run_text_member
+    def measure(self, job: TextJob, folder: Path, row: dict[str, Any]) -> dict[str, Any]:
+        from depthprobe.probes.experiments import text_member
+        from depthprobe.probes.models.device import size_limit
 
-        return run_text_member(self, job)
+        with size_limit(job.config.max_params):
+            return text_member.measure(self, job, folder, row)
 
     def line(self, row: dict[str, Any]) -> str:
         return f"val_loss {row['val_loss']:.4f} nats/token ({row['val_bpb']:.4f} bits/byte), {row['wall_s']:.0f} s"

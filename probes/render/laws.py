@@ -151,9 +151,18 @@ def hop_summary(layers: pd.DataFrame) -> str:
     )
 
 
-def law_sections(tables: Mapping[str, pd.DataFrame], *, key: str, threshold: float, prediction: str) -> list[str]:
-    """A law family's report sections from its tables: the prediction, the law table, the heatmaps,
-    the control, the learning curves and (khop) the hop summary."""
+def law_sections(
+    tables: Mapping[str, pd.DataFrame],
+    *,
+    key: str,
+    threshold: float,
+    prediction: str,
+    line: bool = True,
+    middle: list[str] | None = None,
+) -> list[str]:
+    """A law family's report sections from its tables: the prediction, the law table, the heatmaps
+    (with law.csv's predicted depth as a line when ``line``), ``middle`` (None: the control), the
+    learning curves and (khop) the hop summary."""
     members = tables.get("members.csv", pd.DataFrame())
     acc, law = tables.get("accuracy.csv", pd.DataFrame()), tables.get("law.csv", pd.DataFrame())
     parts = [f"<p>{esc(prediction)} {esc(NOTE)}</p>"]
@@ -161,8 +170,8 @@ def law_sections(tables: Mapping[str, pd.DataFrame], *, key: str, threshold: flo
         return [*parts, "<p class='note'>no member finished; there is nothing to plot.</p>"]
     parts.append("<h2>The law</h2>" + html_table(law.astype(object).where(law.notna(), "").to_dict("records")))
     parts += [
-        heatmaps(key, acc, law),
-        control(key, acc, members),
+        heatmaps(key, acc, law if line else pd.DataFrame()),
+        *(middle if middle is not None else [control(key, acc, members)]),
         curves(key, tables.get("curves.csv", pd.DataFrame()), members, threshold),
         hop_summary(tables.get("hop_layers.csv", pd.DataFrame())),
     ]
