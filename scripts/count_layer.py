@@ -8,6 +8,7 @@ with the tree's ``pyproject.toml``, so they are laid out by the same rules.
 
     python scripts/count_layer.py            # the old three systems at BEFORE, the layer in the tree
     python scripts/count_layer.py --files    # and each file's count
+    python scripts/count_layer.py --after REV  # the layer as it was at REV
     python scripts/count_layer.py --rev REV PATH...   # any files at any revision ("tree": the tree)
 """
 
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import fnmatch
 import importlib.util
 import io
 import subprocess
@@ -58,15 +60,25 @@ NEW_FEATURES = [
 ]
 
 
+DOC_OWNERS = (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)  # what has a docstring
+
+
+def _docstring(node: ast.AST) -> ast.Expr | None:
+    """The docstring statement of a module, class or function (None: it has none)."""
+    body = getattr(node, "body", None)
+    first = body[0] if isinstance(body, list) and body else None
+    if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str):
+        return first
+    return None
+
+
 def code_lines(text: str) -> int:
     """The lines of ``text`` holding code: no blank, comment-only or docstring line."""
     docstrings: set[int] = set()
     for node in ast.walk(ast.parse(text)):
-        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
-            first = node.body[0] if node.body else None
-            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
-                if isinstance(first.value.value, str):
-                    docstrings.update(range(first.lineno, (first.end_lineno or first.lineno) + 1))
+        doc = _docstring(node) if isinstance(node, DOC_OWNERS) else None
+        if doc is not None:
+            docstrings.update(range(doc.lineno, (doc.end_lineno or doc.lineno) + 1))
     lines: set[int] = set()
     skip = {tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT}
     skip |= {tokenize.ENCODING, tokenize.ENDMARKER}
@@ -76,29 +88,34 @@ def code_lines(text: str) -> int:
     return len(lines - docstrings)
 
 
-def _source(rev: str, path: str) -> str:
+def _source(rev: str, path: str, repo: Path) -> str:
     if rev == "tree":
-        return (ROOT / path).read_text(encoding="utf-8")
-    return subprocess.run(
-        ["git", "-C", str(ROOT), "show", f"{rev}:{path}"], capture_output=True, text=True, check=True
-    ).stdout
+        return (repo / path).read_text(encoding="utf-8")
+    show = subprocess.run(["git", "-C", str(repo), "show", f"{rev}:{path}"], capture_output=True, text=True, check=True)
+    return show.stdout
 
 
-def count(rev: str, paths: list[str]) -> dict[str, int]:
-    """Each file's code lines at ``rev`` (a git revision, or ``"tree"``), formatted as ruff writes it."""
+def count(rev: str, paths: list[str], repo: Path = ROOT) -> dict[str, int]:
+    """Each file's code lines at ``rev`` (a git revision, or ``"tree"``: the files in ``repo``),
+    formatted as ruff writes it with this repository's settings."""
     with tempfile.TemporaryDirectory(prefix="count-layer-") as tmp:
         root = Path(tmp)
         (root / "pyproject.toml").write_text((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
         for path in paths:
             (root / path).parent.mkdir(parents=True, exist_ok=True)
-            (root / path).write_text(_source(rev, path), encoding="utf-8")
+            (root / path).write_text(_source(rev, path, repo), encoding="utf-8")
         texts = check_sizes.formatted(root, [root / path for path in paths])
         return {path: code_lines(texts[root / path]) for path in paths}
 
 
-def new_files() -> list[str]:
-    found = {str(p.relative_to(ROOT)) for pattern in NEW_GLOBS for p in ROOT.glob(pattern)}
-    return sorted(found)
+def new_files(rev: str = "tree") -> list[str]:
+    """The layer's modules (:data:`NEW_GLOBS`) in the tree or at a revision."""
+    if rev == "tree":
+        paths = [str(p.relative_to(ROOT)) for p in ROOT.rglob("*.py")]
+    else:
+        listing = subprocess.run(["git", "-C", str(ROOT), "ls-tree", "-r", "--name-only", rev], capture_output=True)
+        paths = listing.stdout.decode().splitlines()
+    return sorted(p for p in paths if any(fnmatch.fnmatchcase(p, pattern) for pattern in NEW_GLOBS))
 
 
 def _show(title: str, counts: dict[str, int], files: bool) -> None:
@@ -111,18 +128,20 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--files", action="store_true", help="print each file's count")
     parser.add_argument("--rev", help='count PATHs at this revision ("tree": the working tree)')
+    parser.add_argument("--after", default="tree", help="where the layer is counted: the tree, or a revision")
     parser.add_argument("paths", nargs="*")
     args = parser.parse_args(argv)
     if args.rev or args.paths:
         _show(args.rev or "tree", count(args.rev or "tree", args.paths), args.files)
         return 0
     before = count(BEFORE, OLD)
-    after = count("tree", new_files())
+    after = count(args.after, new_files(args.after))
     like = {path: n for path, n in after.items() if path not in NEW_FEATURES}
     _show(f"before ({BEFORE[:7]})", before, args.files)
-    _show("after (tree)", after, args.files)
+    _show(f"after ({args.after})", after, args.files)
     _show("after without crasp and depth usage", like, args.files)
-    print(f"difference: {sum(after.values()) - sum(before.values()):+,} (like for like {sum(like.values()) - sum(before.values()):+,})")
+    old = sum(before.values())
+    print(f"difference: {sum(after.values()) - old:+,} (like for like {sum(like.values()) - old:+,})")
     return 0
 
 

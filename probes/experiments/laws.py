@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from depthprobe.probes.base.errors import ProbeError
-from depthprobe.probes.experiments.protocol import Experiment, at_least, check_members, positive
+from depthprobe.probes.experiments.protocol import RUN_COLUMNS, Experiment, at_least, check_members, positive
 from depthprobe.probes.training.schedule import warmup_cosine
 
 if TYPE_CHECKING:
@@ -51,10 +51,7 @@ ROW_COLUMNS = [
     "steps",
     "train_s",
     "steps_per_s",
-    "wall_s",
-    "device",
-    "status",
-    "error",
+    *RUN_COLUMNS,
 ]
 
 

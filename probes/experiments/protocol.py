@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     import pandas as pd
 
 ENTRY_POINT_GROUP = "depthprobe.experiments"
+RUN_COLUMNS = ["wall_s", "device", "status", "error"]  # members.csv's last columns: how each member ran
 MAX_DEPTH = 1000  # layers of a member
 MAX_SEEDS = 1000  # seeds per study (a plan of more members is refused, not built)
 
@@ -238,6 +239,7 @@ def get_experiment(name: str) -> Experiment:
 
 __all__ = [
     "EXPERIMENTS",
+    "RUN_COLUMNS",
     "Experiment",
     "MemberOutput",
     "at_least",

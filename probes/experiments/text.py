@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from depthprobe.probes.base.errors import ProbeError
-from depthprobe.probes.experiments.protocol import Experiment
+from depthprobe.probes.experiments.protocol import RUN_COLUMNS, Experiment
 from depthprobe.probes.experiments.text_config import parse_vocab
 
 if TYPE_CHECKING:
@@ -37,16 +37,8 @@ if TYPE_CHECKING:
     from depthprobe.probes.models.model import Model
     from depthprobe.probes.render.study_data import StudyData
 
-COLUMNS = [
-    "family",
-    "member",
-    "variant",
-    "depth",
-    "d_model",
-    "d_ff",
-    "d_ff_ratio",
-    "n_heads",
-    "d_head",
+# a member's sizes, tokens and FLOPs (members.csv and plan.csv)
+SIZES = [
     "budget",
     "match",
     "budget_miss",
@@ -57,6 +49,14 @@ COLUMNS = [
     "tokens",
     "passes",
     "flops",
+]
+SHAPES = ["depth", "d_model", "d_ff", "d_ff_ratio", "n_heads", "d_head"]
+COLUMNS = [
+    "family",
+    "member",
+    "variant",
+    *SHAPES,
+    *SIZES,
     "seed",
     "lr",
     "val_loss",
@@ -68,10 +68,7 @@ COLUMNS = [
     "entropy_mean",
     "icl_score",
     "tokens_per_s",
-    "wall_s",
-    "device",
-    "status",
-    "error",
+    *RUN_COLUMNS,
 ]
 PLAN_COLUMNS = [
     "family",
@@ -82,16 +79,7 @@ PLAN_COLUMNS = [
     "d_head",
     "d_ff",
     "d_ff_ratio",
-    "budget",
-    "match",
-    "budget_miss",
-    "params_nonembed",
-    "params_embed",
-    "params_total",
-    "embed_share",
-    "tokens",
-    "passes",
-    "flops",
+    *SIZES,
     "cpu_minutes",
 ]
 TASK_ORDER = ("induction", "kernels", "kernels-init", "attention-stats")
