@@ -25,15 +25,17 @@ import shutil
 import tempfile
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from depthprobe.probes.base import artifacts
 from depthprobe.probes.base.errors import ProbeError
-from depthprobe.probes.experiments.protocol import Experiment, MemberOutput
 
 if TYPE_CHECKING:
     import pandas as pd
+
+    from depthprobe.probes.experiments.protocol import Experiment
 
 STUDY_JSON = "study.json"
 MEMBERS_CSV = "members.csv"
@@ -42,6 +44,15 @@ MEMBERS = "members"
 MEMBER_JSON = "member.json"
 REPORT = "report.html"
 LOCK = ".study.lock"  # the pid of the run that holds the folder
+
+
+@dataclass(frozen=True)
+class MemberOutput:
+    """What one member returns: its row (``members.csv``) and its files (path inside
+    ``members/<name>/`` -> bytes; empty when the member wrote ``job.dest`` itself)."""
+
+    row: dict[str, Any]
+    files: dict[str, bytes]
 
 
 def _alive(pid: int) -> bool:

@@ -3,7 +3,8 @@
 A family says what its study is (``Config``: a frozen dataclass, ``Literal`` choices checked by
 :func:`~depthprobe.probes.base.options.check_choices`, its own ranges in ``__post_init__``), what its
 presets set and cost, how a config becomes member jobs (:meth:`Experiment.plan`), what one member
-computes (:meth:`Experiment.run_member`: its row and its files), how finished members become the
+computes (:meth:`Experiment.measure`: its files and its row, run in its folder by the default
+:meth:`Experiment.run_member`), how finished members become the
 study's tables (:meth:`Experiment.tables`) and which report sections those tables draw
 (:meth:`Experiment.page`). Everything else (the study folder, ``study.json``, resume, damaged
 members, failure rows, ``members.csv``, ``plan.csv``, ``--jobs``, Ray, the page's frame) is the
@@ -25,7 +26,6 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -33,6 +33,7 @@ from depthprobe.probes.base.errors import ProbeError, suggest
 from depthprobe.probes.base.options import check_choices, check_seed, coerce
 from depthprobe.probes.base.registry import Registry
 from depthprobe.probes.engine.plugins import entry_point_tasks
+from depthprobe.probes.experiments.folder import MemberOutput, measure_member
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -43,18 +44,9 @@ MAX_DEPTH = 1000  # layers of a member
 MAX_SEEDS = 1000  # seeds per study (a plan of more members is refused, not built)
 
 
-@dataclass(frozen=True)
-class MemberOutput:
-    """What one member returns: its row (``members.csv``) and its files (path inside
-    ``members/<name>/`` -> bytes; empty when the member wrote ``job.dest`` itself)."""
-
-    row: dict[str, Any]
-    files: dict[str, bytes]
-
-
 class Experiment:
-    """One depth family: its Config, presets and costs (class attributes), and plan, run_member,
-    tables and page; the other methods have defaults a family may override."""
+    """One depth family: its Config, presets and costs (class attributes), and plan, measure (or
+    run_member), tables and page; the other methods have defaults a family may override."""
 
     name: ClassVar[str]
     description: ClassVar[str] = ""
@@ -74,8 +66,6 @@ class Experiment:
     def run_member(self, job: Any) -> MemberOutput:
         """Train and measure one member (a pure function of its job): its row and its files; by
         default :meth:`measure` in the member's folder (:func:`.folder.measure_member`)."""
-        from depthprobe.probes.experiments.folder import measure_member
-
         return measure_member(self, job)
 
     def measure(self, job: Any, folder: Path, row: dict[str, Any]) -> dict[str, Any]:
