@@ -54,7 +54,8 @@ def study(
         None,
         "--jobs",
         "-j",
-        help="local: members trained at once in separate processes, each with cores/N threads (default 1). "
+        help="local: members trained at once in separate processes, each with cores/N threads (default: 1 on a "
+        "CPU; on CUDA chosen from the GPU's free memory and the host's cores, said in one line). "
         "The results equal --jobs 1.",
     ),
     plugin: list[str] = typer.Option(

@@ -40,9 +40,17 @@ def viz(
     ),
     device: str | None = typer.Option(None, "--device", help="cpu, cuda, cuda:N (default: CUDA when present)."),
     dtype: str = typer.Option("float32", "--dtype", help="Model dtype: float32, bfloat16 or float16."),
+    kind: str = typer.Option(
+        "layers",
+        "--kind",
+        help="layers: one view per layer; model: every layer x head at a glance; neuron: q, k and q*k of a query.",
+    ),
+    query: int | None = typer.Option(None, "--query", help="--kind neuron: the query position shown first."),
     out: Path = typer.Option(Path("attention.html"), "--out", "-o", help="The HTML page to write."),
 ) -> None:
-    """Write one self-contained HTML page of attention views (one per layer, all chosen heads)."""
+    """Write one self-contained HTML page of attention views (one per layer, all chosen heads; or
+    --kind model: every layer x head at a glance; --kind neuron: q, k and q*k behind the scores)."""
+    from depthprobe.probes.api.inspect_views import check_kind
     from depthprobe.probes.api.viz import viz_page
     from depthprobe.probes.base.errors import ProbeError
     from depthprobe.probes.models.device import parse_dtype
@@ -51,6 +59,9 @@ def viz(
     from depthprobe.probes.render.html import write_atomic
 
     prepare_out(out, may_exist=True, kind="file")
+    check_kind(kind)
+    if query is not None and kind != "neuron":
+        raise ProbeError("--query is for --kind neuron; drop it or add --kind neuron")
     torch_dtype = parse_dtype(dtype)
     body, source = _read_text(text, file)
     if not body.strip():
@@ -69,6 +80,8 @@ def viz(
         max_tokens=max_tokens,
         layers=parse_indices(layers, mdl.info.n_layers, "layers"),
         heads=parse_indices(heads, mdl.info.n_heads, "heads"),
+        kind=kind,
+        query=query,
     )
     path = write_atomic(out, page)
     typer.echo(f"wrote {path} ({path.stat().st_size / 1e6:.2f} MB)")

@@ -16,6 +16,7 @@ _NAMES: dict[str, str] = {
     "ALIASES": "models.architectures:ALIASES",
     "DEFAULT_MODEL": "models.architectures:DEFAULT_MODEL",
     "TASKS": "engine.task:TASKS",
+    "AttributionWarning": "hooks.spot_check:AttributionWarning",
     "Batch": "engine.task:Batch",
     "Cache": "hooks.cache:Cache",
     "Context": "engine.task:Context",
@@ -25,12 +26,14 @@ _NAMES: dict[str, str] = {
     "Output": "engine.task:Output",
     "ProbeError": "base.errors:ProbeError",
     "Result": "api.run:Result",
+    "SAE": "models.sae:SAE",
     "Experiment": "experiments.protocol:Experiment",
     "MemberOutput": "experiments.protocol:MemberOutput",
     "Study": "experiments.runner:Study",
     "Task": "engine.task:Task",
     "Text": "data.memory:Text",
     "ablate_heads": "hooks.interventions:ablate_heads",
+    "attach_sae": "hooks.sae:attach_sae",
     "attribute": "hooks.attribution:attribute",
     "capture": "hooks.capture:capture",
     "compare": "api.compare:compare",
@@ -41,6 +44,7 @@ _NAMES: dict[str, str] = {
     "get_task": "engine.task:get_task",
     "load": "models.loading:load",
     "load_checkpoint": "models.loading:load_checkpoint",
+    "load_sae": "models.sae:load_sae",
     "logit_lens": "hooks.lens:logit_lens",
     "patch": "hooks.interventions:patch",
     "ranged": "base.options:ranged",
@@ -50,6 +54,7 @@ _NAMES: dict[str, str] = {
     "run": "api.run:run",
     "run_with_cache": "hooks.cache:run_with_cache",
     "save_checkpoint": "models.checkpoints:save_checkpoint",
+    "save_sae": "models.sae:save_sae",
     "skip_layers": "hooks.depth:skip_layers",
     "steer": "hooks.steering:steer",
     "steering_vector": "hooks.steering:steering_vector",
@@ -112,8 +117,11 @@ if TYPE_CHECKING:  # what static checkers and IDEs see; never run
     from depthprobe.probes.hooks.depth import skip_layers
     from depthprobe.probes.hooks.interventions import ablate_heads, patch
     from depthprobe.probes.hooks.lens import direct_logit_attribution, logit_lens
+    from depthprobe.probes.hooks.sae import attach_sae
+    from depthprobe.probes.hooks.spot_check import AttributionWarning
     from depthprobe.probes.hooks.steering import generate, steer, steering_vector
     from depthprobe.probes.models.architectures import ALIASES, DEFAULT_MODEL
     from depthprobe.probes.models.checkpoints import save_checkpoint
     from depthprobe.probes.models.loading import load, load_checkpoint
     from depthprobe.probes.models.model import Model, NativeConfig
+    from depthprobe.probes.models.sae import SAE, load_sae, save_sae

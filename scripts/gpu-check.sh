@@ -11,7 +11,8 @@
 #   4. train:    probe train (400 steps) on CUDA
 #   5. study-F:  probe study --family F --preset smoke --device cuda, for every family F
 #   6. members:  steps/s of law members at the gpu preset's shapes, one by one and batched
-#                (bench/bench_batched_members.py, khop and groups)
+#                (bench/bench_batched_members.py, khop and groups), and a small khop study with
+#                --batch-members off against batches of 4 (bench/bench_batched_study.py)
 #   7. process:  probe run --task attention-stats on the 2,000 lines against bench/bare_hf.py
 #   8. cuda-tests: the tests marked cuda (batched members equal to one-by-one training on CUDA),
 #                when pytest is installed
@@ -98,6 +99,8 @@ step members-khop 60 "$PY" bench/bench_batched_members.py --device "$DEVICE" --f
     --length 100 --members 4 --steps 20 --rounds 2
 step members-groups 60 "$PY" bench/bench_batched_members.py --device "$DEVICE" --family groups --group s5 --depth 6 \
     --width 128 --length 128 --members 4 --steps 20 --rounds 2
+step members-study 120 "$PY" bench/bench_batched_study.py --device "$DEVICE" --depths 2,4 --width 128 --seeds 4 \
+    --steps 200 --batch-members 4 --rounds 1
 step process-probe 60 "$PROBE" run --model "$BERT" --task attention-stats --data "$BERT/lines.txt" --device "$DEVICE" \
     --out "$OUT/attention-stats"
 step process-bare 60 "$PY" bench/bare_hf.py "$BERT" --batches "$BERT/batches.json"
@@ -117,6 +120,9 @@ TOTAL=$(($(date +%s) - START))
     echo
     echo "## steps/s of law members (gpu preset shapes)"
     grep -h -E "members:|time:" "$OUT/logs/members-khop.log" "$OUT/logs/members-groups.log" 2>/dev/null
+    echo
+    echo "## a small khop study, batched members against one by one"
+    grep -h -E "khop study:|training:|wall|identical" "$OUT/logs/members-study.log" 2>/dev/null
     echo
     echo "## whole process: BERT-base-shaped model, attention-stats on 2,000 lines, one round"
     echo "probe run ${SECS[process-probe]} s, bare Hugging Face script ${SECS[process-bare]} s (whole processes, imports and loading included; a step that timed out or failed says so in the table)"

@@ -75,6 +75,26 @@ def test_skipped_layer_accuracy_refuses_an_evaluate_that_bypasses_hooks(native, 
         skipped_layer_accuracy(native, fast, [7])
 
 
+@pytest.mark.parametrize("spec", [SPEC, SPEC.replace("attn_only=false", "attn_only=true")])
+def test_the_fast_path_skips_a_block_as_the_hooks_do(spec, levels):
+    """Law members evaluate skipped blocks on the fast path (probes.experiments.law_member.skipping):
+    it must equal the bridge under probes.skip_layers, block by block, with and without MLPs."""
+    from depthprobe.probes.experiments.law_member import member_logits, skipping
+
+    model = probes.load(spec, device="cpu")
+    x = levels[1]
+    with torch.no_grad():
+        for block in (0, 1, 2):
+            with probes.skip_layers(model, [block]):
+                hooked = model.bridge(x)
+            with skipping(block):
+                fast = member_logits(model, x)
+            torch.testing.assert_close(fast, hooked, atol=1e-5, rtol=1e-4)
+            assert not torch.allclose(fast, model.bridge(x), atol=1e-3)  # the skip changed the logits
+        with skipping(None):
+            torch.testing.assert_close(member_logits(model, x), model.bridge(x), atol=1e-5, rtol=1e-4)
+
+
 def test_a_checkpoint_gives_the_same_tables(native, levels, tmp_path):
     probes.save_checkpoint(native, tmp_path / "ckpt")
     loaded = probes.load_checkpoint(tmp_path / "ckpt", device="cpu")

@@ -14,13 +14,14 @@ nbformat = pytest.importorskip("nbformat")
 nbclient = pytest.importorskip("nbclient")
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
-SLOW = {"minilm_heads"}  # load the real offline model
+SLOW = {"minilm_heads", "minilm"}  # load the real offline model
 NOTEBOOKS = sorted(p.stem for p in EXAMPLES.glob("*.ipynb"))
 
 
 def test_the_examples_are_there_and_committed_executed():
-    assert {"induction", "custom_task", "study", "minilm_heads"} <= set(NOTEBOOKS)
+    assert {"induction", "custom_task", "study", "minilm_heads", "research_api", "minilm"} <= set(NOTEBOOKS)
     for name in NOTEBOOKS:
+        assert (EXAMPLES / f"{name}.ipynb").stat().st_size < 2_000_000, name  # outputs kept small (#35.4)
         nb = nbformat.read(EXAMPLES / f"{name}.ipynb", as_version=4)
         code = [c for c in nb.cells if c.cell_type == "code"]
         assert [c.execution_count for c in code] == list(range(1, len(code) + 1)), name

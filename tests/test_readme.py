@@ -28,6 +28,15 @@ def test_python_blocks_run(tmp_path, monkeypatch):
     assert any((tmp_path / "artifacts" / "runs").iterdir())
 
 
+def test_research_api_doc_python_blocks_run(tmp_path, monkeypatch):
+    """docs/api.md's Python blocks run as written (tiny native models: seconds)."""
+    monkeypatch.chdir(tmp_path)  # they may write files (sae.safetensors)
+    codes = blocks("python", [ROOT / "docs" / "api.md"])
+    assert len(codes) >= 2
+    for code in codes:
+        exec(compile(code, "docs/api.md", "exec"), {"__name__": "docs"})
+
+
 def family_options(argv: list[str]) -> set[str]:
     """`probe study`'s family options: the fields (and aliases) of the named family's Config."""
     import dataclasses

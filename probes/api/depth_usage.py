@@ -60,23 +60,31 @@ def skipped_layer_accuracy(
     passes a skipped block's hooks is refused in one line."""
     chosen = parse_layers(model, list(range(model.info.n_layers)) if layers is None else list(layers))
     intact = _levels(evaluate())
-    rows = [{"skipped": None, "level": k, "accuracy": v, "drop": 0.0} for k, v in intact.items()]
+    skipped = {}
     for s in chosen:
         fired: list[int] = []
         edits = _counted(skip_edits(model, [s]), fired)
         with capture(model, edits, store=False):
-            got = _levels(evaluate())
+            skipped[s] = _levels(evaluate())
         if not fired:
             raise ProbeError(
                 f"evaluate() ran no pass through block {s}'s hook points, so skipping it changed nothing; "
                 "evaluate with model.bridge(...) or probes.forward, not a fast path without hooks (fast_logits)"
             )
+    return skipped_table(intact, skipped, member if member is not None else model.name)
+
+
+def skipped_table(intact: Mapping[Any, float], skipped: Mapping[int, Mapping[Any, float]], member: str) -> pd.DataFrame:
+    """The table of :func:`skipped_layer_accuracy` from the accuracies per level, intact and per
+    skipped block (the levels must be the same)."""
+    rows = [{"skipped": None, "level": k, "accuracy": v, "drop": 0.0} for k, v in intact.items()]
+    for s, got in skipped.items():
         if set(got) != set(intact):
             raise ProbeError(f"evaluate() gave levels {sorted(got)} with block {s} skipped, {sorted(intact)} intact")
         rows += [{"skipped": s, "level": k, "accuracy": v, "drop": intact[k] - v} for k, v in got.items()]
     table = pd.DataFrame(rows, columns=["skipped", "level", "accuracy", "drop"])
     table["skipped"] = table["skipped"].astype("Int64")
-    table.insert(0, "member", member if member is not None else model.name)
+    table.insert(0, "member", member)
     return table
 
 

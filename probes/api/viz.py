@@ -6,13 +6,15 @@ The forward pass and word alignment happen here; ``probes.render.attention`` onl
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
+from depthprobe.probes.api.inspect_views import check_kind, grid_of, neuron_data, neuron_from
 from depthprobe.probes.base.errors import ProbeError
 from depthprobe.probes.render.attention import MAX_TOKENS, View, inline_frame, parse_indices, views_html
-from depthprobe.probes.render.html import esc, notebook_bundle, page
+from depthprobe.probes.render.html import canvas_page, esc, notebook_bundle, page
+from depthprobe.probes.render.inspect import SCRIPT, model_view, neuron_view
 
 _WORD = re.compile(r"\w+(?:['’]\w+)*|[^\w\s]", re.UNICODE)  # noqa: RUF001 (the typographic apostrophe)
 
@@ -190,8 +192,12 @@ class VizPage:
     body: str
     payloads: list[dict[str, Any]]
     n_views: int
+    inspect: dict[str, Any] | None = None  # a model or neuron view's data (drawn without circuitsvis)
+    height: int | None = None  # its frame's height in a notebook
 
     def html(self, bundle: bool = True) -> str:
+        if self.inspect is not None:
+            return canvas_page(self.title, self.body, self.inspect, SCRIPT)
         return page(self.title, self.body, self.payloads, bundle=bundle)
 
 
@@ -204,8 +210,16 @@ def viz_parts(
     heads: Sequence[int] | None = None,
     words: bool = False,
     max_tokens: int = MAX_TOKENS,
+    kind: str = "layers",
+    query: int | None = None,
 ) -> VizPage:
-    """The `probe viz` page for ``model`` on ``text`` (``source`` says where it came from), in parts."""
+    """The `probe viz` page for ``model`` on ``text`` (``source`` says where it came from), in parts:
+    ``kind`` "layers" (one circuitsvis view per layer), "model" (every layer x head at a glance)
+    or "neuron" (q, k and q*k behind the scores of a query position, ``query``; default the last)."""
+    if kind != "layers":
+        return inspect_parts(
+            model, text, kind=kind, layers=layers, heads=heads, words=words, max_tokens=max_tokens, query=query
+        )
     views, notes = model_views(model, text, layers=layers, heads=heads, words=words, max_tokens=max_tokens)
     info = model.info
     kind = (
@@ -250,11 +264,13 @@ class InlineView:
         return self.parts.html()
 
     def __repr__(self) -> str:
-        return f"InlineView({self.parts.n_views} attention views: {self.parts.title!r}; shown inline in a notebook)"
+        what = f"a {self.parts.inspect['kind']} view" if self.parts.inspect else f"{self.parts.n_views} attention views"
+        return f"InlineView({what}: {self.parts.title!r}; shown inline in a notebook)"
 
     def _repr_html_(self) -> str:
-        html_page = self.parts.html(bundle=notebook_bundle(self.bundle))
-        return inline_frame(html_page, "depthprobe attention views", height=140 + 560 * self.parts.n_views)
+        bundle = False if self.parts.inspect is not None else notebook_bundle(self.bundle)
+        height = self.parts.height or 140 + 560 * self.parts.n_views
+        return inline_frame(self.parts.html(bundle=bundle), "depthprobe attention views", height=height)
 
 
 def _indices(chosen: Sequence[int] | None, n: int, what: str) -> list[int] | None:
@@ -325,6 +341,8 @@ def view(
     words: bool = False,
     max_tokens: int = MAX_TOKENS,
     bundle: bool | None = None,
+    kind: Literal["layers", "model", "neuron"] = "layers",
+    query: int | None = None,
 ) -> InlineView:
     """Attention views of ``model`` on a text or on token ids, shown inline in a notebook (or, given
     tokens and a pattern or a cache, ``view(tokens, pattern_or_cache)``, of that pattern: an edited,
@@ -333,7 +351,17 @@ def view(
     in a sandboxed iframe. Any model: without a tokenizer pass token ids (shown as numbers).
     ``layers`` and ``heads`` are 0-indexed (default: all). The circuitsvis bundle (1.3 MB) goes
     into the notebook once: with the first display in this process (``bundle=None``); later ones
-    borrow it from that output (``bundle=True`` embeds it again, e.g. after clearing that output)."""
+    borrow it from that output (``bundle=True`` embeds it again, e.g. after clearing that output).
+
+    ``kind``: "layers" (the default: one circuitsvis view per layer, its heads side by side),
+    "model" (every layer x head pattern at a glance, bertviz's model view: thumbnails, click one
+    to enlarge it) or "neuron" (bertviz's neuron view: for a layer, a head and a query position,
+    the model's q and k vectors, their products q*k per key, its score and weight; ``query`` is
+    the first query position shown, default the last token before a closing [SEP]). Both draw on
+    plain canvases without the circuitsvis bundle (a few kB). Given tokens and a cache, the neuron
+    view reads ``hook_q``, ``hook_k``, ``hook_attn_scores`` and ``hook_pattern`` from the cache."""
+    if kind != "layers" and not hasattr(model, "bridge"):
+        return InlineView(inspect_given(model, text_or_ids, kind=kind, layers=layers, heads=heads, query=query), False)
     if not hasattr(model, "bridge"):  # tokens and a pattern (or a cache): no model runs
         views = pattern_views(model, text_or_ids, layers=layers, heads=heads)
         body, payloads = views_html(views, max_tokens=max_tokens)
@@ -344,5 +372,73 @@ def view(
     source = "a text" if isinstance(text_or_ids, str) else "token ids"
     if not isinstance(text_or_ids, str):
         text_or_ids = one_sequence(text_or_ids)
-    parts = viz_parts(model, text_or_ids, source=source, layers=layers, heads=heads, words=words, max_tokens=max_tokens)
+    parts = viz_parts(
+        model,
+        text_or_ids,
+        source=source,
+        layers=layers,
+        heads=heads,
+        words=words,
+        max_tokens=max_tokens,
+        kind=kind,
+        query=query,
+    )
     return InlineView(parts, bundle)
+
+
+# the model view and the neuron view (probes.api.inspect_views gathers their values)
+
+
+def _page(kind: str, grid_or_data: Any, title: str) -> VizPage:
+    if kind == "model":
+        body, data = model_view(grid_or_data, title)
+        return VizPage(title, body, [], 1, inspect=data, height=760 + 72 * len(grid_or_data.layers))
+    body, data = neuron_view(grid_or_data, title)
+    return VizPage(title, body, [], 1, inspect=data, height=260 + 26 * len(grid_or_data.tokens))
+
+
+def inspect_parts(
+    model: Any,
+    text: Any,
+    *,
+    kind: str,
+    layers: Sequence[int] | None,
+    heads: Sequence[int] | None,
+    words: bool,
+    max_tokens: int,
+    query: int | None,
+) -> VizPage:
+    """The model view or the neuron view of ``model`` on ``text`` (a string or token ids)."""
+    name = model.info.name
+    if check_kind(kind) == "model":
+        views, notes = model_views(model, text, layers=layers, heads=heads, words=words, max_tokens=max_tokens)
+        return _page(kind, grid_of(views, notes), f"Model view: {name}")
+    if words:
+        raise ProbeError("the neuron view shows tokens (q and k are per token); drop --words / words=True")
+    limit = min(max_tokens, model.info.max_len) if model.info.max_len else max_tokens
+    data = neuron_data(model, _input(model, text, False, limit), layers=layers, heads=heads, query=query)
+    return _page(kind, data, f"Neuron view: {name}")
+
+
+def inspect_given(
+    tokens: Sequence[str],
+    patterns: Any,
+    *,
+    kind: str,
+    layers: Sequence[int] | None,
+    heads: Sequence[int] | None,
+    query: int | None,
+) -> VizPage:
+    """The model view of given patterns or a cache, or the neuron view of a cache holding q, k,
+    scores and patterns (``probes.view(tokens, cache, kind=...)``): no model runs."""
+    if check_kind(kind) == "model":
+        return _page(
+            kind, grid_of(pattern_views(tokens, patterns, layers=layers, heads=heads)), "Model view: given patterns"
+        )
+    if not isinstance(patterns, Mapping):
+        raise ProbeError("the neuron view of given values needs a cache (q, k, scores, patterns), not an array")
+    found = sorted({int(n.split(".")[1]) for n in patterns if re.match(r"blocks\.\d+\.attn\.", n)})
+    if not found and layers is None:
+        raise ProbeError("the cache holds no attention hook; run_with_cache(model, ids) keeps them all")
+    data = neuron_from(tokens, patterns, found if layers is None else list(layers), heads, query)
+    return _page(kind, data, "Neuron view: a cache")

@@ -196,6 +196,13 @@ class Crasp(LawExperiment):
         cfg = job.config
         return crasp.eval_batch(k_of(job), USAGE_SEQUENCES, cfg.nmax, cfg.nmax, job.seed)[0]
 
+    def usage_keys(self, job: LawJob) -> set[Any]:
+        """The training range and the solve range: the question is which blocks the member needs
+        where it was trained and where the law is decided (the longest range alone is 3/4 of the
+        evaluation cost and would be read once per block)."""
+        cfg = job.config
+        return {cfg.ranges[0][1], cfg.solve_at}
+
     def probe(self, job: LawJob, model: Model, folder: Path) -> None:
         """``ranges.csv``: per range its lengths and the majority-class token accuracy of the final
         evaluation set (what always answering the more frequent class scores)."""
@@ -227,6 +234,9 @@ class Crasp(LawExperiment):
         from depthprobe.probes.experiments import crasp_tables
 
         return crasp_tables.depths_section(tables)
+
+    def behind_law(self, config: CraspConfig, acc: pd.DataFrame) -> pd.DataFrame:
+        return acc[acc["max_length"] == config.solve_at]  # the law is read at the solve range
 
 
 def k_of(job: LawJob) -> int:

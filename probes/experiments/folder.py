@@ -26,6 +26,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -209,16 +210,23 @@ def finish_member(folder: Path, row: dict[str, Any], **extra: Any) -> dict[str, 
     return row
 
 
-def measure_member(exp: Experiment, job: Any) -> MemberOutput:
-    """Run ``exp.measure(job, folder, row)`` in the member's folder (:func:`in_member_folder`): the
-    row starts as its ``base_row`` and ends ``ok`` with its wall seconds; ``member.json`` holds the
-    row, the entries ``measure`` returned and the SHA-256 of every other file."""
+def measure_member(
+    exp: Experiment,
+    job: Any,
+    measure: Callable[[Path, dict[str, Any]], dict[str, Any]] | None = None,
+    t0: float | None = None,
+) -> MemberOutput:
+    """Run ``exp.measure(job, folder, row)`` (or ``measure(folder, row)``: a batched member's
+    finish) in the member's folder (:func:`in_member_folder`): the row starts as its ``base_row``
+    and ends ``ok`` with its wall seconds (since ``t0``: its batch's start, or now); ``member.json``
+    holds the row, the entries ``measure`` returned and the SHA-256 of every other file."""
+    run = measure or partial(exp.measure, job)
 
     def body(folder: Path) -> dict[str, Any]:
-        t0 = time.perf_counter()
+        start = time.perf_counter() if t0 is None else t0
         row = exp.base_row(job)
-        extra = exp.measure(job, folder, row)
-        row.update(status="ok", error="", wall_s=time.perf_counter() - t0)
+        extra = run(folder, row)
+        row.update(status="ok", error="", wall_s=time.perf_counter() - start)
         return finish_member(folder, row, **extra)
 
     return in_member_folder(body, job.dest)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -39,27 +40,28 @@ if TYPE_CHECKING:
     from depthprobe.probes.experiments.laws import LawExperiment, LawJob
 
 EVAL_CHUNK = 250  # sequences per forward pass in evaluations
+BETAS = (0.9, 0.98)  # AdamW's of every law member, alone or batched
 
 
-_HOOKED: dict[str, bool] = {"on": False}  # inside through_hooks(): evaluations run the bridge, hooks and all
+_SKIP: dict[str, tuple[int, ...]] = {"blocks": ()}  # inside skipping(): the blocks evaluations skip
 
 
 @contextmanager
-def through_hooks() -> Iterator[None]:
-    """Within the block, :func:`member_logits` runs ``model.bridge`` (through its hook points, so
-    that skipped blocks are skipped) instead of the training fast path (the same function)."""
-    before = _HOOKED["on"]
-    _HOOKED["on"] = True
+def skipping(block: int | None) -> Iterator[None]:
+    """Within the block, :func:`member_logits` skips ``block`` (its output is its input; ``None``:
+    none), the same function as the bridge under ``probes.skip_layers`` (tests/test_train.py)."""
+    before = _SKIP["blocks"]
+    _SKIP["blocks"] = () if block is None else (block,)
     try:
         yield
     finally:
-        _HOOKED["on"] = before
+        _SKIP["blocks"] = before
 
 
 def member_logits(model: Model, tokens: torch.Tensor) -> torch.Tensor:
-    """Logits [batch, pos, vocab] for the family's evaluations: the fast path, or the bridge inside
-    :func:`through_hooks`."""
-    return model.bridge(tokens) if _HOOKED["on"] else fast_logits(model, tokens)
+    """Logits [batch, pos, vocab] for the family's evaluations (the fast path), with the blocks of
+    :func:`skipping` skipped."""
+    return fast_logits(model, tokens, skip=_SKIP["blocks"])
 
 
 @torch.no_grad()
@@ -72,11 +74,20 @@ def predict(
     return torch.cat(parts)
 
 
-def train(
-    exp: LawExperiment, job: LawJob, model: Model, source: BatchSource
-) -> tuple[list[dict[str, Any]], list[dict[str, Any]], float]:
-    """Train the member in place on ``source``: its loss log, its learning curve (one row per
-    evaluation and key) and its training seconds (evaluations and the family's checks excluded)."""
+@dataclass
+class Hands:
+    """What a member's training hands back to it: its loss log and learning curve, filled by
+    ``on_window`` and ``after_step`` (the loop's hands; a batch calls each member's)."""
+
+    log: list[dict[str, Any]]
+    curves: list[dict[str, Any]]
+    on_window: Callable[[Window], None]
+    after_step: Callable[[int], bool]
+
+
+def hands(exp: LawExperiment, job: LawJob, model: Model, source: BatchSource) -> Hands:
+    """The member's loss log (each window) and learning curve (one row per evaluation and key,
+    every ``eval_every`` steps); after each update the family may check the model (a curriculum)."""
     cfg = job.config
     curve_sets = exp.eval_sets(job, cfg.curve_sequences)
     evals = set(cfg.eval_steps())
@@ -94,24 +105,38 @@ def train(
             curves.append({"member": job.name, "step": done, exp.key: value, "accuracy": acc, "accuracy_all": acc_all})
         return True
 
-    net = model.bridge.original_model
-    plan = Steps(
+    return Hands(log, curves, on_window, after_step)
+
+
+def steps_plan(cfg: Any) -> Steps:
+    """How a law member steps: the config's schedule, clipping 1, five loss windows per evaluation."""
+    return Steps(
         steps=cfg.steps, lr_at=cfg.lr_at, grad_clip=1.0, log_every=max(1, cfg.eval_every // 5), check_finite=True
     )
+
+
+def train(
+    exp: LawExperiment, job: LawJob, model: Model, source: BatchSource
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]], float]:
+    """Train the member in place on ``source``: its loss log, its learning curve (one row per
+    evaluation and key) and its training seconds (evaluations and the family's checks excluded)."""
+    cfg = job.config
+    member = hands(exp, job, model, source)
+    net = model.bridge.original_model
     params = [p for p in net.parameters() if p.requires_grad]
-    optimizer = decay_adamw(net, lr=cfg.lr, betas=(0.9, 0.98), weight_decay=cfg.weight_decay)
+    optimizer = decay_adamw(net, lr=cfg.lr, betas=BETAS, weight_decay=cfg.weight_decay)
     run = train_steps(
         net,
         lambda x: fast_logits(model, x),
         source,
         optimizer,
         params,
-        plan,
+        steps_plan(cfg),
         device=model.device,
-        on_window=on_window,
-        after_step=after_step,
+        on_window=member.on_window,
+        after_step=member.after_step,
     )
-    return log, curves, run.seconds
+    return member.log, member.curves, run.seconds
 
 
 def accuracy_rows(
@@ -130,13 +155,15 @@ def accuracy_rows(
 
 def depth_files(exp: LawExperiment, job: LawJob, model: Model, sets: dict[int, Any], folder: Path) -> None:
     """``depth_usage.csv`` on the family's depth-usage inputs, and ``skipped_accuracy.csv``: the
-    accuracy per key on the final evaluation sets, intact and with each single block skipped,
-    evaluated through the model's hooks."""
+    accuracy per key on the final evaluation sets of :meth:`~LawExperiment.usage_keys`, intact and
+    with each single block skipped."""
     member_depth.write_depth_usage(model, exp.usage_inputs(job), folder, job.name, max_len=job.context)
+    keys = exp.usage_keys(job)
+    chosen = sets if keys is None else {key: s for key, s in sets.items() if key in keys}
 
-    def evaluate() -> dict[int, float]:
-        with through_hooks():
-            return {value: acc for value, (acc, _) in exp.scores(job, model, sets).items()}
+    def evaluate(block: int | None) -> dict[int, float]:
+        with skipping(block):
+            return {value: acc for value, (acc, _) in exp.scores(job, model, chosen).items()}
 
     member_depth.write_skipped_accuracy(model, evaluate, folder, job.name, key=exp.key)
 
@@ -146,23 +173,52 @@ def measure(exp: LawExperiment, job: LawJob, folder: Path, row: dict[str, Any]) 
     device = resolve_device(job.config.device)
     with torch_threads(1 if device.type == "cpu" else None):
         model = load(job.native(), device=str(device))
-        nonembed, embed = families.count_params(model)
         source = exp.source(job)
-        log, curves, seconds = train(exp, job, model, source)
-        sets = exp.eval_sets(job, job.config.eval_sequences)
-        final = exp.scores(job, model, sets)
-        write_csv(folder / "loss.csv", pd.DataFrame(log, columns=["step", "loss", "lr", "elapsed_s"]))
-        write_csv(folder / "curves.csv", pd.DataFrame(curves))
-        accuracy = pd.DataFrame(accuracy_rows(exp, job, final, curves)).astype({"step_reached": "Int64"})
-        write_csv(folder / "accuracy.csv", accuracy)
-        save_checkpoint(model, folder / "checkpoint", {"law_study": {"member": job.name, "family": exp.name}})
-        exp.probe(job, model, folder)
-        exp.training_files(job, source, folder)
-        if member_depth.enabled(job.config):  # after every other measurement: nothing above depends on it
-            depth_files(exp, job, model, sets, folder)
-    row.update(params=nonembed + embed, params_nonembed=nonembed, train_s=seconds, device=str(device))
-    row["steps_per_s"] = job.config.steps / seconds if seconds > 0 else None
+        trained = train(exp, job, model, source)
+        return finish(exp, job, folder, row, model, source, trained)
+
+
+def finish(
+    exp: LawExperiment,
+    job: LawJob,
+    folder: Path,
+    row: dict[str, Any],
+    model: Model,
+    source: BatchSource,
+    trained: tuple[list[dict[str, Any]], list[dict[str, Any]], float],
+    batch: int = 1,
+) -> dict[str, Any]:
+    """Evaluate, probe and write a trained member into ``folder`` and fill its ``row``
+    (``trained``: its loss log, curve and training seconds; ``batch``: members it trained with,
+    itself included); no extra ``member.json`` entries."""
+    log, curves, seconds = trained
+    nonembed, embed = families.count_params(model)
+    sets = exp.eval_sets(job, job.config.eval_sequences)
+    final = exp.scores(job, model, sets)
+    write_csv(folder / "loss.csv", pd.DataFrame(log, columns=["step", "loss", "lr", "elapsed_s"]))
+    write_csv(folder / "curves.csv", pd.DataFrame(curves))
+    accuracy = pd.DataFrame(accuracy_rows(exp, job, final, curves)).astype({"step_reached": "Int64"})
+    write_csv(folder / "accuracy.csv", accuracy)
+    save_checkpoint(model, folder / "checkpoint", {"law_study": {"member": job.name, "family": exp.name}})
+    exp.probe(job, model, folder)
+    exp.training_files(job, source, folder)
+    if member_depth.enabled(job.config):  # after every other measurement: nothing above depends on it
+        depth_files(exp, job, model, sets, folder)
+    row.update(params=nonembed + embed, params_nonembed=nonembed, train_s=seconds, batch=batch)
+    row.update(
+        steps_per_s=job.config.steps / seconds if seconds > 0 else None, device=str(resolve_device(job.config.device))
+    )
     return {}
 
 
-__all__ = ["accuracy_rows", "measure", "member_logits", "predict", "through_hooks"]
+__all__ = [
+    "Hands",
+    "accuracy_rows",
+    "finish",
+    "hands",
+    "measure",
+    "member_logits",
+    "predict",
+    "skipping",
+    "steps_plan",
+]

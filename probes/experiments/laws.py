@@ -20,7 +20,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from depthprobe.probes.base.errors import ProbeError
+from depthprobe.probes.experiments.batching import check_batch_members, read_batch_members
 from depthprobe.probes.experiments.protocol import RUN_COLUMNS, Experiment, at_least, check_members, positive
+from depthprobe.probes.training.rates import device_label, estimate
 from depthprobe.probes.training.schedule import warmup_cosine
 
 if TYPE_CHECKING:
@@ -51,6 +53,7 @@ ROW_COLUMNS = [
     "steps",
     "train_s",
     "steps_per_s",
+    "batch",
     *RUN_COLUMNS,
 ]
 
@@ -77,8 +80,10 @@ class LawConfig:
     control: bool = True
     device: str | None = None
     depth_usage: bool = True  # each member's depth_usage.csv and skipped_accuracy.csv (experiments/member_depth.py)
+    batch_members: str | int = "auto"  # auto, off or N: members of one shape trained as one model (batching.py)
 
     def __post_init__(self) -> None:
+        check_batch_members(self.batch_members)
         at_least(self, 1, "heads", "steps", "batch_size", "eval_every", "curve_sequences", "eval_sequences")
         check_members(self)
         if self.steps > MAX_STEPS or self.steps // self.eval_every > MAX_EVALS:
@@ -193,6 +198,8 @@ class LawExperiment(Experiment):
 
     columns: ClassVar[list[str]] = ROW_COLUMNS
     aliases: ClassVar[dict[str, str]] = {"d_model": "d_models"}
+    resumable: ClassVar[tuple[str, ...]] = ("device", "batch_members")  # batched members equal members alone
+    parsers: ClassVar[dict[str, Any]] = {"batch_members": read_batch_members}
     key: ClassVar[str]  # the evaluation key's column: k or T
     second: ClassVar[str]  # accuracy.csv's second accuracy column
     extra_tables: ClassVar[tuple[str, ...]] = ()  # member tables gathered besides accuracy and curves
@@ -229,24 +236,52 @@ class LawExperiment(Experiment):
         sets = self.eval_sets(job, USAGE_SEQUENCES)
         return sets[max(sets)][0]
 
+    def usage_keys(self, job: LawJob) -> set[Any] | None:
+        """The keys whose final evaluation sets ``skipped_accuracy.csv`` reads (``None``: all)."""
+        return None
+
     def prepare(self, config: Any, jobs: list[LawJob], say: Any) -> None:
         """Refuse, before anything is written, a member that cannot fit: its weights, gradients,
         AdamW's moments and a training batch's activations against the memory available."""
-        from depthprobe.probes.models.device import check_size, native_bytes, resolve_device
+        from depthprobe.probes.models.device import check_size, resolve_device
 
         device = resolve_device(config.device) if config.device is not None else None
-
-        def need(job: LawJob) -> tuple[int, int]:
-            native = job.native()
-            per_token = native.layers * native.d_model * 24 + native.d_vocab  # activations kept for backward
-            batch = config.batch_size * native.n_ctx * per_token * 4
-            return native.n_params(), native_bytes(native, training=True) + batch
-
-        biggest = max(jobs, key=lambda j: need(j)[1])
+        biggest = max(jobs, key=lambda j: self.member_bytes(config, j))
         what = (
             f"member {biggest.name} with batches of {config.batch_size} (lower --batch-size, the length or the width)"
         )
-        check_size(*need(biggest), what, device)
+        check_size(biggest.native().n_params(), self.member_bytes(config, biggest), what, device)
+
+    def member_bytes(self, config: Any, job: LawJob) -> int:
+        """A member's training memory: its weights, gradients, AdamW's moments and a batch's activations."""
+        from depthprobe.probes.models.device import native_bytes
+
+        native = job.native()
+        per_token = native.layers * native.d_model * 24 + native.d_vocab  # activations kept for backward
+        return native_bytes(native, training=True) + config.batch_size * native.n_ctx * per_token * 4
+
+    # -- batched members (experiments/batching.py) ----------------------------------------------
+    def batches(self, config: Any, jobs: list[LawJob], processes: int) -> list[Any]:
+        """Members of one network shape (all but the seed) in batches of ``--batch-members``."""
+        import dataclasses
+
+        from depthprobe.probes.experiments import batching
+        from depthprobe.probes.models.device import resolve_device
+
+        device = resolve_device(config.device).type
+        mode = config.batch_members
+        return batching.plan_units(
+            jobs,
+            shape=lambda j: dataclasses.replace(j.native(), seed=0),
+            size=lambda j: batching.batch_size(mode, device, j.d_model),
+            processes=processes,
+            auto=mode == "auto",
+        )
+
+    def run_batch(self, jobs: tuple[LawJob, ...]) -> list[Any]:
+        from depthprobe.probes.experiments.law_batch import run_law_batch
+
+        return run_law_batch(self, jobs)
 
     def after_update(self, job: LawJob, source: BatchSource, model: Model, done: int) -> bool:
         """What the family does after update ``done`` (groups: the length curriculum's check);
@@ -284,7 +319,8 @@ class LawExperiment(Experiment):
         row = {k: v for k, v in self.base_row(job).items() if k not in ("status", "error", "wall_s", "device")}
         row.update(params=params, tokens=tokens, flops=6.0 * params * tokens)
         row["cpu_minutes"] = row["flops"] / CPU_FLOPS / 60
-        return {k: v for k, v in row.items() if v is not None or k in ("group",)}
+        row["est_seconds"], row["source"] = estimate(self.name, plan_device(config), config.steps)
+        return {k: v for k, v in row.items() if v is not None or k in ("group", "est_seconds")}
 
     def measure(self, job: LawJob, folder: Path, row: dict[str, Any]) -> dict[str, Any]:
         from depthprobe.probes.experiments import law_member
@@ -324,11 +360,16 @@ class LawExperiment(Experiment):
             prediction=self.prediction,
             line=self.heatmap_line,
             middle=self.middle(tables),
+            behind=lambda acc: self.behind_law(config, acc),
         )
 
     def middle(self, tables: dict[str, pd.DataFrame]) -> list[str] | None:
         """The page's sections between the heatmaps and the learning curves (None: the control)."""
         return None
+
+    def behind_law(self, config: Any, acc: pd.DataFrame) -> pd.DataFrame:
+        """The accuracies behind law.csv's rows, which say why a measured depth is blank: all."""
+        return acc
 
 
 def control_width(cfg: Any, vocab: int, context: int) -> int:
@@ -339,6 +380,18 @@ def control_width(cfg: Any, vocab: int, context: int) -> int:
     while dataclasses.replace(deepest, layers=2, d_model=width).n_params() < deepest.n_params():
         width += cfg.heads
     return width
+
+
+def plan_device(config: Any) -> str | None:
+    """The rates' name (training/rates.py) of the device the members would train on."""
+    from depthprobe.probes.models.device import resolve_device
+
+    dev = resolve_device(config.device)
+    if dev.type != "cuda":
+        return device_label(dev.type)
+    import torch
+
+    return device_label("cuda", torch.cuda.get_device_name(dev))
 
 
 def measured_depth(rows: pd.DataFrame, threshold: float, seeds: int) -> int | None:

@@ -4,7 +4,7 @@ the study's tables, the same for every family.
 A member (text, law or a plugin's) calls :func:`write_depth_usage` after training on its
 evaluation inputs (``depth_usage.csv``: the depth-usage task's tidy table with a ``member``
 column); a law member also calls :func:`write_skipped_accuracy` (``skipped_accuracy.csv``: the
-accuracy per task level, intact and with each single block skipped, through the model's hooks).
+accuracy per task level, intact and with each single block skipped).
 Both are switched off by the Config field ``depth_usage`` (``--depth-usage false``; a Config
 without the field has them on). The runner gathers what the members wrote into study tables
 (:func:`study_tables`) with the member's columns from members.csv, and draws them
@@ -48,14 +48,16 @@ def write_depth_usage(
 
 
 def write_skipped_accuracy(
-    model: Model, evaluate: Callable[[], Mapping[Any, float]], folder: Path, member: str, key: str = "level"
+    model: Model, evaluate: Callable[[int | None], Mapping[Any, float]], folder: Path, member: str, key: str = "level"
 ) -> None:
     """``folder/skipped_accuracy.csv``: ``member, skipped, <key>, accuracy, drop`` (``skipped`` empty
-    for the intact model); ``evaluate()`` runs the model through its hooks (``model.bridge``)."""
-    from depthprobe.probes.api.depth_usage import skipped_layer_accuracy
+    for the intact model); ``evaluate(block)`` gives the accuracy per key with that block skipped
+    (``None``: intact)."""
+    from depthprobe.probes.api.depth_usage import skipped_table
     from depthprobe.probes.base.artifacts import write_csv
 
-    table = skipped_layer_accuracy(model, evaluate, member=member)
+    intact = evaluate(None)
+    table = skipped_table(intact, {s: evaluate(s) for s in range(model.info.n_layers)}, member)
     write_csv(folder / SKIPPED_CSV, table.rename(columns={"level": key}))
 
 

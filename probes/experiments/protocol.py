@@ -126,6 +126,20 @@ class Experiment:
         """The table ``probe study`` prints (None: members.csv)."""
         return None
 
+    # -- batched members (experiments/batching.py): a family whose members can train together ---
+    def batches(self, config: Any, jobs: list[Any], processes: int) -> list[Any]:
+        """The units the runner maps (``processes`` at once): each job alone (the default), or
+        :class:`~.batching.Batch` es of jobs that :meth:`run_batch` trains as one model."""
+        return list(jobs)
+
+    def run_batch(self, jobs: tuple[Any, ...]) -> list[tuple[MemberOutput | None, str | None]]:
+        """Train ``jobs`` together; per member its output, or None and its one-line error."""
+        raise NotImplementedError
+
+    def member_bytes(self, config: Any, job: Any) -> int | None:
+        """A member's estimated training memory (auto ``--jobs`` on CUDA); None: not known."""
+        return None
+
     # -- the settings, the same for every family ------------------------------------------------
     def config(self, preset: str = "smoke", **given: Any) -> Any:
         """The preset's fields, then every given (not None) option: the family's Config."""

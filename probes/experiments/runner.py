@@ -6,7 +6,8 @@ It resolves the family's Config (:meth:`Experiment.config`), plans the members, 
 damaged ones again and runs failed ones again), runs the members still to do as independent jobs
 (``engine.distributed.map_jobs``: in this process, ``jobs`` spawned processes, or Ray tasks),
 records each as it finishes (its folder, its row in ``members.csv``; a failed one with its one-line
-error while the others go on), then writes the family's tables and ``report.html``. ``dry_run``
+error while the others go on; members of one shape may train together as one batched model:
+:mod:`.batching`), then writes the family's tables and ``report.html``. ``dry_run``
 writes ``plan.csv`` (every member with its estimated cost) and trains nothing.
 """
 
@@ -104,7 +105,8 @@ def study(
 ) -> Study:
     """Run (or continue) a study of ``family``; returns it. ``options`` override the preset (the
     family's Config fields). ``jobs`` (local backend): members at once in spawned processes, each
-    with ``cores // jobs`` threads; the numbers and files equal ``jobs=1``."""
+    with ``cores // jobs`` threads; the numbers and files equal ``jobs=1``; None: 1 on a CPU, on
+    CUDA chosen from the GPU's free memory (:func:`.batching.default_jobs`)."""
     exp = get_experiment(family)
     cfg = exp.config(preset, **options)
     where = Backend(backend, address, cpus_per_member, gpus_per_member, retries, jobs)
@@ -186,12 +188,12 @@ def run_jobs(
     """Run the members still to do, recording each as it finishes: its folder (a Ray member's
     files; a local member wrote its own), its line, members.csv; a failed one with its error."""
     from depthprobe.probes.engine.distributed import map_jobs
+    from depthprobe.probes.experiments import batching
 
     counter = {"n": done}
     device = getattr(cfg, "device", None)
 
-    def finished(index: int, output: MemberOutput | None, error: str | None) -> None:
-        job = todo[index]
+    def finished(job: Any, output: MemberOutput | None, error: str | None) -> None:
         counter["n"] += 1
         if output is not None:
             if output.files:
@@ -202,11 +204,23 @@ def run_jobs(
             say(f"[{counter['n']}/{total}] {job.name}: failed: {error}")
         write_members(exp, folder)
 
-    processes = 1 if where.backend == "ray" else min(where.jobs or 1, max(1, len(todo)))
+    # batched members (experiments/batching.py): units of one job, or of several trained as one model
+    units = list(todo) if where.backend == "ray" else exp.batches(cfg, todo, where.jobs or 1)
+    jobs = where.jobs
+    if jobs is None and where.backend == "local":
+        jobs = batching.default_jobs(exp, cfg, units, say)  # 1 on a CPU; on CUDA from its memory
+
+    def unit_done(index: int, result: Any) -> None:
+        unit = batching.members(units[index])
+        outcomes = result.value if result.ok else [(None, result.failure())] * len(unit)
+        for job, (output, error) in zip(unit, outcomes, strict=True):
+            finished(job, output, error)
+
+    processes = 1 if where.backend == "ray" else min(jobs or 1, max(1, len(units)))
     try:
         map_jobs(
-            exp.run_member,
-            todo,
+            partial(batching.run_unit, exp),
+            units,
             backend=where.backend,
             address=where.address,
             retries=where.retries,
@@ -214,7 +228,7 @@ def run_jobs(
             gpus_per_job=where.gpus_per_member,
             processes=processes,
             setup=plugin_setup(exp, setup),
-            on_done=lambda i, r: finished(i, r.value if r.ok else None, r.failure()),
+            on_done=unit_done,
         )
     except BaseException:  # members stopped mid-write (their processes are gone) leave no hidden folder
         artifacts.remove_stale_partials(folder / folders.MEMBERS / "any", any_name=True)
@@ -283,6 +297,9 @@ def dry_run(
     table = pd.DataFrame(rows, columns=list(dict.fromkeys(k for r in rows for k in r)))
     folder.mkdir(parents=True, exist_ok=True)
     folders.write_table(folder, folders.PLAN_CSV, table)
+    if "est_seconds" in table and table["est_seconds"].notna().any():  # measured rates (training/rates.py)
+        total = float(table["est_seconds"].sum())
+        say(f"estimated training: at most {total / 60:.1f} min one member at a time; {table['source'].iloc[0]}")
     return table
 
 

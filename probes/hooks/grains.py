@@ -5,12 +5,14 @@ Three layouts (TransformerLens's), told apart by the hook's name:
 - per-head vectors [batch, pos, head, d]: ``attn.hook_z``, ``attn.hook_q/k/v``, ``attn.hook_result``;
 - per-head maps [batch, head, query, key]: ``attn.hook_pattern``, ``attn.hook_attn_scores``
   (a position is the query, i.e. destination, position);
+- SAE latents [batch, pos, latent]: ``hook_sae_acts_pre`` / ``hook_sae_acts_post`` of an attached SAE;
 - everything else [batch, pos, ...] (residuals, ``hook_attn_out``, ``q.hook_out``, ``o.hook_in``...).
 
 ``per`` is ``"position"`` (one slot per position, every head), ``"head"`` (one per head, every
 position), ``"head_position"`` or, for the maps, ``"head_query_key"`` (one slot per head and
-destination x source pair: a causal model's pairs with key <= query); the default is the hook's
-natural grain: ``head`` for the per-head layouts, ``position`` for the rest (no heads to cut).
+destination x source pair: a causal model's pairs with key <= query), or, for SAE latents,
+``"latent"`` (one latent at every position) and ``"latent_position"``; the default is the hook's
+natural grain: ``head`` for the per-head layouts, ``latent`` for latents, ``position`` for the rest.
 """
 
 from __future__ import annotations
@@ -22,14 +24,17 @@ from typing import Any, Literal, get_args
 
 from depthprobe.probes.base.errors import ProbeError
 
-Per = Literal["position", "head", "head_position", "head_query_key"]
-Layout = Literal["heads", "maps", "positions"]
+Per = Literal["position", "head", "head_position", "head_query_key", "latent", "latent_position"]
+Layout = Literal["heads", "maps", "latents", "positions"]
 _HEADS = re.compile(r"attn\.hook_(z|q|k|v|result)$")
 _MAPS = re.compile(r"attn\.hook_(pattern|attn_scores)$")
+_LATENTS = re.compile(r"\.hook_sae_acts_(pre|post)$")
 _LAYER = re.compile(r"^blocks\.(\d+)\.(.*)$")
 
 
 def layout(name: str) -> Layout:
+    if _LATENTS.search(name):
+        return "latents"
     if _HEADS.search(name):
         return "heads"
     return "maps" if _MAPS.search(name) else "positions"
@@ -39,9 +44,15 @@ def grain(name: str, per: Per | None) -> Per:
     """The grain a hook is patched at, checked before any pass."""
     kind = layout(name)
     if per is None:
-        return "position" if kind == "positions" else "head"
+        natural: dict[str, Per] = {"positions": "position", "latents": "latent"}
+        return natural.get(kind, "head")
     if per not in get_args(Per):
         raise ProbeError(f"unknown per={per!r}; use one of {', '.join(get_args(Per))}")
+    if (kind == "latents") != per.startswith("latent") and not (kind == "latents" and per == "position"):
+        raise ProbeError(
+            f"per={per!r} does not cut {name}; SAE latents (hook_sae_acts_post) take per='latent', "
+            "'latent_position' or 'position', other hooks the rest"
+        )
     if kind == "positions" and per != "position":
         raise ProbeError(
             f"{name} has no head axis, so it cannot be patched per={per!r}; use per='position' "
@@ -65,6 +76,7 @@ class Slot:
     head: int | None
     position: int | None
     key: int | None = None  # the source position of a map's slot (per="head_query_key")
+    latent: int | None = None  # an SAE latent (per="latent" or "latent_position")
 
     def index(self, kind: Layout) -> tuple[Any, ...]:
         """The index of this slot in a tensor of the layout (batch first)."""
@@ -75,6 +87,8 @@ class Slot:
             return (every, pos, head)
         if kind == "maps":
             return (every, head, pos) if self.key is None else (every, head, pos, self.key)
+        if kind == "latents":
+            return (every, pos, every if self.latent is None else self.latent)
         return (every, pos)
 
 
@@ -83,6 +97,10 @@ def slots(per: Per, n_heads: int, positions: Sequence[int], n_keys: int = 0, cau
         return [Slot(None, p) for p in positions]
     if per == "head":
         return [Slot(h, None) for h in range(n_heads)]
+    if per == "latent":  # n_heads: the SAE's latents
+        return [Slot(None, None, latent=i) for i in range(n_heads)]
+    if per == "latent_position":
+        return [Slot(None, p, latent=i) for p in positions for i in range(n_heads)]
     if per == "head_query_key":
         keys = [(q, k) for q in positions for k in range(n_keys) if k <= q or not causal]
         return [Slot(h, q, k) for q, k in keys for h in range(n_heads)]

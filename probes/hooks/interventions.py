@@ -185,14 +185,19 @@ def patch(
     )
 
 
-def _patch_batch(model: Model, p: Plan, part: slice, got: Values, order: dict[Any, None]) -> None:
-    """One batch of examples: its clean and corrupted runs and one patched run per hook x slot."""
+def _patch_batch(
+    model: Model, p: Plan, part: slice, got: Values, order: dict[Any, None], only: set[Any] | None = None
+) -> None:
+    """One batch of examples: its clean and corrupted runs and one patched run per hook x slot
+    (or per (hook, slot) in ``only``)."""
     (c_ids, c_mask), (x_ids, x_mask) = ((ids[part], mask[part]) for ids, mask in (p.clean, p.corrupt))
     logits, cache = run_with_cache(model, c_ids, names=list(p.grains), attention_mask=c_mask)
     got.add("clean", logits, part)
     got.add("corrupt", outputs(model, x_ids, x_mask), part)
     for name in p.grains:
         for slot in each_slot(p, name, cache[name], model.info.causal):
+            if only is not None and (name, slot) not in only:
+                continue
             with capture(model, {name: _write_clean(cache[name], slot.index(layout(name)))}, store=False):
                 out = outputs(model, x_ids, x_mask)
             order[(name, slot)] = None  # an ordered set of the runs

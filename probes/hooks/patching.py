@@ -64,6 +64,8 @@ def head_count(name: str, act: torch.Tensor) -> int:
         if act.dim() < 2:
             raise ProbeError(f"{name} has no position axis [batch, pos, ...]; patch a per-position hook")
         return 0
+    if kind == "latents":
+        return act.shape[-1]  # the SAE's latents, cut as heads are
     return act.shape[2] if kind == "heads" else act.shape[1]
 
 
@@ -95,6 +97,7 @@ def where(model: Model, task: str, name: str, slot: Slot) -> dict[str, Any]:
         "position": pd.NA if slot.position is None else slot.position,
         "hook": hook,
         **({} if slot.key is None else {"key": slot.key}),
+        **({} if slot.latent is None else {"latent": slot.latent}),
     }
 
 
@@ -104,7 +107,7 @@ def row(model: Model, task: str, metric: Metric, name: str, slot: Slot, v: float
 
 def table(rows: list[dict[str, Any]], clean: Any, corrupt: Any) -> pd.DataFrame:
     """The tidy table; per-example metrics add ``se`` and ``n`` (or ``example``) columns."""
-    extra = [c for c in ("key", "example", "se", "n") if any(c in r for r in rows)]
+    extra = [c for c in ("key", "latent", "example", "se", "n") if any(c in r for r in rows)]
     df = pd.DataFrame(rows, columns=COLUMNS + extra)
     for col in ("layer", "head", "position", *(c for c in extra if c != "se")):
         df[col] = df[col].astype("Int64")

@@ -160,11 +160,6 @@ def page(title: str, body: str, payloads: Sequence[dict[str, Any]] = (), *, bund
             f"<script type='application/json' id='dp-views-data'>{script_json(list(payloads))}</script>"
             f"{inline}<script>{loader}</script>"
         )
-    script_src = " ".join(hashes) if hashes else "'none'"
-    csp = (
-        f"default-src 'none'; script-src {script_src}; style-src 'unsafe-inline'; img-src data:; "
-        "font-src 'none'; connect-src 'none'; base-uri 'none'; form-action 'none'"
-    )
     status = (
         (
             "<p id='dp-status' class='meta'><span id='dp-status-text' aria-live='polite'>"
@@ -174,12 +169,32 @@ def page(title: str, body: str, payloads: Sequence[dict[str, Any]] = (), *, bund
         if payloads
         else ""
     )
+    return _document(title, status + "\n" + body, scripts, hashes)
+
+
+def canvas_page(title: str, body: str, data: dict[str, Any], script: str) -> str:
+    """A self-contained page drawn by one asset script of its own (``script``: its file name in
+    ``assets/``) from ``data`` (a JSON block, ``dp-inspect-data``) on plain canvases and tables:
+    no circuitsvis bundle, the same Content-Security-Policy (that one script, pinned by hash)."""
+    code = _asset(script)
+    scripts = (
+        f"<script type='application/json' id='dp-inspect-data'>{script_json(data)}</script><script>{code}</script>"
+    )
+    return _document(title, body, scripts, [_sha256(code)])
+
+
+def _document(title: str, body: str, scripts: str, hashes: Sequence[str]) -> str:
+    script_src = " ".join(hashes) if hashes else "'none'"
+    csp = (
+        f"default-src 'none'; script-src {script_src}; style-src 'unsafe-inline'; img-src data:; "
+        "font-src 'none'; connect-src 'none'; base-uri 'none'; form-action 'none'"
+    )
     return (
         "<!doctype html>\n<html lang='en'><head><meta charset='utf-8'>"
         f"<meta http-equiv='Content-Security-Policy' content=\"{csp}\">"
         "<meta name='viewport' content='width=device-width, initial-scale=1'>"
         f"<meta name='referrer' content='no-referrer'><title>{esc(title)}</title>"
-        f"<style>{STYLE}</style></head>\n<body>{status}\n{body}\n{scripts}</body></html>\n"
+        f"<style>{STYLE}</style></head>\n<body>{body}\n{scripts}</body></html>\n"
     )
 
 
@@ -209,4 +224,15 @@ def write_atomic(path: Path, text: str) -> Path:
         raise write_error(exc, path) from None
 
 
-__all__ = ["bundle_js", "clean", "esc", "notebook_bundle", "page", "script_json", "svg_img", "table", "write_atomic"]
+__all__ = [
+    "bundle_js",
+    "canvas_page",
+    "clean",
+    "esc",
+    "notebook_bundle",
+    "page",
+    "script_json",
+    "svg_img",
+    "table",
+    "write_atomic",
+]

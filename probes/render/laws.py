@@ -11,7 +11,7 @@ members and the settings. The page reports; it asserts nothing.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -151,6 +151,44 @@ def hop_summary(layers: pd.DataFrame) -> str:
     )
 
 
+def blank_reason(at: pd.DataFrame, threshold: float, seeds: int) -> str:
+    """Why a law row has no measured depth, from the accuracies behind it (one row per member;
+    columns depth, seed, accuracy): which depth came closest, over how many seeds."""
+    if at.empty:
+        return "no member at this setting finished"
+    by = at.groupby("depth")["accuracy"].agg(["min", "max", "count"])
+    reached = at.assign(ok=at["accuracy"] >= threshold).groupby("depth")["ok"].sum()
+    full = by[(by["min"] >= threshold)]
+    if not full.empty:  # every finished seed reached it, but seeds are missing
+        d = int(full.index[0])
+        return f"depth {d} reached {threshold:g} in its {int(by.loc[d, 'count'])} finished seed(s) of {seeds}"
+    d = int(by["min"].idxmax())  # the shallowest depth whose worst seed came closest
+    lo, hi, n = by.loc[d, "min"], by.loc[d, "max"], int(by.loc[d, "count"])
+    return f"no depth reached {threshold:g} in every seed (best: depth {d}, accuracy {lo:.3f}" + (
+        f" to {hi:.3f} over {n} seeds, {int(reached[d])} of {n} at the threshold)" if n > 1 else ")"
+    )
+
+
+def law_table(law: pd.DataFrame, acc: pd.DataFrame, threshold: float) -> str:
+    """law.csv as a table, with the reason for each blank measured depth (the accuracies behind it:
+    acc's rows, controls left out, whose values equal the law row's in every column both share)."""
+    records = law.astype(object).where(law.notna(), "").to_dict("records")
+    main = acc[~acc["control"].astype(bool)] if "control" in acc else acc
+    shared = [c for c in law.columns if c in main.columns and c not in ("depth", "seed", "accuracy")]
+    seeds = int(main["seed"].nunique()) if "seed" in main else 1
+    blank = any(r.get("measured_depth") == "" for r in records)
+    for rec in records if blank else []:
+        at = main.loc[(main[shared] == pd.Series({c: rec[c] for c in shared})).all(axis=1)] if shared else main
+        rec["why no measured depth"] = blank_reason(at, threshold, seeds) if rec["measured_depth"] == "" else ""
+    note = (
+        f"<p class='meta'>measured depth: the smallest depth whose accuracy is at least {threshold:g} in every "
+        "seed; a blank one says why.</p>"
+        if blank
+        else ""
+    )
+    return "<h2>The law</h2>" + note + html_table(records)
+
+
 def law_sections(
     tables: Mapping[str, pd.DataFrame],
     *,
@@ -159,16 +197,18 @@ def law_sections(
     prediction: str,
     line: bool = True,
     middle: list[str] | None = None,
+    behind: Callable[[pd.DataFrame], pd.DataFrame] | None = None,
 ) -> list[str]:
-    """A law family's report sections from its tables: the prediction, the law table, the heatmaps
-    (with law.csv's predicted depth as a line when ``line``), ``middle`` (None: the control), the
-    learning curves and (khop) the hop summary."""
+    """A law family's report sections from its tables: the prediction, the law table (with why a
+    measured depth is blank, from ``behind(accuracy)``: the accuracies behind its rows; None: all),
+    the heatmaps (with law.csv's predicted depth as a line when ``line``), ``middle`` (None: the
+    control), the learning curves and (khop) the hop summary."""
     members = tables.get("members.csv", pd.DataFrame())
     acc, law = tables.get("accuracy.csv", pd.DataFrame()), tables.get("law.csv", pd.DataFrame())
     parts = [f"<p>{esc(prediction)} {esc(NOTE)}</p>"]
     if acc.empty:
         return [*parts, "<p class='note'>no member finished; there is nothing to plot.</p>"]
-    parts.append("<h2>The law</h2>" + html_table(law.astype(object).where(law.notna(), "").to_dict("records")))
+    parts.append(law_table(law, behind(acc) if behind else acc, threshold))
     parts += [
         heatmaps(key, acc, law if line else pd.DataFrame()),
         *(middle if middle is not None else [control(key, acc, members)]),
@@ -178,4 +218,4 @@ def law_sections(
     return parts
 
 
-__all__ = ["law_sections", "predicted_line"]
+__all__ = ["blank_reason", "law_sections", "law_table", "predicted_line"]

@@ -225,17 +225,44 @@ def _series_svg(s: Series, color: str, f: _Frame) -> list[str]:
     return out
 
 
-def _legend(kept: list[Series], f: _Frame, height: int, cols: int) -> list[str]:
-    """``cols`` legend entries per row under the plot."""
+LEGEND_CHAR = 7.0  # px: the widest average character of an 11 px DejaVu Sans label (digits, '=')
+LEGEND_SWATCH = 27  # px: the line sample and the gap before its label
+LEGEND_GAP = 16  # px between two entries of a row
+LEGEND_MARGIN = 8  # px from the chart's left and right edges
+
+
+def legend_layout(labels: Sequence[str], width: int, cols: int) -> list[tuple[float, int, str]]:
+    """(x, row, label shown) of each legend entry under a chart ``width`` px wide: entries follow
+    one another in a row, at most ``cols`` a row, and a new row starts where the next entry would
+    pass the right edge (labels never overlap); a label longer than a whole row is cut with '…'."""
+    room = width - 2 * LEGEND_MARGIN
+    most = max(4, int((room - LEGEND_SWATCH) / LEGEND_CHAR))
+    out, x, row, in_row = [], float(LEGEND_MARGIN), 0, 0
+    for label in labels:
+        shown = label if len(label) <= most else label[: most - 1] + "…"
+        w = LEGEND_SWATCH + LEGEND_CHAR * len(shown)
+        if in_row and (in_row >= cols or x + w > LEGEND_MARGIN + room):
+            x, row, in_row = float(LEGEND_MARGIN), row + 1, 0
+        out.append((x, row, shown))
+        x += w + LEGEND_GAP
+        in_row += 1
+    return out
+
+
+def _legend(kept: list[Series], width: int, height: int, cols: int) -> list[str]:
+    """The legend under the plot (``legend_layout``); a cut label keeps its whole text as a title."""
     out = []
-    for k, s in enumerate(kept):
+    for k, (s, (lx, row, shown)) in enumerate(
+        zip(kept, legend_layout([s.label for s in kept], width, cols), strict=True)
+    ):
         color = s.color or PALETTE[k % len(PALETTE)]
-        col, row = k % cols, k // cols
-        lx, ly = f.left + col * (f.plot_w / cols), height + 4 + row * 18
+        ly = height + 4 + row * 18
         dash = " stroke-dasharray='6 4'" if s.dashed else ""
+        title = f"<title>{esc(s.label)}</title>" if shown != s.label else ""
         out.append(
             f"<line x1='{lx:.1f}' x2='{lx + 22:.1f}' y1='{ly:.1f}' y2='{ly:.1f}' stroke='{color}' "
-            f"stroke-width='2'{dash}/><text class='legend' x='{lx + 27:.1f}' y='{ly + 4:.1f}'>{esc(s.label)}</text>"
+            f"stroke-width='2'{dash}/><text class='legend' x='{lx + LEGEND_SWATCH:.1f}' y='{ly + 4:.1f}'>"
+            f"{title}{esc(shown)}</text>"
         )
     return out
 
@@ -263,8 +290,9 @@ class Chart:
 
     @property
     def total_height(self) -> int:
-        """The height with the legend (``legend_cols`` entries a row under the plot)."""
-        return self.height + 18 * math.ceil(len(self.series) / self.legend_cols)
+        """The height with the legend's rows under the plot (``legend_layout``)."""
+        layout = legend_layout([s.label for s in self.series], self.width, self.legend_cols)
+        return self.height + 18 * (layout[-1][1] + 1 if layout else 0)
 
 
 def chart_svg(
@@ -287,7 +315,7 @@ def chart_svg(
     a polyline (its finite points, in order), a circle per point (with a hover title), min-max error
     bars (``<line class='spread'>``) and point marks; ``zero`` draws a line at y = 0 (class ``zero``)
     and ``rules`` a dotted line at each of their y values (class ``rule``, inside the y range);
-    ``legend_cols`` legend entries share a row.
+    at most ``legend_cols`` legend entries share a row, fewer where long labels would overlap.
     With ``log_x`` x is drawn on a log scale (points with x <= 0 are left out). ``x_range`` fixes
     the x axis (default: the points' range, padded); ``standalone`` names the SVG namespace, for a
     chart that is a file or a ``data:`` image of its own. Without a finite point: a note, an SVG
@@ -338,7 +366,7 @@ def _render(c: Chart, place: str) -> str | None:
     )
     for k, s in enumerate(kept):
         out += _series_svg(s, s.color or PALETTE[k % len(PALETTE)], f)
-    out += _legend(kept, f, height, c.legend_cols)
+    out += _legend(kept, width, height, c.legend_cols)
     out.append("</svg>")
     return "".join(out)
 
@@ -392,4 +420,15 @@ def row_svg(charts: Sequence[Chart], *, title: str = "", gap: int = 12, standalo
     return "".join(out)
 
 
-__all__ = ["PALETTE", "Chart", "Series", "budget_text", "chart_svg", "finite", "nice_ticks", "row_svg", "wrap_text"]
+__all__ = [
+    "PALETTE",
+    "Chart",
+    "Series",
+    "budget_text",
+    "chart_svg",
+    "finite",
+    "legend_layout",
+    "nice_ticks",
+    "row_svg",
+    "wrap_text",
+]

@@ -17,7 +17,7 @@ from depthprobe.probes.render.lines import Chart, Series, row_svg
 SKIPPED_NOTE = (
     "Reported beside the law, never as proof of it: a member of exactly the predicted depth should need every "
     "block for its largest level; a deeper one may have a block to spare. Accuracy on the final evaluation sets, "
-    "run through the model's hooks with the block's output replaced by its input."
+    "with the block's output replaced by its input."
 )
 
 

@@ -34,19 +34,27 @@ import torch.nn.functional as F
 from depthprobe.probes.base.errors import ProbeError
 from depthprobe.probes.models.model import Model
 from depthprobe.probes.training.fast_forward import inner
-from depthprobe.probes.training.loop import BatchSource, LoopRun, Steps, Window, train_steps
+from depthprobe.probes.training.loop import IGNORE, BatchSource, LoopRun, Steps, Window, train_steps
 
 
 class StackedSource:
     """The batches of N members: each member's source, stacked [N, batch, pos]; the loss is one
-    value per member (each source's own loss of its own logits)."""
+    value per member (each source's own loss of its own logits).
+
+    Members whose batches differ in length this step (a length curriculum that moved on for one
+    member, strings of random length) are padded at the end to the longest: token 0, target
+    :data:`~probes.training.loop.IGNORE`. A causal decoder's logits at a position do not depend on
+    later ones, and a loss that skips IGNORE (every built-in source's) is unchanged."""
 
     def __init__(self, sources: Sequence[BatchSource]) -> None:
         self.sources = list(sources)
 
     def batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
         pairs = [s.batch(step) for s in self.sources]
-        return torch.stack([p[0] for p in pairs]), torch.stack([p[1] for p in pairs])
+        width = max(p[0].shape[-1] for p in pairs)
+        inputs = [F.pad(p[0], (0, width - p[0].shape[-1]), value=0) for p in pairs]
+        targets = [F.pad(p[1], (0, width - p[1].shape[-1]), value=IGNORE) for p in pairs]
+        return torch.stack(inputs), torch.stack(targets)  # [N, batch, width]
 
     def loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         return torch.stack([s.loss(logits[i], targets[i]) for i, s in enumerate(self.sources)])  # [N]

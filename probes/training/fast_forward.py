@@ -10,6 +10,7 @@ the bridge (hooks and all) computes this function, which ``tests/test_train.py``
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Any
 
 import torch
@@ -43,11 +44,13 @@ def _attention(attn: Any, x: torch.Tensor) -> torch.Tensor:
     return inner(attn.o)(z.transpose(1, 2).reshape(b, t, h * dh))  # [b, t, h*dh] -> [b, t, d]
 
 
-def fast_logits(model: Model, tokens: torch.Tensor) -> torch.Tensor:
+def fast_logits(model: Model, tokens: torch.Tensor, skip: Collection[int] = ()) -> torch.Tensor:
     """Logits [batch, pos, vocab] of a native model, computed from its own parameters.
 
     Same function as ``model.bridge(tokens)`` (checked in tests) at a fraction of the
-    Python overhead; used for training only, never for probing.
+    Python overhead; used for training and the law members' evaluations, never for probing.
+    ``skip``: blocks whose output is their input (the same function as the bridge under
+    :func:`~probes.hooks.depth.skip_layers`, checked in tests).
     """
     native = model.bridge.original_model
     if float(getattr(native, "output_logits_soft_cap", -1.0)) > 0:
@@ -56,7 +59,9 @@ def fast_logits(model: Model, tokens: torch.Tensor) -> torch.Tensor:
     h = inner(native.tok_embed)(tokens)  # [b, t, d]
     if native.pos is not None:
         h = h + inner(native.pos).weight[:t]
-    for wrapped in native.layers:
+    for i, wrapped in enumerate(native.layers):
+        if i in skip:
+            continue
         block = inner(wrapped)
         h = h + _attention(inner(block.attn), inner(block.ln1)(h))
         if not block.cfg.attn_only:

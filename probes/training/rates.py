@@ -51,6 +51,23 @@ def rate(family: str, device: str, jobs: int = 1) -> Rate | None:
     return next((r for r in RATES if (r.family, r.device, r.jobs) == (family, device, jobs)), None)
 
 
+def device_label(kind: str, name: str = "") -> str | None:
+    """The rates' name of a device: ``cpu`` -> :data:`CPU`; a CUDA device by its name (``NVIDIA
+    H200`` -> :data:`H200`); None for a device without measurements."""
+    if kind == "cpu":
+        return CPU
+    return next((r.device for r in RATES if r.device != CPU and r.device.lower() in name.lower()), None)
+
+
+def estimate(family: str, device: str | None, steps: int) -> tuple[float | None, str]:
+    """One member's training seconds at the slowest measured rate, one member at a time, and
+    where that figure comes from (or why there is none)."""
+    found = rate(family, device) if device is not None else None
+    if found is None:
+        return None, f"not estimated: no measured rate of {family} members on {device or 'this device'}"
+    return steps / found.low, f"estimated from {found.low:g} steps/s on {found.device} ({found.source})"
+
+
 def training_seconds(family: str, device: str, members: int, steps: int, jobs: int = 1) -> float | None:
     """Training seconds of ``members`` members of ``steps`` steps each at the slowest measured rate
     (None: no measurement for this family, device and ``jobs``)."""
@@ -58,4 +75,4 @@ def training_seconds(family: str, device: str, members: int, steps: int, jobs: i
     return None if found is None else members * steps / (found.jobs * found.low)
 
 
-__all__ = ["RATES", "Rate", "rate", "training_seconds"]
+__all__ = ["RATES", "Rate", "device_label", "estimate", "rate", "training_seconds"]

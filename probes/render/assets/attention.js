@@ -18,22 +18,31 @@
     for (var i = 0; i < bin.length; i++) { out[i] = bin.charCodeAt(i); }
     return out;
   }
-  function decode(p) {
-    var stream = new Blob([bytes(p.data)]).stream().pipeThrough(new DecompressionStream("deflate"));
-    return new Response(stream).arrayBuffer().then(function (buf) {
-      var a = p.dtype === "u2" ? new Uint16Array(buf) : new Int32Array(buf);
-      var H = p.shape[0], Q = p.shape[1], K = p.shape[2], k = 0, heads = [];
-      for (var h = 0; h < H; h++) {
-        var rows = [];
-        for (var q = 0; q < Q; q++) {
-          var row = new Array(K);
-          for (var j = 0; j < K; j++) { row[j] = a[k++] / p.scale; }
-          rows.push(row);
-        }
-        heads.push(rows);
+  var raw = [];  // each view's values, inflated once (typed arrays: 2 or 4 bytes a cell)
+  function inflate(i) {
+    if (!raw[i]) {
+      var p = views[i].pattern;
+      var stream = new Blob([bytes(p.data)]).stream().pipeThrough(new DecompressionStream("deflate"));
+      raw[i] = new Response(stream).arrayBuffer().then(function (buf) {
+        var a = p.dtype === "u2" ? new Uint16Array(buf) : new Int32Array(buf);
+        raw[i].ready = a;
+        return a;
+      });
+    }
+    return raw[i];
+  }
+  function nest(p, a) {  // [head][query][key] arrays, as circuitsvis takes them
+    var H = p.shape[0], Q = p.shape[1], K = p.shape[2], k = 0, heads = [];
+    for (var h = 0; h < H; h++) {
+      var rows = [];
+      for (var q = 0; q < Q; q++) {
+        var row = new Array(K);
+        for (var j = 0; j < K; j++) { row[j] = a[k++] / p.scale; }
+        rows.push(row);
       }
-      return heads;
-    });
+      heads.push(rows);
+    }
+    return heads;
   }
   function fail(el, err) {
     el.setAttribute("data-state", "error");
@@ -70,6 +79,53 @@
     el.replaceChildren(bar, target);
     bar.firstChild.click();
   }
+  function paint(d, T, at, masked) {
+    // one head on T x T pixels: white 0 to dark (the head's largest value; square-root scale), masked grey
+    var top = 0, q, k;
+    for (q = 0; q < T; q++) {
+      for (k = 0; k < T; k++) { if (!masked(q, k) && at(q, k) > top) { top = at(q, k); } }
+    }
+    for (q = 0; q < T; q++) {
+      for (k = 0; k < T; k++) {
+        var o = 4 * (q * T + k), x = top > 0 ? Math.sqrt(Math.max(0, at(q, k)) / top) : 0;
+        if (masked(q, k)) { d[o] = d[o + 1] = d[o + 2] = 215; }
+        else { d[o] = 255 - x * 187; d[o + 1] = 255 - x * 235; d[o + 2] = 255 - x * 35; }
+        d[o + 3] = 255;
+      }
+    }
+    return top;
+  }
+  function thumbs(el, v, a) {
+    // every head as a small heatmap on a plain canvas, drawn at once: for print and full-page captures
+    var p = v.pattern, H = p.shape[0], T = p.shape[1], box = doc.createElement("div");
+    var masked = function (q, k) { return v.causal && k > q; };
+    box.className = "thumbs";
+    for (var h = 0; h < H; h++) {
+      var fig = doc.createElement("figure"), c = doc.createElement("canvas"), cap = doc.createElement("figcaption");
+      var ctx = c.getContext("2d"), img = ctx.createImageData(T, T), off = h * T * T;
+      c.width = T; c.height = T;
+      paint(img.data, T, function (q, k) { return a[off + q * T + k] / p.scale; }, masked);
+      ctx.putImageData(img, 0, 0);
+      cap.textContent = v.heads[h];
+      fig.appendChild(c); fig.appendChild(cap); box.appendChild(fig);
+    }
+    el.replaceChildren(box);
+  }
+  function printAll() {
+    // print (beforeprint, or print media) and full-page captures: draw every view not drawn yet
+    // now, synchronously, from its inflated values (a view still inflating is queued instead)
+    views.forEach(function (v, i) {
+      var el = doc.getElementById("dp-view-" + i), st = el && el.getAttribute("data-state");
+      if (!el || st === "drawn" || st === "error") { return; }
+      var a = raw[i] && raw[i].ready;
+      if (!a) { want(i); return; }
+      thumbs(el, v, a);
+      el.setAttribute("data-state", "drawn");
+      el.setAttribute("data-drawn-for", "print");
+      drawn++;
+    });
+    status();
+  }
   function raster(el, v, attention) {
     // long inputs: one pixel per cell on a plain canvas (circuitsvis needs seconds per head here)
     var T = v.tokens.length, canvas = doc.createElement("canvas"), tip = doc.createElement("p");
@@ -80,19 +136,9 @@
     tip.className = "meta tip";
     var masked = function (q, k) { return v.causal && k > q; };
     var bar = headButtons(v, function (h) {
-      var m = attention[h], d = img.data;
-      head = h; top = 0;
-      for (var q = 0; q < T; q++) {
-        for (var k = 0; k < T; k++) { if (!masked(q, k) && m[q][k] > top) { top = m[q][k]; } }
-      }
-      for (q = 0; q < T; q++) {
-        for (k = 0; k < T; k++) {
-          var o = 4 * (q * T + k), x = top > 0 ? Math.sqrt(Math.max(0, m[q][k]) / top) : 0;
-          if (masked(q, k)) { d[o] = d[o + 1] = d[o + 2] = 215; }
-          else { d[o] = 255 - x * 187; d[o + 1] = 255 - x * 235; d[o + 2] = 255 - x * 35; }
-          d[o + 3] = 255;
-        }
-      }
+      var m = attention[h];
+      head = h;
+      top = paint(img.data, T, function (q, k) { return m[q][k]; }, masked);
       ctx.putImageData(img, 0, 0);
       bar.press(h);
       canvas.setAttribute("aria-label", v.heads[h] + ": attention pattern, " + T + " tokens");
@@ -113,8 +159,10 @@
   }
   function drawOne(i) {
     var v = views[i], el = doc.getElementById("dp-view-" + i);
+    if (el.getAttribute("data-state") === "drawn") { return Promise.resolve(); }  // drawn for print meanwhile
     el.setAttribute("data-state", "drawing");
-    return decode(v.pattern).then(function (attention) {
+    return inflate(i).then(function (a) {
+      var attention = nest(v.pattern, a);
       el.textContent = "";
       if (v.mode === "raster") { raster(el, v, attention); }
       else if (v.mode === "pattern") { pattern(el, v, attention); }
@@ -171,6 +219,17 @@
       status();
       return;
     }
+    Promise.all(views.map(function (v, i) { return inflate(i); }))  // ready for a print at any moment
+      .then(function () { attr("ready", 1); }, function () {});
+    window.addEventListener("beforeprint", printAll);
+    if (window.matchMedia) {
+      var media = window.matchMedia("print");
+      var onPrint = function (e) { if (e.matches) { printAll(); } };
+      if (media.addEventListener) { media.addEventListener("change", onPrint); } else { media.addListener(onPrint); }
+    }
+    window.addEventListener("resize", function () {  // a full-page capture: the viewport holds the whole page
+      if (window.innerHeight >= doc.documentElement.scrollHeight - 1) { printAll(); }
+    });
     var button = doc.getElementById("dp-draw-all");
     if (button) { button.hidden = false; button.addEventListener("click", all); }
     status();

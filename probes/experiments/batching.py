@@ -1,0 +1,166 @@
+"""Which members train together, and how many member processes a GPU holds: the runner's units.
+
+A study's members are mapped as units (``engine.distributed.map_jobs``): a member job alone, or a
+:class:`Batch` of members of one shape that a family trains as one batched model
+(:func:`probes.training.batched.train_batched`; law families: :mod:`.law_batch`). Each member of a
+batch still gets its own folder, files and row, exactly as when trained alone.
+
+``--batch-members`` (a law family's Config field ``batch_members``):
+
+- ``off`` (or 1): every member alone, as before batching existed;
+- ``N``: members of one shape (the same network but its seed: depth, width, heads, vocabulary,
+  context; they differ in seed, task level, group) in batches of at most N, in plan order;
+- ``auto`` (the default): on CUDA, batches of at most :data:`AUTO_CUDA` (the members are
+  launch-bound there: issue #36 measured 10-12 ms a step on an H200 whatever the width); on a CPU,
+  batches of at most :data:`AUTO_CPU` members of width at most :data:`AUTO_CPU_WIDTH`, where
+  ``bench/bench_batched_members.py`` measured a gain on 2 shared cores (1.69x at width 16), and
+  none at width 64 (0.94-1.05x, compute-bound), so wider members train alone. With ``--jobs P``
+  ``auto`` cuts a shape's members into at least P batches where it can, so that the processes
+  all have work.
+
+``--jobs`` not given (:func:`auto_jobs`): on a CPU 1, as always; on CUDA as many member processes
+as the GPU's free memory holds (each unit's estimated training memory plus a CUDA context), at most
+the host's cores and :data:`MAX_AUTO_JOBS`.
+
+Pure functions of their arguments (no torch), tested on given numbers (tests/test_batching.py).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from depthprobe.probes.base.errors import ProbeError
+
+AUTO_CUDA = 8  # members per batch under auto on CUDA
+AUTO_CPU = 4  # members per batch under auto on a CPU (the bench's 4)
+AUTO_CPU_WIDTH = 32  # widest member batched under auto on a CPU (measured: a gain at 16, none at 64)
+CUDA_CONTEXT_BYTES = 512 * 2**20  # a CUDA context per member process (about 300-500 MB)
+MEMORY_SHARE = 0.8  # of the GPU's free memory that auto --jobs fills
+MAX_AUTO_JOBS = 4  # the issue measured 3 processes on one H200 (2.2x the throughput of 1); more is unmeasured
+
+
+@dataclass(frozen=True)
+class Batch:
+    """Members of one shape trained as one batched model; the runner records each as its own."""
+
+    jobs: tuple[Any, ...]
+
+    @property
+    def name(self) -> str:
+        """The progress lines' label: the first member and how many more."""
+        return f"{self.jobs[0].name}+{len(self.jobs) - 1}"
+
+
+Outcome = tuple[Any, str | None]  # (a member's MemberOutput, or None and its one-line error)
+
+
+def read_batch_members(text: str) -> str | int:
+    """``--batch-members``' text: ``auto``, ``off`` or a number of members (1: off)."""
+    word = text.strip().lower()
+    if word in ("auto", "off"):
+        return word
+    try:
+        return int(word)
+    except ValueError:
+        raise ProbeError(f"--batch-members must be auto, off or a number of members, got {text!r}") from None
+
+
+def check_batch_members(value: Any) -> None:
+    if value in ("auto", "off") or (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
+        return
+    raise ProbeError(f"--batch-members must be auto, off or a number of members of 1 or more, got {value!r}")
+
+
+def batch_size(mode: str | int, device_type: str, width: int) -> int:
+    """Members per batch of one shape of ``width``: ``mode`` as given, ``auto`` by device and width."""
+    if mode == "off":
+        return 1
+    if mode != "auto":
+        return int(mode)
+    if device_type == "cuda":
+        return AUTO_CUDA
+    return AUTO_CPU if device_type == "cpu" and width <= AUTO_CPU_WIDTH else 1
+
+
+def plan_units(
+    jobs: Sequence[Any], shape: Callable[[Any], Hashable], size: Callable[[Any], int], processes: int, auto: bool
+) -> list[Any]:
+    """The units to map: runs of members of one ``shape`` cut into batches of at most ``size(job)``
+    (``auto``: and into at least ``processes`` batches per shape where it has that many members);
+    a batch of one is the job itself. Members keep their plan order within a batch."""
+    by_shape: dict[Hashable, list[Any]] = {}
+    for job in jobs:
+        by_shape.setdefault(shape(job), []).append(job)
+    units: list[Any] = []
+    for members in by_shape.values():
+        cap = max(1, size(members[0]))
+        if auto:
+            cap = min(cap, math.ceil(len(members) / max(1, processes)))
+        for start in range(0, len(members), cap):
+            part = members[start : start + cap]
+            units.append(part[0] if len(part) == 1 else Batch(tuple(part)))
+    return units
+
+
+def members(unit: Any) -> tuple[Any, ...]:
+    """The member jobs of a unit."""
+    return unit.jobs if isinstance(unit, Batch) else (unit,)
+
+
+def run_unit(exp: Any, unit: Any) -> list[Outcome]:
+    """One unit where it runs: a member alone (its failure raises, so the job map retries it), or
+    a batch (:meth:`Experiment.run_batch`: a training failure raises for the whole batch; each
+    member's own evaluation and files fail only that member)."""
+    if isinstance(unit, Batch):
+        return exp.run_batch(unit.jobs)
+    return [(exp.run_member(unit), None)]
+
+
+def auto_jobs(free_bytes: int | None, unit_bytes: int | None, cores: int, units: int) -> int:
+    """Member processes on one GPU when ``--jobs`` is not given: what ``MEMORY_SHARE`` of the free
+    memory holds at ``unit_bytes`` plus a CUDA context each, at most ``cores`` (each process keeps
+    a core busy launching kernels), :data:`MAX_AUTO_JOBS` and the ``units`` to run; 1 when the
+    memory or a unit's need is unknown."""
+    if free_bytes is None or unit_bytes is None or units < 1:
+        return 1
+    by_memory = int(MEMORY_SHARE * free_bytes) // (unit_bytes + CUDA_CONTEXT_BYTES)
+    return max(1, min(by_memory, cores, MAX_AUTO_JOBS, units))
+
+
+__all__ = [
+    "AUTO_CPU",
+    "AUTO_CPU_WIDTH",
+    "AUTO_CUDA",
+    "Batch",
+    "Outcome",
+    "auto_jobs",
+    "batch_size",
+    "check_batch_members",
+    "default_jobs",
+    "members",
+    "plan_units",
+    "read_batch_members",
+    "run_unit",
+]
+
+
+def default_jobs(exp: Any, cfg: Any, units: list[Any], say: Callable[[str], None]) -> int:
+    """``--jobs`` not given: 1 on a CPU (as always); on CUDA :func:`auto_jobs` of the GPU's free
+    memory, the largest unit's estimated need (:meth:`Experiment.member_bytes` summed over its
+    members) and the host's cores, said in one line."""
+    from depthprobe.probes.engine.distributed import local_slots
+    from depthprobe.probes.models.device import available_memory, resolve_device
+
+    dev = resolve_device(getattr(cfg, "device", None))
+    if dev.type != "cuda" or not units:
+        return 1
+    needs = [[exp.member_bytes(cfg, job) for job in members(unit)] for unit in units]
+    unit_bytes = None if any(n is None for need in needs for n in need) else max(sum(need) for need in needs)
+    free, cores = available_memory(dev), local_slots()
+    n = auto_jobs(free, unit_bytes, cores, len(units))
+    gib = "unknown" if free is None else f"{free / 2**30:.1f} GiB"
+    say(f"--jobs {n} (chosen: {gib} free on the GPU, {cores} cores, {len(units)} units; pass --jobs to choose)")
+    return n

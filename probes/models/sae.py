@@ -1,0 +1,272 @@
+"""Sparse autoencoders (SAEs) read from disk: a sae-lens folder or one safetensors file.
+
+:func:`load_sae` reads a sae-lens folder (``cfg.json`` + ``sae_weights.safetensors``, sae-lens 6's
+layout with ``metadata.hook_name``, or the older one with a top-level ``hook_name``/``hook_point``
+and ``activation_fn_str``) or a plain safetensors file holding ``W_enc`` [d_in, d_sae], ``b_enc``
+[d_sae], ``W_dec`` [d_sae, d_in], ``b_dec`` [d_in] (and ``threshold`` [d_sae] for JumpReLU),
+with the hook name given. The maths is sae-lens's inference SAEs', written here so that only
+safetensors is needed:
+
+- input ``x`` [..., d_in] (a ``hook_z`` SAE flattens [..., head, d_head]), normalised as
+  ``normalize_activations`` says ("none"; "constant_norm_rescale": x * sqrt(d_in) / |x|;
+  "layer_norm": (x - mean) / (std + 1e-5)), minus ``b_dec`` when ``apply_b_dec_to_input``;
+- latents from ``pre = x' @ W_enc + b_enc``: "standard" relu(pre); "jumprelu" relu(pre) where
+  pre > threshold, else 0; "topk" relu of the k largest entries of pre, 0 elsewhere;
+- reconstruction ``latents @ W_dec + b_dec``, the normalisation undone, the shape restored.
+
+Its hook points are sae-lens's: ``hook_sae_input``, ``hook_sae_acts_pre``, ``hook_sae_acts_post``
+(the latents), ``hook_sae_recons``, ``hook_sae_error``, ``hook_sae_output``. In the model
+(:func:`~depthprobe.probes.hooks.sae.attach_sae`) the output is the reconstruction plus the error
+``x - reconstruction(x)`` (computed without the hooks' edits, with its gradient), so the model
+computes the same function, and the same gradients, with the SAE attached as without.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, cast
+
+import torch
+from torch import nn
+
+from depthprobe.probes.base.errors import ProbeError
+from depthprobe.probes.base.options import check_choices
+
+WEIGHTS = "sae_weights.safetensors"
+CONFIG = "cfg.json"
+HOOKS = (
+    "hook_sae_input",
+    "hook_sae_acts_pre",
+    "hook_sae_acts_post",
+    "hook_sae_recons",
+    "hook_sae_error",
+    "hook_sae_output",
+)
+
+
+@dataclass(frozen=True)
+class SAEConfig:
+    """What the maths needs (sae-lens's names), and the hook the SAE reads."""
+
+    d_in: int
+    d_sae: int
+    hook_name: str | None = None
+    architecture: Literal["standard", "jumprelu", "topk"] = "standard"
+    k: int | None = None  # topk only
+    apply_b_dec_to_input: bool = True
+    normalize_activations: Literal["none", "constant_norm_rescale", "layer_norm"] = "none"
+    reshape_activations: Literal["none", "hook_z"] = "none"
+
+    def __post_init__(self) -> None:
+        if self.normalize_activations == "expected_average_only_in":
+            raise ProbeError(f"SAE normalize_activations='expected_average_only_in' is not supported; {_NORM_FIX}")
+        check_choices(self, "SAE config")
+        if self.architecture == "topk" and not (isinstance(self.k, int) and 0 < self.k <= self.d_sae):
+            raise ProbeError(f"a topk SAE needs k between 1 and d_sae={self.d_sae}, got k={self.k!r} (cfg.json 'k')")
+
+
+_NORM_FIX = (
+    "its scaling factor is not in cfg.json: fold it into the weights (W_enc * s, W_dec / s, b_dec / s, "
+    "threshold * s) and set normalize_activations='none'"
+)
+
+
+class SAE(nn.Module):
+    """An inference SAE with sae-lens's hook points (see the module notes)."""
+
+    W_enc: torch.Tensor  # [d_in, d_sae]; buffers, read from the file
+    b_enc: torch.Tensor  # [d_sae]
+    W_dec: torch.Tensor  # [d_sae, d_in]
+    b_dec: torch.Tensor  # [d_in]
+    threshold: torch.Tensor  # [d_sae], jumprelu only
+    scaling_factor: torch.Tensor  # [d_sae], sae-lens before 6 (finetuning_scaling_factor), when not all ones
+    hook_sae_input: Any  # TransformerLens HookPoints
+    hook_sae_acts_pre: Any
+    hook_sae_acts_post: Any
+    hook_sae_recons: Any
+    hook_sae_error: Any
+    hook_sae_output: Any
+
+    def __init__(self, cfg: SAEConfig, tensors: dict[str, torch.Tensor]) -> None:
+        from transformer_lens.hook_points import HookPoint
+
+        super().__init__()
+        self.cfg = cfg
+        _check_tensors(cfg, tensors)
+        for name in ("W_enc", "b_enc", "W_dec", "b_dec", "threshold", "scaling_factor"):
+            if name in tensors:
+                self.register_buffer(name, tensors[name].detach().clone())
+        for name in HOOKS:
+            setattr(self, name, HookPoint())
+
+    def __repr__(self) -> str:
+        c = self.cfg
+        return f"SAE({c.architecture}, d_in {c.d_in}, d_sae {c.d_sae}, hook {c.hook_name!r})"
+
+    # --- the maths; ``hooked`` fires the hook points (the reference pass of the error term does not) ---
+
+    def _in(self, x: torch.Tensor, hooked: bool) -> tuple[torch.Tensor, Any]:
+        """The normalised, centred input [..., d_in] and what undoing the normalisation needs."""
+        x = x.to(self.W_enc.dtype)
+        if self.cfg.reshape_activations == "hook_z":
+            x = x.flatten(-2)  # [..., head, d_head] -> [..., head * d_head]
+        x = self.hook_sae_input(x) if hooked else x
+        undo: Any = None
+        if self.cfg.normalize_activations == "constant_norm_rescale":
+            undo = (self.cfg.d_in**0.5) / x.norm(dim=-1, keepdim=True)
+            x = x * undo
+        elif self.cfg.normalize_activations == "layer_norm":
+            mu = x.mean(-1, keepdim=True)
+            std = (x - mu).std(-1, keepdim=True)
+            x, undo = (x - mu) / (std + 1e-5), (mu, std)
+        return x - self.b_dec * self.cfg.apply_b_dec_to_input, undo
+
+    def _activate(self, pre: torch.Tensor) -> torch.Tensor:
+        if self.cfg.architecture == "topk":
+            top = pre.topk(int(self.cfg.k or 0), dim=-1)
+            return torch.zeros_like(pre).scatter(-1, top.indices, top.values.relu())
+        acts = pre.relu()
+        return acts * (pre > self.threshold).to(acts.dtype) if self.cfg.architecture == "jumprelu" else acts
+
+    def encode(self, x: torch.Tensor, hooked: bool = True) -> tuple[torch.Tensor, Any]:
+        """Latents [..., d_sae] of ``x`` (the hook's activation), and the normalisation to undo."""
+        sae_in, undo = self._in(x, hooked)
+        pre = sae_in @ self.W_enc + self.b_enc
+        pre = self.hook_sae_acts_pre(pre) if hooked else pre
+        acts = self._activate(pre)
+        return (self.hook_sae_acts_post(acts) if hooked else acts), undo
+
+    def decode(self, acts: torch.Tensor, undo: Any, shape: torch.Size, hooked: bool = True) -> torch.Tensor:
+        """The reconstruction of the hook's activation (its shape ``shape``) from latents."""
+        if hasattr(self, "scaling_factor"):  # sae-lens before 6: finetuning_scaling_factor
+            acts = acts * self.scaling_factor
+        out = acts @ self.W_dec + self.b_dec
+        out = self.hook_sae_recons(out) if hooked else out
+        if self.cfg.normalize_activations == "constant_norm_rescale":
+            out = out / undo
+        elif self.cfg.normalize_activations == "layer_norm":
+            out = out * undo[1] + undo[0]
+        return out.reshape(shape)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """The reconstruction plus the error term: ``x`` itself unless a hook edits the SAE."""
+        acts, undo = self.encode(x)
+        recons = self.decode(acts, undo, x.shape)
+        plain_acts, plain_undo = self.encode(x, hooked=False)
+        error = x.to(recons.dtype) - self.decode(plain_acts, plain_undo, x.shape, hooked=False)
+        error = self.hook_sae_error(error.flatten(-2) if self.cfg.reshape_activations == "hook_z" else error)
+        return self.hook_sae_output(recons + error.reshape(x.shape)).to(x.dtype)
+
+
+def _check_tensors(cfg: SAEConfig, tensors: dict[str, torch.Tensor]) -> None:
+    want = {"W_enc": (cfg.d_in, cfg.d_sae), "b_enc": (cfg.d_sae,), "W_dec": (cfg.d_sae, cfg.d_in), "b_dec": (cfg.d_in,)}
+    if cfg.architecture == "jumprelu":
+        want["threshold"] = (cfg.d_sae,)
+    for name, shape in want.items():
+        if name not in tensors:
+            raise ProbeError(f"the SAE has no {name!r} tensor (a {cfg.architecture} SAE needs {', '.join(want)})")
+        if tuple(tensors[name].shape) != shape:
+            raise ProbeError(
+                f"the SAE's {name} has shape {list(tensors[name].shape)}, expected {list(shape)} "
+                f"(d_in={cfg.d_in}, d_sae={cfg.d_sae})"
+            )
+
+
+def _read_tensors(path: Path) -> dict[str, torch.Tensor]:
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    if not path.is_file():
+        raise ProbeError(f"no SAE weights at {path}; give a sae-lens folder (cfg.json + {WEIGHTS}) or a .safetensors")
+    try:
+        tensors = load_file(str(path))
+    except (SafetensorError, OSError) as exc:
+        raise ProbeError(f"cannot read {path} as safetensors: {str(exc).splitlines()[0]}") from None
+    scale = tensors.pop("finetuning_scaling_factor", tensors.pop("scaling_factor", None))
+    if scale is not None and not torch.all(scale == 1):
+        tensors["scaling_factor"] = scale
+    return tensors
+
+
+def config_from_dict(raw: dict[str, Any]) -> SAEConfig:
+    """sae-lens's cfg.json (6.x, or older: ``hook_point``, ``activation_fn_str``) -> SAEConfig."""
+    meta = raw.get("metadata") or raw.get("meta") or {}
+    hook = meta.get("hook_name") or raw.get("hook_name") or raw.get("hook_point")
+    head = meta.get("hook_head_index", raw.get("hook_head_index", raw.get("hook_point_head_index")))
+    if head is not None:
+        raise ProbeError(f"SAEs on one head of a hook (hook_head_index={head}) are not supported; use a whole-hook SAE")
+    activation = raw.get("activation_fn_str") or raw.get("activation_fn") or "relu"
+    arch = raw.get("architecture") or "standard"
+    arch = "topk" if activation == "topk" else arch
+    k = raw.get("k", (raw.get("activation_fn_kwargs") or {}).get("k"))
+    norm = raw.get("normalize_activations")
+    norm = "none" if norm in (None, False) else "expected_average_only_in" if norm is True else norm
+    for key in ("d_in", "d_sae"):
+        if not isinstance(raw.get(key), int):
+            raise ProbeError(f"the SAE config has no integer {key!r}; sae-lens's cfg.json holds d_in and d_sae")
+    reshape = raw.get("reshape_activations") or ("hook_z" if hook and hook.endswith("hook_z") else "none")
+    return SAEConfig(  # the Literal fields are checked in __post_init__
+        d_in=raw["d_in"],
+        d_sae=raw["d_sae"],
+        hook_name=hook,
+        architecture=cast(Any, arch),
+        k=k,
+        apply_b_dec_to_input=bool(raw.get("apply_b_dec_to_input", True)),
+        normalize_activations=cast(Any, norm),
+        reshape_activations=cast(Any, reshape),
+    )
+
+
+def load_sae(path: str | Path, hook_name: str | None = None, architecture: str | None = None) -> SAE:
+    """An SAE from a sae-lens folder (``cfg.json`` + ``sae_weights.safetensors``) or from one
+    safetensors file (``W_enc``, ``b_enc``, ``W_dec``, ``b_dec``, and ``threshold`` for a JumpReLU
+    SAE); ``hook_name`` says (or overrides) the hook it reads, ``architecture`` what a plain file
+    holds (default: "jumprelu" when it has a threshold, else "standard"; "topk" needs a folder)."""
+    path = Path(path)
+    if path.is_dir():
+        cfg_file = path / CONFIG
+        if not cfg_file.is_file():
+            raise ProbeError(f"{path} has no {CONFIG}; a sae-lens folder holds {CONFIG} and {WEIGHTS}")
+        try:
+            raw = json.loads(cfg_file.read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise ProbeError(f"cannot read {cfg_file} as JSON: {exc}") from None
+        tensors = _read_tensors(path / WEIGHTS)
+    else:
+        tensors = _read_tensors(path)
+        w = tensors.get("W_enc")
+        if w is None or w.dim() != 2:
+            raise ProbeError(f"{path} has no 2-D 'W_enc' [d_in, d_sae]; an SAE file holds W_enc, b_enc, W_dec, b_dec")
+        raw = {"d_in": w.shape[0], "d_sae": w.shape[1]}
+        raw["architecture"] = architecture or ("jumprelu" if "threshold" in tensors else "standard")
+    if hook_name is not None:
+        raw = {**raw, "hook_name": hook_name, "metadata": {}}
+    elif architecture is not None:
+        raw = {**raw, "architecture": architecture}
+    return SAE(config_from_dict(raw), tensors)
+
+
+def save_sae(sae: SAE, folder: str | Path) -> Path:
+    """Write ``sae`` as a sae-lens 6 folder (``cfg.json`` + ``sae_weights.safetensors``)."""
+    from safetensors.torch import save_file
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    c = sae.cfg
+    cfg = {
+        "d_in": c.d_in,
+        "d_sae": c.d_sae,
+        "dtype": str(sae.W_enc.dtype).removeprefix("torch."),
+        "device": "cpu",
+        "apply_b_dec_to_input": c.apply_b_dec_to_input,
+        "normalize_activations": c.normalize_activations,
+        "reshape_activations": c.reshape_activations,
+        "metadata": {"hook_name": c.hook_name, "sae_lens_version": "6.0.0"},
+        "architecture": c.architecture,
+        **({"k": c.k} if c.architecture == "topk" else {}),
+    }
+    (folder / CONFIG).write_text(json.dumps(cfg, indent=1), encoding="utf-8")
+    save_file({k: v.detach().cpu().contiguous() for k, v in sae.state_dict().items()}, str(folder / WEIGHTS))
+    return folder
