@@ -51,12 +51,15 @@ OLD = [
 ]
 # Every module of the layer that replaced them: probes/experiments/ and its pages and command.
 NEW_GLOBS = ["probes/experiments/*.py", "probes/render/study*.py", "probes/render/laws.py", "cli/study.py"]
-# What did not exist before: the crasp family, the members' depth usage (probes and its page).
+# What did not exist before: the crasp family, the members' depth usage (probes and its page),
+# batched members (--batch-members).
 NEW_FEATURES = [
     "probes/experiments/crasp.py",
     "probes/experiments/crasp_tables.py",
     "probes/experiments/member_depth.py",
     "probes/render/study_depth.py",
+    "probes/experiments/batching.py",
+    "probes/experiments/law_batch.py",
 ]
 
 
@@ -139,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     like = {path: n for path, n in after.items() if path not in NEW_FEATURES}
     _show(f"before ({BEFORE[:7]})", before, args.files)
     _show(f"after ({args.after})", after, args.files)
-    _show("after without crasp and depth usage", like, args.files)
+    _show("after without crasp, depth usage and batching", like, args.files)
     old = sum(before.values())
     print(f"difference: {sum(after.values()) - old:+,} (like for like {sum(like.values()) - old:+,})")
     return 0
