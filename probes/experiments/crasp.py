@@ -39,7 +39,6 @@ if TYPE_CHECKING:
     from depthprobe.probes.training.loop import BatchSource
 
 VOCAB = 4  # a, b, BOS, PAD (probes.data.crasp.VOCAB; this module imports no torch)
-EVAL_CHUNK = 250  # strings per forward pass in evaluations
 
 
 @dataclass(frozen=True)
@@ -115,6 +114,8 @@ class Crasp(LawExperiment):
     key = "max_length"
     second = "token_accuracy"
     extra_tables = ("ranges.csv",)
+    member_columns = ("k",)
+    heatmap_line = False  # law.csv's prediction is per k, the heatmaps' columns are ranges
     prediction = (
         "Prediction (Yang, Cadilhac and Chiang 2025, 'Knee-Deep in C-RASP'): fixed-precision transformers without "
         "positional encoding equal C-RASP depth for depth, and C-RASP depth k - 2 recognises L_k while depth k - 3 "
@@ -179,10 +180,11 @@ class Crasp(LawExperiment):
     def scores(self, job: LawJob, model: Model, sets: dict[int, Any]) -> dict[int, tuple[float, float]]:
         """Per range: (exact-match string accuracy, token accuracy)."""
         from depthprobe.probes.data import crasp
+        from depthprobe.probes.experiments.law_member import predict
 
         out = {}
         for hi, (inputs, targets) in sets.items():
-            s = crasp.scores(predict(model, inputs), targets)
+            s = crasp.scores(predict(model, inputs, crasp.predictions), targets)
             out[hi] = (s["exact_match"], s["token_accuracy"])
         return out
 
@@ -219,17 +221,22 @@ class Crasp(LawExperiment):
     def tables(self, config: CraspConfig, members: pd.DataFrame, folder: Path) -> dict[str, pd.DataFrame]:
         from depthprobe.probes.experiments import crasp_tables
 
-        return crasp_tables.tables(self, config, members, folder)
+        tables = super().tables(config, members, folder)
+        tables["depths.csv"] = crasp_tables.by_depth(tables["accuracy.csv"], tables["ranges.csv"])
+        return tables
 
     def law(self, cfg: CraspConfig, accuracy: pd.DataFrame) -> pd.DataFrame:
         from depthprobe.probes.experiments import crasp_tables
 
         return crasp_tables.law(cfg, accuracy, predicted_depth)
 
-    def page(self, config: CraspConfig, tables: dict[str, pd.DataFrame], folder: Path) -> list[str]:
+    def middle(self, tables: dict[str, pd.DataFrame]) -> list[str]:
         from depthprobe.probes.experiments import crasp_tables
 
-        return crasp_tables.page(self, config, tables)
+        return crasp_tables.depths_section(tables)
+
+    def behind_law(self, config: CraspConfig, acc: pd.DataFrame) -> pd.DataFrame:
+        return acc[acc["max_length"] == config.solve_at]  # the law is read at the solve range
 
 
 def k_of(job: LawJob) -> int:
@@ -237,18 +244,6 @@ def k_of(job: LawJob) -> int:
     if not isinstance(job, CraspJob):
         raise ProbeError(f"crasp: member {job.name} is not a crasp job")
     return job.k
-
-
-def predict(model: Model, inputs: torch.Tensor) -> torch.Tensor:
-    """0/1 predictions [n, T] (the argmax of the two class logits), in chunks."""
-    import torch
-
-    from depthprobe.probes.data import crasp
-    from depthprobe.probes.experiments.law_member import member_logits
-
-    with torch.no_grad():
-        parts = [crasp.predictions(member_logits(model, c.to(model.device))).cpu() for c in inputs.split(EVAL_CHUNK)]
-    return torch.cat(parts)
 
 
 __all__ = ["Crasp", "CraspConfig", "CraspJob", "predicted_depth"]

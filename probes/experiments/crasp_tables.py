@@ -14,7 +14,6 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pandas as pd
@@ -22,7 +21,7 @@ import pandas as pd
 from depthprobe.probes.experiments.laws import measured_depth
 
 if TYPE_CHECKING:
-    from depthprobe.probes.experiments.crasp import Crasp, CraspConfig
+    from depthprobe.probes.experiments.crasp import CraspConfig
 
 LAW_COLUMNS = [
     "d_model",
@@ -53,22 +52,6 @@ DEPTH_COLUMNS = [
     "token_accuracy",
     "majority",
 ]
-
-
-def tables(exp: Crasp, config: CraspConfig, members: pd.DataFrame, folder: Path) -> dict[str, pd.DataFrame]:
-    """The members' accuracy, curves and ranges (gathered), the member's k on every accuracy row,
-    then law.csv and depths.csv."""
-    from depthprobe.probes.experiments.folder import gather
-
-    out = {name: gather(folder, members, name) for name in ("accuracy.csv", "curves.csv", *exp.extra_tables)}
-    acc = out["accuracy.csv"]
-    if not acc.empty:
-        acc = acc.merge(members[["member", "k"]], on="member", how="left")
-        acc["step_reached"] = acc["step_reached"].astype("Int64")
-    out["accuracy.csv"] = acc
-    out["law.csv"] = exp.law(config, acc)
-    out["depths.csv"] = by_depth(acc, out["ranges.csv"])
-    return out
 
 
 def law(cfg: CraspConfig, acc: pd.DataFrame, predicted_depth: Callable[[int], int]) -> pd.DataFrame:
@@ -154,27 +137,16 @@ def by_depth(acc: pd.DataFrame, ranges: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=DEPTH_COLUMNS)
 
 
-def page(exp: Crasp, config: CraspConfig, tables: dict[str, pd.DataFrame]) -> list[str]:
-    """The prediction, the law table, accuracy heatmaps depth x range per k, exact-match accuracy per
-    model and range, and the learning curves."""
-    from depthprobe.probes.render import laws as law_pages
-    from depthprobe.probes.render.html import esc
+def depths_section(tables: dict[str, pd.DataFrame]) -> list[str]:
+    """Exact-match accuracy per model and range (depths.csv), between the heatmaps and the curves."""
     from depthprobe.probes.render.html import table as html_table
 
-    acc, law_table = tables.get("accuracy.csv", pd.DataFrame()), tables.get("law.csv", pd.DataFrame())
-    parts = [f"<p>{esc(exp.prediction)} {esc(law_pages.NOTE)}</p>"]
-    if acc.empty:
-        return [*parts, "<p class='note'>no member finished; there is nothing to plot.</p>"]
-    parts.append(law_pages.law_table(law_table, acc[acc["max_length"] == config.solve_at], config.threshold))
-    parts.append(law_pages.heatmaps(exp.key, acc, pd.DataFrame()))  # per k (group L_k); the prediction is per k
     depths = tables.get("depths.csv", pd.DataFrame())
-    if not depths.empty:
-        wide = depths.pivot_table(index=["k", "model"], columns="max_length", values="exact_match", aggfunc="first")
-        records = [
-            {"k": k, "model": m, **{f"exact match, lengths to {c}": v for c, v in row.items()}}
-            for (k, m), row in wide.iterrows()
-        ]
-        parts.append("<h2>Exact-match accuracy by model and length</h2>" + html_table(records))
-    members = tables.get("members.csv", pd.DataFrame())
-    parts.append(law_pages.curves(exp.key, tables.get("curves.csv", pd.DataFrame()), members, config.threshold))
-    return parts
+    if depths.empty:
+        return []
+    wide = depths.pivot_table(index=["k", "model"], columns="max_length", values="exact_match", aggfunc="first")
+    records = [
+        {"k": k, "model": m, **{f"exact match, lengths to {c}": v for c, v in row.items()}}
+        for (k, m), row in wide.iterrows()
+    ]
+    return ["<h2>Exact-match accuracy by model and length</h2>" + html_table(records)]

@@ -23,16 +23,20 @@ import json
 import os
 import shutil
 import tempfile
+import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from depthprobe.probes.base import artifacts
 from depthprobe.probes.base.errors import ProbeError
-from depthprobe.probes.experiments.protocol import MemberOutput
 
 if TYPE_CHECKING:
     import pandas as pd
+
+    from depthprobe.probes.experiments.protocol import Experiment
 
 STUDY_JSON = "study.json"
 MEMBERS_CSV = "members.csv"
@@ -41,6 +45,15 @@ MEMBERS = "members"
 MEMBER_JSON = "member.json"
 REPORT = "report.html"
 LOCK = ".study.lock"  # the pid of the run that holds the folder
+
+
+@dataclass(frozen=True)
+class MemberOutput:
+    """What one member returns: its row (``members.csv``) and its files (path inside
+    ``members/<name>/`` -> bytes; empty when the member wrote ``job.dest`` itself)."""
+
+    row: dict[str, Any]
+    files: dict[str, bytes]
 
 
 def _alive(pid: int) -> bool:
@@ -195,6 +208,28 @@ def finish_member(folder: Path, row: dict[str, Any], **extra: Any) -> dict[str, 
     """The one digest writer: ``member.json`` with the row and the SHA-256 of every other file."""
     artifacts.write_json(folder / MEMBER_JSON, {"row": row, **extra, "files": artifacts.file_digests(folder)})
     return row
+
+
+def measure_member(
+    exp: Experiment,
+    job: Any,
+    measure: Callable[[Path, dict[str, Any]], dict[str, Any]] | None = None,
+    t0: float | None = None,
+) -> MemberOutput:
+    """Run ``exp.measure(job, folder, row)`` (or ``measure(folder, row)``: a batched member's
+    finish) in the member's folder (:func:`in_member_folder`): the row starts as its ``base_row``
+    and ends ``ok`` with its wall seconds (since ``t0``: its batch's start, or now); ``member.json``
+    holds the row, the entries ``measure`` returned and the SHA-256 of every other file."""
+    run = measure or partial(exp.measure, job)
+
+    def body(folder: Path) -> dict[str, Any]:
+        start = time.perf_counter() if t0 is None else t0
+        row = exp.base_row(job)
+        extra = run(folder, row)
+        row.update(status="ok", error="", wall_s=time.perf_counter() - start)
+        return finish_member(folder, row, **extra)
+
+    return in_member_folder(body, job.dest)
 
 
 def in_member_folder(body: Callable[[Path], dict[str, Any]], dest: str | None) -> MemberOutput:

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from depthprobe.probes.base.errors import ProbeError
 from depthprobe.probes.experiments.laws import COMMON, LawConfig, LawExperiment, LawJob, measured_depth
+from depthprobe.probes.experiments.protocol import at_least
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -60,9 +61,7 @@ class GroupsConfig(LawConfig):
             )
         if self.curriculum and max(self.lengths) < 2:
             raise ProbeError("--curriculum needs a longest length of at least 2; give --lengths up to 2 or more")
-        for name in ("check_every", "check_sequences"):
-            if getattr(self, name) < 1:
-                raise ProbeError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
+        at_least(self, 1, "check_every", "check_sequences")
 
 
 class Groups(LawExperiment):
@@ -179,17 +178,7 @@ class Groups(LawExperiment):
         per = group_data.position_accuracy(pred, targets).tolist()
         signs = group_data.sign_accuracy(group, pred, targets).tolist() if group.signs else [None] * len(per)
         rows = [
-            {
-                "member": job.name,
-                "group": job.group,
-                "depth": job.depth,
-                "d_model": job.d_model,
-                "seed": job.seed,
-                "control": job.control,
-                "position": t,
-                "accuracy": a,
-                "sign_accuracy": sa,
-            }
+            {**job.ids(), "position": t, "accuracy": a, "sign_accuracy": sa}
             for t, (a, sa) in enumerate(zip(per, signs, strict=True))
         ]
         write_csv(folder / "positions.csv", pd.DataFrame(rows))
@@ -223,18 +212,10 @@ class Groups(LawExperiment):
         out = []
         for (d, g, t), at in rows.groupby(["d_model", "group", "T"], sort=False):
             solvable = group_data.get_group(str(g)).solvable
-            out.append(
-                {
-                    "d_model": d,
-                    "group": g,
-                    "solvable": solvable,
-                    "T": t,
-                    "log2_T": round(math.log2(int(t)), 3),
-                    "measured_depth": measured_depth(at, cfg.threshold, cfg.seeds),
-                    "predicted_shape": "constant in T" if solvable else "grows like log T",
-                }
-            )
-        return pd.DataFrame(out).astype({"measured_depth": "Int64"})
+            measured = measured_depth(at, cfg.threshold, cfg.seeds)
+            shape = "constant in T" if solvable else "grows like log T"
+            out.append((d, g, solvable, t, round(math.log2(int(t)), 3), measured, shape))
+        return pd.DataFrame(out, columns=LAW_COLUMNS).astype({"measured_depth": "Int64"})
 
     def tables(self, config: GroupsConfig, members: pd.DataFrame, folder: Path) -> dict[str, pd.DataFrame]:
         tables = super().tables(config, members, folder)

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from depthprobe.probes.base.errors import ProbeError
 from depthprobe.probes.experiments.laws import COMMON, LawConfig, LawExperiment, LawJob, measured_depth
+from depthprobe.probes.experiments.protocol import at_least
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -50,8 +51,7 @@ class KHopConfig(LawConfig):
                 f"--ks {self.max_k} is above --length {self.length}: more hops than letters never has a letter "
                 "answer; use hop counts up to the length"
             )
-        if self.hop_sequences < 1:
-            raise ProbeError(f"--hop-sequences must be at least 1, got {self.hop_sequences}")
+        at_least(self, 1, "hop_sequences")
 
     @property
     def max_k(self) -> int:
@@ -153,7 +153,6 @@ class KHop(LawExperiment):
     def probe(self, job: LawJob, model: Model, folder: Path) -> None:
         """The hop-attention task (tables in runs/hop-attention): per head and hop (member, layer,
         head, hop, attention, chance), and per layer the largest hop resolved."""
-        import pandas as pd
 
         from depthprobe.probes.base.artifacts import write_csv
         from depthprobe.probes.experiments.probing import probe
@@ -174,16 +173,8 @@ class KHop(LawExperiment):
         s = result.scores
         hop = s["metric"].str.extract(r"^hop_(\d+)_attention$", expand=False)
         rows = s[hop.notna()].assign(hop=hop[hop.notna()].astype(int))
-        hops = pd.DataFrame(
-            {
-                "member": job.name,
-                "layer": rows["layer"].astype(int),
-                "head": rows["head"].astype(int),
-                "hop": rows["hop"],
-                "attention": rows["value"],
-                "chance": rows["chance"],
-            }
-        )
+        hops = rows.rename(columns={"value": "attention"}).assign(member=job.name)
+        hops = hops.astype({"layer": int, "head": int})[["member", "layer", "head", "hop", "attention", "chance"]]
         layers = result.summary[["layer", "largest_hop", "heads"]].assign(member=job.name, depth=job.depth)
         write_csv(folder / "hops.csv", hops.reset_index(drop=True))
         write_csv(folder / "hop_layers.csv", layers[["member", "depth", "layer", "largest_hop", "heads"]])
@@ -199,17 +190,8 @@ class KHop(LawExperiment):
         out = []
         for (d, k), at in rows.groupby(["d_model", "k"], sort=True):
             measured, predicted = measured_depth(at, cfg.threshold, cfg.seeds), predicted_depth(int(k))
-            difference = None if measured is None else measured - predicted
-            out.append(
-                {
-                    "d_model": d,
-                    "k": k,
-                    "predicted_depth": predicted,
-                    "measured_depth": measured,
-                    "difference": difference,
-                }
-            )
-        return pd.DataFrame(out).astype({"measured_depth": "Int64", "difference": "Int64"})
+            out.append((d, k, predicted, measured, None if measured is None else measured - predicted))
+        return pd.DataFrame(out, columns=LAW_COLUMNS).astype({"measured_depth": "Int64", "difference": "Int64"})
 
 
 __all__ = ["KHop", "KHopConfig", "predicted_depth"]

@@ -5,7 +5,8 @@ own seed, its own batch source), trains them together through the one loop
 (:func:`probes.training.batched.train_batched`: the same schedule, clipping, AdamW and windows per
 member), with each member's own hands (:func:`.law_member.hands`: its loss log, its learning-curve
 evaluations, its family's check after each update: a length curriculum moves on per member), then
-evaluates, probes and writes each member alone (:func:`.law_member.finish`: its own folder, files
+evaluates, probes and writes each member alone (:func:`.law_member.finish` in
+:func:`.folder.measure_member`, as a member alone ends: its own folder, files
 and row, ``batch`` saying how many trained together). The result is each member's result alone up
 to float rounding (tests/test_law_batch.py).
 
@@ -20,12 +21,13 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from depthprobe.probes.base.errors import ProbeError
 from depthprobe.probes.base.runtime import torch_threads
 from depthprobe.probes.engine.processes import one_line
-from depthprobe.probes.experiments.folder import in_member_folder
+from depthprobe.probes.experiments.folder import measure_member
 from depthprobe.probes.experiments.law_member import BETAS, Hands, finish, hands, steps_plan
 from depthprobe.probes.models.device import resolve_device
 from depthprobe.probes.models.loading import load
@@ -50,12 +52,9 @@ def run_law_batch(exp: LawExperiment, jobs: tuple[LawJob, ...]) -> list[tuple[An
         seconds = train_together(jobs, models, sources, own)
         outcomes = []
         for job, model, source, h in zip(jobs, models, sources, own, strict=True):
-
-            def body(folder: Any, job: LawJob = job, model: Model = model, source: BatchSource = source,
-                     h: Hands = h) -> dict[str, Any]:  # fmt: skip
-                return finish(exp, job, folder, model, source, (h.log, h.curves, seconds), t0, batch=len(jobs))
-
-            outcomes.append(_outcome(body, job))
+            trained = (h.log, h.curves, seconds)
+            fill = partial(finish, exp, job, model=model, source=source, trained=trained, batch=len(jobs))
+            outcomes.append(_outcome(exp, job, fill, t0))
     return outcomes
 
 
@@ -93,10 +92,11 @@ def train_together(
     return run.seconds
 
 
-def _outcome(body: Any, job: LawJob) -> tuple[Any, str | None]:
-    """One member's files and row, or its one-line error (as the job map records a member's)."""
+def _outcome(exp: LawExperiment, job: LawJob, fill: Any, t0: float) -> tuple[Any, str | None]:
+    """One member's files and row (:func:`.folder.measure_member` with ``fill``), or its one-line
+    error (as the job map records a member's)."""
     try:
-        return in_member_folder(body, job.dest), None
+        return measure_member(exp, job, fill, t0), None
     except ProbeError as exc:
         return None, str(exc)
     except Exception as exc:  # one member's failure is data; the others go on

@@ -1,6 +1,6 @@
 """One member of a depth-law study, as an independent job.
 
-:func:`run_law_member` builds a native pre-LN GPT decoder (GELU MLPs; ``job.native()``: learned
+:func:`measure` builds a native pre-LN GPT decoder (GELU MLPs; ``job.native()``: learned
 positions, none for crasp), trains it with the one training loop
 (:func:`probes.training.loop.train_steps`, the one optimizer :func:`probes.training.lm.decay_adamw`:
 AdamW (0.9, 0.98), weight decay on matrices, linear warm-up then cosine, gradient clipping 1) on
@@ -15,11 +15,9 @@ curriculum's moves), and writes its files once:
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -29,8 +27,6 @@ import torch
 from depthprobe.probes.base.artifacts import write_csv
 from depthprobe.probes.base.runtime import torch_threads
 from depthprobe.probes.experiments import member_depth
-from depthprobe.probes.experiments.folder import finish_member, in_member_folder
-from depthprobe.probes.experiments.protocol import MemberOutput
 from depthprobe.probes.models import families
 from depthprobe.probes.models.checkpoints import save_checkpoint
 from depthprobe.probes.models.device import resolve_device
@@ -69,9 +65,12 @@ def member_logits(model: Model, tokens: torch.Tensor) -> torch.Tensor:
 
 
 @torch.no_grad()
-def predict(model: Model, inputs: torch.Tensor) -> torch.Tensor:
-    """Argmax predictions [n, T], in chunks."""
-    parts = [member_logits(model, chunk.to(model.device)).argmax(-1).cpu() for chunk in inputs.split(EVAL_CHUNK)]
+def predict(
+    model: Model, inputs: torch.Tensor, decide: Callable[[torch.Tensor], torch.Tensor] | None = None
+) -> torch.Tensor:
+    """Predictions [n, T], in chunks: the argmax of the logits, or ``decide(logits)``."""
+    decide = decide or (lambda logits: logits.argmax(-1))
+    parts = [decide(member_logits(model, chunk.to(model.device))).cpu() for chunk in inputs.split(EVAL_CHUNK)]
     return torch.cat(parts)
 
 
@@ -148,11 +147,7 @@ def accuracy_rows(
     rows = []
     for value, (acc, acc_all) in final.items():
         reached = [c["step"] for c in curves if c[exp.key] == value and c["accuracy"] >= job.config.threshold]
-        row: dict[str, Any] = {"member": job.name}
-        if job.group:
-            row["group"] = job.group
-        row.update(depth=job.depth, d_model=job.d_model, seed=job.seed, control=job.control)
-        row.update({exp.key: value, "accuracy": acc, exp.second: acc_all})
+        row = {**job.ids(), exp.key: value, "accuracy": acc, exp.second: acc_all}
         row["step_reached"] = min(reached) if reached else None
         rows.append(row)
     return rows
@@ -173,37 +168,30 @@ def depth_files(exp: LawExperiment, job: LawJob, model: Model, sets: dict[int, A
     member_depth.write_skipped_accuracy(model, evaluate, folder, job.name, key=exp.key)
 
 
-def run_law_member(exp: LawExperiment, job: LawJob) -> MemberOutput:
-    """Train, evaluate and probe one member: its row and its files (written to ``job.dest``, or
-    returned as bytes when there is none)."""
-    return in_member_folder(partial(_run, exp, job), job.dest)
-
-
-def _run(exp: LawExperiment, job: LawJob, folder: Path) -> dict[str, Any]:
-    t0 = time.perf_counter()
+def measure(exp: LawExperiment, job: LawJob, folder: Path, row: dict[str, Any]) -> dict[str, Any]:
+    """Train, evaluate and probe one member into ``folder``; fills its row."""
     device = resolve_device(job.config.device)
     with torch_threads(1 if device.type == "cpu" else None):
         model = load(job.native(), device=str(device))
         source = exp.source(job)
         trained = train(exp, job, model, source)
-        return finish(exp, job, folder, model, source, trained, t0)
+        return finish(exp, job, folder, row, model, source, trained)
 
 
 def finish(
     exp: LawExperiment,
     job: LawJob,
     folder: Path,
+    row: dict[str, Any],
     model: Model,
     source: BatchSource,
     trained: tuple[list[dict[str, Any]], list[dict[str, Any]], float],
-    t0: float,
     batch: int = 1,
 ) -> dict[str, Any]:
-    """Evaluate, probe and write a trained member (``trained``: its loss log, curve and training
-    seconds; ``t0``: when its work began; ``batch``: members it trained with, itself included);
-    its finished row."""
+    """Evaluate, probe and write a trained member into ``folder`` and fill its ``row``
+    (``trained``: its loss log, curve and training seconds; ``batch``: members it trained with,
+    itself included); no extra ``member.json`` entries."""
     log, curves, seconds = trained
-    row = exp.base_row(job)
     nonembed, embed = families.count_params(model)
     sets = exp.eval_sets(job, job.config.eval_sequences)
     final = exp.scores(job, model, sets)
@@ -216,18 +204,11 @@ def finish(
     exp.training_files(job, source, folder)
     if member_depth.enabled(job.config):  # after every other measurement: nothing above depends on it
         depth_files(exp, job, model, sets, folder)
+    row.update(params=nonembed + embed, params_nonembed=nonembed, train_s=seconds, batch=batch)
     row.update(
-        params=nonembed + embed,
-        params_nonembed=nonembed,
-        train_s=seconds,
-        steps_per_s=job.config.steps / seconds if seconds > 0 else None,
-        batch=batch,
-        device=str(resolve_device(job.config.device)),
-        status="ok",
-        error="",
-        wall_s=time.perf_counter() - t0,
+        steps_per_s=job.config.steps / seconds if seconds > 0 else None, device=str(resolve_device(job.config.device))
     )
-    return finish_member(folder, row)
+    return {}
 
 
 __all__ = [
@@ -235,9 +216,9 @@ __all__ = [
     "accuracy_rows",
     "finish",
     "hands",
+    "measure",
     "member_logits",
     "predict",
-    "run_law_member",
     "skipping",
     "steps_plan",
 ]

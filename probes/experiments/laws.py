@@ -14,15 +14,14 @@ and what the family adds (khop: ``hops.csv``, ``hop_layers.csv``).
 
 from __future__ import annotations
 
-import math
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from depthprobe.probes.base.errors import ProbeError
-from depthprobe.probes.base.options import check_seed
 from depthprobe.probes.experiments.batching import check_batch_members, read_batch_members
-from depthprobe.probes.experiments.protocol import Experiment, MemberOutput
+from depthprobe.probes.experiments.protocol import RUN_COLUMNS, Experiment, at_least, check_members, positive
 from depthprobe.probes.training.rates import device_label, estimate
 from depthprobe.probes.training.schedule import warmup_cosine
 
@@ -37,8 +36,6 @@ if TYPE_CHECKING:
 # presets' 6 N x tokens over their members' measured CPU-minutes (khop 26.7 min: 3.7e10; groups
 # 15 min on shared cores: 3.0e10; the lower taken)
 CPU_FLOPS = 3.0e10
-MAX_SEEDS = 1000  # seeds per study (a plan of more members is refused, not built)
-MAX_DEPTH = 1000  # layers of a member
 MAX_STEPS = 100_000_000  # training steps of a member
 MAX_EVALS = 100_000  # learning-curve evaluations of a member (steps / eval_every)
 USAGE_SEQUENCES = 32  # sequences the depth-usage probe of a member reads (member_depth.py)
@@ -57,10 +54,7 @@ ROW_COLUMNS = [
     "train_s",
     "steps_per_s",
     "batch",
-    "wall_s",
-    "device",
-    "status",
-    "error",
+    *RUN_COLUMNS,
 ]
 
 
@@ -90,14 +84,8 @@ class LawConfig:
 
     def __post_init__(self) -> None:
         check_batch_members(self.batch_members)
-        for name in ("heads", "seeds", "steps", "batch_size", "eval_every", "curve_sequences", "eval_sequences"):
-            if getattr(self, name) < 1:
-                raise ProbeError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
-        check_seed(self.seeds - 1, "--seeds")
-        if self.seeds > MAX_SEEDS:
-            raise ProbeError(f"--seeds must be at most {MAX_SEEDS}, got {self.seeds}; run fewer seeds")
-        if not self.depths or any(not 1 <= d <= MAX_DEPTH for d in self.depths):
-            raise ProbeError(f"--depths must be integers from 1 to {MAX_DEPTH}, got {list(self.depths)}")
+        at_least(self, 1, "heads", "steps", "batch_size", "eval_every", "curve_sequences", "eval_sequences")
+        check_members(self)
         if self.steps > MAX_STEPS or self.steps // self.eval_every > MAX_EVALS:
             raise ProbeError(
                 f"--steps {self.steps:,} with --eval-every {self.eval_every:,} is too long: at most {MAX_STEPS:,} "
@@ -108,8 +96,7 @@ class LawConfig:
             raise ProbeError(
                 f"--d-models must be positive multiples of the {self.heads} heads, got {list(self.d_models)}"
             )
-        if not (self.lr > 0 and math.isfinite(self.lr)):
-            raise ProbeError(f"--lr must be a positive number, got {self.lr}")
+        positive(self, "lr")
         if not 0 < self.threshold <= 1:
             raise ProbeError(f"--threshold must be in (0, 1], got {self.threshold}")
         if not 0 <= self.warmup_frac < 1:
@@ -180,6 +167,18 @@ class LawJob:
         group = f"{self.group}-" if self.group else ""
         return f"{group}{kind}L{self.depth}-d{self.d_model}-s{self.seed}"
 
+    def ids(self) -> dict[str, Any]:
+        """What the member is, as the columns of its tables (``group`` where the family has groups)."""
+        ids = dict(
+            member=self.name,
+            group=self.group,
+            depth=self.depth,
+            d_model=self.d_model,
+            seed=self.seed,
+            control=self.control,
+        )
+        return ids if self.group else {k: v for k, v in ids.items() if k != "group"}
+
     def native(self) -> NativeConfig:
         from depthprobe.probes.models.model import NativeConfig
 
@@ -205,6 +204,8 @@ class LawExperiment(Experiment):
     second: ClassVar[str]  # accuracy.csv's second accuracy column
     extra_tables: ClassVar[tuple[str, ...]] = ()  # member tables gathered besides accuracy and curves
     prediction: ClassVar[str] = ""  # the prediction, for the page
+    member_columns: ClassVar[tuple[str, ...]] = ()  # members.csv's columns copied onto accuracy.csv
+    heatmap_line: ClassVar[bool] = True  # law.csv's predicted_depth is per heatmap column (a line on it)
 
     # -- what a law family gives ---------------------------------------------------------------
     def groups_of(self, cfg: Any) -> list[str | None]:
@@ -308,17 +309,7 @@ class LawExperiment(Experiment):
         return jobs
 
     def base_row(self, job: LawJob) -> dict[str, Any]:
-        row = super().base_row(job)
-        row.update(
-            group=job.group,
-            depth=job.depth,
-            d_model=job.d_model,
-            heads=job.config.heads,
-            seed=job.seed,
-            control=job.control,
-            steps=job.config.steps,
-        )
-        return row
+        return {**super().base_row(job), **job.ids(), "heads": job.config.heads, "steps": job.config.steps}
 
     def plan_row(self, config: Any, job: LawJob, context: Any) -> dict[str, Any]:
         """The member's parameters, training tokens (steps x batch x context), FLOPs (6 N per
@@ -331,10 +322,10 @@ class LawExperiment(Experiment):
         row["est_seconds"], row["source"] = estimate(self.name, plan_device(config), config.steps)
         return {k: v for k, v in row.items() if v is not None or k in ("group", "est_seconds")}
 
-    def run_member(self, job: LawJob) -> MemberOutput:
-        from depthprobe.probes.experiments.law_member import run_law_member
+    def measure(self, job: LawJob, folder: Path, row: dict[str, Any]) -> dict[str, Any]:
+        from depthprobe.probes.experiments import law_member
 
-        return run_law_member(self, job)
+        return law_member.measure(self, job, folder, row)
 
     def line(self, row: dict[str, Any]) -> str:
         return f"{row['steps_per_s']:.1f} steps/s, {row['wall_s']:.0f} s"
@@ -343,12 +334,16 @@ class LawExperiment(Experiment):
         return [f"threshold {config.threshold}", f"steps {config.steps}"]
 
     def tables(self, config: Any, members: pd.DataFrame, folder: Path) -> dict[str, pd.DataFrame]:
+        """The members' tables gathered (accuracy with :attr:`member_columns` of members.csv), and law.csv."""
         from depthprobe.probes.experiments.folder import gather
 
         tables = {name: gather(folder, members, name) for name in ("accuracy.csv", "curves.csv", *self.extra_tables)}
         acc = tables["accuracy.csv"]
-        if "step_reached" in acc:  # a step, or empty when never reached (not 500.0)
-            acc["step_reached"] = acc["step_reached"].astype("Int64")
+        if not acc.empty:
+            if self.member_columns:
+                acc = acc.merge(members[["member", *self.member_columns]], on="member", how="left")
+            acc["step_reached"] = acc["step_reached"].astype("Int64")  # a step, or empty when never reached
+        tables["accuracy.csv"] = acc
         tables["law.csv"] = self.law(config, acc)
         return tables
 
@@ -358,27 +353,31 @@ class LawExperiment(Experiment):
     def page(self, config: Any, tables: dict[str, pd.DataFrame], folder: Path) -> list[str]:
         from depthprobe.probes.render import laws
 
-        return laws.law_sections(tables, key=self.key, threshold=config.threshold, prediction=self.prediction)
+        return laws.law_sections(
+            tables,
+            key=self.key,
+            threshold=config.threshold,
+            prediction=self.prediction,
+            line=self.heatmap_line,
+            middle=self.middle(tables),
+            behind=lambda acc: self.behind_law(config, acc),
+        )
+
+    def middle(self, tables: dict[str, pd.DataFrame]) -> list[str] | None:
+        """The page's sections between the heatmaps and the learning curves (None: the control)."""
+        return None
+
+    def behind_law(self, config: Any, acc: pd.DataFrame) -> pd.DataFrame:
+        """The accuracies behind law.csv's rows, which say why a measured depth is blank: all."""
+        return acc
 
 
 def control_width(cfg: Any, vocab: int, context: int) -> int:
     """The smallest width (a multiple of the heads) at which a 2-layer member has at least the
     parameters of the deepest, widest member."""
-    from depthprobe.probes.models.model import NativeConfig
-
-    target = NativeConfig(
-        layers=max(cfg.depths),
-        d_model=max(cfg.d_models),
-        heads=cfg.heads,
-        d_vocab=vocab,
-        n_ctx=context,
-        attn_only=False,
-    ).n_params()
+    deepest = LawJob(cfg, max(cfg.depths), max(cfg.d_models), 0, vocab=vocab, context=context).native()
     width = max(cfg.d_models)
-    while (
-        NativeConfig(layers=2, d_model=width, heads=cfg.heads, d_vocab=vocab, n_ctx=context, attn_only=False).n_params()
-        < target
-    ):
+    while dataclasses.replace(deepest, layers=2, d_model=width).n_params() < deepest.n_params():
         width += cfg.heads
     return width
 

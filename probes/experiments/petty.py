@@ -11,15 +11,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from depthprobe.probes.base.errors import ProbeError
+from depthprobe.probes.experiments.protocol import at_least
 from depthprobe.probes.experiments.text import TextExperiment
-from depthprobe.probes.experiments.text_config import (
-    COMMON,
-    GPU_COST,
-    TextConfig,
-    check_budgets,
-    check_width,
-    parse_budgets,
-)
+from depthprobe.probes.experiments.text_config import COMMON, GPU_COST, TextConfig, check_budgets, parse_budgets
 
 if TYPE_CHECKING:
     from depthprobe.probes.models.family_member import Member
@@ -39,7 +33,7 @@ class PettyConfig(TextConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         check_budgets(self.budgets)
-        check_width(self.d_model)
+        at_least(self, 1, "d_model")
         if len(self.budgets) != 1:
             raise ProbeError(f"the petty family has one budget, got {len(self.budgets)}; pass one value to --budgets")
 

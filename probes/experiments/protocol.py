@@ -3,7 +3,8 @@
 A family says what its study is (``Config``: a frozen dataclass, ``Literal`` choices checked by
 :func:`~depthprobe.probes.base.options.check_choices`, its own ranges in ``__post_init__``), what its
 presets set and cost, how a config becomes member jobs (:meth:`Experiment.plan`), what one member
-computes (:meth:`Experiment.run_member`: its row and its files), how finished members become the
+computes (:meth:`Experiment.measure`: its files and its row, run in its folder by the default
+:meth:`Experiment.run_member`), how finished members become the
 study's tables (:meth:`Experiment.tables`) and which report sections those tables draw
 (:meth:`Experiment.page`). Everything else (the study folder, ``study.json``, resume, damaged
 members, failure rows, ``members.csv``, ``plan.csv``, ``--jobs``, Ray, the page's frame) is the
@@ -23,34 +24,29 @@ entry point. This module imports neither torch nor pandas.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from depthprobe.probes.base.errors import ProbeError, suggest
-from depthprobe.probes.base.options import check_choices, coerce
+from depthprobe.probes.base.options import check_choices, check_seed, coerce
 from depthprobe.probes.base.registry import Registry
 from depthprobe.probes.engine.plugins import entry_point_tasks
+from depthprobe.probes.experiments.folder import MemberOutput, measure_member
 
 if TYPE_CHECKING:
     import pandas as pd
 
 ENTRY_POINT_GROUP = "depthprobe.experiments"
-
-
-@dataclass(frozen=True)
-class MemberOutput:
-    """What one member returns: its row (``members.csv``) and its files (path inside
-    ``members/<name>/`` -> bytes; empty when the member wrote ``job.dest`` itself)."""
-
-    row: dict[str, Any]
-    files: dict[str, bytes]
+RUN_COLUMNS = ["wall_s", "device", "status", "error"]  # members.csv's last columns: how each member ran
+MAX_DEPTH = 1000  # layers of a member
+MAX_SEEDS = 1000  # seeds per study (a plan of more members is refused, not built)
 
 
 class Experiment:
-    """One depth family: its Config, presets and costs (class attributes), and plan, run_member,
-    tables and page; the other methods have defaults a family may override."""
+    """One depth family: its Config, presets and costs (class attributes), and plan, measure (or
+    run_member), tables and page; the other methods have defaults a family may override."""
 
     name: ClassVar[str]
     description: ClassVar[str] = ""
@@ -68,7 +64,13 @@ class Experiment:
         raise NotImplementedError
 
     def run_member(self, job: Any) -> MemberOutput:
-        """Train and measure one member (a pure function of its job): its row and its files."""
+        """Train and measure one member (a pure function of its job): its row and its files; by
+        default :meth:`measure` in the member's folder (:func:`.folder.measure_member`)."""
+        return measure_member(self, job)
+
+    def measure(self, job: Any, folder: Path, row: dict[str, Any]) -> dict[str, Any]:
+        """Train and measure one member, writing its files into ``folder`` and its results into
+        ``row`` (its :meth:`base_row`); returns extra ``member.json`` entries."""
         raise NotImplementedError
 
     def tables(self, config: Any, members: pd.DataFrame, folder: Path) -> dict[str, pd.DataFrame]:
@@ -165,6 +167,32 @@ class Experiment:
         return {f.name: str(f.type) for f in dataclasses.fields(self.Config) if f.name != "preset"}
 
 
+def at_least(config: Any, minimum: int, *names: str) -> None:
+    """Refuse a field of ``config`` below ``minimum``, naming its option."""
+    for name in names:
+        if getattr(config, name) < minimum:
+            raise ProbeError(f"--{name.replace('_', '-')} must be at least {minimum}, got {getattr(config, name)}")
+
+
+def positive(config: Any, *names: str) -> None:
+    """Refuse a field of ``config`` that is not a positive finite number, naming its option."""
+    for name in names:
+        value = getattr(config, name)
+        if not (value > 0 and math.isfinite(value)):
+            raise ProbeError(f"--{name.replace('_', '-')} must be a positive number, got {value}")
+
+
+def check_members(config: Any) -> None:
+    """The fields every built-in family's Config has: ``depths`` (layers, 1 to :data:`MAX_DEPTH`)
+    and ``seeds`` (1 to :data:`MAX_SEEDS`)."""
+    at_least(config, 1, "seeds")
+    check_seed(config.seeds - 1, "--seeds")
+    if config.seeds > MAX_SEEDS:
+        raise ProbeError(f"--seeds must be at most {MAX_SEEDS}, got {config.seeds}; run fewer seeds")
+    if not config.depths or any(not 1 <= d <= MAX_DEPTH for d in config.depths):
+        raise ProbeError(f"--depths must be integers from 1 to {MAX_DEPTH}, got {list(config.depths)}")
+
+
 def refusal(family: str, key: str, own: list[str]) -> ProbeError:
     """One line for an option ``family`` does not take: which families take it, or a close match."""
     owners = [n for n in EXPERIMENTS.names() if n != family and key in _loaded_fields(n)]
@@ -213,4 +241,14 @@ def get_experiment(name: str) -> Experiment:
     return EXPERIMENTS.get(name)
 
 
-__all__ = ["EXPERIMENTS", "Experiment", "MemberOutput", "get_experiment", "register_experiment"]
+__all__ = [
+    "EXPERIMENTS",
+    "RUN_COLUMNS",
+    "Experiment",
+    "MemberOutput",
+    "at_least",
+    "check_members",
+    "get_experiment",
+    "positive",
+    "register_experiment",
+]

@@ -14,8 +14,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from depthprobe.probes.base.errors import ProbeError
+from depthprobe.probes.experiments.protocol import at_least
 from depthprobe.probes.experiments.text import TextExperiment
-from depthprobe.probes.experiments.text_config import COMMON, GPU_COST, TextConfig, check_width
+from depthprobe.probes.experiments.text_config import COMMON, GPU_COST, TextConfig
 
 if TYPE_CHECKING:
     from depthprobe.probes.data.corpus import Corpus
@@ -47,7 +48,7 @@ class SpaConfig(TextConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        check_width(self.d_model)
+        at_least(self, 1, "d_model")
         if not (0 < self.gamma_last < MAX_GAMMA):  # also refuses nan
             raise ProbeError(
                 f"--gamma-last must be in (0, {MAX_GAMMA:g}), got {self.gamma_last}; e.g. 0.005 (He et al.'s "

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from depthprobe.probes.base.errors import ProbeError
-from depthprobe.probes.experiments.protocol import Experiment, MemberOutput
+from depthprobe.probes.experiments.protocol import RUN_COLUMNS, Experiment
 from depthprobe.probes.experiments.text_config import parse_vocab
 
 if TYPE_CHECKING:
@@ -37,16 +37,8 @@ if TYPE_CHECKING:
     from depthprobe.probes.models.model import Model
     from depthprobe.probes.render.study_data import StudyData
 
-COLUMNS = [
-    "family",
-    "member",
-    "variant",
-    "depth",
-    "d_model",
-    "d_ff",
-    "d_ff_ratio",
-    "n_heads",
-    "d_head",
+# a member's sizes, tokens and FLOPs (members.csv and plan.csv)
+SIZES = [
     "budget",
     "match",
     "budget_miss",
@@ -57,6 +49,14 @@ COLUMNS = [
     "tokens",
     "passes",
     "flops",
+]
+SHAPES = ["depth", "d_model", "d_ff", "d_ff_ratio", "n_heads", "d_head"]
+COLUMNS = [
+    "family",
+    "member",
+    "variant",
+    *SHAPES,
+    *SIZES,
     "seed",
     "lr",
     "val_loss",
@@ -68,10 +68,7 @@ COLUMNS = [
     "entropy_mean",
     "icl_score",
     "tokens_per_s",
-    "wall_s",
-    "device",
-    "status",
-    "error",
+    *RUN_COLUMNS,
 ]
 PLAN_COLUMNS = [
     "family",
@@ -82,16 +79,7 @@ PLAN_COLUMNS = [
     "d_head",
     "d_ff",
     "d_ff_ratio",
-    "budget",
-    "match",
-    "budget_miss",
-    "params_nonembed",
-    "params_embed",
-    "params_total",
-    "embed_share",
-    "tokens",
-    "passes",
-    "flops",
+    *SIZES,
     "cpu_minutes",
 ]
 TASK_ORDER = ("induction", "kernels", "kernels-init", "attention-stats")
@@ -215,10 +203,12 @@ class TextExperiment(Experiment):
             row.update(self.size_columns(m, *sizes))
         return row
 
-    def run_member(self, job: TextJob) -> MemberOutput:
-        from depthprobe.probes.experiments.text_member import run_text_member
+    def measure(self, job: TextJob, folder: Path, row: dict[str, Any]) -> dict[str, Any]:
+        from depthprobe.probes.experiments import text_member
+        from depthprobe.probes.models.device import size_limit
 
-        return run_text_member(self, job)
+        with size_limit(job.config.max_params):
+            return text_member.measure(self, job, folder, row)
 
     def line(self, row: dict[str, Any]) -> str:
         return f"val_loss {row['val_loss']:.4f} nats/token ({row['val_bpb']:.4f} bits/byte), {row['wall_s']:.0f} s"

@@ -14,13 +14,11 @@ from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from depthprobe.probes.base.errors import ProbeError
-from depthprobe.probes.base.options import check_seed
+from depthprobe.probes.experiments.protocol import at_least, check_members, positive
 
 BYTE_VOCAB = 257  # --vocab bytes: the 256 bytes and <|bos|>, no merges (data.corpus.MIN_VOCAB; not imported
 # here, so that `probe study --help` loads no torch: tests/test_study_protocols.py checks they agree)
 MAX_BUDGET = 10**12  # parameters: the width searches of probes.models.families stay short below it
-MAX_DEPTH = 1000
-MAX_SEEDS = 1000
 MAX_PASSES = 4.0  # passes over the training split (Muennighoff et al. 2023: ~4 epochs of repeats cost little)
 
 
@@ -50,24 +48,14 @@ class TextConfig:
     depth_usage: bool = True  # each member's depth_usage.csv after training (experiments/member_depth.py)
 
     def __post_init__(self) -> None:
-        if not (self.max_passes > 0 and math.isfinite(self.max_passes)):
-            raise ProbeError(f"--max-passes must be a positive number, got {self.max_passes}")
-        if not self.depths or any(not 1 <= d <= MAX_DEPTH for d in self.depths):
-            raise ProbeError(f"--depths must be integers from 1 to {MAX_DEPTH}, got {list(self.depths)}")
-        if not 1 <= self.seeds <= MAX_SEEDS:
-            raise ProbeError(f"--seeds must be from 1 to {MAX_SEEDS}, got {self.seeds}")
-        check_seed(self.seeds - 1, "--seeds")
-        if not (self.tokens_per_param > 0 and math.isfinite(self.tokens_per_param)):
-            raise ProbeError(f"--tokens-per-param must be a positive number, got {self.tokens_per_param}")
+        check_members(self)
+        positive(self, "max_passes", "tokens_per_param")
         if not self.lrs or any(not (lr > 0 and math.isfinite(lr)) for lr in self.lrs):
             raise ProbeError(f"--lr must be positive numbers, e.g. --lr 1e-3,3e-3, got {list(self.lrs)}")
         if not 0 < self.lr_fraction <= 1:
             raise ProbeError(f"--lr-fraction must be in (0, 1], got {self.lr_fraction}")
-        for name in ("vocab", "d_head", "min_tokens", "batch_size", "probe_lines", "icl_windows"):
-            if getattr(self, name) < 1:
-                raise ProbeError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
-        if self.context < 8:
-            raise ProbeError(f"--context must be at least 8, got {self.context}")
+        at_least(self, 1, "vocab", "d_head", "min_tokens", "batch_size", "probe_lines", "icl_windows")
+        at_least(self, 8, "context")
 
     def tokens_for(self, budget: int | None) -> int:
         """The training tokens of a member whose non-embedding budget is ``budget`` (spa: its
@@ -84,11 +72,6 @@ def check_budgets(budgets: tuple[int, ...]) -> None:
         raise ProbeError(
             f"--budgets must be at most {MAX_BUDGET:.0e} parameters, got {max(budgets):.3g}; give smaller budgets"
         )
-
-
-def check_width(d_model: int) -> None:
-    if d_model < 1:
-        raise ProbeError(f"--d-model must be at least 1, got {d_model}")
 
 
 # the presets' common fields; each family module adds its own

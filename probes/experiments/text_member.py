@@ -1,7 +1,7 @@
 """One member of a text study (levine, petty, spa), as an independent job: build, probe at init,
 train, evaluate, probe.
 
-:func:`run_text_member` is a pure function of its :class:`TextJob` (the same job gives the same
+:func:`measure` is a pure function of its :class:`TextJob` (the same job gives the same
 numbers on any machine with the same device kind). With ``TextJob.dest`` (the local backend) the
 member writes its folder there itself, atomically; without it (a Ray task) it returns its files as
 bytes. A probe run keeps its tables, not an HTML report. A member that fails raises; the runner
@@ -11,7 +11,6 @@ records it as ``failed`` with its error.
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
@@ -25,11 +24,9 @@ from depthprobe.probes.base.errors import ProbeError
 from depthprobe.probes.data import corpus as corpora
 from depthprobe.probes.data.memory import Text
 from depthprobe.probes.experiments import member_depth
-from depthprobe.probes.experiments.folder import finish_member, in_member_folder
 from depthprobe.probes.experiments.probing import mean_metric, probe
-from depthprobe.probes.experiments.protocol import MemberOutput
 from depthprobe.probes.models import families, family_member
-from depthprobe.probes.models.device import resolve_device, size_limit
+from depthprobe.probes.models.device import resolve_device
 from depthprobe.probes.training.lm import LOG_COLUMNS, LMConfig, train_lm
 
 if TYPE_CHECKING:
@@ -138,22 +135,14 @@ def pick_lr(
     return best["lr"], trials
 
 
-def run_text_member(exp: TextExperiment, job: TextJob) -> MemberOutput:
-    """Train and probe one member: its row, and its files (checkpoint, loss.csv, runs/,
-    member.json) as bytes, or written to ``job.dest`` (then ``files`` is empty)."""
-    with size_limit(job.config.max_params):
-        return in_member_folder(partial(_run, exp, job), job.dest)
-
-
-def _run(exp: TextExperiment, job: TextJob, folder: Path) -> dict[str, Any]:
-    """Build, probe, train and probe the member, writing its files into ``folder``; its row."""
-    t0 = time.perf_counter()
+def measure(exp: TextExperiment, job: TextJob, folder: Path, row: dict[str, Any]) -> dict[str, Any]:
+    """Build, probe, train and probe the member, writing its files (checkpoint, loss.csv, runs/)
+    into ``folder`` and its results into ``row``; returns its corpus for member.json."""
     cfg = job.config
     device = resolve_device(cfg.device)
     corpus = cached_corpus(cfg)
     if job.corpus_digest is not None and corpus.digest != job.corpus_digest:
         raise ProbeError(f"--corpus {cfg.corpus} changed while the study ran; rerun the study with a new --out")
-    row = exp.base_row(job)
     lines = probe_inputs(corpus, cfg.probe_lines, cfg.context)  # the text probes read them in memory
     model = exp.build(job, corpus, device)
     nonembed, embed = families.count_params(model)
@@ -195,11 +184,8 @@ def _run(exp: TextExperiment, job: TextJob, folder: Path) -> dict[str, Any]:
         entropy_mean=mean_metric(att, "entropy"),
         tokens_per_s=run.tokens_per_s,
         device=str(device),
-        status="ok",
-        error="",
     )
-    row["wall_s"] = time.perf_counter() - t0
-    return finish_member(folder, row, corpus=corpus.label, corpus_key=corpus.key, corpus_digest=corpus.digest)
+    return {"corpus": corpus.label, "corpus_key": corpus.key, "corpus_digest": corpus.digest}
 
 
-__all__ = ["TextJob", "cached_corpus", "probe_inputs", "run_text_member", "share_corpus"]
+__all__ = ["TextJob", "cached_corpus", "measure", "probe_inputs", "share_corpus"]

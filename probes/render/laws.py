@@ -11,7 +11,7 @@ members and the settings. The page reports; it asserts nothing.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -189,18 +189,29 @@ def law_table(law: pd.DataFrame, acc: pd.DataFrame, threshold: float) -> str:
     return "<h2>The law</h2>" + note + html_table(records)
 
 
-def law_sections(tables: Mapping[str, pd.DataFrame], *, key: str, threshold: float, prediction: str) -> list[str]:
-    """A law family's report sections from its tables: the prediction, the law table, the heatmaps,
-    the control, the learning curves and (khop) the hop summary."""
+def law_sections(
+    tables: Mapping[str, pd.DataFrame],
+    *,
+    key: str,
+    threshold: float,
+    prediction: str,
+    line: bool = True,
+    middle: list[str] | None = None,
+    behind: Callable[[pd.DataFrame], pd.DataFrame] | None = None,
+) -> list[str]:
+    """A law family's report sections from its tables: the prediction, the law table (with why a
+    measured depth is blank, from ``behind(accuracy)``: the accuracies behind its rows; None: all),
+    the heatmaps (with law.csv's predicted depth as a line when ``line``), ``middle`` (None: the
+    control), the learning curves and (khop) the hop summary."""
     members = tables.get("members.csv", pd.DataFrame())
     acc, law = tables.get("accuracy.csv", pd.DataFrame()), tables.get("law.csv", pd.DataFrame())
     parts = [f"<p>{esc(prediction)} {esc(NOTE)}</p>"]
     if acc.empty:
         return [*parts, "<p class='note'>no member finished; there is nothing to plot.</p>"]
-    parts.append(law_table(law, acc, threshold))
+    parts.append(law_table(law, behind(acc) if behind else acc, threshold))
     parts += [
-        heatmaps(key, acc, law),
-        control(key, acc, members),
+        heatmaps(key, acc, law if line else pd.DataFrame()),
+        *(middle if middle is not None else [control(key, acc, members)]),
         curves(key, tables.get("curves.csv", pd.DataFrame()), members, threshold),
         hop_summary(tables.get("hop_layers.csv", pd.DataFrame())),
     ]

@@ -43,10 +43,6 @@ class StudyData:
         """The finished members (status ok)."""
         return self.table[self.table["status"] == "ok"]
 
-    @property
-    def failed(self) -> pd.DataFrame:
-        return self.table[self.table["status"] != "ok"]
-
 
 def thin(df: pd.DataFrame, n: int = MAX_CURVE_POINTS) -> pd.DataFrame:
     """At most ``n`` evenly spaced rows of ``df`` (the first and the last kept)."""

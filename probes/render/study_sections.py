@@ -82,6 +82,16 @@ def _loss_vs_depth(lines: list[Series], depths: Sequence[float]) -> str:
     return _figure(chart)
 
 
+def _budget_figure(
+    lines: list[Series], title: str, y_label: str, ticks: list[tuple[float, str]], zero: bool = False
+) -> str:
+    """levine's figures: against the non-embedding budget, log x, a tick per budget."""
+    x_label = "non-embedding parameters"
+    return _figure(
+        chart_svg(lines, title=title, x_label=x_label, y_label=y_label, log_x=True, zero=zero, x_ticks=ticks)
+    )
+
+
 def _figure(svg: str, caption: str = "") -> str:
     cap = f"<figcaption>{esc(caption)}</figcaption>" if caption else ""
     return f"<figure class='plot'>{svg}{cap}</figure>"
@@ -103,16 +113,7 @@ def levine_section(study: StudyData) -> str:
         "<h2>Validation loss vs non-embedding budget</h2>",
         f"<p class='meta'>One line per depth; mean over seeds, {SPREAD}. Budget: the target non-embedding "
         "parameter count (members match it within 5%; each miss is budget_miss in members.csv).</p>",
-        _figure(
-            chart_svg(
-                lines,
-                title="validation loss vs budget",
-                x_label="non-embedding parameters",
-                y_label="validation loss (nats/token)",
-                log_x=True,
-                x_ticks=ticks,
-            )
-        ),
+        _budget_figure(lines, "validation loss vs budget", "validation loss (nats/token)", ticks),
     ]
     diffs = levine_differences(study)
     parts.append("<h2>Deep minus shallow</h2>")
@@ -134,17 +135,7 @@ def _deep_minus_shallow(diffs: pd.DataFrame, ticks: list[tuple[float, str]]) -> 
         f"{SPREAD}; the black line is zero (below it the deeper member is better).</p>"
     ]
     parts.append(
-        _figure(
-            chart_svg(
-                pair_lines,
-                title="deep minus shallow validation loss",
-                x_label="non-embedding parameters",
-                y_label="val_loss(2L) - val_loss(L)",
-                log_x=True,
-                zero=True,
-                x_ticks=ticks,
-            )
-        )
+        _budget_figure(pair_lines, "deep minus shallow validation loss", "val_loss(2L) - val_loss(L)", ticks, zero=True)
     )
     records = [
         {
@@ -172,7 +163,7 @@ def _deep_minus_shallow(diffs: pd.DataFrame, ticks: list[tuple[float, str]]) -> 
     return parts
 
 
-def _petty_group(study: StudyData, row: pd.Series) -> str:
+def petty_group(study: StudyData, row: pd.Series) -> str:
     shrink = row.get("variant")
     if not isinstance(shrink, str) or not shrink:
         shrink = str(study.config.get("shrink", "d_ff"))
@@ -183,7 +174,7 @@ def _petty_group(study: StudyData, row: pd.Series) -> str:
 
 def petty_section(study: StudyData) -> str:
     ok = study.ok.assign(depth=num(study.ok, "depth"))
-    ok = ok.assign(group=[_petty_group(study, r) for _, r in ok.iterrows()])
+    ok = ok.assign(group=[petty_group(study, r) for _, r in ok.iterrows()])
     agg = seed_spread(ok, ["group", "depth"], "val_loss")
     lines = [_series(g, a, "depth") for g, a in agg.groupby("group", sort=False)]
     depths = sorted(set(ok["depth"].dropna().astype(float)))
@@ -279,16 +270,7 @@ def budget_group(study: StudyData, row: pd.Series) -> str:
     return f"budget {budget_text(b)}" if finite(b) else "budget ?"
 
 
-def petty_group(study: StudyData, row: pd.Series) -> str:
-    return _petty_group(study, row)
-
-
-def variant_group(study: StudyData, row: pd.Series) -> str:
-    """spa's kernel lines: one per variant."""
-    return str(row.get("variant") or "?")
-
-
-def kernels_section(study: StudyData, group: Callable[[StudyData, pd.Series], str] = variant_group) -> str:
+def kernels_section(study: StudyData, group: Callable[[StudyData, pd.Series], str]) -> str:
     ok = study.ok.assign(depth=num(study.ok, "depth"))
     init, trained = num(ok, "kernel_cos_last_init"), num(ok, "kernel_cos_last")
     if not (np.isfinite(init).any() or np.isfinite(trained).any()):
