@@ -138,8 +138,8 @@ class Crasp(LawExperiment):
         "smoke": "L_4 at depths 1, 2 (width 16) and the control (depth 1, width 32), lengths 8-16, evaluated to 32, "
         "40 steps: 3 members, about 5 CPU-seconds on 2 CPU cores (measured; the tests use it)",
         "cpu": "L_3-L_6 at depths 1-5 (width 64) and the control (depth k - 3, width 128), lengths 32-64, evaluated "
-        "to 512, 2 seeds, 2,000 steps: 46 members, about 85 CPU-minutes, 45 min with --jobs 2 on 2 idle cores "
-        "(estimated from a 200-step run of two members: docs/depth-laws.md; not run)",
+        "to 512, 2 seeds, 2,000 steps: 46 members, 90 CPU-minutes, 67 min with --jobs 2 on partly shared cores "
+        "(measured; about 45-50 min on 2 idle cores: docs/depth-laws.md)",
         "gpu": "L_3-L_10 at depths 1-8 at widths 128 and 256 and the control (depth k - 3, width 512), 3 seeds, "
         "10,000 steps: 405 members: about 11-14 hours one at a time, 5.8-7.1 hours with --jobs 3 on one GPU "
         "(estimated from khop member rates measured on one NVIDIA H200: 80-104 steps/s one at a time, "
