@@ -120,8 +120,8 @@ class KHop(LawExperiment):
         "cpu": "depths 1-5 and a wide 2-layer control at width 64, k 1-4, N 48, 2 seeds, 3,000 steps: 12 members, "
         "14 min with --jobs 2 on 2 idle CPU cores (measured; 27 CPU-minutes)",
         "cpu-k8": "k 1-4 and 8 (log against linear depth: 5 layers against 9), depths 1-6 and a wide 2-layer control "
-        "at width 64, N 48, 2 seeds, 5,000 steps: 14 members, about 29 min with --jobs 2 on 2 idle CPU cores "
-        "(estimated: twice the one-seed run's measured 14.6 min; docs/depth-laws.md)",
+        "at width 64, N 48, 2 seeds, 5,000 steps: 14 members, 45 CPU-minutes, 36.5 min with --jobs 2 on 2 shared "
+        "CPU cores (measured; docs/depth-laws.md)",
         "gpu": "N 100, k 1-16, depths 1-7 and a control at widths 128 and 256, 3 seeds, 20,000 steps: 45 members, "
         "about 2.4-3.1 hours on one NVIDIA H200 one member at a time, 1.3-1.6 hours with --jobs 3 "
         "(from rates measured on an H200 at these shapes; training only; the preset not run end to end)",
