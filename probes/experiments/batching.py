@@ -130,23 +130,6 @@ def auto_jobs(free_bytes: int | None, unit_bytes: int | None, cores: int, units:
     return max(1, min(by_memory, cores, MAX_AUTO_JOBS, units))
 
 
-__all__ = [
-    "AUTO_CPU",
-    "AUTO_CPU_WIDTH",
-    "AUTO_CUDA",
-    "Batch",
-    "Outcome",
-    "auto_jobs",
-    "batch_size",
-    "check_batch_members",
-    "default_jobs",
-    "members",
-    "plan_units",
-    "read_batch_members",
-    "run_unit",
-]
-
-
 def default_jobs(exp: Any, cfg: Any, units: list[Any], say: Callable[[str], None]) -> int:
     """``--jobs`` not given: 1 on a CPU (as always); on CUDA :func:`auto_jobs` of the GPU's free
     memory, the largest unit's estimated need (:meth:`Experiment.member_bytes` summed over its
@@ -164,3 +147,20 @@ def default_jobs(exp: Any, cfg: Any, units: list[Any], say: Callable[[str], None
     gib = "unknown" if free is None else f"{free / 2**30:.1f} GiB"
     say(f"--jobs {n} (chosen: {gib} free on the GPU, {cores} cores, {len(units)} units; pass --jobs to choose)")
     return n
+
+
+__all__ = [
+    "AUTO_CPU",
+    "AUTO_CPU_WIDTH",
+    "AUTO_CUDA",
+    "Batch",
+    "Outcome",
+    "auto_jobs",
+    "batch_size",
+    "check_batch_members",
+    "default_jobs",
+    "members",
+    "plan_units",
+    "read_batch_members",
+    "run_unit",
+]
