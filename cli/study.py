@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
@@ -73,20 +74,11 @@ def study(
     given = family_options(ctx.args)
     if dry_run:
         _dry_run(family, preset, out, given)
-        return
-    _run(
-        exp,
-        family,
-        preset,
-        out,
-        given,
-        backend=backend,
-        address=address,
-        cpus_per_member=cpus_per_member,
-        gpus_per_member=gpus_per_member,
-        retries=retries,
-        jobs=jobs,
-    )
+    else:
+        where = {
+            k: ctx.params[k] for k in ("backend", "address", "cpus_per_member", "gpus_per_member", "retries", "jobs")
+        }
+        _run(exp, family, preset, out, {**given, **where})
 
 
 def family_options(args: list[str]) -> dict[str, str]:
@@ -109,24 +101,30 @@ def family_options(args: list[str]) -> dict[str, str]:
     return out
 
 
-def _run(exp: Any, family: str, preset: str, out: Path | None, given: dict[str, Any], **where: Any) -> None:
+def _show(table: Any) -> None:
     import pandas as pd
 
+    with pd.option_context("display.width", 250, "display.max_columns", 30, "display.max_rows", 500):
+        typer.echo(table.to_string(index=False, na_rep="-"))
+
+
+def _run(exp: Any, family: str, preset: str, out: Path | None, options: dict[str, Any]) -> None:
+    """Run the study; print its headline table; exit 3 when members failed, 130 (or 128 + the
+    signal) when interrupted, saying what is kept."""
     from depthprobe.probes.experiments.folder import left_behind
     from depthprobe.probes.experiments.runner import default_folder
     from depthprobe.probes.experiments.runner import study as api_study
 
     folder = out if out is not None else default_folder(family, preset)
     try:
-        result = api_study(family, preset, out=folder, echo=lambda line: typer.echo(line, err=True), **where, **given)
+        result = api_study(family, preset, out=folder, echo=lambda line: typer.echo(line, err=True), **options)
     except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM (signals.Terminated carries the signal)
         signum = getattr(exc, "signum", None)
         err(f"{'interrupted' if signum is None else f'terminated by signal {signum}'}; {left_behind(folder)}")
         raise typer.Exit(130 if signum is None else 128 + signum) from None
     members = result.tables["members.csv"]
     shown = exp.headline(result.tables)
-    with pd.option_context("display.width", 200, "display.max_columns", 20, "display.max_rows", 500):
-        typer.echo((members if shown is None else shown).to_string(index=False, na_rep="-"))
+    _show(members if shown is None else shown)
     typer.echo(f"wrote {result.folder}")
     failed = int((members.status == "failed").sum())
     if failed:
@@ -138,14 +136,10 @@ def _dry_run(family: str, preset: str, out: Path | None, given: dict[str, Any]) 
     """--dry-run: the plan, written to OUT/plan.csv and printed."""
     if out is None:
         raise ProbeError("--dry-run writes OUT/plan.csv: pass --out DIR")
-    import pandas as pd
-
     from depthprobe.probes.experiments.folder import PLAN_CSV
     from depthprobe.probes.experiments.runner import dry_run
 
-    table = dry_run(family, preset, out=out, echo=lambda line: typer.echo(line, err=True), **given)
-    with pd.option_context("display.width", 250, "display.max_columns", 30, "display.max_rows", 500):
-        typer.echo(table.to_string(index=False))
+    _show(dry_run(family, preset, out=out, echo=lambda line: typer.echo(line, err=True), **given))
     typer.echo(f"wrote {out / PLAN_CSV} (nothing trained)")
 
 
@@ -164,5 +158,5 @@ def list_families(
         typer.echo(f"{name}: {exp.description}")
         for preset, cost in exp.costs.items():
             typer.echo(f"  --preset {preset}: {cost}")
-        options = ", ".join(f"--{k.replace('_', '-')}" for k in exp.options())
+        options = ", ".join(f"--{f.name.replace('_', '-')}" for f in fields(exp.Config) if f.name != "preset")
         typer.echo(f"  options: {options}")

@@ -56,16 +56,6 @@ class MemberOutput:
     files: dict[str, bytes]
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's live process
-        return True
-    return True
-
-
 @contextlib.contextmanager
 def locked(folder: Path, say: Callable[[str], None]) -> Iterator[None]:
     """Hold the study folder for this run: ``OUT/.study.lock`` with this process's pid, created
@@ -84,7 +74,7 @@ def locked(folder: Path, say: Callable[[str], None]) -> Iterator[None]:
                 pid = int(path.read_text().split()[0])
             except (OSError, ValueError, IndexError):
                 pid = 0
-            if pid > 0 and _alive(pid):
+            if pid > 0 and artifacts.pid_alive(pid):
                 raise ProbeError(
                     f"--out {folder} is in use by another probe study (pid {pid}); wait for it to finish, or pass "
                     "another --out"
@@ -166,26 +156,20 @@ def member_json(folder: Path, name: str) -> dict[str, Any] | None:
     return meta if isinstance(meta, dict) else None
 
 
-def member_names(folder: Path) -> list[str]:
-    root = folder / MEMBERS
-    if not root.is_dir():
-        return []
-    return sorted(d.name for d in root.iterdir() if d.is_dir() and not d.name.startswith("."))
-
-
 def finished_members(folder: Path) -> tuple[set[str], dict[str, str]]:
-    """The finished (ok) members whose files are intact, and the damaged ones with what is wrong."""
+    """The finished (ok) members whose files are intact, and the damaged ones with what is wrong
+    (hidden folders are members being written)."""
     done: set[str] = set()
     damaged: dict[str, str] = {}
-    for name in member_names(folder):
-        meta = member_json(folder, name)
+    for member in sorted((folder / MEMBERS).glob("[!.]*")):
+        meta = member_json(folder, member.name)
         if meta is None or meta.get("row", {}).get("status") != "ok":
             continue
-        why = member_damage(folder / MEMBERS / name, meta)
+        why = member_damage(member, meta)
         if why is None:
-            done.add(name)
+            done.add(member.name)
         else:
-            damaged[name] = why
+            damaged[member.name] = why
     return done, damaged
 
 
@@ -241,31 +225,30 @@ def in_member_folder(body: Callable[[Path], dict[str, Any]], dest: str | None) -
             row = body(Path(tmp))
             files = {str(p.relative_to(tmp)): p.read_bytes() for p in sorted(Path(tmp).rglob("*")) if p.is_file()}
         return MemberOutput(row=row, files=files)
-    final = Path(dest)
-    if final.exists():  # a failed attempt's record
-        shutil.rmtree(final)
-    with artifacts.atomic_dir(final) as tmp:
+    with replaced(Path(dest)) as tmp:
         row = body(tmp)
     return MemberOutput(row=row, files={})
 
 
-def write_member(folder: Path, output: MemberOutput) -> Path:
-    """A finished member's folder from its files as bytes, written whole (replacing a failed attempt's)."""
-    final = folder / MEMBERS / str(output.row["member"])
+def replaced(final: Path) -> contextlib.AbstractContextManager[Path]:
+    """A member folder written whole (:func:`artifacts.atomic_dir`), replacing a failed attempt's record."""
     if final.exists():
         shutil.rmtree(final)
-    with artifacts.atomic_dir(final) as tmp:
+    return artifacts.atomic_dir(final)
+
+
+def write_member(folder: Path, output: MemberOutput) -> None:
+    """A finished member's folder from its files as bytes."""
+    with replaced(folder / MEMBERS / str(output.row["member"])) as tmp:
         for rel, data in output.files.items():
-            path = tmp / rel
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_bytes(data)
-    return final
+            (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
+            (tmp / rel).write_bytes(data)
 
 
 def write_failed(folder: Path, row: dict[str, Any], error: str, device: Any) -> None:
     row = {**row, "status": "failed", "error": " ".join(error.split()), "device": str(device or "auto")}
-    data = json.dumps(artifacts.jsonable({"row": row}), indent=2).encode()
-    write_member(folder, MemberOutput(row=row, files={MEMBER_JSON: data}))
+    with replaced(folder / MEMBERS / str(row["member"])) as tmp:
+        artifacts.write_json(tmp / MEMBER_JSON, {"row": row})
 
 
 def read_members(folder: Path, columns: list[str]) -> pd.DataFrame:

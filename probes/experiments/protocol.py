@@ -162,10 +162,6 @@ class Experiment:
         config = self.Config(**{"preset": preset, **settings} if "preset" in fields else settings)
         return check_choices(config, f"study {self.name}:")
 
-    def options(self) -> dict[str, str]:
-        """Option name -> its annotation, for help and listings."""
-        return {f.name: str(f.type) for f in dataclasses.fields(self.Config) if f.name != "preset"}
-
 
 def at_least(config: Any, minimum: int, *names: str) -> None:
     """Refuse a field of ``config`` below ``minimum``, naming its option."""
@@ -215,15 +211,12 @@ def _loaded_fields(name: str) -> set[str]:
 
 EXPERIMENTS: Registry[Experiment] = Registry("study family", Experiment)
 BUILT_IN = {
-    name: f"depthprobe.probes.experiments.{name}:{cls}"
-    for name, cls in (
-        ("levine", "Levine"),
-        ("petty", "Petty"),
-        ("spa", "Spa"),
-        ("khop", "KHop"),
-        ("groups", "Groups"),
-        ("crasp", "Crasp"),
-    )
+    "levine": "depthprobe.probes.experiments.levine:Levine",
+    "petty": "depthprobe.probes.experiments.petty:Petty",
+    "spa": "depthprobe.probes.experiments.spa:Spa",
+    "khop": "depthprobe.probes.experiments.khop:KHop",
+    "groups": "depthprobe.probes.experiments.groups:Groups",
+    "crasp": "depthprobe.probes.experiments.crasp:Crasp",
 }
 EXPERIMENTS.register_lazy(BUILT_IN)
 EXPERIMENTS.register_lazy(entry_point_tasks(set(BUILT_IN), group=ENTRY_POINT_GROUP))

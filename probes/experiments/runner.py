@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from depthprobe.probes.base import artifacts
 from depthprobe.probes.base.errors import ProbeError
 from depthprobe.probes.experiments import folder as folders
-from depthprobe.probes.experiments.protocol import Experiment, MemberOutput, get_experiment
+from depthprobe.probes.experiments.protocol import Experiment, get_experiment
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -107,15 +107,9 @@ def study(
     family's Config fields). ``jobs`` (local backend): members at once in spawned processes, each
     with ``cores // jobs`` threads; the numbers and files equal ``jobs=1``; None: 1 on a CPU, on
     CUDA chosen from the GPU's free memory (:func:`.batching.default_jobs`)."""
-    exp = get_experiment(family)
-    cfg = exp.config(preset, **options)
+    exp, cfg, jobs_ = planned(family, preset, options)
     where = Backend(backend, address, cpus_per_member, gpus_per_member, retries, jobs)
     where.check()
-    jobs_ = exp.plan(cfg)  # impossible plans fail here, before anything is written
-    if len(jobs_) > MAX_MEMBERS:
-        raise ProbeError(
-            f"the study plans {len(jobs_):,} members, more than {MAX_MEMBERS:,}; plan fewer (depths, widths, seeds)"
-        )
     folder = Path(out) if out is not None else default_folder(family, preset)
     saved = folders.check_folder(folder, family, cfg, exp.resumable)
     if backend == "local":  # Ray workers may have devices the driver lacks
@@ -142,6 +136,18 @@ def study(
 
         write_report(exp, cfg, tables, folder)
     return Study(family=family, config=cfg, folder=folder, tables=tables)
+
+
+def planned(family: str, preset: str, options: dict[str, Any]) -> tuple[Experiment, Any, list[Any]]:
+    """The family, its Config and its member jobs; impossible plans fail here, before anything is written."""
+    exp = get_experiment(family)
+    cfg = exp.config(preset, **options)
+    jobs = exp.plan(cfg)
+    if len(jobs) > MAX_MEMBERS:
+        raise ProbeError(
+            f"the study plans {len(jobs):,} members, more than {MAX_MEMBERS:,}; plan fewer (depths, widths, seeds)"
+        )
+    return exp, cfg, jobs
 
 
 def open_study(
@@ -186,23 +192,13 @@ def run_jobs(
     setup: Callable[[], None] | None,
 ) -> None:
     """Run the members still to do, recording each as it finishes: its folder (a Ray member's
-    files; a local member wrote its own), its line, members.csv; a failed one with its error."""
+    files; a local member wrote its own), its line, members.csv (after each unit: a member alone
+    or a batch); a failed one with its error."""
     from depthprobe.probes.engine.distributed import map_jobs
     from depthprobe.probes.experiments import batching
 
     counter = {"n": done}
     device = getattr(cfg, "device", None)
-
-    def finished(job: Any, output: MemberOutput | None, error: str | None) -> None:
-        counter["n"] += 1
-        if output is not None:
-            if output.files:
-                folders.write_member(folder, output)
-            say(f"[{counter['n']}/{total}] {job.name}: {exp.line(output.row)}")
-        else:
-            folders.write_failed(folder, exp.base_row(job), error or "unknown error", device)
-            say(f"[{counter['n']}/{total}] {job.name}: failed: {error}")
-        write_members(exp, folder)
 
     # batched members (experiments/batching.py): units of one job, or of several trained as one model
     units = list(todo) if where.backend == "ray" else exp.batches(cfg, todo, where.jobs or 1)
@@ -214,7 +210,13 @@ def run_jobs(
         unit = batching.members(units[index])
         outcomes = result.value if result.ok else [(None, result.failure())] * len(unit)
         for job, (output, error) in zip(unit, outcomes, strict=True):
-            finished(job, output, error)
+            counter["n"] += 1
+            if output is None:
+                folders.write_failed(folder, exp.base_row(job), error or "unknown error", device)
+            elif output.files:
+                folders.write_member(folder, output)
+            say(f"[{counter['n']}/{total}] {job.name}: {exp.line(output.row) if output else f'failed: {error}'}")
+        write_members(exp, folder)
 
     processes = 1 if where.backend == "ray" else min(jobs or 1, max(1, len(units)))
     try:
@@ -278,11 +280,7 @@ def dry_run(
     is trained. A check a run would refuse after planning (the family's ``prepare``) is reported."""
     import pandas as pd
 
-    exp = get_experiment(family)
-    cfg = exp.config(preset, **options)
-    jobs = exp.plan(cfg)
-    if len(jobs) > MAX_MEMBERS:
-        raise ProbeError(f"the study plans {len(jobs):,} members, more than {MAX_MEMBERS:,}; plan fewer")
+    exp, cfg, jobs = planned(family, preset, options)
     folder = Path(out)
     artifacts.check_out(folder, "--out", may_exist=True)
     say = echo or print
