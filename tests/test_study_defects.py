@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pandas as pd
@@ -254,6 +255,8 @@ def test_sigterm_while_reading_a_fifo_corpus_says_nothing_was_written(tmp_path):
     while writer is None and proc.poll() is None:  # the writer end opens once the study opens the FIFO to read
         with contextlib.suppress(OSError):  # ENXIO until the study opens it
             writer = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+        if writer is None:
+            time.sleep(0.01)  # leave the cores to the study starting up
     try:
         proc.send_signal(signal.SIGTERM)  # the study is blocked reading: no writer ever writes
         _, stderr = proc.communicate(timeout=60)
