@@ -83,14 +83,6 @@ PLAN_COLUMNS = [
     "cpu_minutes",
 ]
 TASK_ORDER = ("induction", "kernels", "kernels-init", "attention-stats")
-# the per-layer metric(s) drawn per task folder; the others are named in a note
-PROBE_METRICS = {
-    "induction": ("induction", "previous_token"),
-    "kernels": ("mean_cosine",),
-    "kernels-init": ("mean_cosine",),
-    "attention-stats": ("entropy",),
-}
-MAX_PROBE_PLOTS = 4  # per task, when none of its preferred metrics is present
 
 
 class PassesRefused(ProbeError):
@@ -337,28 +329,23 @@ def probe_tasks(study: StudyData, members: list[str]) -> dict[str, list[tuple[st
     return {t: found[t] for t in order}
 
 
-def probe_curves(study: StudyData) -> list[Any]:
+def probe_curves(study: StudyData) -> dict[str, tuple[pd.DataFrame, pd.DataFrame] | str]:
     """Each probe task of the drawn members (one seed per configuration), compared across depth
-    (``probes.api.compare``); a task whose runs cannot be compared carries the reason instead."""
+    (``probes.api.compare``): its table, labelled by member name, and its peaks; a task whose runs
+    cannot be compared gives the reason instead."""
     from depthprobe.probes.api.compare import compare, peaks
     from depthprobe.probes.render.study_data import probe_members
-    from depthprobe.probes.render.study_sections import ProbeCurves
 
-    out = []
+    out: dict[str, tuple[pd.DataFrame, pd.DataFrame] | str] = {}
     for task, runs in probe_tasks(study, probe_members(study)).items():
-        title = "kernels (at init)" if task == "kernels-init" else task
         try:
             table = compare([p for _, p in runs])
         except ProbeError as exc:
-            out.append(ProbeCurves(task, title, error=str(exc)))
+            out[task] = str(exc)
             continue
         name = {str(p): m for m, p in runs}
         table = table.assign(label=table["run"].map(name).fillna(table["label"]))
-        metrics = list(dict.fromkeys(table["metric"]))
-        drawn = [m for m in PROBE_METRICS.get(task, ()) if m in metrics] or metrics[:MAX_PROBE_PLOTS]
-        rest = [m for m in metrics if m not in drawn]
-        peak = peaks(table[table["metric"].isin(drawn)])
-        out.append(ProbeCurves(task, title, table, peak, tuple(drawn), tuple(rest)))
+        out[task] = (table, peaks(table))
     return out
 
 

@@ -4,14 +4,13 @@ collapse at init vs after training, and the per-layer probe curves across depth.
 Plots are inline SVG line charts (``probes.render.lines``: lines with markers, seed spread as
 min-max error bars, optional log x and zero line); the per-layer probe curves are
 ``probes.render.compare.plot_svg`` charts embedded as ``data:`` images. Failed members are left
-out of every plot. The probe runs arrive compared (``ProbeCurves``, built by
-``probes.experiments.text``); nothing here reads a run folder.
+out of every plot. The probe runs arrive compared (by ``probes.experiments.text``); nothing here
+reads a run folder.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -151,8 +150,8 @@ def _deep_minus_shallow(diffs: pd.DataFrame, ticks: list[tuple[float, str]]) -> 
     ]
     parts.append("<div class='differences'>" + html_table(records) + "</div>")
     said = []
-    for (a, b), _ in diffs.groupby(["shallow", "deep"], sort=True):
-        c = crossover(diffs, a, b)
+    for (a, b), pair in diffs.groupby(["shallow", "deep"], sort=True):
+        c = crossover(pair)
         where = (
             f"every seed below zero from {budget_text(c)} up"
             if c is not None
@@ -164,12 +163,9 @@ def _deep_minus_shallow(diffs: pd.DataFrame, ticks: list[tuple[float, str]]) -> 
 
 
 def petty_group(study: StudyData, row: pd.Series) -> str:
-    shrink = row.get("variant")
-    if not isinstance(shrink, str) or not shrink:
-        shrink = str(study.config.get("shrink", "d_ff"))
+    """petty's lines: one per budget and shrink mode (the study's one --shrink)."""
     budget = row.get("budget")
-    b = budget_text(budget) if finite(budget) else "?"
-    return f"budget {b}, shrink {shrink}"
+    return f"budget {budget_text(budget) if finite(budget) else '?'}, shrink {study.config['shrink']}"
 
 
 def petty_section(study: StudyData) -> str:
@@ -313,56 +309,57 @@ def kernels_section(study: StudyData, group: Callable[[StudyData, pd.Series], st
     )
 
 
-@dataclass(frozen=True)
-class ProbeCurves:
-    """One probe task of a study's members, compared across depth, as its part of the page shows it."""
+TASK_TITLES = {"kernels-init": "kernels (at init)"}
+# the per-layer metric(s) drawn per task folder; the others are named in a note
+PROBE_METRICS = {
+    "induction": ("induction", "previous_token"),
+    "kernels": ("mean_cosine",),
+    "kernels-init": ("mean_cosine",),
+    "attention-stats": ("entropy",),
+}
+MAX_PROBE_PLOTS = 4  # per task, when none of its preferred metrics is present
+PEAK_COLUMNS = ["metric", "label", "peak_layer", "peak_relative_depth", "peak_value", "layer_mean"]
 
-    task: str  # the task folder's name
-    title: str
-    table: pd.DataFrame | None = None  # the comparison table of the member runs (label: member name)
-    peaks: pd.DataFrame | None = None  # where each drawn metric peaks, per member
-    drawn: tuple[str, ...] = ()  # metrics drawn, one plot each
-    rest: tuple[str, ...] = ()  # metrics named in a note only
-    error: str | None = None  # why the member runs could not be compared
 
-
-def _probe_task_html(curves: ProbeCurves) -> list[str]:
-    parts = [f"<h3>{esc(curves.title)}</h3>"]
-    if curves.error is not None or curves.table is None:
-        return [*parts, f"<p class='error'>{esc(curves.task)}: {esc(curves.error)}</p>"]
-    peak = curves.peaks
-    if peak is not None and len(peak):
-        cols = ["metric", "label", "peak_layer", "peak_relative_depth", "peak_value", "layer_mean"]
+def _probe_task_html(task: str, compared: tuple[pd.DataFrame, pd.DataFrame] | str) -> list[str]:
+    """One probe task: its peaks table and a plot per drawn metric, or why its runs could not be compared."""
+    parts = [f"<h3>{esc(TASK_TITLES.get(task, task))}</h3>"]
+    if isinstance(compared, str):
+        return [*parts, f"<p class='error'>{esc(task)}: {esc(compared)}</p>"]
+    table, peak = compared
+    metrics = list(dict.fromkeys(table["metric"]))
+    drawn = [m for m in PROBE_METRICS.get(task, ()) if m in metrics] or metrics[:MAX_PROBE_PLOTS]
+    rest = [m for m in metrics if m not in drawn]
+    peak = peak[peak["metric"].isin(drawn)] if len(peak) else peak
+    if len(peak):
         recs = [
-            {c: (cell_text(c, r[c]) if c not in ("metric", "label", "peak_layer") else r[c]) for c in cols}
+            {c: (r[c] if c in ("metric", "label", "peak_layer") else cell_text(c, r[c])) for c in PEAK_COLUMNS}
             for r in peak.to_dict("records")
         ]
-        parts.append(html_table(recs, cols))
-    parts += [
-        f"<figure class='plot'>{svg_img(plot_svg(curves.table, m), f'{curves.task}: {m}')}</figure>"
-        for m in curves.drawn
-    ]
-    if curves.rest:
-        parts.append(f"<p class='meta'>not drawn: {esc(', '.join(curves.rest))}</p>")
+        parts.append(html_table(recs, PEAK_COLUMNS))
+    parts += [f"<figure class='plot'>{svg_img(plot_svg(table, m), f'{task}: {m}')}</figure>" for m in drawn]
+    if rest:
+        parts.append(f"<p class='meta'>not drawn: {esc(', '.join(rest))}</p>")
     return parts
 
 
-def probes_section(study: StudyData, probes: Sequence[ProbeCurves]) -> str:
-    """Per-layer probe curves across depth: one part per probe task of the drawn members."""
-    members = probe_members(study)
+def probes_section(study: StudyData, tasks: Mapping[str, tuple[pd.DataFrame, pd.DataFrame] | str]) -> str:
+    """Per-layer probe curves across depth: one part per probe task of the drawn members; ``tasks``:
+    task folder -> (the comparison table of its member runs, labelled by member name, and where each
+    metric peaks; ``probes.api.compare``) or why its runs could not be compared."""
     parts = ["<h2>Per-layer probe curves across depth</h2>"]
-    if not probes:
+    if not tasks:
         parts.append("<p class='note'>no probe runs under members/*/runs; nothing to draw</p>")
         return "\n".join(parts)
-    seeds = "one seed (the lowest) per configuration; " if len(members) < len(study.ok) else ""
+    seeds = "one seed (the lowest) per configuration; " if len(probe_members(study)) < len(study.ok) else ""
     parts.append(
         f"<p class='meta'>Each line is one member ({seeds}label: member name); x is relative depth "
         "(block l at (l + 0.5) / L). Solid: the best head of each layer; dashed: the mean over heads. "
         "Every metric of a task: probe compare members/*/runs/TASK.</p>"
     )
-    for curves in probes:
-        parts += _probe_task_html(curves)
+    for task, compared in tasks.items():
+        parts += _probe_task_html(task, compared)
     return "\n".join(parts)
 
 
-__all__ = ["ProbeCurves", "kernels_section", "probes_section"]
+__all__ = ["kernels_section", "probes_section"]
