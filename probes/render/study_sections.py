@@ -169,44 +169,38 @@ def petty_group(study: StudyData, row: pd.Series) -> str:
 
 
 def petty_section(study: StudyData) -> str:
-    ok = study.ok.assign(depth=num(study.ok, "depth"))
-    ok = ok.assign(group=[petty_group(study, r) for _, r in ok.iterrows()])
-    agg = seed_spread(ok, ["group", "depth"], "val_loss")
-    lines = [_series(g, a, "depth") for g, a in agg.groupby("group", sort=False)]
+    ok = study.ok.assign(depth=num(study.ok, "depth"), d_ff=num(study.ok, "d_ff"), d_model=num(study.ok, "d_model"))
+    group = petty_group(study, ok.iloc[0])  # one line: a petty study has one budget and one --shrink
     depths = sorted(set(ok["depth"].dropna().astype(float)))
-    ticks = [(d, f"{int(d)}") for d in depths]
     parts = [
         "<h2>Validation loss vs depth</h2>",
         f"<p class='meta'>{esc(EXPECTED['petty'])}</p>",
         f"<p class='meta'>One line per budget and shrink mode; mean over seeds, {SPREAD}.</p>",
-        _loss_vs_depth(lines, depths),
+        _loss_vs_depth([_series(group, seed_spread(ok, ["depth"], "val_loss"), "depth")], depths),
     ]
-    shapes = ok.assign(d_ff=num(ok, "d_ff"), d_model=num(ok, "d_model"))
-    shapes = shapes.sort_values("depth").drop_duplicates(["group", "depth"])
-    width_lines = []
-    for k, (g, s) in enumerate(shapes.groupby("group", sort=False)):
-        color = PALETTE[k % len(PALETTE)]
-        marks = tuple("d_ff < d_model" if f < m else "" for f, m in zip(s["d_ff"], s["d_model"], strict=True))
-        width_lines.append(
-            Series(f"d_ff, {g}", tuple(zip(s["depth"], s["d_ff"], strict=True)), marks=marks, color=color)
-        )
-        width_lines.append(
-            Series(f"d_model, {g}", tuple(zip(s["depth"], s["d_model"], strict=True)), dashed=True, color=color)
-        )
-    narrow = shapes[shapes["d_ff"] < shapes["d_model"]]
-    where = ", ".join(f"L={int(d)} ({g})" for d, g in zip(narrow["depth"], narrow["group"], strict=True))
-    ratios = "; ".join(
-        f"L={int(d)}: {f / m:.2f} ({g})"
-        for d, f, m, g in zip(shapes["depth"], shapes["d_ff"], shapes["d_model"], shapes["group"], strict=True)
-    )
+    shapes = ok.sort_values("depth").drop_duplicates("depth")
+    depth, d_ff, d_model = shapes["depth"], shapes["d_ff"], shapes["d_model"]
+    marks = tuple("d_ff < d_model" if f < m else "" for f, m in zip(d_ff, d_model, strict=True))
+    width_lines = [
+        Series(f"d_ff, {group}", tuple(zip(depth, d_ff, strict=True)), marks=marks, color=PALETTE[0]),
+        Series(f"d_model, {group}", tuple(zip(depth, d_model, strict=True)), dashed=True, color=PALETTE[0]),
+    ]
+    where = ", ".join(f"L={int(d)} ({group})" for d in depth[d_ff < d_model])
+    ratios = "; ".join(f"L={int(d)}: {f / m:.2f} ({group})" for d, f, m in zip(depth, d_ff, d_model, strict=True))
     parts += [
         "<h2>Width vs depth</h2>",
         "<p class='meta'>d_ff (solid) and d_model (dashed) of each depth; points where d_ff &lt; d_model are "
-        f"marked. d_ff below d_model at: {esc(where) if where else 'no depth'}. d_ff/d_model: "
-        f"{esc(ratios) if ratios else 'no member'}. A ratio near 1 is the boundary, "
-        "not the d_ff much smaller than d_model regime where Petty et al.'s curves turn up.</p>",
+        f"marked. d_ff below d_model at: {esc(where) if where else 'no depth'}. d_ff/d_model: {esc(ratios)}. "
+        "A ratio near 1 is the boundary, not the d_ff much smaller than d_model regime where Petty et al.'s "
+        "curves turn up.</p>",
         _figure(
-            chart_svg(width_lines, title="d_ff vs depth", x_label="depth (layers)", y_label="width", x_ticks=ticks)
+            chart_svg(
+                width_lines,
+                title="d_ff vs depth",
+                x_label="depth (layers)",
+                y_label="width",
+                x_ticks=[(d, f"{int(d)}") for d in depths],
+            )
         ),
     ]
     return "\n".join(parts)
