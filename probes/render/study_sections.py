@@ -207,8 +207,7 @@ def petty_section(study: StudyData) -> str:
 
 
 def spa_section(study: StudyData) -> str:
-    ok = study.ok.assign(depth=num(study.ok, "depth"), variant=study.ok.get("variant", "?"))
-    ok = ok.assign(variant=ok["variant"].fillna("?").astype(str))
+    ok = study.ok.assign(depth=num(study.ok, "depth"))  # every spa member has a variant (its row, even failed)
     curves, notes = read_losses(study, list(ok["member"]))
     variants = list(dict.fromkeys(ok["variant"]))
     color = {v: PALETTE[k % len(PALETTE)] for k, v in enumerate(variants)}
@@ -219,23 +218,17 @@ def spa_section(study: StudyData) -> str:
         f"mean over the seeds that logged that step; long curves are thinned to {MAX_CURVE_POINTS} points.</p>",
     ]
     parts += [f"<p class='note'>{esc(n)}</p>" for n in notes]
-    for depth, at in ok.groupby("depth", sort=True):
-        lines = []
-        for v in variants:
-            frames = [curves[m] for m in at[at["variant"] == v]["member"] if m in curves]
-            if not frames:
-                continue
-            mean = pd.concat(frames).groupby("step", sort=True)["loss"].mean().reset_index()
-            mean = thin(mean)
-            lines.append(Series(v, tuple(zip(mean["step"], mean["loss"], strict=True)), color=color[v]))
-        if lines:
-            parts.append(
-                _figure(
-                    chart_svg(
-                        lines, title=f"training loss, depth {int(depth)}", x_label="step", y_label="training loss"
-                    )
-                )
-            )
+    empty = pd.DataFrame(columns=["member", "step", "loss"])
+    logged = pd.concat(curves, names=["member", None]).reset_index("member") if curves else empty
+    for depth, at in logged.merge(ok[["member", "depth", "variant"]]).groupby("depth", sort=True):
+        mean = at.groupby(["variant", "step"], sort=True)["loss"].mean()
+        lines = [
+            Series(v, tuple(thin(mean[v].reset_index()).itertuples(index=False, name=None)), color=color[v])
+            for v in variants
+            if v in mean.index
+        ]
+        chart = chart_svg(lines, title=f"training loss, depth {int(depth)}", x_label="step", y_label="training loss")
+        parts.append(_figure(chart))
     agg = seed_spread(ok, ["variant", "depth"], "val_loss")
     lines = [
         _series(v, agg[agg["variant"] == v], "depth", color=color[v]) for v in variants if (agg["variant"] == v).any()
