@@ -10,7 +10,7 @@ reads a run folder.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -69,31 +69,25 @@ def _series(label: str, agg: pd.DataFrame, x: str, **kw: Any) -> Series:
     )
 
 
-def _loss_vs_depth(lines: list[Series], depths: Sequence[float]) -> str:
+def _figure(lines: list[Series], **chart: Any) -> str:
+    """A line chart of the page (``probes.render.lines.chart_svg``)."""
+    return f"<figure class='plot'>{chart_svg(lines, **chart)}</figure>"
+
+
+def _depth_ticks(rows: pd.DataFrame) -> list[tuple[float, str]]:
+    """A tick per depth of ``rows`` (their ``depth`` column, as numbers)."""
+    return [(d, f"{int(d)}") for d in sorted(set(rows["depth"].dropna().astype(float)))]
+
+
+def _loss_vs_depth(lines: list[Series], ticks: list[tuple[float, str]]) -> str:
     """The petty and spa figure: final validation loss against depth, one tick per depth."""
-    chart = chart_svg(
-        lines,
-        title="validation loss vs depth",
-        x_label="depth (layers)",
-        y_label="validation loss (nats/token)",
-        x_ticks=[(d, f"{int(d)}") for d in depths],
-    )
-    return _figure(chart)
+    y_label = "validation loss (nats/token)"
+    return _figure(lines, title="validation loss vs depth", x_label="depth (layers)", y_label=y_label, x_ticks=ticks)
 
 
-def _budget_figure(
-    lines: list[Series], title: str, y_label: str, ticks: list[tuple[float, str]], zero: bool = False
-) -> str:
+def _budget_figure(lines: list[Series], ticks: list[tuple[float, str]], **chart: Any) -> str:
     """levine's figures: against the non-embedding budget, log x, a tick per budget."""
-    x_label = "non-embedding parameters"
-    return _figure(
-        chart_svg(lines, title=title, x_label=x_label, y_label=y_label, log_x=True, zero=zero, x_ticks=ticks)
-    )
-
-
-def _figure(svg: str, caption: str = "") -> str:
-    cap = f"<figcaption>{esc(caption)}</figcaption>" if caption else ""
-    return f"<figure class='plot'>{svg}{cap}</figure>"
+    return _figure(lines, x_label="non-embedding parameters", log_x=True, x_ticks=ticks, **chart)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -103,39 +97,40 @@ def _figure(svg: str, caption: str = "") -> str:
 
 def levine_section(study: StudyData) -> str:
     ok = study.ok.assign(budget=num(study.ok, "budget"), depth=num(study.ok, "depth"))
-    ok = ok.assign(budget=ok["budget"].fillna(num(ok, "params_nonembed")))
-    agg = seed_spread(ok, ["depth", "budget"], "val_loss")
-    budgets = sorted(set(agg["budget"].astype(float)))
-    ticks = [(b, budget_text(b)) for b in budgets]
+    agg = seed_spread(
+        ok.assign(budget=ok["budget"].fillna(num(ok, "params_nonembed"))), ["depth", "budget"], "val_loss"
+    )
+    ticks = [(b, budget_text(b)) for b in sorted(set(agg["budget"].astype(float)))]
     lines = [_series(f"L={int(d)}", g, "budget") for d, g in agg.groupby("depth", sort=True)]
+    y_label = "validation loss (nats/token)"
     parts = [
         "<h2>Validation loss vs non-embedding budget</h2>",
         f"<p class='meta'>One line per depth; mean over seeds, {SPREAD}. Budget: the target non-embedding "
         "parameter count (members match it within 5%; each miss is budget_miss in members.csv).</p>",
-        _budget_figure(lines, "validation loss vs budget", "validation loss (nats/token)", ticks),
+        _budget_figure(lines, ticks, title="validation loss vs budget", y_label=y_label),
+        "<h2>Deep minus shallow</h2>",
+        f"<p class='meta'>{esc(EXPECTED['levine'])}</p>",
     ]
     diffs = levine_differences(study)
-    parts.append("<h2>Deep minus shallow</h2>")
-    parts.append(f"<p class='meta'>{esc(EXPECTED['levine'])}</p>")
     if diffs.empty:
         parts.append("<p class='note'>no pair has both depths finished at any budget; nothing to compare</p>")
-        return "\n".join(parts)
-    parts += _deep_minus_shallow(diffs, ticks)
+    else:
+        parts += _deep_minus_shallow(diffs, ticks)
     return "\n".join(parts)
 
 
 def _deep_minus_shallow(diffs: pd.DataFrame, ticks: list[tuple[float, str]]) -> list[str]:
     """The deep-minus-shallow chart of every pair, its table and where each pair crosses zero."""
-    pair_lines = [
-        _series(f"L={int(a)} vs L={int(b)}", g, "budget") for (a, b), g in diffs.groupby(["shallow", "deep"], sort=True)
-    ]
-    parts = [
-        f"<p class='meta'>val_loss(2L) - val_loss(L) for the same budget and seed; mean over seeds, "
-        f"{SPREAD}; the black line is zero (below it the deeper member is better).</p>"
-    ]
-    parts.append(
-        _budget_figure(pair_lines, "deep minus shallow validation loss", "val_loss(2L) - val_loss(L)", ticks, zero=True)
-    )
+    pair_lines, said = [], []
+    for (a, b), pair in diffs.groupby(["shallow", "deep"], sort=True):
+        pair_lines.append(_series(f"L={int(a)} vs L={int(b)}", pair, "budget"))
+        c = crossover(pair)
+        where = (
+            f"every seed below zero from {budget_text(c)} up"
+            if c is not None
+            else "not below zero for every seed at the largest budgets"
+        )
+        said.append(f"pair ({int(a)}, {int(b)}): {where}")
     records = [
         {
             "pair": f"({int(r.shallow)}, {int(r.deep)})",
@@ -148,18 +143,14 @@ def _deep_minus_shallow(diffs: pd.DataFrame, ticks: list[tuple[float, str]]) -> 
         }
         for r in diffs.itertuples()
     ]
-    parts.append("<div class='differences'>" + html_table(records) + "</div>")
-    said = []
-    for (a, b), pair in diffs.groupby(["shallow", "deep"], sort=True):
-        c = crossover(pair)
-        where = (
-            f"every seed below zero from {budget_text(c)} up"
-            if c is not None
-            else "not below zero for every seed at the largest budgets"
-        )
-        said.append(f"pair ({int(a)}, {int(b)}): {where}")
-    parts.append(f"<p class='meta'>Measured: {esc('; '.join(said))}.</p>")
-    return parts
+    title, y_label = "deep minus shallow validation loss", "val_loss(2L) - val_loss(L)"
+    return [
+        f"<p class='meta'>val_loss(2L) - val_loss(L) for the same budget and seed; mean over seeds, "
+        f"{SPREAD}; the black line is zero (below it the deeper member is better).</p>",
+        _budget_figure(pair_lines, ticks, title=title, y_label=y_label, zero=True),
+        "<div class='differences'>" + html_table(records) + "</div>",
+        f"<p class='meta'>Measured: {esc('; '.join(said))}.</p>",
+    ]
 
 
 def petty_group(study: StudyData, row: pd.Series) -> str:
@@ -171,12 +162,12 @@ def petty_group(study: StudyData, row: pd.Series) -> str:
 def petty_section(study: StudyData) -> str:
     ok = study.ok.assign(depth=num(study.ok, "depth"), d_ff=num(study.ok, "d_ff"), d_model=num(study.ok, "d_model"))
     group = petty_group(study, ok.iloc[0])  # one line: a petty study has one budget and one --shrink
-    depths = sorted(set(ok["depth"].dropna().astype(float)))
+    ticks = _depth_ticks(ok)
     parts = [
         "<h2>Validation loss vs depth</h2>",
         f"<p class='meta'>{esc(EXPECTED['petty'])}</p>",
         f"<p class='meta'>One line per budget and shrink mode; mean over seeds, {SPREAD}.</p>",
-        _loss_vs_depth([_series(group, seed_spread(ok, ["depth"], "val_loss"), "depth")], depths),
+        _loss_vs_depth([_series(group, seed_spread(ok, ["depth"], "val_loss"), "depth")], ticks),
     ]
     shapes = ok.sort_values("depth").drop_duplicates("depth")
     depth, d_ff, d_model = shapes["depth"], shapes["d_ff"], shapes["d_model"]
@@ -193,15 +184,7 @@ def petty_section(study: StudyData) -> str:
         f"marked. d_ff below d_model at: {esc(where) if where else 'no depth'}. d_ff/d_model: {esc(ratios)}. "
         "A ratio near 1 is the boundary, not the d_ff much smaller than d_model regime where Petty et al.'s "
         "curves turn up.</p>",
-        _figure(
-            chart_svg(
-                width_lines,
-                title="d_ff vs depth",
-                x_label="depth (layers)",
-                y_label="width",
-                x_ticks=[(d, f"{int(d)}") for d in depths],
-            )
-        ),
+        _figure(width_lines, title="d_ff vs depth", x_label="depth (layers)", y_label="width", x_ticks=ticks),
     ]
     return "\n".join(parts)
 
@@ -227,17 +210,17 @@ def spa_section(study: StudyData) -> str:
             for v in variants
             if v in mean.index
         ]
-        chart = chart_svg(lines, title=f"training loss, depth {int(depth)}", x_label="step", y_label="training loss")
-        parts.append(_figure(chart))
+        parts.append(
+            _figure(lines, title=f"training loss, depth {int(depth)}", x_label="step", y_label="training loss")
+        )
     agg = seed_spread(ok, ["variant", "depth"], "val_loss")
     lines = [
         _series(v, agg[agg["variant"] == v], "depth", color=color[v]) for v in variants if (agg["variant"] == v).any()
     ]
-    depths = sorted(set(ok["depth"].dropna().astype(float)))
     parts += [
         "<h2>Final validation loss vs depth</h2>",
         f"<p class='meta'>One line per variant; mean over seeds, {SPREAD}.</p>",
-        _loss_vs_depth(lines, depths),
+        _loss_vs_depth(lines, _depth_ticks(ok)),
     ]
     return "\n".join(parts)
 
@@ -276,20 +259,17 @@ def kernels_section(study: StudyData, group: Callable[[StudyData, pd.Series], st
         }
         for m, d, a, b in zip(ok["member"], ok["depth"], init, trained, strict=True)
     ]
-    depths = sorted(set(ok["depth"].dropna().astype(float)))
     return "\n".join(
         [
             "<h2>Kernel collapse at init and after training</h2>",
             "<p class='meta'>kernel_cos_last: mean cosine between token representations at the last layer "
             f"(1 = collapsed). Solid: after training; dashed: at init; mean over seeds, {SPREAD}.</p>",
             _figure(
-                chart_svg(
-                    lines,
-                    title="last-layer kernel cosine vs depth",
-                    x_label="depth (layers)",
-                    y_label="kernel_cos_last",
-                    x_ticks=[(d, f"{int(d)}") for d in depths],
-                )
+                lines,
+                title="last-layer kernel cosine vs depth",
+                x_label="depth (layers)",
+                y_label="kernel_cos_last",
+                x_ticks=_depth_ticks(ok),
             ),
             html_table(records),
         ]
