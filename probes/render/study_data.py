@@ -102,10 +102,7 @@ def seed_spread(rows: pd.DataFrame, by: Sequence[str], value: str) -> pd.DataFra
     """Mean, min, max and count of ``value`` over the rows (seeds) of each ``by`` group; non-finite
     values are left out, and groups without a finite value are dropped."""
     v = pd.to_numeric(rows[value], errors="coerce")
-    rows = rows.assign(_v=v)[np.isfinite(v)]
-    if rows.empty:
-        return pd.DataFrame(columns=[*by, "mean", "lo", "hi", "n"])
-    g = rows.groupby(list(by), sort=True)["_v"]
+    g = rows.assign(_v=v)[np.isfinite(v)].groupby(list(by), sort=True)["_v"]
     return pd.DataFrame({"mean": g.mean(), "lo": g.min(), "hi": g.max(), "n": g.count()}).reset_index()
 
 
@@ -118,7 +115,7 @@ def levine_differences(study: StudyData) -> pd.DataFrame:
     ``per_seed`` (seed -> difference).
     """
     ok = study.ok.assign(
-        budget=num(study.ok, "budget").fillna(num(study.ok, "params_nonembed")),
+        budget=num(study.ok, "budget"),  # every levine member has its budget (its row, even failed)
         seed=num(study.ok, "seed").fillna(0).astype(int),
         depth=num(study.ok, "depth"),
         loss=num(study.ok, "val_loss"),

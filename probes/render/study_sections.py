@@ -97,9 +97,7 @@ def _budget_figure(lines: list[Series], ticks: list[tuple[float, str]], **chart:
 
 def levine_section(study: StudyData) -> str:
     ok = study.ok.assign(budget=num(study.ok, "budget"), depth=num(study.ok, "depth"))
-    agg = seed_spread(
-        ok.assign(budget=ok["budget"].fillna(num(ok, "params_nonembed"))), ["depth", "budget"], "val_loss"
-    )
+    agg = seed_spread(ok, ["depth", "budget"], "val_loss")
     ticks = [(b, budget_text(b)) for b in sorted(set(agg["budget"].astype(float)))]
     lines = [_series(f"L={int(d)}", g, "budget") for d, g in agg.groupby("depth", sort=True)]
     y_label = "validation loss (nats/token)"
