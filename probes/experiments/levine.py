@@ -61,9 +61,10 @@ class Levine(TextExperiment):
         return levine_section(study)
 
     def group(self, study: StudyData, row: Any) -> str:
-        from depthprobe.probes.render.study_sections import budget_group
+        """The kernel section's lines: one per budget (every levine member has one)."""
+        from depthprobe.probes.render.lines import budget_text
 
-        return budget_group(study, row)
+        return f"budget {budget_text(row['budget'])}"
 
 
 __all__ = ["Levine", "LevineConfig"]

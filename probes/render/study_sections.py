@@ -228,12 +228,6 @@ def spa_section(study: StudyData) -> str:
 # ----------------------------------------------------------------------------------------------
 
 
-def budget_group(study: StudyData, row: pd.Series) -> str:
-    """levine's kernel lines: one per budget."""
-    b = row.get("budget")
-    return f"budget {budget_text(b)}" if finite(b) else "budget ?"
-
-
 def kernels_section(study: StudyData, group: Callable[[StudyData, pd.Series], str]) -> str:
     ok = study.ok.assign(depth=num(study.ok, "depth"))
     init, trained = num(ok, "kernel_cos_last_init"), num(ok, "kernel_cos_last")
