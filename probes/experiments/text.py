@@ -99,10 +99,8 @@ class TextExperiment(Experiment):
     columns: ClassVar[list[str]] = COLUMNS
     resumable: ClassVar[tuple[str, ...]] = ("device", "max_params", "max_passes")
     aliases: ClassVar[dict[str, str]] = {"lr": "lrs", "width": "d_model"}
-    parsers: ClassVar[dict[str, Callable[[str], Any]]] = {
-        "vocab": parse_vocab,
-        "budgets": parse_budgets,
-    }  # levine, petty
+    # --budgets: levine's and petty's (another family refuses the option before any parser runs)
+    parsers: ClassVar[dict[str, Callable[[str], Any]]] = {"vocab": parse_vocab, "budgets": parse_budgets}
     cpu_flops: ClassVar[float] = 3.3e10  # training FLOP/s of the reference machine for this family's members
 
     # -- what a text family gives --------------------------------------------------------------
