@@ -152,9 +152,9 @@ def _deep_minus_shallow(diffs: pd.DataFrame, ticks: list[tuple[float, str]]) -> 
 
 
 def petty_group(study: StudyData, row: pd.Series) -> str:
-    """petty's lines: one per budget and shrink mode (the study's one --shrink)."""
-    budget = row.get("budget")
-    return f"budget {budget_text(budget) if finite(budget) else '?'}, shrink {study.config['shrink']}"
+    """petty's lines: one per budget and shrink mode (every petty member has its budget; the study has
+    one --shrink)."""
+    return f"budget {budget_text(row['budget'])}, shrink {study.config['shrink']}"
 
 
 def petty_section(study: StudyData) -> str:
