@@ -280,32 +280,11 @@ MAX_PROBE_PLOTS = 4  # per task, when none of its preferred metrics is present
 PEAK_COLUMNS = ["metric", "label", "peak_layer", "peak_relative_depth", "peak_value", "layer_mean"]
 
 
-def _probe_task_html(task: str, compared: tuple[pd.DataFrame, pd.DataFrame] | str) -> list[str]:
-    """One probe task: its peaks table and a plot per drawn metric, or why its runs could not be compared."""
-    parts = [f"<h3>{esc(TASK_TITLES.get(task, task))}</h3>"]
-    if isinstance(compared, str):
-        return [*parts, f"<p class='error'>{esc(task)}: {esc(compared)}</p>"]
-    table, peak = compared
-    metrics = list(dict.fromkeys(table["metric"]))
-    drawn = [m for m in PROBE_METRICS.get(task, ()) if m in metrics] or metrics[:MAX_PROBE_PLOTS]
-    rest = [m for m in metrics if m not in drawn]
-    peak = peak[peak["metric"].isin(drawn)] if len(peak) else peak
-    if len(peak):
-        recs = [
-            {c: (r[c] if c in ("metric", "label", "peak_layer") else cell_text(c, r[c])) for c in PEAK_COLUMNS}
-            for r in peak.to_dict("records")
-        ]
-        parts.append(html_table(recs, PEAK_COLUMNS))
-    parts += [f"<figure class='plot'>{svg_img(plot_svg(table, m), f'{task}: {m}')}</figure>" for m in drawn]
-    if rest:
-        parts.append(f"<p class='meta'>not drawn: {esc(', '.join(rest))}</p>")
-    return parts
-
-
 def probes_section(study: StudyData, tasks: Mapping[str, tuple[pd.DataFrame, pd.DataFrame] | str]) -> str:
-    """Per-layer probe curves across depth: one part per probe task of the drawn members; ``tasks``:
-    task folder -> (the comparison table of its member runs, labelled by member name, and where each
-    metric peaks; ``probes.api.compare``) or why its runs could not be compared."""
+    """Per-layer probe curves across depth: per probe task of the drawn members, its peaks table and a
+    plot per drawn metric; ``tasks``: task folder -> (the comparison table of its member runs, labelled
+    by member name, and where each metric peaks; ``probes.api.compare``) or why its runs could not be
+    compared."""
     parts = ["<h2>Per-layer probe curves across depth</h2>"]
     if not tasks:
         parts.append("<p class='note'>no probe runs under members/*/runs; nothing to draw</p>")
@@ -317,7 +296,23 @@ def probes_section(study: StudyData, tasks: Mapping[str, tuple[pd.DataFrame, pd.
         "Every metric of a task: probe compare members/*/runs/TASK.</p>"
     )
     for task, compared in tasks.items():
-        parts += _probe_task_html(task, compared)
+        parts.append(f"<h3>{esc(TASK_TITLES.get(task, task))}</h3>")
+        if isinstance(compared, str):
+            parts.append(f"<p class='error'>{esc(task)}: {esc(compared)}</p>")
+            continue
+        table, peak = compared
+        metrics = list(dict.fromkeys(table["metric"]))
+        drawn = [m for m in PROBE_METRICS.get(task, ()) if m in metrics] or metrics[:MAX_PROBE_PLOTS]
+        peak = peak[peak["metric"].isin(drawn)] if len(peak) else peak
+        if len(peak):
+            recs = [
+                {c: (r[c] if c in ("metric", "label", "peak_layer") else cell_text(c, r[c])) for c in PEAK_COLUMNS}
+                for r in peak.to_dict("records")
+            ]
+            parts.append(html_table(recs, PEAK_COLUMNS))
+        parts += [f"<figure class='plot'>{svg_img(plot_svg(table, m), f'{task}: {m}')}</figure>" for m in drawn]
+        if len(drawn) < len(metrics):
+            parts.append(f"<p class='meta'>not drawn: {esc(', '.join(m for m in metrics if m not in drawn))}</p>")
     return "\n".join(parts)
 
 
