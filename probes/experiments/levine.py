@@ -6,12 +6,11 @@ draws deep-minus-shallow validation loss against the budget and where it crosses
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from depthprobe.probes.experiments.text import TextExperiment
-from depthprobe.probes.experiments.text_config import COMMON, GPU_COST, TextConfig, check_budgets, parse_budgets
+from depthprobe.probes.experiments.text_config import COMMON, GPU_COST, TextConfig, check_budgets
 
 if TYPE_CHECKING:
     from depthprobe.probes.models.family_member import Member
@@ -35,7 +34,6 @@ class Levine(TextExperiment):
     name = "levine"
     description = "depth pairs (L, 2L) at equal parameter budgets (Levine et al. 2020)"
     Config = LevineConfig
-    parsers: ClassVar[dict[str, Callable[[str], Any]]] = {**TextExperiment.parsers, "budgets": parse_budgets}
     presets: ClassVar[dict[str, dict[str, Any]]] = {
         "smoke": {**COMMON["smoke"], "depths": (1,), "budgets": (7000,)},
         # tokens per parameter trimmed so that no member passes the built-in corpus more than 4 times
@@ -63,9 +61,10 @@ class Levine(TextExperiment):
         return levine_section(study)
 
     def group(self, study: StudyData, row: Any) -> str:
-        from depthprobe.probes.render.study_sections import budget_group
+        """The kernel section's lines: one per budget (every levine member has one)."""
+        from depthprobe.probes.render.lines import budget_text
 
-        return budget_group(study, row)
+        return f"budget {budget_text(row['budget'])}"
 
 
 __all__ = ["Levine", "LevineConfig"]

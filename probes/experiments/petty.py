@@ -6,14 +6,13 @@ only their secondary result, the language-modelling loss against depth at equal 
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from depthprobe.probes.base.errors import ProbeError
 from depthprobe.probes.experiments.protocol import at_least
 from depthprobe.probes.experiments.text import TextExperiment
-from depthprobe.probes.experiments.text_config import COMMON, GPU_COST, TextConfig, check_budgets, parse_budgets
+from depthprobe.probes.experiments.text_config import COMMON, GPU_COST, TextConfig, check_budgets
 
 if TYPE_CHECKING:
     from depthprobe.probes.models.family_member import Member
@@ -42,7 +41,6 @@ class Petty(TextExperiment):
     name = "petty"
     description = "depths at one parameter budget (Petty et al. 2024; the LM loss only)"
     Config = PettyConfig
-    parsers: ClassVar[dict[str, Callable[[str], Any]]] = {**TextExperiment.parsers, "budgets": parse_budgets}
     presets: ClassVar[dict[str, dict[str, Any]]] = {
         "smoke": {**COMMON["smoke"], "depths": (1, 2), "budgets": (6000,), "d_model": 16},
         "cpu": {

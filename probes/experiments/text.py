@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from depthprobe.probes.base.errors import ProbeError
 from depthprobe.probes.experiments.protocol import RUN_COLUMNS, Experiment
-from depthprobe.probes.experiments.text_config import parse_vocab
+from depthprobe.probes.experiments.text_config import parse_budgets, parse_vocab
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -83,14 +83,6 @@ PLAN_COLUMNS = [
     "cpu_minutes",
 ]
 TASK_ORDER = ("induction", "kernels", "kernels-init", "attention-stats")
-# the per-layer metric(s) drawn per task folder; the others are named in a note
-PROBE_METRICS = {
-    "induction": ("induction", "previous_token"),
-    "kernels": ("mean_cosine",),
-    "kernels-init": ("mean_cosine",),
-    "attention-stats": ("entropy",),
-}
-MAX_PROBE_PLOTS = 4  # per task, when none of its preferred metrics is present
 
 
 class PassesRefused(ProbeError):
@@ -107,7 +99,8 @@ class TextExperiment(Experiment):
     columns: ClassVar[list[str]] = COLUMNS
     resumable: ClassVar[tuple[str, ...]] = ("device", "max_params", "max_passes")
     aliases: ClassVar[dict[str, str]] = {"lr": "lrs", "width": "d_model"}
-    parsers: ClassVar[dict[str, Callable[[str], Any]]] = {"vocab": parse_vocab}
+    # --budgets: levine's and petty's (another family refuses the option before any parser runs)
+    parsers: ClassVar[dict[str, Callable[[str], Any]]] = {"vocab": parse_vocab, "budgets": parse_budgets}
     cpu_flops: ClassVar[float] = 3.3e10  # training FLOP/s of the reference machine for this family's members
 
     # -- what a text family gives --------------------------------------------------------------
@@ -323,42 +316,29 @@ class TextExperiment(Experiment):
         return [self.section(study), kernels_section(study, self.group), probes_section(study, probe_curves(study))]
 
 
-def probe_tasks(study: StudyData, members: list[str]) -> dict[str, list[tuple[str, Path]]]:
-    """task folder name -> [(member, run folder)] over ``members``, tasks in TASK_ORDER first."""
-    from depthprobe.probes.api.compare import is_run_dir
+def probe_curves(study: StudyData) -> dict[str, tuple[pd.DataFrame, pd.DataFrame] | str]:
+    """Each probe task (a run folder name under members/*/runs, TASK_ORDER first) of the drawn
+    members (one seed per configuration), compared across depth (``probes.api.compare``): its
+    table, labelled by member name, and its peaks; a task whose runs cannot be compared gives the
+    reason instead."""
+    from depthprobe.probes.api.compare import compare, is_run_dir, peaks
+    from depthprobe.probes.render.study_data import probe_members
 
     found: dict[str, list[tuple[str, Path]]] = {}
-    for m in members:
-        runs = study.folder / "members" / m / "runs"
-        for d in sorted(runs.iterdir()) if runs.is_dir() else []:
-            if not d.name.startswith(".") and is_run_dir(d):
+    for m in probe_members(study):
+        for d in sorted((study.folder / "members" / m / "runs").glob("[!.]*")):
+            if is_run_dir(d):
                 found.setdefault(d.name, []).append((m, d))
-    order = [t for t in TASK_ORDER if t in found] + sorted(t for t in found if t not in TASK_ORDER)
-    return {t: found[t] for t in order}
-
-
-def probe_curves(study: StudyData) -> list[Any]:
-    """Each probe task of the drawn members (one seed per configuration), compared across depth
-    (``probes.api.compare``); a task whose runs cannot be compared carries the reason instead."""
-    from depthprobe.probes.api.compare import compare, peaks
-    from depthprobe.probes.render.study_data import probe_members
-    from depthprobe.probes.render.study_sections import ProbeCurves
-
-    out = []
-    for task, runs in probe_tasks(study, probe_members(study)).items():
-        title = "kernels (at init)" if task == "kernels-init" else task
+    out: dict[str, tuple[pd.DataFrame, pd.DataFrame] | str] = {}
+    for task in [t for t in TASK_ORDER if t in found] + sorted(set(found) - set(TASK_ORDER)):
         try:
-            table = compare([p for _, p in runs])
+            table = compare([p for _, p in found[task]])
         except ProbeError as exc:
-            out.append(ProbeCurves(task, title, error=str(exc)))
+            out[task] = str(exc)
             continue
-        name = {str(p): m for m, p in runs}
+        name = {str(p): m for m, p in found[task]}
         table = table.assign(label=table["run"].map(name).fillna(table["label"]))
-        metrics = list(dict.fromkeys(table["metric"]))
-        drawn = [m for m in PROBE_METRICS.get(task, ()) if m in metrics] or metrics[:MAX_PROBE_PLOTS]
-        rest = [m for m in metrics if m not in drawn]
-        peak = peaks(table[table["metric"].isin(drawn)])
-        out.append(ProbeCurves(task, title, table, peak, tuple(drawn), tuple(rest)))
+        out[task] = (table, peaks(table))
     return out
 
 

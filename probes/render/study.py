@@ -42,10 +42,9 @@ def members_table(t: pd.DataFrame) -> str:
 
 
 def failed_list(failed: pd.DataFrame) -> str:
-    errors = failed["error"] if "error" in failed else [None] * len(failed)
-    items = "".join(
+    items = "".join(  # every members.csv has an error column (RUN_COLUMNS)
         f"<li><b>{esc(m)}</b>: {esc(e if isinstance(e, str) and e else 'no error recorded')}</li>"
-        for m, e in zip(failed["member"], errors, strict=True)
+        for m, e in zip(failed["member"], failed["error"], strict=True)
     )
     return f"<h2>Failed members</h2><p class='meta'>left out of every plot</p><ul class='error'>{items}</ul>"
 

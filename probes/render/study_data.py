@@ -1,7 +1,7 @@
 """A depth study's folder, read (``study.json``, ``members.csv``, ``members/*/loss.csv``), and the
 numbers its report shows: seed spreads, deep-minus-shallow differences, crossovers, table cells.
 
-- ``study.json``: family, preset and the resolved config (``pairs`` for levine, ``corpus``);
+- ``study.json``: family, preset and the resolved config (``corpus``, petty's ``shrink``);
 - ``members.csv``: one row per member (status ``ok`` or ``failed`` with its ``error``);
 - ``members/<member>/loss.csv``: the training curve (step, loss, val_loss, lr, tokens, elapsed_s).
 
@@ -84,14 +84,8 @@ def probe_members(study: StudyData) -> list[str]:
     """The finished members whose probe curves are drawn: one seed (the lowest) per configuration,
     a configuration being the member's shape columns (members.csv's, not its name)."""
     keys = [c for c in SHAPE if c in study.ok]
-    ok = study.ok.assign(_seed=num(study.ok, "seed").fillna(0))
-    config = [
-        ("|".join(map(str, row)) if keys else m)
-        for m, row in zip(ok["member"], ok[keys].itertuples(index=False), strict=True)
-    ]
-    ok = ok.assign(_config=config)
-    ok = ok.sort_values(["_config", "_seed"], kind="stable").drop_duplicates("_config")
-    return list(study.ok["member"][study.ok["member"].isin(ok["member"])])
+    ok = study.ok.assign(_seed=num(study.ok, "seed").fillna(0)).sort_values("_seed", kind="stable")
+    return list(study.ok["member"][study.ok["member"].isin(ok.drop_duplicates(keys)["member"])])
 
 
 # ----------------------------------------------------------------------------------------------
@@ -108,68 +102,45 @@ def seed_spread(rows: pd.DataFrame, by: Sequence[str], value: str) -> pd.DataFra
     """Mean, min, max and count of ``value`` over the rows (seeds) of each ``by`` group; non-finite
     values are left out, and groups without a finite value are dropped."""
     v = pd.to_numeric(rows[value], errors="coerce")
-    rows = rows.assign(_v=v)[np.isfinite(v)]
-    if rows.empty:
-        return pd.DataFrame(columns=[*by, "mean", "lo", "hi", "n"])
-    g = rows.groupby(list(by), sort=True)["_v"]
+    g = rows.assign(_v=v)[np.isfinite(v)].groupby(list(by), sort=True)["_v"]
     return pd.DataFrame({"mean": g.mean(), "lo": g.min(), "hi": g.max(), "n": g.count()}).reset_index()
 
 
-def _pairs(study: StudyData) -> list[tuple[int, int]]:
-    raw = study.config.get("pairs")
-    if isinstance(raw, list) and all(isinstance(p, (list, tuple)) and len(p) == 2 for p in raw):
-        return [(int(a), int(b)) for a, b in raw]
-    depths = sorted({int(d) for d in study.ok["depth"]})
-    return [(d, 2 * d) for d in depths if 2 * d in depths]
-
-
 def levine_differences(study: StudyData) -> pd.DataFrame:
-    """Deep minus shallow validation loss per pair (L, 2L), budget and seed, then over seeds.
+    """Deep minus shallow validation loss per pair (L, 2L), budget and seed, then over seeds; the
+    pairs are the finished depths L whose 2L finished too.
 
     One row per (pair, budget) where both depths finished for at least one seed: ``shallow``,
     ``deep``, ``budget``, ``mean``, ``lo``, ``hi`` (min and max over seeds), ``n`` (seeds) and
     ``per_seed`` (seed -> difference).
     """
     ok = study.ok.assign(
-        _budget=num(study.ok, "budget").fillna(num(study.ok, "params_nonembed")),
-        _seed=num(study.ok, "seed").fillna(0).astype(int),
-        _loss=num(study.ok, "val_loss"),
-        _depth=num(study.ok, "depth"),
+        budget=num(study.ok, "budget"),  # every levine member has its budget (its row, even failed)
+        seed=num(study.ok, "seed").fillna(0).astype(int),
+        depth=num(study.ok, "depth"),
+        loss=num(study.ok, "val_loss"),
     )
-    ok = ok[np.isfinite(ok["_loss"]) & np.isfinite(ok["_budget"])]
-    rows = []
-    for shallow, deep in _pairs(study):
-        a = ok[ok["_depth"] == shallow].groupby(["_budget", "_seed"])["_loss"].mean()
-        b = ok[ok["_depth"] == deep].groupby(["_budget", "_seed"])["_loss"].mean()
-        d = (b - a).dropna()
-        for budget, per in d.groupby(level=0, sort=True):
-            seeds = {int(s): float(v) for (_, s), v in per.items()}
-            rows.append(
-                {
-                    "shallow": shallow,
-                    "deep": deep,
-                    "budget": float(budget),
-                    "mean": float(np.mean(list(seeds.values()))),
-                    "lo": min(seeds.values()),
-                    "hi": max(seeds.values()),
-                    "n": len(seeds),
-                    "per_seed": seeds,
-                }
-            )
-    return pd.DataFrame(rows, columns=["shallow", "deep", "budget", "mean", "lo", "hi", "n", "per_seed"])
+    ok = ok[np.isfinite(ok["loss"])]
+    loss = ok.groupby(["budget", "seed", "depth"])["loss"].mean().unstack("depth")
+    frames = [
+        (loss[2 * d] - loss[d]).rename("diff").dropna().reset_index().assign(shallow=int(d), deep=int(2 * d))
+        for d in loss.columns
+        if 2 * d in loss.columns
+    ]
+    diffs = pd.concat(frames) if frames else pd.DataFrame(columns=["shallow", "deep", "budget", "seed", "diff"])
+    keys = ["shallow", "deep", "budget"]
+    per_seed = {k: dict(zip(g["seed"], g["diff"], strict=True)) for k, g in diffs.groupby(keys)}
+    out = seed_spread(diffs, keys, "diff")
+    return out.assign(per_seed=[per_seed[k] for k in zip(out["shallow"], out["deep"], out["budget"], strict=True)])
 
 
-def crossover(diffs: pd.DataFrame, shallow: int, deep: int) -> float | None:
-    """The smallest budget from which every seed's deep-minus-shallow difference is below zero at
-    that budget and at every larger one (None when there is none in the grid)."""
-    d = diffs[(diffs["shallow"] == shallow) & (diffs["deep"] == deep)].sort_values("budget")
-    found = None
-    for budget, hi in zip(reversed(d["budget"].tolist()), reversed(d["hi"].tolist()), strict=True):
-        if hi < 0:
-            found = float(budget)
-        else:
-            break
-    return found
+def crossover(pair: pd.DataFrame) -> float | None:
+    """The smallest budget from which every seed's deep-minus-shallow difference of the pair
+    (its rows of :func:`levine_differences`) is below zero at that budget and at every larger one
+    (None when there is none in the grid)."""
+    not_below = pair.loc[pair["hi"] >= 0, "budget"]
+    below = pair["budget"][pair["budget"] > not_below.max()] if len(not_below) else pair["budget"]
+    return float(below.min()) if len(below) else None
 
 
 _INT_COLUMNS = {"depth", "d_model", "d_ff", "n_heads", "d_head", "budget", "params_nonembed", "params_embed"}

@@ -4,14 +4,13 @@ collapse at init vs after training, and the per-layer probe curves across depth.
 Plots are inline SVG line charts (``probes.render.lines``: lines with markers, seed spread as
 min-max error bars, optional log x and zero line); the per-layer probe curves are
 ``probes.render.compare.plot_svg`` charts embedded as ``data:`` images. Failed members are left
-out of every plot. The probe runs arrive compared (``ProbeCurves``, built by
-``probes.experiments.text``); nothing here reads a run folder.
+out of every plot. The probe runs arrive compared (by ``probes.experiments.text``); nothing here
+reads a run folder.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -70,31 +69,25 @@ def _series(label: str, agg: pd.DataFrame, x: str, **kw: Any) -> Series:
     )
 
 
-def _loss_vs_depth(lines: list[Series], depths: Sequence[float]) -> str:
+def _figure(lines: list[Series], **chart: Any) -> str:
+    """A line chart of the page (``probes.render.lines.chart_svg``)."""
+    return f"<figure class='plot'>{chart_svg(lines, **chart)}</figure>"
+
+
+def _depth_ticks(rows: pd.DataFrame) -> list[tuple[float, str]]:
+    """A tick per depth of ``rows`` (their ``depth`` column, as numbers)."""
+    return [(d, f"{int(d)}") for d in sorted(set(rows["depth"].dropna().astype(float)))]
+
+
+def _loss_vs_depth(lines: list[Series], ticks: list[tuple[float, str]]) -> str:
     """The petty and spa figure: final validation loss against depth, one tick per depth."""
-    chart = chart_svg(
-        lines,
-        title="validation loss vs depth",
-        x_label="depth (layers)",
-        y_label="validation loss (nats/token)",
-        x_ticks=[(d, f"{int(d)}") for d in depths],
-    )
-    return _figure(chart)
+    y_label = "validation loss (nats/token)"
+    return _figure(lines, title="validation loss vs depth", x_label="depth (layers)", y_label=y_label, x_ticks=ticks)
 
 
-def _budget_figure(
-    lines: list[Series], title: str, y_label: str, ticks: list[tuple[float, str]], zero: bool = False
-) -> str:
+def _budget_figure(lines: list[Series], ticks: list[tuple[float, str]], **chart: Any) -> str:
     """levine's figures: against the non-embedding budget, log x, a tick per budget."""
-    x_label = "non-embedding parameters"
-    return _figure(
-        chart_svg(lines, title=title, x_label=x_label, y_label=y_label, log_x=True, zero=zero, x_ticks=ticks)
-    )
-
-
-def _figure(svg: str, caption: str = "") -> str:
-    cap = f"<figcaption>{esc(caption)}</figcaption>" if caption else ""
-    return f"<figure class='plot'>{svg}{cap}</figure>"
+    return _figure(lines, x_label="non-embedding parameters", log_x=True, x_ticks=ticks, **chart)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -104,39 +97,38 @@ def _figure(svg: str, caption: str = "") -> str:
 
 def levine_section(study: StudyData) -> str:
     ok = study.ok.assign(budget=num(study.ok, "budget"), depth=num(study.ok, "depth"))
-    ok = ok.assign(budget=ok["budget"].fillna(num(ok, "params_nonembed")))
     agg = seed_spread(ok, ["depth", "budget"], "val_loss")
-    budgets = sorted(set(agg["budget"].astype(float)))
-    ticks = [(b, budget_text(b)) for b in budgets]
+    ticks = [(b, budget_text(b)) for b in sorted(set(agg["budget"].astype(float)))]
     lines = [_series(f"L={int(d)}", g, "budget") for d, g in agg.groupby("depth", sort=True)]
+    y_label = "validation loss (nats/token)"
     parts = [
         "<h2>Validation loss vs non-embedding budget</h2>",
         f"<p class='meta'>One line per depth; mean over seeds, {SPREAD}. Budget: the target non-embedding "
         "parameter count (members match it within 5%; each miss is budget_miss in members.csv).</p>",
-        _budget_figure(lines, "validation loss vs budget", "validation loss (nats/token)", ticks),
+        _budget_figure(lines, ticks, title="validation loss vs budget", y_label=y_label),
+        "<h2>Deep minus shallow</h2>",
+        f"<p class='meta'>{esc(EXPECTED['levine'])}</p>",
     ]
     diffs = levine_differences(study)
-    parts.append("<h2>Deep minus shallow</h2>")
-    parts.append(f"<p class='meta'>{esc(EXPECTED['levine'])}</p>")
     if diffs.empty:
         parts.append("<p class='note'>no pair has both depths finished at any budget; nothing to compare</p>")
-        return "\n".join(parts)
-    parts += _deep_minus_shallow(diffs, ticks)
+    else:
+        parts += _deep_minus_shallow(diffs, ticks)
     return "\n".join(parts)
 
 
 def _deep_minus_shallow(diffs: pd.DataFrame, ticks: list[tuple[float, str]]) -> list[str]:
     """The deep-minus-shallow chart of every pair, its table and where each pair crosses zero."""
-    pair_lines = [
-        _series(f"L={int(a)} vs L={int(b)}", g, "budget") for (a, b), g in diffs.groupby(["shallow", "deep"], sort=True)
-    ]
-    parts = [
-        f"<p class='meta'>val_loss(2L) - val_loss(L) for the same budget and seed; mean over seeds, "
-        f"{SPREAD}; the black line is zero (below it the deeper member is better).</p>"
-    ]
-    parts.append(
-        _budget_figure(pair_lines, "deep minus shallow validation loss", "val_loss(2L) - val_loss(L)", ticks, zero=True)
-    )
+    pair_lines, said = [], []
+    for (a, b), pair in diffs.groupby(["shallow", "deep"], sort=True):
+        pair_lines.append(_series(f"L={int(a)} vs L={int(b)}", pair, "budget"))
+        c = crossover(pair)
+        where = (
+            f"every seed below zero from {budget_text(c)} up"
+            if c is not None
+            else "not below zero for every seed at the largest budgets"
+        )
+        said.append(f"pair ({int(a)}, {int(b)}): {where}")
     records = [
         {
             "pair": f"({int(r.shallow)}, {int(r.deep)})",
@@ -149,76 +141,54 @@ def _deep_minus_shallow(diffs: pd.DataFrame, ticks: list[tuple[float, str]]) -> 
         }
         for r in diffs.itertuples()
     ]
-    parts.append("<div class='differences'>" + html_table(records) + "</div>")
-    said = []
-    for (a, b), _ in diffs.groupby(["shallow", "deep"], sort=True):
-        c = crossover(diffs, a, b)
-        where = (
-            f"every seed below zero from {budget_text(c)} up"
-            if c is not None
-            else "not below zero for every seed at the largest budgets"
-        )
-        said.append(f"pair ({int(a)}, {int(b)}): {where}")
-    parts.append(f"<p class='meta'>Measured: {esc('; '.join(said))}.</p>")
-    return parts
+    title, y_label = "deep minus shallow validation loss", "val_loss(2L) - val_loss(L)"
+    return [
+        f"<p class='meta'>val_loss(2L) - val_loss(L) for the same budget and seed; mean over seeds, "
+        f"{SPREAD}; the black line is zero (below it the deeper member is better).</p>",
+        _budget_figure(pair_lines, ticks, title=title, y_label=y_label, zero=True),
+        "<div class='differences'>" + html_table(records) + "</div>",
+        f"<p class='meta'>Measured: {esc('; '.join(said))}.</p>",
+    ]
 
 
 def petty_group(study: StudyData, row: pd.Series) -> str:
-    shrink = row.get("variant")
-    if not isinstance(shrink, str) or not shrink:
-        shrink = str(study.config.get("shrink", "d_ff"))
-    budget = row.get("budget")
-    b = budget_text(budget) if finite(budget) else "?"
-    return f"budget {b}, shrink {shrink}"
+    """petty's lines: one per budget and shrink mode (every petty member has its budget; the study has
+    one --shrink)."""
+    return f"budget {budget_text(row['budget'])}, shrink {study.config['shrink']}"
 
 
 def petty_section(study: StudyData) -> str:
-    ok = study.ok.assign(depth=num(study.ok, "depth"))
-    ok = ok.assign(group=[petty_group(study, r) for _, r in ok.iterrows()])
-    agg = seed_spread(ok, ["group", "depth"], "val_loss")
-    lines = [_series(g, a, "depth") for g, a in agg.groupby("group", sort=False)]
-    depths = sorted(set(ok["depth"].dropna().astype(float)))
-    ticks = [(d, f"{int(d)}") for d in depths]
+    ok = study.ok.assign(depth=num(study.ok, "depth"), d_ff=num(study.ok, "d_ff"), d_model=num(study.ok, "d_model"))
+    group = petty_group(study, ok.iloc[0])  # one line: a petty study has one budget and one --shrink
+    ticks = _depth_ticks(ok)
     parts = [
         "<h2>Validation loss vs depth</h2>",
         f"<p class='meta'>{esc(EXPECTED['petty'])}</p>",
         f"<p class='meta'>One line per budget and shrink mode; mean over seeds, {SPREAD}.</p>",
-        _loss_vs_depth(lines, depths),
+        _loss_vs_depth([_series(group, seed_spread(ok, ["depth"], "val_loss"), "depth")], ticks),
     ]
-    shapes = ok.assign(d_ff=num(ok, "d_ff"), d_model=num(ok, "d_model"))
-    shapes = shapes.sort_values("depth").drop_duplicates(["group", "depth"])
-    width_lines = []
-    for k, (g, s) in enumerate(shapes.groupby("group", sort=False)):
-        color = PALETTE[k % len(PALETTE)]
-        marks = tuple("d_ff < d_model" if f < m else "" for f, m in zip(s["d_ff"], s["d_model"], strict=True))
-        width_lines.append(
-            Series(f"d_ff, {g}", tuple(zip(s["depth"], s["d_ff"], strict=True)), marks=marks, color=color)
-        )
-        width_lines.append(
-            Series(f"d_model, {g}", tuple(zip(s["depth"], s["d_model"], strict=True)), dashed=True, color=color)
-        )
-    narrow = shapes[shapes["d_ff"] < shapes["d_model"]]
-    where = ", ".join(f"L={int(d)} ({g})" for d, g in zip(narrow["depth"], narrow["group"], strict=True))
-    ratios = "; ".join(
-        f"L={int(d)}: {f / m:.2f} ({g})"
-        for d, f, m, g in zip(shapes["depth"], shapes["d_ff"], shapes["d_model"], shapes["group"], strict=True)
-    )
+    shapes = ok.sort_values("depth").drop_duplicates("depth")
+    depth, d_ff, d_model = shapes["depth"], shapes["d_ff"], shapes["d_model"]
+    marks = tuple("d_ff < d_model" if f < m else "" for f, m in zip(d_ff, d_model, strict=True))
+    width_lines = [
+        Series(f"d_ff, {group}", tuple(zip(depth, d_ff, strict=True)), marks=marks, color=PALETTE[0]),
+        Series(f"d_model, {group}", tuple(zip(depth, d_model, strict=True)), dashed=True, color=PALETTE[0]),
+    ]
+    where = ", ".join(f"L={int(d)} ({group})" for d in depth[d_ff < d_model])
+    ratios = "; ".join(f"L={int(d)}: {f / m:.2f} ({group})" for d, f, m in zip(depth, d_ff, d_model, strict=True))
     parts += [
         "<h2>Width vs depth</h2>",
         "<p class='meta'>d_ff (solid) and d_model (dashed) of each depth; points where d_ff &lt; d_model are "
-        f"marked. d_ff below d_model at: {esc(where) if where else 'no depth'}. d_ff/d_model: "
-        f"{esc(ratios) if ratios else 'no member'}. A ratio near 1 is the boundary, "
-        "not the d_ff much smaller than d_model regime where Petty et al.'s curves turn up.</p>",
-        _figure(
-            chart_svg(width_lines, title="d_ff vs depth", x_label="depth (layers)", y_label="width", x_ticks=ticks)
-        ),
+        f"marked. d_ff below d_model at: {esc(where) if where else 'no depth'}. d_ff/d_model: {esc(ratios)}. "
+        "A ratio near 1 is the boundary, not the d_ff much smaller than d_model regime where Petty et al.'s "
+        "curves turn up.</p>",
+        _figure(width_lines, title="d_ff vs depth", x_label="depth (layers)", y_label="width", x_ticks=ticks),
     ]
     return "\n".join(parts)
 
 
 def spa_section(study: StudyData) -> str:
-    ok = study.ok.assign(depth=num(study.ok, "depth"), variant=study.ok.get("variant", "?"))
-    ok = ok.assign(variant=ok["variant"].fillna("?").astype(str))
+    ok = study.ok.assign(depth=num(study.ok, "depth"))  # every spa member has a variant (its row, even failed)
     curves, notes = read_losses(study, list(ok["member"]))
     variants = list(dict.fromkeys(ok["variant"]))
     color = {v: PALETTE[k % len(PALETTE)] for k, v in enumerate(variants)}
@@ -229,32 +199,26 @@ def spa_section(study: StudyData) -> str:
         f"mean over the seeds that logged that step; long curves are thinned to {MAX_CURVE_POINTS} points.</p>",
     ]
     parts += [f"<p class='note'>{esc(n)}</p>" for n in notes]
-    for depth, at in ok.groupby("depth", sort=True):
-        lines = []
-        for v in variants:
-            frames = [curves[m] for m in at[at["variant"] == v]["member"] if m in curves]
-            if not frames:
-                continue
-            mean = pd.concat(frames).groupby("step", sort=True)["loss"].mean().reset_index()
-            mean = thin(mean)
-            lines.append(Series(v, tuple(zip(mean["step"], mean["loss"], strict=True)), color=color[v]))
-        if lines:
-            parts.append(
-                _figure(
-                    chart_svg(
-                        lines, title=f"training loss, depth {int(depth)}", x_label="step", y_label="training loss"
-                    )
-                )
-            )
+    empty = pd.DataFrame(columns=["member", "step", "loss"])
+    logged = pd.concat(curves, names=["member", None]).reset_index("member") if curves else empty
+    for depth, at in logged.merge(ok[["member", "depth", "variant"]]).groupby("depth", sort=True):
+        mean = at.groupby(["variant", "step"], sort=True)["loss"].mean()
+        lines = [
+            Series(v, tuple(thin(mean[v].reset_index()).itertuples(index=False, name=None)), color=color[v])
+            for v in variants
+            if v in mean.index
+        ]
+        parts.append(
+            _figure(lines, title=f"training loss, depth {int(depth)}", x_label="step", y_label="training loss")
+        )
     agg = seed_spread(ok, ["variant", "depth"], "val_loss")
     lines = [
         _series(v, agg[agg["variant"] == v], "depth", color=color[v]) for v in variants if (agg["variant"] == v).any()
     ]
-    depths = sorted(set(ok["depth"].dropna().astype(float)))
     parts += [
         "<h2>Final validation loss vs depth</h2>",
         f"<p class='meta'>One line per variant; mean over seeds, {SPREAD}.</p>",
-        _loss_vs_depth(lines, depths),
+        _loss_vs_depth(lines, _depth_ticks(ok)),
     ]
     return "\n".join(parts)
 
@@ -262,12 +226,6 @@ def spa_section(study: StudyData) -> str:
 # ----------------------------------------------------------------------------------------------
 # every family: kernel collapse and per-layer probe curves
 # ----------------------------------------------------------------------------------------------
-
-
-def budget_group(study: StudyData, row: pd.Series) -> str:
-    """levine's kernel lines: one per budget."""
-    b = row.get("budget")
-    return f"budget {budget_text(b)}" if finite(b) else "budget ?"
 
 
 def kernels_section(study: StudyData, group: Callable[[StudyData, pd.Series], str]) -> str:
@@ -293,76 +251,69 @@ def kernels_section(study: StudyData, group: Callable[[StudyData, pd.Series], st
         }
         for m, d, a, b in zip(ok["member"], ok["depth"], init, trained, strict=True)
     ]
-    depths = sorted(set(ok["depth"].dropna().astype(float)))
     return "\n".join(
         [
             "<h2>Kernel collapse at init and after training</h2>",
             "<p class='meta'>kernel_cos_last: mean cosine between token representations at the last layer "
             f"(1 = collapsed). Solid: after training; dashed: at init; mean over seeds, {SPREAD}.</p>",
             _figure(
-                chart_svg(
-                    lines,
-                    title="last-layer kernel cosine vs depth",
-                    x_label="depth (layers)",
-                    y_label="kernel_cos_last",
-                    x_ticks=[(d, f"{int(d)}") for d in depths],
-                )
+                lines,
+                title="last-layer kernel cosine vs depth",
+                x_label="depth (layers)",
+                y_label="kernel_cos_last",
+                x_ticks=_depth_ticks(ok),
             ),
             html_table(records),
         ]
     )
 
 
-@dataclass(frozen=True)
-class ProbeCurves:
-    """One probe task of a study's members, compared across depth, as its part of the page shows it."""
-
-    task: str  # the task folder's name
-    title: str
-    table: pd.DataFrame | None = None  # the comparison table of the member runs (label: member name)
-    peaks: pd.DataFrame | None = None  # where each drawn metric peaks, per member
-    drawn: tuple[str, ...] = ()  # metrics drawn, one plot each
-    rest: tuple[str, ...] = ()  # metrics named in a note only
-    error: str | None = None  # why the member runs could not be compared
-
-
-def _probe_task_html(curves: ProbeCurves) -> list[str]:
-    parts = [f"<h3>{esc(curves.title)}</h3>"]
-    if curves.error is not None or curves.table is None:
-        return [*parts, f"<p class='error'>{esc(curves.task)}: {esc(curves.error)}</p>"]
-    peak = curves.peaks
-    if peak is not None and len(peak):
-        cols = ["metric", "label", "peak_layer", "peak_relative_depth", "peak_value", "layer_mean"]
-        recs = [
-            {c: (cell_text(c, r[c]) if c not in ("metric", "label", "peak_layer") else r[c]) for c in cols}
-            for r in peak.to_dict("records")
-        ]
-        parts.append(html_table(recs, cols))
-    parts += [
-        f"<figure class='plot'>{svg_img(plot_svg(curves.table, m), f'{curves.task}: {m}')}</figure>"
-        for m in curves.drawn
-    ]
-    if curves.rest:
-        parts.append(f"<p class='meta'>not drawn: {esc(', '.join(curves.rest))}</p>")
-    return parts
+TASK_TITLES = {"kernels-init": "kernels (at init)"}
+# the per-layer metric(s) drawn per task folder; the others are named in a note
+PROBE_METRICS = {
+    "induction": ("induction", "previous_token"),
+    "kernels": ("mean_cosine",),
+    "kernels-init": ("mean_cosine",),
+    "attention-stats": ("entropy",),
+}
+MAX_PROBE_PLOTS = 4  # per task, when none of its preferred metrics is present
+PEAK_COLUMNS = ["metric", "label", "peak_layer", "peak_relative_depth", "peak_value", "layer_mean"]
 
 
-def probes_section(study: StudyData, probes: Sequence[ProbeCurves]) -> str:
-    """Per-layer probe curves across depth: one part per probe task of the drawn members."""
-    members = probe_members(study)
+def probes_section(study: StudyData, tasks: Mapping[str, tuple[pd.DataFrame, pd.DataFrame] | str]) -> str:
+    """Per-layer probe curves across depth: per probe task of the drawn members, its peaks table and a
+    plot per drawn metric; ``tasks``: task folder -> (the comparison table of its member runs, labelled
+    by member name, and where each metric peaks; ``probes.api.compare``) or why its runs could not be
+    compared."""
     parts = ["<h2>Per-layer probe curves across depth</h2>"]
-    if not probes:
+    if not tasks:
         parts.append("<p class='note'>no probe runs under members/*/runs; nothing to draw</p>")
         return "\n".join(parts)
-    seeds = "one seed (the lowest) per configuration; " if len(members) < len(study.ok) else ""
+    seeds = "one seed (the lowest) per configuration; " if len(probe_members(study)) < len(study.ok) else ""
     parts.append(
         f"<p class='meta'>Each line is one member ({seeds}label: member name); x is relative depth "
         "(block l at (l + 0.5) / L). Solid: the best head of each layer; dashed: the mean over heads. "
         "Every metric of a task: probe compare members/*/runs/TASK.</p>"
     )
-    for curves in probes:
-        parts += _probe_task_html(curves)
+    for task, compared in tasks.items():
+        parts.append(f"<h3>{esc(TASK_TITLES.get(task, task))}</h3>")
+        if isinstance(compared, str):
+            parts.append(f"<p class='error'>{esc(task)}: {esc(compared)}</p>")
+            continue
+        table, peak = compared
+        metrics = list(dict.fromkeys(table["metric"]))
+        drawn = [m for m in PROBE_METRICS.get(task, ()) if m in metrics] or metrics[:MAX_PROBE_PLOTS]
+        peak = peak[peak["metric"].isin(drawn)] if len(peak) else peak
+        if len(peak):
+            recs = [
+                {c: (r[c] if c in ("metric", "label", "peak_layer") else cell_text(c, r[c])) for c in PEAK_COLUMNS}
+                for r in peak.to_dict("records")
+            ]
+            parts.append(html_table(recs, PEAK_COLUMNS))
+        parts += [f"<figure class='plot'>{svg_img(plot_svg(table, m), f'{task}: {m}')}</figure>" for m in drawn]
+        if len(drawn) < len(metrics):
+            parts.append(f"<p class='meta'>not drawn: {esc(', '.join(m for m in metrics if m not in drawn))}</p>")
     return "\n".join(parts)
 
 
-__all__ = ["ProbeCurves", "kernels_section", "probes_section"]
+__all__ = ["kernels_section", "probes_section"]
