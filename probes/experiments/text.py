@@ -70,18 +70,7 @@ COLUMNS = [
     "tokens_per_s",
     *RUN_COLUMNS,
 ]
-PLAN_COLUMNS = [
-    "family",
-    "member",
-    "depth",
-    "d_model",
-    "n_heads",
-    "d_head",
-    "d_ff",
-    "d_ff_ratio",
-    *SIZES,
-    "cpu_minutes",
-]
+PLAN_COLUMNS = ["family", "member", *SHAPES, *SIZES, "cpu_minutes"]  # plan.csv
 TASK_ORDER = ("induction", "kernels", "kernels-init", "attention-stats")
 
 
@@ -178,22 +167,11 @@ class TextExperiment(Experiment):
     def base_row(self, job: TextJob) -> dict[str, Any]:
         """The member's shape columns (sizes at the configured vocabulary; a trained member's row
         replaces them with the counts of the built model)."""
-        m = job.member
         row = super().base_row(job)
-        row.update(
-            variant=m.variant,
-            depth=m.depth,
-            d_model=m.d_model,
-            d_ff=m.d_ff,
-            d_ff_ratio=m.d_ff_ratio,
-            n_heads=m.n_heads,
-            d_head=m.d_head,
-            budget=m.budget,
-            seed=job.seed,
-        )
+        row.update({c: getattr(job.member, c) for c in ("variant", *SHAPES, "budget")}, seed=job.seed)
         sizes = self.sizes(job, job.config.vocab)
         if sizes is not None:
-            row.update(self.size_columns(m, *sizes))
+            row.update(self.size_columns(job.member, *sizes))
         return row
 
     def measure(self, job: TextJob, folder: Path, row: dict[str, Any]) -> dict[str, Any]:
