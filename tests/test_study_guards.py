@@ -24,28 +24,37 @@ def toy(out: Path, *more: str):
     return runner.invoke(app, ["study", "--plugin", TOY, "--family", "toy", "--out", str(out), *more])
 
 
+HOLD = (
+    "import fcntl, os, sys, time; f = open(sys.argv[1], 'a+'); fcntl.flock(f, fcntl.LOCK_EX); "
+    "f.write(f'{os.getpid()}\\n'); f.flush(); print('held', flush=True); time.sleep(60)"
+)
+
+
 def test_a_folder_held_by_a_live_run_is_refused_and_left_alone(tmp_path):
     assert toy(tmp_path / "s").exit_code == 0
     before = (tmp_path / "s" / "members.csv").read_text()
-    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD, str(tmp_path / "s" / LOCK)], stdout=subprocess.PIPE, text=True
+    )
     try:
-        (tmp_path / "s" / LOCK).write_text(f"{holder.pid}\n")
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
         res = toy(tmp_path / "s")
         assert res.exit_code == 2 and f"in use by another probe study (pid {holder.pid})" in res.output
         assert (tmp_path / "s" / "members.csv").read_text() == before
     finally:
         holder.kill()
         holder.wait()
+    res = toy(tmp_path / "s")  # the holder is gone: its lock went with it (a killed run leaves none)
+    assert res.exit_code == 0, res.output
+    assert not (tmp_path / "s" / LOCK).exists()
 
 
-def test_a_stale_lock_is_taken_over_with_a_note(tmp_path):
-    gone = subprocess.Popen([sys.executable, "-c", "pass"])
-    gone.wait()
+def test_a_lock_file_left_behind_holds_nothing(tmp_path):
+    """A lock file without a live holder (a copied folder, an old version's file) is no lock."""
     (tmp_path / "s").mkdir()
-    (tmp_path / "s" / LOCK).write_text(f"{gone.pid}\n")
+    (tmp_path / "s" / LOCK).write_text("12345\n")
     res = toy(tmp_path / "s")
     assert res.exit_code == 0, res.output
-    assert f"taking over the lock of a run that is gone (pid {gone.pid})" in res.output
     assert not (tmp_path / "s" / LOCK).exists()
     assert len(pd.read_csv(tmp_path / "s" / "members.csv")) == 3
 

@@ -57,40 +57,37 @@ class MemberOutput:
 
 
 @contextlib.contextmanager
-def locked(folder: Path, say: Callable[[str], None]) -> Iterator[None]:
-    """Hold the study folder for this run: ``OUT/.study.lock`` with this process's pid, created
-    atomically. A folder held by a live process is refused (two runs on one folder would overwrite
-    each other's members); a lock left by a dead process is taken over with a note. A folder this
-    run created and left holding nothing but its lock is removed again."""
+def locked(folder: Path) -> Iterator[None]:
+    """Hold the study folder for this run: an exclusive ``flock`` on ``OUT/.study.lock`` (which
+    holds this run's pid for the message), dropped by the kernel when the process ends, however it
+    ends, so a killed run leaves no lock behind. A folder held by another run is refused (two runs
+    on one folder would overwrite each other's members). A folder this run created and left
+    holding nothing but its lock is removed again."""
+    import fcntl
+
     created = not folder.exists()
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / LOCK
-    for _ in range(2):
+    with open(path, "a+") as f:
         try:
-            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-            break
-        except FileExistsError:
-            try:
-                pid = int(path.read_text().split()[0])
-            except (OSError, ValueError, IndexError):
-                pid = 0
-            if pid > 0 and artifacts.pid_alive(pid):
-                raise ProbeError(
-                    f"--out {folder} is in use by another probe study (pid {pid}); wait for it to finish, or pass "
-                    "another --out"
-                ) from None
-            say(f"{folder}: taking over the lock of a run that is gone (pid {pid or 'unknown'})")
-            path.unlink(missing_ok=True)
-    else:
-        raise ProbeError(f"--out {folder}: another run took its lock at the same moment; pass another --out")
-    with os.fdopen(fd, "w") as f:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            if os.stat(path).st_ino != os.fstat(f.fileno()).st_ino:  # its holder removed it meanwhile
+                raise BlockingIOError
+        except (BlockingIOError, FileNotFoundError):
+            f.seek(0)
+            raise ProbeError(
+                f"--out {folder} is in use by another probe study (pid {f.read().strip() or 'unknown'}); wait for "
+                "it to finish, or pass another --out"
+            ) from None
+        f.truncate(0)
         f.write(f"{os.getpid()}\n")
-    try:
-        yield
-    finally:
-        path.unlink(missing_ok=True)
-        if created and folder.is_dir() and not any(folder.iterdir()):
-            folder.rmdir()
+        f.flush()
+        try:
+            yield
+        finally:
+            path.unlink(missing_ok=True)
+            if created and not any(folder.iterdir()):
+                folder.rmdir()
 
 
 def forget_new_study(folder: Path) -> None:
