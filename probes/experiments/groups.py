@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from depthprobe.probes.base.errors import ProbeError
-from depthprobe.probes.experiments.laws import COMMON, LawConfig, LawExperiment, LawJob, measured_depth
+from depthprobe.probes.experiments.laws import COMMON, LawConfig, LawExperiment, LawJob, measured_depths
 from depthprobe.probes.experiments.protocol import at_least
 
 if TYPE_CHECKING:
@@ -208,14 +208,11 @@ class Groups(LawExperiment):
 
         if accuracy.empty:
             return pd.DataFrame(columns=LAW_COLUMNS)
-        rows = accuracy[~accuracy["control"].astype(bool)]
-        out = []
-        for (d, g, t), at in rows.groupby(["d_model", "group", "T"], sort=False):
-            solvable = group_data.get_group(str(g)).solvable
-            measured = measured_depth(at, cfg.threshold, cfg.seeds)
-            shape = "constant in T" if solvable else "grows like log T"
-            out.append((d, g, solvable, t, round(math.log2(int(t)), 3), measured, shape))
-        return pd.DataFrame(out, columns=LAW_COLUMNS).astype({"measured_depth": "Int64"})
+        law = measured_depths(accuracy, ["d_model", "group", "T"], cfg, sort=False)
+        law["solvable"] = law["group"].map({g: group_data.get_group(str(g)).solvable for g in law["group"].unique()})
+        law["log2_T"] = [round(math.log2(int(t)), 3) for t in law["T"]]
+        law["predicted_shape"] = law["solvable"].map({True: "constant in T", False: "grows like log T"})
+        return law[LAW_COLUMNS]
 
     def tables(self, config: GroupsConfig, members: pd.DataFrame, folder: Path) -> dict[str, pd.DataFrame]:
         tables = super().tables(config, members, folder)
@@ -263,35 +260,27 @@ def prefix_table(cfg: GroupsConfig, positions: pd.DataFrame, curriculum: pd.Data
 
     if positions.empty:
         return pd.DataFrame(columns=PREFIX_COLUMNS)
+    keys = ["d_model", "group", "depth", "control"]
+    ordered = positions.sort_values("position", kind="stable")  # members keep their first-seen order
+    per_member = ordered.groupby([*keys, "member"], sort=False).agg(
+        prefix=("accuracy", lambda acc: group_data.longest_prefix_solved(torch.tensor(acc.tolist()), cfg.threshold)),
+        accuracy_last=("accuracy", "last"),
+        sign_accuracy_last=("sign_accuracy", "last"),
+    )
     reached = curriculum.groupby("member")["length"].max() if not curriculum.empty else pd.Series(dtype=float)
-    rows = []
-    for (d, g, depth, control), at in positions.groupby(["d_model", "group", "depth", "control"], sort=False):
-        group = group_data.get_group(str(g))
-        per_member = {m: p.sort_values("position") for m, p in at.groupby("member")}
-        prefixes = [
-            group_data.longest_prefix_solved(torch.tensor(p["accuracy"].tolist()), cfg.threshold)
-            for p in per_member.values()
-        ]
-        last = [p.iloc[-1] for p in per_member.values()]
-        trained = [reached[m] for m in per_member if m in reached]
-        rows.append(
-            {
-                "d_model": d,
-                "group": g,
-                "order": group.order,
-                "solvable": group.solvable,
-                "depth": depth,
-                "control": bool(control),
-                "longest_prefix_min": min(prefixes),
-                "longest_prefix_max": max(prefixes),
-                "trained_to": min(trained) if trained else None,
-                "accuracy_last": round(sum(r["accuracy"] for r in last) / len(last), 4),
-                "sign_accuracy_last": round(sum(r["sign_accuracy"] for r in last) / len(last), 4)
-                if group.signs
-                else None,
-            }
-        )
-    return pd.DataFrame(rows, columns=PREFIX_COLUMNS)
+    per_member["trained_to"] = per_member.index.get_level_values("member").map(reached)
+    out = per_member.groupby(level=keys, sort=False).agg(
+        longest_prefix_min=("prefix", "min"),
+        longest_prefix_max=("prefix", "max"),
+        trained_to=("trained_to", "min"),
+        accuracy_last=("accuracy_last", "mean"),
+        sign_accuracy_last=("sign_accuracy_last", "mean"),
+    )
+    out = out.reset_index()
+    groups = [group_data.get_group(str(g)) for g in out["group"]]
+    out["order"], out["solvable"] = [g.order for g in groups], [g.solvable for g in groups]
+    out[["accuracy_last", "sign_accuracy_last"]] = out[["accuracy_last", "sign_accuracy_last"]].map(round, ndigits=4)
+    return out[PREFIX_COLUMNS]
 
 
 __all__ = ["Groups", "GroupsConfig", "prefix_table"]

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from depthprobe.probes.base.errors import ProbeError
-from depthprobe.probes.experiments.laws import COMMON, LawConfig, LawExperiment, LawJob, measured_depth
+from depthprobe.probes.experiments.laws import COMMON, LawConfig, LawExperiment, LawJob, measured_depths
 from depthprobe.probes.experiments.protocol import at_least
 
 if TYPE_CHECKING:
@@ -186,12 +186,10 @@ class KHop(LawExperiment):
 
         if accuracy.empty:
             return pd.DataFrame(columns=LAW_COLUMNS)
-        rows = accuracy[~accuracy["control"].astype(bool)]
-        out = []
-        for (d, k), at in rows.groupby(["d_model", "k"], sort=True):
-            measured, predicted = measured_depth(at, cfg.threshold, cfg.seeds), predicted_depth(int(k))
-            out.append((d, k, predicted, measured, None if measured is None else measured - predicted))
-        return pd.DataFrame(out, columns=LAW_COLUMNS).astype({"measured_depth": "Int64", "difference": "Int64"})
+        law = measured_depths(accuracy, ["d_model", "k"], cfg)
+        law["predicted_depth"] = law["k"].map(predicted_depth)
+        law["difference"] = law["measured_depth"] - law["predicted_depth"]
+        return law[LAW_COLUMNS]
 
 
 __all__ = ["KHop", "KHopConfig", "predicted_depth"]

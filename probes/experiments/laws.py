@@ -402,4 +402,14 @@ def measured_depth(rows: pd.DataFrame, threshold: float, seeds: int) -> int | No
     return None
 
 
-__all__ = ["COMMON", "LawConfig", "LawExperiment", "LawJob", "control_width", "measured_depth"]
+def measured_depths(acc: pd.DataFrame, keys: list[str], cfg: Any, sort: bool = True) -> pd.DataFrame:
+    """Per ``keys`` (controls left out): ``measured_depth`` (:func:`measured_depth`; empty when no
+    depth reached the threshold in every seed), one row per setting."""
+    import pandas as pd
+
+    main = acc[~acc["control"].astype(bool)]
+    rows = [(*key, measured_depth(at, cfg.threshold, cfg.seeds)) for key, at in main.groupby(keys, sort=sort)]
+    return pd.DataFrame(rows, columns=[*keys, "measured_depth"]).astype({"measured_depth": "Int64"})
+
+
+__all__ = ["COMMON", "LawConfig", "LawExperiment", "LawJob", "control_width", "measured_depth", "measured_depths"]
