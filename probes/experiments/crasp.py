@@ -115,7 +115,6 @@ class Crasp(LawExperiment):
     second = "token_accuracy"
     extra_tables = ("ranges.csv",)
     member_columns = ("k",)
-    heatmap_line = False  # law.csv's prediction is per k, the heatmaps' columns are ranges
     prediction = (
         "Prediction (Yang, Cadilhac and Chiang 2025, 'Knee-Deep in C-RASP'): fixed-precision transformers without "
         "positional encoding equal C-RASP depth for depth, and C-RASP depth k - 2 recognises L_k while depth k - 3 "
@@ -125,7 +124,7 @@ class Crasp(LawExperiment):
     )
     presets: ClassVar[dict[str, dict[str, Any]]] = {
         "smoke": {**COMMON["smoke"], "ks": (4,), "nmin": 8, "nmax": 16, "eval_lengths": (16, 32), "solve_at": 32},
-        "cpu": {**COMMON["cpu"], "depths": (1, 2, 3, 4, 5), "d_models": (64,), "ks": (3, 4, 5, 6), "steps": 2000},
+        "cpu": {**COMMON["cpu"], "depths": (1, 2, 3, 4, 5), "steps": 2000},
         "gpu": {
             **COMMON["gpu"],
             "depths": (1, 2, 3, 4, 5, 6, 7, 8),

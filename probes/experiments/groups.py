@@ -86,14 +86,7 @@ class Groups(LawExperiment):
             "check_every": 10,
             "check_sequences": 16,
         },
-        "cpu": {
-            **COMMON["cpu"],
-            "depths": (1, 2, 3, 4),
-            "d_models": (64,),
-            "groups": ("s3", "z60", "a5"),
-            "lengths": (4, 8, 16),
-            "steps": 3000,
-        },
+        "cpu": {**COMMON["cpu"], "depths": (1, 2, 3, 4)},
         "gpu": {
             **COMMON["gpu"],
             "depths": (1, 2, 3, 4, 6, 8),

@@ -61,7 +61,8 @@ ROW_COLUMNS = [
 @dataclass(frozen=True)
 class LawConfig:
     """The settings every law family has. Members: every depth x width x seed, and with
-    ``control`` a wide 2-layer model with at least the parameters of the deepest member."""
+    ``control`` a wide 2-layer model with at least the parameters of the deepest member. The
+    defaults are the cpu scale: a preset sets what differs (:data:`COMMON`, the families' presets)."""
 
     preset: str = "smoke"
     depths: tuple[int, ...] = (1, 2)
@@ -115,34 +116,19 @@ class LawConfig:
         return sorted({*range(self.eval_every, self.steps + 1, self.eval_every), self.steps})
 
 
+# what a preset sets beyond the Config's defaults (the cpu scale), the same for every law family
 COMMON: dict[str, dict[str, Any]] = {
     "smoke": {
-        "depths": (1, 2),
         "d_models": (16,),
         "heads": 2,
-        "seeds": 1,
         "steps": 40,
         "batch_size": 16,
         "eval_every": 20,
         "curve_sequences": 16,
         "eval_sequences": 32,
     },
-    "cpu": {
-        "heads": 4,
-        "seeds": 2,
-        "batch_size": 32,
-        "eval_every": 250,
-        "curve_sequences": 128,
-        "eval_sequences": 1000,
-    },
-    "gpu": {
-        "heads": 4,
-        "seeds": 3,
-        "batch_size": 32,
-        "eval_every": 500,
-        "curve_sequences": 256,
-        "eval_sequences": 2000,
-    },
+    "cpu": {"seeds": 2},
+    "gpu": {"seeds": 3, "eval_every": 500, "curve_sequences": 256, "eval_sequences": 2000},
 }
 
 
@@ -205,7 +191,6 @@ class LawExperiment(Experiment):
     extra_tables: ClassVar[tuple[str, ...]] = ()  # member tables gathered besides accuracy and curves
     prediction: ClassVar[str] = ""  # the prediction, for the page
     member_columns: ClassVar[tuple[str, ...]] = ()  # members.csv's columns copied onto accuracy.csv
-    heatmap_line: ClassVar[bool] = True  # law.csv's predicted_depth is per heatmap column (a line on it)
 
     # -- what a law family gives ---------------------------------------------------------------
     def groups_of(self, cfg: Any) -> list[str | None]:
@@ -358,7 +343,6 @@ class LawExperiment(Experiment):
             key=self.key,
             threshold=config.threshold,
             prediction=self.prediction,
-            line=self.heatmap_line,
             middle=self.middle(tables),
             behind=lambda acc: self.behind_law(config, acc),
         )
