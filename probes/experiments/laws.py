@@ -186,6 +186,7 @@ class LawExperiment(Experiment):
     aliases: ClassVar[dict[str, str]] = {"d_model": "d_models"}
     resumable: ClassVar[tuple[str, ...]] = ("device", "batch_members")  # batched members equal members alone
     parsers: ClassVar[dict[str, Any]] = {"batch_members": read_batch_members}
+    Job: ClassVar[type[LawJob]] = LawJob  # the family's member jobs
     key: ClassVar[str]  # the evaluation key's column: k or T
     second: ClassVar[str]  # accuracy.csv's second accuracy column
     extra_tables: ClassVar[tuple[str, ...]] = ()  # member tables gathered besides accuracy and curves
@@ -248,8 +249,6 @@ class LawExperiment(Experiment):
     # -- batched members (experiments/batching.py) ----------------------------------------------
     def batches(self, config: Any, jobs: list[LawJob], processes: int) -> list[Any]:
         """Members of one network shape (all but the seed) in batches of ``--batch-members``."""
-        import dataclasses
-
         from depthprobe.probes.experiments import batching
         from depthprobe.probes.models.device import resolve_device
 
@@ -278,20 +277,24 @@ class LawExperiment(Experiment):
 
     # -- the protocol --------------------------------------------------------------------------
     def plan(self, config: Any) -> list[LawJob]:
-        """Every member, seed-major: (per group) depth x width, then the control."""
+        """Every member, seed-major: (per group) depth x width, then the control (with ``control``)."""
         jobs = []
         for group in self.groups_of(config):
             vocab, context = self.shape(config, group)
-            wide = control_width(config, vocab, context)
+            ctrl = self.control_shape(config, group, vocab, context) if config.control else None
             for seed in range(config.seeds):
+                shapes = [(depth, d) for d in config.d_models for depth in config.depths]
                 jobs += [
-                    LawJob(config, depth, d, seed, group=group, vocab=vocab, context=context)
-                    for d in config.d_models
-                    for depth in config.depths
+                    self.Job(config, depth, d, seed, group=group, vocab=vocab, context=context) for depth, d in shapes
                 ]
-                if config.control and not (2 in config.depths and wide in config.d_models):
-                    jobs.append(LawJob(config, 2, wide, seed, control=True, group=group, vocab=vocab, context=context))
+                if ctrl is not None:
+                    jobs.append(self.Job(config, *ctrl, seed, control=True, group=group, vocab=vocab, context=context))
         return jobs
+
+    def control_shape(self, config: Any, group: str | None, vocab: int, context: int) -> tuple[int, int] | None:
+        """The control's (depth, width): 2 layers at :func:`control_width` (None: that is a member already)."""
+        wide = control_width(config, vocab, context)
+        return None if 2 in config.depths and wide in config.d_models else (2, wide)
 
     def base_row(self, job: LawJob) -> dict[str, Any]:
         return {**super().base_row(job), **job.ids(), "heads": job.config.heads, "steps": job.config.steps}
@@ -301,11 +304,11 @@ class LawExperiment(Experiment):
         token) and estimated CPU minutes."""
         params = job.native().n_params()
         tokens = config.steps * config.batch_size * job.context
-        row = {k: v for k, v in self.base_row(job).items() if k not in ("status", "error", "wall_s", "device")}
-        row.update(params=params, tokens=tokens, flops=6.0 * params * tokens)
-        row["cpu_minutes"] = row["flops"] / CPU_FLOPS / 60
+        row = {k: v for k, v in {**self.base_row(job), "params": params}.items() if v is not None or k == "group"}
+        flops = 6.0 * params * tokens
+        row.update(tokens=tokens, flops=flops, cpu_minutes=flops / CPU_FLOPS / 60)
         row["est_seconds"], row["source"] = estimate(self.name, plan_device(config), config.steps)
-        return {k: v for k, v in row.items() if v is not None or k in ("group", "est_seconds")}
+        return row
 
     def measure(self, job: LawJob, folder: Path, row: dict[str, Any]) -> dict[str, Any]:
         from depthprobe.probes.experiments import law_member
