@@ -150,11 +150,8 @@ class Groups(LawExperiment):
         from depthprobe.probes.training.sources import CurriculumSource
 
         if isinstance(source, CurriculumSource):
-            moves = [(0, source.lengths[0]), *source.moves]
-            write_csv(
-                folder / "curriculum.csv",
-                pd.DataFrame([{"member": job.name, "step": s, "length": t} for s, t in moves]),
-            )
+            moves = pd.DataFrame([(0, source.lengths[0]), *source.moves], columns=["step", "length"])
+            write_csv(folder / "curriculum.csv", moves.assign(member=job.name)[["member", "step", "length"]])
 
     def probe(self, job: LawJob, model: Model, folder: Path) -> None:
         """``positions.csv``: at each position of the longest evaluation set, the accuracy and (for
@@ -170,11 +167,8 @@ class Groups(LawExperiment):
         pred = predict(model, inputs)
         per = group_data.position_accuracy(pred, targets).tolist()
         signs = group_data.sign_accuracy(group, pred, targets).tolist() if group.signs else [None] * len(per)
-        rows = [
-            {**job.ids(), "position": t, "accuracy": a, "sign_accuracy": sa}
-            for t, (a, sa) in enumerate(zip(per, signs, strict=True))
-        ]
-        write_csv(folder / "positions.csv", pd.DataFrame(rows))
+        per_position = {"position": range(len(per)), "accuracy": per, "sign_accuracy": signs}
+        write_csv(folder / "positions.csv", pd.DataFrame({**job.ids(), **per_position}))
 
     def eval_sets(self, job: LawJob, n: int) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
         """Per T, drawn from the evaluation seed space (never a training batch: probes.data.streams)."""

@@ -116,30 +116,6 @@ def steps_plan(cfg: Any) -> Steps:
     )
 
 
-def train(
-    exp: LawExperiment, job: LawJob, model: Model, source: BatchSource
-) -> tuple[list[dict[str, Any]], list[dict[str, Any]], float]:
-    """Train the member in place on ``source``: its loss log, its learning curve (one row per
-    evaluation and key) and its training seconds (evaluations and the family's checks excluded)."""
-    cfg = job.config
-    member = hands(exp, job, model, source)
-    net = model.bridge.original_model
-    params = [p for p in net.parameters() if p.requires_grad]
-    optimizer = decay_adamw(net, lr=cfg.lr, betas=BETAS, weight_decay=cfg.weight_decay)
-    run = train_steps(
-        net,
-        lambda x: fast_logits(model, x),
-        source,
-        optimizer,
-        params,
-        steps_plan(cfg),
-        device=model.device,
-        on_window=member.on_window,
-        after_step=member.after_step,
-    )
-    return member.log, member.curves, run.seconds
-
-
 def accuracy_rows(
     exp: LawExperiment, job: LawJob, final: dict[int, tuple[float, float]], curves: list[dict[str, Any]]
 ) -> list[dict[str, Any]]:
@@ -170,13 +146,29 @@ def depth_files(exp: LawExperiment, job: LawJob, model: Model, sets: dict[int, A
 
 
 def measure(exp: LawExperiment, job: LawJob, folder: Path, row: dict[str, Any]) -> dict[str, Any]:
-    """Train, evaluate and probe one member into ``folder``; fills its row."""
-    device = resolve_device(job.config.device)
+    """Train one member in place on its source (training seconds: evaluations and the family's
+    checks excluded), then evaluate and probe it into ``folder``; fills its row."""
+    cfg = job.config
+    device = resolve_device(cfg.device)
     with torch_threads(1 if device.type == "cpu" else None):
         model = load(job.native(), device=str(device))
         source = exp.source(job)
-        trained = train(exp, job, model, source)
-        return finish(exp, job, folder, row, model, source, trained)
+        member = hands(exp, job, model, source)
+        net = model.bridge.original_model
+        params = [p for p in net.parameters() if p.requires_grad]
+        optimizer = decay_adamw(net, lr=cfg.lr, betas=BETAS, weight_decay=cfg.weight_decay)
+        run = train_steps(
+            net,
+            lambda x: fast_logits(model, x),
+            source,
+            optimizer,
+            params,
+            steps_plan(cfg),
+            device=model.device,
+            on_window=member.on_window,
+            after_step=member.after_step,
+        )
+        return finish(exp, job, folder, row, model, source, member, run.seconds)
 
 
 def finish(
@@ -186,19 +178,19 @@ def finish(
     row: dict[str, Any],
     model: Model,
     source: BatchSource,
-    trained: tuple[list[dict[str, Any]], list[dict[str, Any]], float],
+    member: Hands,
+    seconds: float,
     batch: int = 1,
 ) -> dict[str, Any]:
     """Evaluate, probe and write a trained member into ``folder`` and fill its ``row``
-    (``trained``: its loss log, curve and training seconds; ``batch``: members it trained with,
-    itself included); no extra ``member.json`` entries."""
-    log, curves, seconds = trained
+    (``member``: its loss log and curve; ``seconds``: its training seconds; ``batch``: members it
+    trained with, itself included); no extra ``member.json`` entries."""
     nonembed, embed = families.count_params(model)
     sets = exp.eval_sets(job, job.config.eval_sequences)
     final = exp.scores(job, model, sets)
-    write_csv(folder / "loss.csv", pd.DataFrame(log, columns=["step", "loss", "lr", "elapsed_s"]))
-    write_csv(folder / "curves.csv", pd.DataFrame(curves))
-    accuracy = pd.DataFrame(accuracy_rows(exp, job, final, curves)).astype({"step_reached": "Int64"})
+    write_csv(folder / "loss.csv", pd.DataFrame(member.log, columns=["step", "loss", "lr", "elapsed_s"]))
+    write_csv(folder / "curves.csv", pd.DataFrame(member.curves))
+    accuracy = pd.DataFrame(accuracy_rows(exp, job, final, member.curves)).astype({"step_reached": "Int64"})
     write_csv(folder / "accuracy.csv", accuracy)
     save_checkpoint(model, folder / "checkpoint", {"law_study": {"member": job.name, "family": exp.name}})
     exp.probe(job, model, folder)

@@ -155,15 +155,10 @@ class LawJob:
 
     def ids(self) -> dict[str, Any]:
         """What the member is, as the columns of its tables (``group`` where the family has groups)."""
-        ids = dict(
-            member=self.name,
-            group=self.group,
-            depth=self.depth,
-            d_model=self.d_model,
-            seed=self.seed,
-            control=self.control,
+        fields = (
+            ["group", "depth", "d_model", "seed", "control"] if self.group else ["depth", "d_model", "seed", "control"]
         )
-        return ids if self.group else {k: v for k, v in ids.items() if k != "group"}
+        return {"member": self.name, **{f: getattr(self, f) for f in fields}}
 
     def native(self) -> NativeConfig:
         from depthprobe.probes.models.model import NativeConfig
