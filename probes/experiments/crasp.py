@@ -39,6 +39,22 @@ if TYPE_CHECKING:
     from depthprobe.probes.training.loop import BatchSource
 
 VOCAB = 4  # a, b, BOS, PAD (probes.data.crasp.VOCAB; this module imports no torch)
+LAW_COLUMNS = [
+    "d_model",
+    "k",
+    "predicted_depth",
+    "measured_depth",
+    "difference",
+    "solve_range",
+    "in_distribution_depth",
+    "control_depth",
+    "control_d_model",
+    "control_exact_match",
+    "depth1_exact_match",
+    "depth1_string_cap",
+    "depth1_token_accuracy",
+    "depth1_token_cap",
+]
 
 
 @dataclass(frozen=True)
@@ -118,6 +134,7 @@ class Crasp(LawExperiment):
     second = "token_accuracy"
     extra_tables = ("ranges.csv",)
     member_columns = ("k",)
+    law_columns = LAW_COLUMNS  # crasp_tables.law's
     prediction = (
         "Prediction (Yang, Cadilhac and Chiang 2025, 'Knee-Deep in C-RASP'): fixed-precision transformers without "
         "positional encoding equal C-RASP depth for depth, and C-RASP depth k - 2 recognises L_k while depth k - 3 "

@@ -15,31 +15,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 import pandas as pd
 
+from depthprobe.probes.experiments.crasp import LAW_COLUMNS, CraspConfig
 from depthprobe.probes.experiments.laws import measured_depths
 
-if TYPE_CHECKING:
-    from depthprobe.probes.experiments.crasp import CraspConfig
-
-LAW_COLUMNS = [
-    "d_model",
-    "k",
-    "predicted_depth",
-    "measured_depth",
-    "difference",
-    "solve_range",
-    "in_distribution_depth",
-    "control_depth",
-    "control_d_model",
-    "control_exact_match",
-    "depth1_exact_match",
-    "depth1_string_cap",
-    "depth1_token_accuracy",
-    "depth1_token_cap",
-]
 DEPTH_COLUMNS = [
     "k",
     "model",
@@ -57,8 +38,6 @@ DEPTH_COLUMNS = [
 
 def law(cfg: CraspConfig, acc: pd.DataFrame, predicted_depth: Callable[[int], int]) -> pd.DataFrame:
     """One row per width and k (see the module's docstring); ``predicted_depth`` is the family's."""
-    if acc.empty:
-        return pd.DataFrame(columns=LAW_COLUMNS)
     keys = ["d_model", "k"]
     solve, train = acc[acc["max_length"] == cfg.solve_at], acc[acc["max_length"] == cfg.eval_lengths[0]]
     law = measured_depths(solve, keys, cfg)
@@ -140,8 +119,5 @@ def depths_section(tables: dict[str, pd.DataFrame]) -> list[str]:
     if depths.empty:
         return []
     wide = depths.pivot_table(index=["k", "model"], columns="max_length", values="exact_match", aggfunc="first")
-    records = [
-        {"k": k, "model": m, **{f"exact match, lengths to {c}": v for c, v in row.items()}}
-        for (k, m), row in wide.iterrows()
-    ]
+    records = wide.rename(columns=lambda hi: f"exact match, lengths to {hi}").reset_index().to_dict("records")
     return ["<h2>Exact-match accuracy by model and length</h2>" + html_table(records)]

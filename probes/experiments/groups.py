@@ -30,8 +30,6 @@ if TYPE_CHECKING:
     from depthprobe.probes.models.model import Model
     from depthprobe.probes.training.loop import BatchSource
 
-LAW_COLUMNS = ["d_model", "group", "solvable", "T", "log2_T", "measured_depth", "predicted_shape"]
-
 
 @dataclass(frozen=True)
 class GroupsConfig(LawConfig):
@@ -69,6 +67,15 @@ class Groups(LawExperiment):
     description = "group word problems (Liu et al. 2023): the first depth per group and length T"
     Config = GroupsConfig
     key = "T"
+    law_columns: ClassVar[list[str]] = [
+        "d_model",
+        "group",
+        "solvable",
+        "T",
+        "log2_T",
+        "measured_depth",
+        "predicted_shape",
+    ]
     second = "accuracy_last"
     extra_tables = ("positions.csv", "curriculum.csv")
     prediction = (
@@ -189,17 +196,13 @@ class Groups(LawExperiment):
 
     def law(self, cfg: GroupsConfig, accuracy: pd.DataFrame) -> pd.DataFrame:
         """Per width, group and T: the measured first depth, with the predicted shape. Controls left out."""
-        import pandas as pd
-
         from depthprobe.probes.data import groups as group_data
 
-        if accuracy.empty:
-            return pd.DataFrame(columns=LAW_COLUMNS)
         law = measured_depths(accuracy, ["d_model", "group", "T"], cfg, sort=False)
         law["solvable"] = law["group"].map({g: group_data.get_group(str(g)).solvable for g in law["group"].unique()})
         law["log2_T"] = [round(math.log2(int(t)), 3) for t in law["T"]]
         law["predicted_shape"] = law["solvable"].map({True: "constant in T", False: "grows like log T"})
-        return law[LAW_COLUMNS]
+        return law[self.law_columns]
 
     def tables(self, config: GroupsConfig, members: pd.DataFrame, folder: Path) -> dict[str, pd.DataFrame]:
         tables = super().tables(config, members, folder)

@@ -25,8 +25,6 @@ if TYPE_CHECKING:
     from depthprobe.probes.models.model import Model
     from depthprobe.probes.training.loop import BatchSource
 
-LAW_COLUMNS = ["d_model", "k", "predicted_depth", "measured_depth", "difference"]
-
 
 @dataclass(frozen=True)
 class KHopConfig(LawConfig):
@@ -74,6 +72,7 @@ class KHop(LawExperiment):
     description = "k-hop induction (Sanford et al. 2024): the first depth that solves k hops, per k"
     Config = KHopConfig
     key = "k"
+    law_columns: ClassVar[list[str]] = ["d_model", "k", "predicted_depth", "measured_depth", "difference"]
     second = "accuracy_all"
     extra_tables = ("hops.csv", "hop_layers.csv")
     prediction = (
@@ -163,14 +162,10 @@ class KHop(LawExperiment):
     def law(self, cfg: KHopConfig, accuracy: pd.DataFrame) -> pd.DataFrame:
         """Per width and k: the predicted and the measured first depth and their difference
         (measured - predicted; empty when no depth reached the threshold). Controls left out."""
-        import pandas as pd
-
-        if accuracy.empty:
-            return pd.DataFrame(columns=LAW_COLUMNS)
         law = measured_depths(accuracy, ["d_model", "k"], cfg)
         law["predicted_depth"] = law["k"].map(predicted_depth)
         law["difference"] = law["measured_depth"] - law["predicted_depth"]
-        return law[LAW_COLUMNS]
+        return law[self.law_columns]
 
 
 __all__ = ["KHop", "KHopConfig", "predicted_depth"]

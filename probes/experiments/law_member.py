@@ -116,20 +116,6 @@ def steps_plan(cfg: Any) -> Steps:
     )
 
 
-def accuracy_rows(
-    exp: LawExperiment, job: LawJob, final: dict[int, tuple[float, float]], curves: list[dict[str, Any]]
-) -> list[dict[str, Any]]:
-    """accuracy.csv's rows of this member; ``step_reached``: the first curve evaluation whose
-    accuracy is >= the threshold (None if never)."""
-    rows = []
-    for value, (acc, acc_all) in final.items():
-        reached = [c["step"] for c in curves if c[exp.key] == value and c["accuracy"] >= job.config.threshold]
-        row = {**job.ids(), exp.key: value, "accuracy": acc, exp.second: acc_all}
-        row["step_reached"] = min(reached) if reached else None
-        rows.append(row)
-    return rows
-
-
 def depth_files(exp: LawExperiment, job: LawJob, model: Model, sets: dict[int, Any], folder: Path) -> None:
     """``depth_usage.csv`` on the family's depth-usage inputs, and ``skipped_accuracy.csv``: the
     accuracy per key on the final evaluation sets of :meth:`~LawExperiment.usage_keys`, intact and
@@ -189,8 +175,12 @@ def finish(
     sets = exp.eval_sets(job, job.config.eval_sequences)
     final = exp.scores(job, model, sets)
     write_csv(folder / "loss.csv", pd.DataFrame(member.log, columns=["step", "loss", "lr", "elapsed_s"]))
-    write_csv(folder / "curves.csv", pd.DataFrame(member.curves))
-    accuracy = pd.DataFrame(accuracy_rows(exp, job, final, member.curves)).astype({"step_reached": "Int64"})
+    curves = pd.DataFrame(member.curves)
+    write_csv(folder / "curves.csv", curves)
+    # accuracy.csv: per key the final accuracies; step_reached: the first curve evaluation at the threshold
+    accuracy = pd.DataFrame([{**job.ids(), exp.key: v, "accuracy": a, exp.second: b} for v, (a, b) in final.items()])
+    reached = curves[curves["accuracy"] >= job.config.threshold].groupby(exp.key)["step"].min()
+    accuracy["step_reached"] = accuracy[exp.key].map(reached).astype("Int64")
     write_csv(folder / "accuracy.csv", accuracy)
     save_checkpoint(model, folder / "checkpoint", {"law_study": {"member": job.name, "family": exp.name}})
     exp.probe(job, model, folder)
@@ -206,7 +196,6 @@ def finish(
 
 __all__ = [
     "Hands",
-    "accuracy_rows",
     "finish",
     "hands",
     "measure",

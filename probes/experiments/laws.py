@@ -187,6 +187,7 @@ class LawExperiment(Experiment):
     extra_tables: ClassVar[tuple[str, ...]] = ()  # member tables gathered besides accuracy and curves
     prediction: ClassVar[str] = ""  # the prediction, for the page
     member_columns: ClassVar[tuple[str, ...]] = ()  # members.csv's columns copied onto accuracy.csv
+    law_columns: ClassVar[list[str]]  # law.csv's columns (its header when no member finished)
 
     # -- what a law family gives ---------------------------------------------------------------
     def groups_of(self, cfg: Any) -> list[str | None]:
@@ -206,6 +207,7 @@ class LawExperiment(Experiment):
         raise NotImplementedError
 
     def law(self, cfg: Any, accuracy: pd.DataFrame) -> pd.DataFrame:
+        """law.csv from the finished members' accuracies (never empty)."""
         raise NotImplementedError
 
     def probe(self, job: LawJob, model: Model, folder: Path) -> None:
@@ -318,14 +320,16 @@ class LawExperiment(Experiment):
 
     def tables(self, config: Any, members: pd.DataFrame, folder: Path) -> dict[str, pd.DataFrame]:
         """The members' tables gathered (accuracy with :attr:`member_columns` of members.csv), and law.csv."""
+        import pandas as pd
+
         from depthprobe.probes.experiments.folder import gather
 
         tables = {name: gather(folder, members, name) for name in ("accuracy.csv", "curves.csv", *self.extra_tables)}
-        acc = tables["accuracy.csv"]
-        if not acc.empty:
-            if self.member_columns:
-                acc = acc.merge(members[["member", *self.member_columns]], on="member", how="left")
-            acc["step_reached"] = acc["step_reached"].astype("Int64")  # a step, or empty when never reached
+        if tables["accuracy.csv"].empty:  # no member finished: law.csv's header alone
+            tables["law.csv"] = pd.DataFrame(columns=self.law_columns)
+            return tables
+        acc = tables["accuracy.csv"].merge(members[["member", *self.member_columns]], on="member", how="left")
+        acc["step_reached"] = acc["step_reached"].astype("Int64")  # a step, or empty when never reached
         tables["accuracy.csv"] = acc
         tables["law.csv"] = self.law(config, acc)
         return tables

@@ -134,10 +134,7 @@ def hop_summary(layers: pd.DataFrame) -> str:
     if layers.empty:
         return ""
     wide = layers.pivot_table(index=["member", "depth"], columns="layer", values="largest_hop", aggfunc="first")
-    records = [
-        {"member": m, "depth": d, **{f"layer {int(c)}": ("" if pd.isna(v) else int(v)) for c, v in row.items()}}
-        for (m, d), row in wide.iterrows()
-    ]
+    records = wide.rename(columns=lambda layer: f"layer {int(layer)}").reset_index().to_dict("records")
     return (
         "<h2>Hop attention</h2><p class='meta'>per member and layer: the largest hop j some head resolves "
         "(mean attention from i to p^j(i) >= 0.5 and >= 3x chance; 0: none). Sanford et al.'s construction "
