@@ -31,6 +31,9 @@ if TYPE_CHECKING:
     from depthprobe.probes.training.loop import BatchSource
 
 
+LAW_COLUMNS = ["d_model", "group", "solvable", "T", "log2_T", "measured_depth", "predicted_shape"]
+
+
 @dataclass(frozen=True)
 class GroupsConfig(LawConfig):
     """``groups``: the groups compared (names); ``lengths``: the T evaluated; ``curriculum``: train
@@ -67,15 +70,7 @@ class Groups(LawExperiment):
     description = "group word problems (Liu et al. 2023): the first depth per group and length T"
     Config = GroupsConfig
     key = "T"
-    law_columns: ClassVar[list[str]] = [
-        "d_model",
-        "group",
-        "solvable",
-        "T",
-        "log2_T",
-        "measured_depth",
-        "predicted_shape",
-    ]
+    law_columns: ClassVar[list[str]] = LAW_COLUMNS
     second = "accuracy_last"
     extra_tables = ("positions.csv", "curriculum.csv")
     prediction = (
