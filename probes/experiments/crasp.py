@@ -244,7 +244,7 @@ class Crasp(LawExperiment):
     def law(self, cfg: CraspConfig, accuracy: pd.DataFrame) -> pd.DataFrame:
         from depthprobe.probes.experiments import crasp_tables
 
-        return crasp_tables.law(cfg, accuracy, predicted_depth)
+        return crasp_tables.law(cfg, accuracy)
 
     def middle(self, tables: dict[str, pd.DataFrame]) -> list[str]:
         from depthprobe.probes.experiments import crasp_tables

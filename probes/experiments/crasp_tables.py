@@ -14,11 +14,10 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 
 import pandas as pd
 
-from depthprobe.probes.experiments.crasp import LAW_COLUMNS, CraspConfig
+from depthprobe.probes.experiments.crasp import LAW_COLUMNS, CraspConfig, predicted_depth
 from depthprobe.probes.experiments.laws import measured_depths
 
 DEPTH_COLUMNS = [
@@ -36,8 +35,8 @@ DEPTH_COLUMNS = [
 ]
 
 
-def law(cfg: CraspConfig, acc: pd.DataFrame, predicted_depth: Callable[[int], int]) -> pd.DataFrame:
-    """One row per width and k (see the module's docstring); ``predicted_depth`` is the family's."""
+def law(cfg: CraspConfig, acc: pd.DataFrame) -> pd.DataFrame:
+    """One row per width and k (see the module's docstring)."""
     keys = ["d_model", "k"]
     solve, train = acc[acc["max_length"] == cfg.solve_at], acc[acc["max_length"] == cfg.eval_lengths[0]]
     law = measured_depths(solve, keys, cfg)

@@ -22,12 +22,11 @@ SKIPPED_NOTE = (
 
 
 def _series(rows: pd.DataFrame, metric: str) -> list[Series]:
-    out = []
-    for member, at in rows.groupby("member", sort=False):
-        at = at.sort_values("layer")
-        points = tuple((float(x), float(y)) for x, y in zip(at["layer"], at[metric], strict=True))
-        out.append(Series(str(member), points))
-    return out
+    ordered = rows.sort_values("layer", kind="stable")  # every member starts at block 0: their order is kept
+    return [
+        Series(str(member), tuple((float(x), float(y)) for x, y in zip(at["layer"], at[metric], strict=True)))
+        for member, at in ordered.groupby("member", sort=False)
+    ]
 
 
 def usage_section(table: pd.DataFrame) -> str:
