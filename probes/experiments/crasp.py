@@ -134,7 +134,7 @@ class Crasp(LawExperiment):
     second = "token_accuracy"
     extra_tables = ("ranges.csv",)
     member_columns = ("k",)
-    law_columns = LAW_COLUMNS  # crasp_tables.law's
+    law_columns = LAW_COLUMNS
     prediction = (
         "Prediction (Yang, Cadilhac and Chiang 2025, 'Knee-Deep in C-RASP'): fixed-precision transformers without "
         "positional encoding equal C-RASP depth for depth, and C-RASP depth k - 2 recognises L_k while depth k - 3 "
@@ -244,7 +244,7 @@ class Crasp(LawExperiment):
     def law(self, cfg: CraspConfig, accuracy: pd.DataFrame) -> pd.DataFrame:
         from depthprobe.probes.experiments import crasp_tables
 
-        return crasp_tables.law(cfg, accuracy)
+        return crasp_tables.law(cfg, accuracy, predicted_depth, self.law_columns)
 
     def middle(self, tables: dict[str, pd.DataFrame]) -> list[str]:
         from depthprobe.probes.experiments import crasp_tables

@@ -14,11 +14,15 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import pandas as pd
 
-from depthprobe.probes.experiments.crasp import LAW_COLUMNS, CraspConfig, predicted_depth
 from depthprobe.probes.experiments.laws import measured_depths
+
+if TYPE_CHECKING:
+    from depthprobe.probes.experiments.crasp import CraspConfig
 
 DEPTH_COLUMNS = [
     "k",
@@ -35,8 +39,8 @@ DEPTH_COLUMNS = [
 ]
 
 
-def law(cfg: CraspConfig, acc: pd.DataFrame) -> pd.DataFrame:
-    """One row per width and k (see the module's docstring)."""
+def law(cfg: CraspConfig, acc: pd.DataFrame, predicted_depth: Callable[[int], int], columns: list[str]) -> pd.DataFrame:
+    """One row per width and k (see the module's docstring) in ``columns``; ``predicted_depth`` is the family's."""
     keys = ["d_model", "k"]
     solve, train = acc[acc["max_length"] == cfg.solve_at], acc[acc["max_length"] == cfg.eval_lengths[0]]
     law = measured_depths(solve, keys, cfg)
@@ -72,7 +76,7 @@ def law(cfg: CraspConfig, acc: pd.DataFrame) -> pd.DataFrame:
         "depth1_token_cap",
     ]
     law[rounded] = law[rounded].astype(float).map(round, ndigits=4)
-    return law[LAW_COLUMNS].astype({"control_depth": "Int64", "control_d_model": "Int64"})
+    return law[columns].astype({"control_depth": "Int64", "control_d_model": "Int64"})
 
 
 def depth_one_caps(cfg: CraspConfig, k: int) -> tuple[float, float]:
