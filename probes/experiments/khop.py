@@ -150,10 +150,8 @@ class KHop(LawExperiment):
             sequences=cfg.hop_sequences,
             seed=job.seed,
         )
-        s = result.scores
-        hop = s["metric"].str.extract(r"^hop_(\d+)_attention$", expand=False)
-        rows = s[hop.notna()].assign(hop=hop[hop.notna()].astype(int))
-        hops = rows.rename(columns={"value": "attention"}).assign(member=job.name)
+        hop = result.scores["metric"].str.extract(r"^hop_(\d+)_attention$", expand=False).dropna().astype(int)
+        hops = result.scores.loc[hop.index].assign(hop=hop, member=job.name).rename(columns={"value": "attention"})
         hops = hops.astype({"layer": int, "head": int})[["member", "layer", "head", "hop", "attention", "chance"]]
         layers = result.summary[["layer", "largest_hop", "heads"]].assign(member=job.name, depth=job.depth)
         write_csv(folder / "hops.csv", hops.reset_index(drop=True))
