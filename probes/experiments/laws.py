@@ -338,20 +338,30 @@ class LawExperiment(Experiment):
         return tables["law.csv"]
 
     def page(self, config: Any, tables: dict[str, pd.DataFrame], folder: Path) -> list[str]:
+        """The prediction, the law table (a blank measured depth says why, from :meth:`behind_law`),
+        the heatmaps, :meth:`middle`, the learning curves and (khop) the hop summary
+        (probes/render/laws.py)."""
+        import pandas as pd
+
         from depthprobe.probes.render import laws
 
-        return laws.law_sections(
-            tables,
-            key=self.key,
-            threshold=config.threshold,
-            prediction=self.prediction,
-            middle=self.middle(tables),
-            behind=lambda acc: self.behind_law(config, acc),
-        )
+        acc, law, members = tables.get("accuracy.csv", pd.DataFrame()), tables["law.csv"], tables["members.csv"]
+        if acc.empty:
+            return [laws.intro(self.prediction), "<p class='note'>no member finished; there is nothing to plot.</p>"]
+        return [
+            laws.intro(self.prediction),
+            laws.law_table(law, self.behind_law(config, acc), config.threshold),
+            laws.heatmaps(self.key, acc, law),
+            *self.middle(tables),
+            laws.curves(self.key, tables.get("curves.csv", pd.DataFrame()), members, config.threshold),
+            laws.hop_summary(tables.get("hop_layers.csv", pd.DataFrame())),
+        ]
 
-    def middle(self, tables: dict[str, pd.DataFrame]) -> list[str] | None:
-        """The page's sections between the heatmaps and the learning curves (None: the control)."""
-        return None
+    def middle(self, tables: dict[str, pd.DataFrame]) -> list[str]:
+        """The page's sections between the heatmaps and the learning curves: the wide shallow control."""
+        from depthprobe.probes.render import laws
+
+        return [laws.control(self.key, tables["accuracy.csv"], tables["members.csv"])]
 
     def behind_law(self, config: Any, acc: pd.DataFrame) -> pd.DataFrame:
         """The accuracies behind law.csv's rows, which say why a measured depth is blank: all."""

@@ -4,13 +4,12 @@ From the study's tables in memory (``probes.experiments.laws``): the prediction'
 table (law.csv: the family's prediction against the measured depth), an accuracy heatmap depth x key
 (per group where the family has groups) with law.csv's predicted first depth drawn on it as a line,
 the wide shallow control against the deepest member, the learning curves per key (depth, control
-and group from members.csv's columns) and the hop-attention summary. The runner's frame adds the
+and group from members.csv's columns) and the hop-attention summary, each a function that
+:meth:`probes.experiments.laws.LawExperiment.page` puts in order. The runner's frame adds the
 members and the settings. The page reports; it asserts nothing.
 """
 
 from __future__ import annotations
-
-from collections.abc import Callable, Mapping
 
 import numpy as np
 import pandas as pd
@@ -181,32 +180,9 @@ def law_table(law: pd.DataFrame, acc: pd.DataFrame, threshold: float) -> str:
     return "<h2>The law</h2>" + note + html_table(records)
 
 
-def law_sections(
-    tables: Mapping[str, pd.DataFrame],
-    *,
-    key: str,
-    threshold: float,
-    prediction: str,
-    middle: list[str] | None = None,
-    behind: Callable[[pd.DataFrame], pd.DataFrame] | None = None,
-) -> list[str]:
-    """A law family's report sections from its tables: the prediction, the law table (with why a
-    measured depth is blank, from ``behind(accuracy)``: the accuracies behind its rows; None: all),
-    the heatmaps (with law.csv's predicted depth as a line), ``middle`` (None: the
-    control), the learning curves and (khop) the hop summary."""
-    members = tables.get("members.csv", pd.DataFrame())
-    acc, law = tables.get("accuracy.csv", pd.DataFrame()), tables.get("law.csv", pd.DataFrame())
-    parts = [f"<p>{esc(prediction)} {esc(NOTE)}</p>"]
-    if acc.empty:
-        return [*parts, "<p class='note'>no member finished; there is nothing to plot.</p>"]
-    parts.append(law_table(law, behind(acc) if behind else acc, threshold))
-    parts += [
-        heatmaps(key, acc, law),
-        *(middle if middle is not None else [control(key, acc, members)]),
-        curves(key, tables.get("curves.csv", pd.DataFrame()), members, threshold),
-        hop_summary(tables.get("hop_layers.csv", pd.DataFrame())),
-    ]
-    return parts
+def intro(prediction: str) -> str:
+    """The prediction's text, and what the page does with it."""
+    return f"<p>{esc(prediction)} {esc(NOTE)}</p>"
 
 
-__all__ = ["blank_reason", "law_sections", "law_table", "predicted_line"]
+__all__ = ["blank_reason", "control", "curves", "heatmaps", "hop_summary", "intro", "law_table", "predicted_line"]
