@@ -5,7 +5,8 @@ group where the family has groups, a wide 2-layer control with at least the para
 deepest member) on a synthetic task, evaluates them per evaluation key (``k`` for khop, ``T`` for
 groups) and finds the first depth that solves each key. A family module (``khop``, ``groups``)
 subclasses :class:`LawExperiment` with its Config fields, its data (``source``, ``eval_sets``,
-``scores``), its law table (its prediction lives there, nowhere else) and its prediction's text.
+``scores``), its law table (its prediction lives there, nowhere else; ``law_columns``: its header)
+and its prediction's text.
 
 Tables (besides members.csv): ``accuracy.csv`` (per member and key: final accuracy,
 ``step_reached``), ``curves.csv`` (accuracy per evaluation step and key), ``law.csv`` (the family's),
