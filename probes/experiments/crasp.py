@@ -39,6 +39,22 @@ if TYPE_CHECKING:
     from depthprobe.probes.training.loop import BatchSource
 
 VOCAB = 4  # a, b, BOS, PAD (probes.data.crasp.VOCAB; this module imports no torch)
+LAW_COLUMNS = [
+    "d_model",
+    "k",
+    "predicted_depth",
+    "measured_depth",
+    "difference",
+    "solve_range",
+    "in_distribution_depth",
+    "control_depth",
+    "control_d_model",
+    "control_exact_match",
+    "depth1_exact_match",
+    "depth1_string_cap",
+    "depth1_token_accuracy",
+    "depth1_token_cap",
+]
 
 
 @dataclass(frozen=True)
@@ -93,9 +109,11 @@ def predicted_depth(k: int) -> int:
 
 @dataclass(frozen=True)
 class CraspJob(LawJob):
-    """A member trained on L_k (``group`` is the language's name, ``L<k>``, for the tables)."""
+    """A member trained on L_k: its ``group`` is the language's name, ``L<k>``."""
 
-    k: int = 0
+    @property
+    def k(self) -> int:
+        return k_of(self.group)
 
     @property
     def name(self) -> str:
@@ -110,12 +128,13 @@ class Crasp(LawExperiment):
     name = "crasp"
     description = "C-RASP languages L_k (Yang et al. 2025): the first NoPE depth that length-generalises, per k"
     Config = CraspConfig
+    Job = CraspJob
     columns: ClassVar[list[str]] = [*ROW_COLUMNS, "k"]
     key = "max_length"
     second = "token_accuracy"
     extra_tables = ("ranges.csv",)
     member_columns = ("k",)
-    heatmap_line = False  # law.csv's prediction is per k, the heatmaps' columns are ranges
+    law_columns = LAW_COLUMNS
     prediction = (
         "Prediction (Yang, Cadilhac and Chiang 2025, 'Knee-Deep in C-RASP'): fixed-precision transformers without "
         "positional encoding equal C-RASP depth for depth, and C-RASP depth k - 2 recognises L_k while depth k - 3 "
@@ -125,7 +144,7 @@ class Crasp(LawExperiment):
     )
     presets: ClassVar[dict[str, dict[str, Any]]] = {
         "smoke": {**COMMON["smoke"], "ks": (4,), "nmin": 8, "nmax": 16, "eval_lengths": (16, 32), "solve_at": 32},
-        "cpu": {**COMMON["cpu"], "depths": (1, 2, 3, 4, 5), "d_models": (64,), "ks": (3, 4, 5, 6), "steps": 2000},
+        "cpu": {**COMMON["cpu"], "depths": (1, 2, 3, 4, 5), "steps": 2000},
         "gpu": {
             **COMMON["gpu"],
             "depths": (1, 2, 3, 4, 5, 6, 7, 8),
@@ -149,33 +168,28 @@ class Crasp(LawExperiment):
     def shape(self, cfg: CraspConfig, group: str | None) -> tuple[int, int]:
         return VOCAB, 1 + max(cfg.eval_lengths)
 
-    def plan(self, config: CraspConfig) -> list[LawJob]:
-        """Per k and seed: every depth x width, then the control (depth k - 3 at ``control_width``,
-        where k - 3 >= 1)."""
-        _, context = self.shape(config, None)
-        jobs: list[LawJob] = []
-        for k in config.ks:
-            common: dict[str, Any] = {"group": f"L{k}", "vocab": VOCAB, "context": context, "k": k}
-            for seed in range(config.seeds):
-                jobs += [CraspJob(config, depth, d, seed, **common) for d in config.d_models for depth in config.depths]
-                if config.control and k - 3 >= 1:
-                    jobs.append(CraspJob(config, k - 3, config.control_width, seed, control=True, **common))
-        return jobs
+    def groups_of(self, cfg: CraspConfig) -> list[str | None]:
+        return [f"L{k}" for k in cfg.ks]
+
+    def control_shape(self, config: CraspConfig, group: str | None, vocab: int, context: int) -> tuple[int, int] | None:
+        """Depth k - 3 at ``control_width`` (none where k - 3 < 1)."""
+        depth = k_of(group) - 3
+        return (depth, config.control_width) if depth >= 1 else None
 
     def base_row(self, job: LawJob) -> dict[str, Any]:
-        return {**super().base_row(job), "k": k_of(job)}
+        return {**super().base_row(job), "k": k_of(job.group)}
 
     def source(self, job: LawJob) -> BatchSource:
         from depthprobe.probes.training.sources import CRaspSource
 
         cfg = job.config
-        return CRaspSource(k_of(job), cfg.batch_size, cfg.nmin, cfg.nmax, job.seed)
+        return CRaspSource(k_of(job.group), cfg.batch_size, cfg.nmin, cfg.nmax, job.seed)
 
     def eval_sets(self, job: LawJob, n: int) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
         """Per range (keyed by its upper end), from the evaluation seed space (probes.data.streams)."""
         from depthprobe.probes.data import crasp
 
-        return {hi: crasp.eval_batch(k_of(job), n, lo, hi, job.seed) for lo, hi in job.config.ranges}
+        return {hi: crasp.eval_batch(k_of(job.group), n, lo, hi, job.seed) for lo, hi in job.config.ranges}
 
     def scores(self, job: LawJob, model: Model, sets: dict[int, Any]) -> dict[int, tuple[float, float]]:
         """Per range: (exact-match string accuracy, token accuracy)."""
@@ -194,7 +208,7 @@ class Crasp(LawExperiment):
         from depthprobe.probes.data import crasp
 
         cfg = job.config
-        return crasp.eval_batch(k_of(job), USAGE_SEQUENCES, cfg.nmax, cfg.nmax, job.seed)[0]
+        return crasp.eval_batch(k_of(job.group), USAGE_SEQUENCES, cfg.nmax, cfg.nmax, job.seed)[0]
 
     def usage_keys(self, job: LawJob) -> set[Any]:
         """The training range and the solve range: the question is which blocks the member needs
@@ -215,7 +229,9 @@ class Crasp(LawExperiment):
         rows = []
         for lo, hi in job.config.ranges:
             majority = crasp.scores(sets[hi][1], sets[hi][1])["majority_accuracy"]
-            rows.append({"member": job.name, "min_length": max(lo, k_of(job)), "max_length": hi, "majority": majority})
+            rows.append(
+                {"member": job.name, "min_length": max(lo, k_of(job.group)), "max_length": hi, "majority": majority}
+            )
         write_csv(folder / "ranges.csv", pd.DataFrame(rows))
 
     def tables(self, config: CraspConfig, members: pd.DataFrame, folder: Path) -> dict[str, pd.DataFrame]:
@@ -228,7 +244,7 @@ class Crasp(LawExperiment):
     def law(self, cfg: CraspConfig, accuracy: pd.DataFrame) -> pd.DataFrame:
         from depthprobe.probes.experiments import crasp_tables
 
-        return crasp_tables.law(cfg, accuracy, predicted_depth)
+        return crasp_tables.law(cfg, accuracy, predicted_depth, self.law_columns)
 
     def middle(self, tables: dict[str, pd.DataFrame]) -> list[str]:
         from depthprobe.probes.experiments import crasp_tables
@@ -239,11 +255,9 @@ class Crasp(LawExperiment):
         return acc[acc["max_length"] == config.solve_at]  # the law is read at the solve range
 
 
-def k_of(job: LawJob) -> int:
-    """The language index of a crasp member's job."""
-    if not isinstance(job, CraspJob):
-        raise ProbeError(f"crasp: member {job.name} is not a crasp job")
-    return job.k
+def k_of(group: str | None) -> int:
+    """The language index k of a crasp member's group, ``L<k>``."""
+    return int(str(group)[1:])
 
 
 __all__ = ["Crasp", "CraspConfig", "CraspJob", "predicted_depth"]

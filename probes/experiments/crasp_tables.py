@@ -13,32 +13,17 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import pandas as pd
 
-from depthprobe.probes.experiments.laws import measured_depth
+from depthprobe.probes.experiments.laws import measured_depths
 
 if TYPE_CHECKING:
     from depthprobe.probes.experiments.crasp import CraspConfig
 
-LAW_COLUMNS = [
-    "d_model",
-    "k",
-    "predicted_depth",
-    "measured_depth",
-    "difference",
-    "solve_range",
-    "in_distribution_depth",
-    "control_depth",
-    "control_d_model",
-    "control_exact_match",
-    "depth1_exact_match",
-    "depth1_string_cap",
-    "depth1_token_accuracy",
-    "depth1_token_cap",
-]
 DEPTH_COLUMNS = [
     "k",
     "model",
@@ -54,87 +39,79 @@ DEPTH_COLUMNS = [
 ]
 
 
-def law(cfg: CraspConfig, acc: pd.DataFrame, predicted_depth: Callable[[int], int]) -> pd.DataFrame:
-    """One row per width and k (see the module's docstring); ``predicted_depth`` is the family's."""
-    if acc.empty:
-        return pd.DataFrame(columns=LAW_COLUMNS)
+def law(cfg: CraspConfig, acc: pd.DataFrame, predicted_depth: Callable[[int], int], columns: list[str]) -> pd.DataFrame:
+    """One row per width and k (see the module's docstring) in ``columns``; ``predicted_depth`` is the family's."""
+    keys = ["d_model", "k"]
+    solve, train = acc[acc["max_length"] == cfg.solve_at], acc[acc["max_length"] == cfg.eval_lengths[0]]
+    law = measured_depths(solve, keys, cfg)
+    law["predicted_depth"] = law["k"].map(predicted_depth)
+    law["difference"] = law["measured_depth"] - law["predicted_depth"]
     lo_solve = dict((hi, lo) for lo, hi in cfg.ranges)[cfg.solve_at]
-    main, ctrl = acc[~acc["control"].astype(bool)], acc[acc["control"].astype(bool)]
-    rows = []
-    for (d, k), at in main.groupby(["d_model", "k"], sort=True):
-        k = int(k)
-        measured = measured_depth(at[at["max_length"] == cfg.solve_at], cfg.threshold, cfg.seeds)
-        predicted = predicted_depth(k)
-        control = ctrl[(ctrl["k"] == k) & (ctrl["max_length"] == cfg.solve_at)]
-        row: dict[str, Any] = {
-            "d_model": d,
-            "k": k,
-            "predicted_depth": predicted,
-            "measured_depth": measured,
-            "difference": None if measured is None else measured - predicted,
-            "solve_range": f"{max(lo_solve, k)}-{cfg.solve_at}",
-            "in_distribution_depth": measured_depth(
-                at[at["max_length"] == cfg.eval_lengths[0]], cfg.threshold, cfg.seeds
-            ),
-            "control_depth": int(control["depth"].iloc[0]) if len(control) else None,
-            "control_d_model": int(control["d_model"].iloc[0]) if len(control) else None,
-            "control_exact_match": round(float(control["accuracy"].mean()), 4) if len(control) else None,
-        }
-        row.update(depth_one(cfg, k, at))
-        rows.append(row)
-    return pd.DataFrame(rows, columns=LAW_COLUMNS).astype(
-        {
-            "measured_depth": "Int64",
-            "difference": "Int64",
-            "in_distribution_depth": "Int64",
-            "control_depth": "Int64",
-            "control_d_model": "Int64",
-        }
+    law["solve_range"] = [f"{max(lo_solve, k)}-{cfg.solve_at}" for k in law["k"]]
+    in_distribution = measured_depths(train, keys, cfg).rename(columns={"measured_depth": "in_distribution_depth"})
+    control = (
+        solve[solve["control"].astype(bool)]
+        .groupby("k")
+        .agg(
+            control_depth=("depth", "first"),
+            control_d_model=("d_model", "first"),
+            control_exact_match=("accuracy", "mean"),
+        )
     )
+    one = train[(train["depth"] == 1) & ~train["control"].astype(bool)]  # depth 1 at the training range
+    one = one.groupby(keys).agg(
+        depth1_exact_match=("accuracy", "mean"), depth1_token_accuracy=("token_accuracy", "mean")
+    )
+    law = (
+        law.merge(in_distribution, on=keys, how="left")
+        .merge(control, on="k", how="left")
+        .merge(one, on=keys, how="left")
+    )
+    law["depth1_string_cap"], law["depth1_token_cap"] = zip(*(depth_one_caps(cfg, k) for k in law["k"]), strict=True)
+    rounded = [
+        "control_exact_match",
+        "depth1_exact_match",
+        "depth1_string_cap",
+        "depth1_token_accuracy",
+        "depth1_token_cap",
+    ]
+    law[rounded] = law[rounded].astype(float).map(round, ndigits=4)
+    return law[columns].astype({"control_depth": "Int64", "control_d_model": "Int64"})
 
 
-def depth_one(cfg: CraspConfig, k: int, at: pd.DataFrame) -> dict[str, Any]:
-    """Depth 1 at the training range (mean over seeds) beside its exact limit without positions."""
+def depth_one_caps(cfg: CraspConfig, k: int) -> tuple[float, float]:
+    """Depth 1's exact limits without positions at the training range (:mod:`probes.data.crasp_cap`):
+    per string (k <= 4; nan beyond) and per token."""
     from depthprobe.probes.data import crasp_cap
 
     lo, hi = max(cfg.nmin, k), cfg.eval_lengths[0]
-    one = at[(at["depth"] == 1) & (at["max_length"] == hi)]
-    string_cap = 1.0 if k <= 3 else crasp_cap.string_cap_l4(lo, hi)[0] if k == 4 else None
-    return {
-        "depth1_exact_match": round(float(one["accuracy"].mean()), 4) if len(one) else None,
-        "depth1_string_cap": None if string_cap is None else round(string_cap, 4),
-        "depth1_token_accuracy": round(float(one["token_accuracy"].mean()), 4) if len(one) else None,
-        "depth1_token_cap": round(crasp_cap.token_cap(k, lo, hi), 4),
-    }
+    string_cap = 1.0 if k <= 3 else crasp_cap.string_cap_l4(lo, hi)[0] if k == 4 else math.nan
+    return string_cap, crasp_cap.token_cap(k, lo, hi)
 
 
 def by_depth(acc: pd.DataFrame, ranges: pd.DataFrame) -> pd.DataFrame:
     """Per k, model (depth, or the control) and range: the accuracies over seeds and the majority."""
     if acc.empty:
         return pd.DataFrame(columns=DEPTH_COLUMNS)
-    acc = (
-        acc.merge(ranges, on=["member", "max_length"], how="left")
-        if not ranges.empty
-        else acc.assign(min_length=None, majority=None)
+    if ranges.empty:
+        acc = acc.assign(min_length=math.nan, majority=math.nan)
+    else:
+        acc = acc.merge(ranges, on=["member", "max_length"], how="left")
+    out = acc.groupby(["k", "control", "depth", "d_model", "max_length"], sort=True).agg(
+        min_length=("min_length", "min"),
+        exact_match=("accuracy", "mean"),
+        exact_match_min=("accuracy", "min"),
+        token_accuracy=("token_accuracy", "mean"),
+        majority=("majority", "mean"),
     )
-    rows = []
-    for (k, control, depth, d, hi), at in acc.groupby(["k", "control", "depth", "d_model", "max_length"], sort=True):
-        rows.append(
-            {
-                "k": int(k),
-                "model": f"control: depth {depth}, d_model {d}" if control else f"depth {depth}",
-                "depth": int(depth),
-                "d_model": int(d),
-                "control": bool(control),
-                "min_length": at["min_length"].min(),
-                "max_length": int(hi),
-                "exact_match": round(float(at["accuracy"].mean()), 4),
-                "exact_match_min": round(float(at["accuracy"].min()), 4),
-                "token_accuracy": round(float(at["token_accuracy"].mean()), 4),
-                "majority": round(float(at["majority"].mean()), 4) if at["majority"].notna().any() else None,
-            }
-        )
-    return pd.DataFrame(rows, columns=DEPTH_COLUMNS)
+    out = out.reset_index()
+    out["model"] = [
+        f"control: depth {depth}, d_model {d}" if control else f"depth {depth}"
+        for control, depth, d in zip(out["control"], out["depth"], out["d_model"], strict=True)
+    ]
+    rounded = ["exact_match", "exact_match_min", "token_accuracy", "majority"]
+    out[rounded] = out[rounded].map(round, ndigits=4)
+    return out[DEPTH_COLUMNS]
 
 
 def depths_section(tables: dict[str, pd.DataFrame]) -> list[str]:
@@ -145,8 +122,5 @@ def depths_section(tables: dict[str, pd.DataFrame]) -> list[str]:
     if depths.empty:
         return []
     wide = depths.pivot_table(index=["k", "model"], columns="max_length", values="exact_match", aggfunc="first")
-    records = [
-        {"k": k, "model": m, **{f"exact match, lengths to {c}": v for c, v in row.items()}}
-        for (k, m), row in wide.iterrows()
-    ]
+    records = wide.rename(columns=lambda hi: f"exact match, lengths to {hi}").reset_index().to_dict("records")
     return ["<h2>Exact-match accuracy by model and length</h2>" + html_table(records)]

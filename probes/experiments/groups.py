@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from depthprobe.probes.base.errors import ProbeError
-from depthprobe.probes.experiments.laws import COMMON, LawConfig, LawExperiment, LawJob, measured_depth
+from depthprobe.probes.experiments.laws import COMMON, LawConfig, LawExperiment, LawJob, measured_depths
 from depthprobe.probes.experiments.protocol import at_least
 
 if TYPE_CHECKING:
@@ -29,6 +29,7 @@ if TYPE_CHECKING:
 
     from depthprobe.probes.models.model import Model
     from depthprobe.probes.training.loop import BatchSource
+
 
 LAW_COLUMNS = ["d_model", "group", "solvable", "T", "log2_T", "measured_depth", "predicted_shape"]
 
@@ -69,6 +70,7 @@ class Groups(LawExperiment):
     description = "group word problems (Liu et al. 2023): the first depth per group and length T"
     Config = GroupsConfig
     key = "T"
+    law_columns: ClassVar[list[str]] = LAW_COLUMNS
     second = "accuracy_last"
     extra_tables = ("positions.csv", "curriculum.csv")
     prediction = (
@@ -86,14 +88,7 @@ class Groups(LawExperiment):
             "check_every": 10,
             "check_sequences": 16,
         },
-        "cpu": {
-            **COMMON["cpu"],
-            "depths": (1, 2, 3, 4),
-            "d_models": (64,),
-            "groups": ("s3", "z60", "a5"),
-            "lengths": (4, 8, 16),
-            "steps": 3000,
-        },
+        "cpu": {**COMMON["cpu"], "depths": (1, 2, 3, 4)},
         "gpu": {
             **COMMON["gpu"],
             "depths": (1, 2, 3, 4, 6, 8),
@@ -157,11 +152,8 @@ class Groups(LawExperiment):
         from depthprobe.probes.training.sources import CurriculumSource
 
         if isinstance(source, CurriculumSource):
-            moves = [(0, source.lengths[0]), *source.moves]
-            write_csv(
-                folder / "curriculum.csv",
-                pd.DataFrame([{"member": job.name, "step": s, "length": t} for s, t in moves]),
-            )
+            moves = pd.DataFrame([(0, source.lengths[0]), *source.moves], columns=["step", "length"])
+            write_csv(folder / "curriculum.csv", moves.assign(member=job.name)[["member", "step", "length"]])
 
     def probe(self, job: LawJob, model: Model, folder: Path) -> None:
         """``positions.csv``: at each position of the longest evaluation set, the accuracy and (for
@@ -177,11 +169,8 @@ class Groups(LawExperiment):
         pred = predict(model, inputs)
         per = group_data.position_accuracy(pred, targets).tolist()
         signs = group_data.sign_accuracy(group, pred, targets).tolist() if group.signs else [None] * len(per)
-        rows = [
-            {**job.ids(), "position": t, "accuracy": a, "sign_accuracy": sa}
-            for t, (a, sa) in enumerate(zip(per, signs, strict=True))
-        ]
-        write_csv(folder / "positions.csv", pd.DataFrame(rows))
+        per_position = {"position": range(len(per)), "accuracy": per, "sign_accuracy": signs}
+        write_csv(folder / "positions.csv", pd.DataFrame({**job.ids(), **per_position}))
 
     def eval_sets(self, job: LawJob, n: int) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
         """Per T, drawn from the evaluation seed space (never a training batch: probes.data.streams)."""
@@ -202,20 +191,13 @@ class Groups(LawExperiment):
 
     def law(self, cfg: GroupsConfig, accuracy: pd.DataFrame) -> pd.DataFrame:
         """Per width, group and T: the measured first depth, with the predicted shape. Controls left out."""
-        import pandas as pd
-
         from depthprobe.probes.data import groups as group_data
 
-        if accuracy.empty:
-            return pd.DataFrame(columns=LAW_COLUMNS)
-        rows = accuracy[~accuracy["control"].astype(bool)]
-        out = []
-        for (d, g, t), at in rows.groupby(["d_model", "group", "T"], sort=False):
-            solvable = group_data.get_group(str(g)).solvable
-            measured = measured_depth(at, cfg.threshold, cfg.seeds)
-            shape = "constant in T" if solvable else "grows like log T"
-            out.append((d, g, solvable, t, round(math.log2(int(t)), 3), measured, shape))
-        return pd.DataFrame(out, columns=LAW_COLUMNS).astype({"measured_depth": "Int64"})
+        law = measured_depths(accuracy, ["d_model", "group", "T"], cfg, sort=False)
+        law["solvable"] = law["group"].map({g: group_data.get_group(str(g)).solvable for g in law["group"].unique()})
+        law["log2_T"] = [round(math.log2(int(t)), 3) for t in law["T"]]
+        law["predicted_shape"] = law["solvable"].map({True: "constant in T", False: "grows like log T"})
+        return law[self.law_columns]
 
     def tables(self, config: GroupsConfig, members: pd.DataFrame, folder: Path) -> dict[str, pd.DataFrame]:
         tables = super().tables(config, members, folder)
@@ -263,35 +245,27 @@ def prefix_table(cfg: GroupsConfig, positions: pd.DataFrame, curriculum: pd.Data
 
     if positions.empty:
         return pd.DataFrame(columns=PREFIX_COLUMNS)
+    keys = ["d_model", "group", "depth", "control"]
+    ordered = positions.sort_values("position", kind="stable")  # members keep their first-seen order
+    per_member = ordered.groupby([*keys, "member"], sort=False).agg(
+        prefix=("accuracy", lambda acc: group_data.longest_prefix_solved(torch.tensor(acc.tolist()), cfg.threshold)),
+        accuracy_last=("accuracy", "last"),
+        sign_accuracy_last=("sign_accuracy", "last"),
+    )
     reached = curriculum.groupby("member")["length"].max() if not curriculum.empty else pd.Series(dtype=float)
-    rows = []
-    for (d, g, depth, control), at in positions.groupby(["d_model", "group", "depth", "control"], sort=False):
-        group = group_data.get_group(str(g))
-        per_member = {m: p.sort_values("position") for m, p in at.groupby("member")}
-        prefixes = [
-            group_data.longest_prefix_solved(torch.tensor(p["accuracy"].tolist()), cfg.threshold)
-            for p in per_member.values()
-        ]
-        last = [p.iloc[-1] for p in per_member.values()]
-        trained = [reached[m] for m in per_member if m in reached]
-        rows.append(
-            {
-                "d_model": d,
-                "group": g,
-                "order": group.order,
-                "solvable": group.solvable,
-                "depth": depth,
-                "control": bool(control),
-                "longest_prefix_min": min(prefixes),
-                "longest_prefix_max": max(prefixes),
-                "trained_to": min(trained) if trained else None,
-                "accuracy_last": round(sum(r["accuracy"] for r in last) / len(last), 4),
-                "sign_accuracy_last": round(sum(r["sign_accuracy"] for r in last) / len(last), 4)
-                if group.signs
-                else None,
-            }
-        )
-    return pd.DataFrame(rows, columns=PREFIX_COLUMNS)
+    per_member["trained_to"] = per_member.index.get_level_values("member").map(reached)
+    out = per_member.groupby(level=keys, sort=False).agg(
+        longest_prefix_min=("prefix", "min"),
+        longest_prefix_max=("prefix", "max"),
+        trained_to=("trained_to", "min"),
+        accuracy_last=("accuracy_last", "mean"),
+        sign_accuracy_last=("sign_accuracy_last", "mean"),
+    )
+    out = out.reset_index()
+    groups = [group_data.get_group(str(g)) for g in out["group"]]
+    out["order"], out["solvable"] = [g.order for g in groups], [g.solvable for g in groups]
+    out[["accuracy_last", "sign_accuracy_last"]] = out[["accuracy_last", "sign_accuracy_last"]].map(round, ndigits=4)
+    return out[PREFIX_COLUMNS]
 
 
 __all__ = ["Groups", "GroupsConfig", "prefix_table"]

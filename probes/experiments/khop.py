@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from depthprobe.probes.base.errors import ProbeError
-from depthprobe.probes.experiments.laws import COMMON, LawConfig, LawExperiment, LawJob, measured_depth
+from depthprobe.probes.experiments.laws import COMMON, LawConfig, LawExperiment, LawJob, measured_depths
 from depthprobe.probes.experiments.protocol import at_least
 
 if TYPE_CHECKING:
@@ -24,8 +24,6 @@ if TYPE_CHECKING:
 
     from depthprobe.probes.models.model import Model
     from depthprobe.probes.training.loop import BatchSource
-
-LAW_COLUMNS = ["d_model", "k", "predicted_depth", "measured_depth", "difference"]
 
 
 @dataclass(frozen=True)
@@ -74,6 +72,7 @@ class KHop(LawExperiment):
     description = "k-hop induction (Sanford et al. 2024): the first depth that solves k hops, per k"
     Config = KHopConfig
     key = "k"
+    law_columns: ClassVar[list[str]] = ["d_model", "k", "predicted_depth", "measured_depth", "difference"]
     second = "accuracy_all"
     extra_tables = ("hops.csv", "hop_layers.csv")
     prediction = (
@@ -84,33 +83,14 @@ class KHop(LawExperiment):
     )
     presets: ClassVar[dict[str, dict[str, Any]]] = {
         "smoke": {**COMMON["smoke"], "ks": (1, 2), "length": 12, "letters": 3, "hop_sequences": 8},
-        "cpu": {
-            **COMMON["cpu"],
-            "depths": (1, 2, 3, 4, 5),
-            "d_models": (64,),
-            "ks": (1, 2, 3, 4),
-            "length": 48,
-            "letters": 4,
-            "steps": 3000,
-            "hop_sequences": 64,
-        },
-        "cpu-k8": {
-            **COMMON["cpu"],
-            "depths": (1, 2, 3, 4, 5, 6),
-            "d_models": (64,),
-            "ks": (1, 2, 3, 4, 8),
-            "length": 48,
-            "letters": 4,
-            "steps": 5000,
-            "hop_sequences": 64,
-        },
+        "cpu": {**COMMON["cpu"], "depths": (1, 2, 3, 4, 5)},
+        "cpu-k8": {**COMMON["cpu"], "depths": (1, 2, 3, 4, 5, 6), "ks": (1, 2, 3, 4, 8), "steps": 5000},
         "gpu": {
             **COMMON["gpu"],
             "depths": (1, 2, 3, 4, 5, 6, 7),
             "d_models": (128, 256),
             "ks": (1, 2, 3, 4, 6, 8, 12, 16),
             "length": 100,
-            "letters": 4,
             "steps": 20000,
             "hop_sequences": 128,
         },
@@ -170,10 +150,8 @@ class KHop(LawExperiment):
             sequences=cfg.hop_sequences,
             seed=job.seed,
         )
-        s = result.scores
-        hop = s["metric"].str.extract(r"^hop_(\d+)_attention$", expand=False)
-        rows = s[hop.notna()].assign(hop=hop[hop.notna()].astype(int))
-        hops = rows.rename(columns={"value": "attention"}).assign(member=job.name)
+        hop = result.scores["metric"].str.extract(r"^hop_(\d+)_attention$", expand=False).dropna().astype(int)
+        hops = result.scores.loc[hop.index].assign(hop=hop, member=job.name).rename(columns={"value": "attention"})
         hops = hops.astype({"layer": int, "head": int})[["member", "layer", "head", "hop", "attention", "chance"]]
         layers = result.summary[["layer", "largest_hop", "heads"]].assign(member=job.name, depth=job.depth)
         write_csv(folder / "hops.csv", hops.reset_index(drop=True))
@@ -182,16 +160,10 @@ class KHop(LawExperiment):
     def law(self, cfg: KHopConfig, accuracy: pd.DataFrame) -> pd.DataFrame:
         """Per width and k: the predicted and the measured first depth and their difference
         (measured - predicted; empty when no depth reached the threshold). Controls left out."""
-        import pandas as pd
-
-        if accuracy.empty:
-            return pd.DataFrame(columns=LAW_COLUMNS)
-        rows = accuracy[~accuracy["control"].astype(bool)]
-        out = []
-        for (d, k), at in rows.groupby(["d_model", "k"], sort=True):
-            measured, predicted = measured_depth(at, cfg.threshold, cfg.seeds), predicted_depth(int(k))
-            out.append((d, k, predicted, measured, None if measured is None else measured - predicted))
-        return pd.DataFrame(out, columns=LAW_COLUMNS).astype({"measured_depth": "Int64", "difference": "Int64"})
+        law = measured_depths(accuracy, ["d_model", "k"], cfg)
+        law["predicted_depth"] = law["k"].map(predicted_depth)
+        law["difference"] = law["measured_depth"] - law["predicted_depth"]
+        return law[self.law_columns]
 
 
 __all__ = ["KHop", "KHopConfig", "predicted_depth"]

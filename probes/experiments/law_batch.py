@@ -52,8 +52,7 @@ def run_law_batch(exp: LawExperiment, jobs: tuple[LawJob, ...]) -> list[tuple[An
         seconds = train_together(jobs, models, sources, own)
         outcomes = []
         for job, model, source, h in zip(jobs, models, sources, own, strict=True):
-            trained = (h.log, h.curves, seconds)
-            fill = partial(finish, exp, job, model=model, source=source, trained=trained, batch=len(jobs))
+            fill = partial(finish, exp, job, model=model, source=source, member=h, seconds=seconds, batch=len(jobs))
             outcomes.append(_outcome(exp, job, fill, t0))
     return outcomes
 

@@ -116,44 +116,6 @@ def steps_plan(cfg: Any) -> Steps:
     )
 
 
-def train(
-    exp: LawExperiment, job: LawJob, model: Model, source: BatchSource
-) -> tuple[list[dict[str, Any]], list[dict[str, Any]], float]:
-    """Train the member in place on ``source``: its loss log, its learning curve (one row per
-    evaluation and key) and its training seconds (evaluations and the family's checks excluded)."""
-    cfg = job.config
-    member = hands(exp, job, model, source)
-    net = model.bridge.original_model
-    params = [p for p in net.parameters() if p.requires_grad]
-    optimizer = decay_adamw(net, lr=cfg.lr, betas=BETAS, weight_decay=cfg.weight_decay)
-    run = train_steps(
-        net,
-        lambda x: fast_logits(model, x),
-        source,
-        optimizer,
-        params,
-        steps_plan(cfg),
-        device=model.device,
-        on_window=member.on_window,
-        after_step=member.after_step,
-    )
-    return member.log, member.curves, run.seconds
-
-
-def accuracy_rows(
-    exp: LawExperiment, job: LawJob, final: dict[int, tuple[float, float]], curves: list[dict[str, Any]]
-) -> list[dict[str, Any]]:
-    """accuracy.csv's rows of this member; ``step_reached``: the first curve evaluation whose
-    accuracy is >= the threshold (None if never)."""
-    rows = []
-    for value, (acc, acc_all) in final.items():
-        reached = [c["step"] for c in curves if c[exp.key] == value and c["accuracy"] >= job.config.threshold]
-        row = {**job.ids(), exp.key: value, "accuracy": acc, exp.second: acc_all}
-        row["step_reached"] = min(reached) if reached else None
-        rows.append(row)
-    return rows
-
-
 def depth_files(exp: LawExperiment, job: LawJob, model: Model, sets: dict[int, Any], folder: Path) -> None:
     """``depth_usage.csv`` on the family's depth-usage inputs, and ``skipped_accuracy.csv``: the
     accuracy per key on the final evaluation sets of :meth:`~LawExperiment.usage_keys`, intact and
@@ -170,13 +132,29 @@ def depth_files(exp: LawExperiment, job: LawJob, model: Model, sets: dict[int, A
 
 
 def measure(exp: LawExperiment, job: LawJob, folder: Path, row: dict[str, Any]) -> dict[str, Any]:
-    """Train, evaluate and probe one member into ``folder``; fills its row."""
-    device = resolve_device(job.config.device)
+    """Train one member in place on its source (training seconds: evaluations and the family's
+    checks excluded), then evaluate and probe it into ``folder``; fills its row."""
+    cfg = job.config
+    device = resolve_device(cfg.device)
     with torch_threads(1 if device.type == "cpu" else None):
         model = load(job.native(), device=str(device))
         source = exp.source(job)
-        trained = train(exp, job, model, source)
-        return finish(exp, job, folder, row, model, source, trained)
+        member = hands(exp, job, model, source)
+        net = model.bridge.original_model
+        params = [p for p in net.parameters() if p.requires_grad]
+        optimizer = decay_adamw(net, lr=cfg.lr, betas=BETAS, weight_decay=cfg.weight_decay)
+        run = train_steps(
+            net,
+            lambda x: fast_logits(model, x),
+            source,
+            optimizer,
+            params,
+            steps_plan(cfg),
+            device=model.device,
+            on_window=member.on_window,
+            after_step=member.after_step,
+        )
+        return finish(exp, job, folder, row, model, source, member, run.seconds)
 
 
 def finish(
@@ -186,19 +164,23 @@ def finish(
     row: dict[str, Any],
     model: Model,
     source: BatchSource,
-    trained: tuple[list[dict[str, Any]], list[dict[str, Any]], float],
+    member: Hands,
+    seconds: float,
     batch: int = 1,
 ) -> dict[str, Any]:
     """Evaluate, probe and write a trained member into ``folder`` and fill its ``row``
-    (``trained``: its loss log, curve and training seconds; ``batch``: members it trained with,
-    itself included); no extra ``member.json`` entries."""
-    log, curves, seconds = trained
+    (``member``: its loss log and curve; ``seconds``: its training seconds; ``batch``: members it
+    trained with, itself included); no extra ``member.json`` entries."""
     nonembed, embed = families.count_params(model)
     sets = exp.eval_sets(job, job.config.eval_sequences)
     final = exp.scores(job, model, sets)
-    write_csv(folder / "loss.csv", pd.DataFrame(log, columns=["step", "loss", "lr", "elapsed_s"]))
-    write_csv(folder / "curves.csv", pd.DataFrame(curves))
-    accuracy = pd.DataFrame(accuracy_rows(exp, job, final, curves)).astype({"step_reached": "Int64"})
+    write_csv(folder / "loss.csv", pd.DataFrame(member.log, columns=["step", "loss", "lr", "elapsed_s"]))
+    curves = pd.DataFrame(member.curves)
+    write_csv(folder / "curves.csv", curves)
+    # accuracy.csv: per key the final accuracies; step_reached: the first curve evaluation at the threshold
+    accuracy = pd.DataFrame([{**job.ids(), exp.key: v, "accuracy": a, exp.second: b} for v, (a, b) in final.items()])
+    reached = curves[curves["accuracy"] >= job.config.threshold].groupby(exp.key)["step"].min()
+    accuracy["step_reached"] = accuracy[exp.key].map(reached).astype("Int64")
     write_csv(folder / "accuracy.csv", accuracy)
     save_checkpoint(model, folder / "checkpoint", {"law_study": {"member": job.name, "family": exp.name}})
     exp.probe(job, model, folder)
@@ -214,7 +196,6 @@ def finish(
 
 __all__ = [
     "Hands",
-    "accuracy_rows",
     "finish",
     "hands",
     "measure",

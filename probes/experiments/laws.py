@@ -5,7 +5,8 @@ group where the family has groups, a wide 2-layer control with at least the para
 deepest member) on a synthetic task, evaluates them per evaluation key (``k`` for khop, ``T`` for
 groups) and finds the first depth that solves each key. A family module (``khop``, ``groups``)
 subclasses :class:`LawExperiment` with its Config fields, its data (``source``, ``eval_sets``,
-``scores``), its law table (its prediction lives there, nowhere else) and its prediction's text.
+``scores``), its law table (its prediction lives there, nowhere else; ``law_columns``: its header)
+and its prediction's text.
 
 Tables (besides members.csv): ``accuracy.csv`` (per member and key: final accuracy,
 ``step_reached``), ``curves.csv`` (accuracy per evaluation step and key), ``law.csv`` (the family's),
@@ -61,7 +62,8 @@ ROW_COLUMNS = [
 @dataclass(frozen=True)
 class LawConfig:
     """The settings every law family has. Members: every depth x width x seed, and with
-    ``control`` a wide 2-layer model with at least the parameters of the deepest member."""
+    ``control`` a wide 2-layer model with at least the parameters of the deepest member. The
+    defaults are the cpu scale: a preset sets what differs (:data:`COMMON`, the families' presets)."""
 
     preset: str = "smoke"
     depths: tuple[int, ...] = (1, 2)
@@ -115,34 +117,19 @@ class LawConfig:
         return sorted({*range(self.eval_every, self.steps + 1, self.eval_every), self.steps})
 
 
+# what a preset sets beyond the Config's defaults (the cpu scale), the same for every law family
 COMMON: dict[str, dict[str, Any]] = {
     "smoke": {
-        "depths": (1, 2),
         "d_models": (16,),
         "heads": 2,
-        "seeds": 1,
         "steps": 40,
         "batch_size": 16,
         "eval_every": 20,
         "curve_sequences": 16,
         "eval_sequences": 32,
     },
-    "cpu": {
-        "heads": 4,
-        "seeds": 2,
-        "batch_size": 32,
-        "eval_every": 250,
-        "curve_sequences": 128,
-        "eval_sequences": 1000,
-    },
-    "gpu": {
-        "heads": 4,
-        "seeds": 3,
-        "batch_size": 32,
-        "eval_every": 500,
-        "curve_sequences": 256,
-        "eval_sequences": 2000,
-    },
+    "cpu": {"seeds": 2},
+    "gpu": {"seeds": 3, "eval_every": 500, "curve_sequences": 256, "eval_sequences": 2000},
 }
 
 
@@ -169,15 +156,10 @@ class LawJob:
 
     def ids(self) -> dict[str, Any]:
         """What the member is, as the columns of its tables (``group`` where the family has groups)."""
-        ids = dict(
-            member=self.name,
-            group=self.group,
-            depth=self.depth,
-            d_model=self.d_model,
-            seed=self.seed,
-            control=self.control,
+        fields = (
+            ["group", "depth", "d_model", "seed", "control"] if self.group else ["depth", "d_model", "seed", "control"]
         )
-        return ids if self.group else {k: v for k, v in ids.items() if k != "group"}
+        return {"member": self.name, **{f: getattr(self, f) for f in fields}}
 
     def native(self) -> NativeConfig:
         from depthprobe.probes.models.model import NativeConfig
@@ -200,12 +182,13 @@ class LawExperiment(Experiment):
     aliases: ClassVar[dict[str, str]] = {"d_model": "d_models"}
     resumable: ClassVar[tuple[str, ...]] = ("device", "batch_members")  # batched members equal members alone
     parsers: ClassVar[dict[str, Any]] = {"batch_members": read_batch_members}
+    Job: ClassVar[type[LawJob]] = LawJob  # the family's member jobs
     key: ClassVar[str]  # the evaluation key's column: k or T
     second: ClassVar[str]  # accuracy.csv's second accuracy column
     extra_tables: ClassVar[tuple[str, ...]] = ()  # member tables gathered besides accuracy and curves
     prediction: ClassVar[str] = ""  # the prediction, for the page
     member_columns: ClassVar[tuple[str, ...]] = ()  # members.csv's columns copied onto accuracy.csv
-    heatmap_line: ClassVar[bool] = True  # law.csv's predicted_depth is per heatmap column (a line on it)
+    law_columns: ClassVar[list[str]]  # law.csv's columns (its header when no member finished)
 
     # -- what a law family gives ---------------------------------------------------------------
     def groups_of(self, cfg: Any) -> list[str | None]:
@@ -225,6 +208,7 @@ class LawExperiment(Experiment):
         raise NotImplementedError
 
     def law(self, cfg: Any, accuracy: pd.DataFrame) -> pd.DataFrame:
+        """law.csv from the finished members' accuracies (never empty)."""
         raise NotImplementedError
 
     def probe(self, job: LawJob, model: Model, folder: Path) -> None:
@@ -263,8 +247,6 @@ class LawExperiment(Experiment):
     # -- batched members (experiments/batching.py) ----------------------------------------------
     def batches(self, config: Any, jobs: list[LawJob], processes: int) -> list[Any]:
         """Members of one network shape (all but the seed) in batches of ``--batch-members``."""
-        import dataclasses
-
         from depthprobe.probes.experiments import batching
         from depthprobe.probes.models.device import resolve_device
 
@@ -293,20 +275,24 @@ class LawExperiment(Experiment):
 
     # -- the protocol --------------------------------------------------------------------------
     def plan(self, config: Any) -> list[LawJob]:
-        """Every member, seed-major: (per group) depth x width, then the control."""
+        """Every member, seed-major: (per group) depth x width, then the control (with ``control``)."""
         jobs = []
         for group in self.groups_of(config):
             vocab, context = self.shape(config, group)
-            wide = control_width(config, vocab, context)
+            ctrl = self.control_shape(config, group, vocab, context) if config.control else None
             for seed in range(config.seeds):
+                shapes = [(depth, d) for d in config.d_models for depth in config.depths]
                 jobs += [
-                    LawJob(config, depth, d, seed, group=group, vocab=vocab, context=context)
-                    for d in config.d_models
-                    for depth in config.depths
+                    self.Job(config, depth, d, seed, group=group, vocab=vocab, context=context) for depth, d in shapes
                 ]
-                if config.control and not (2 in config.depths and wide in config.d_models):
-                    jobs.append(LawJob(config, 2, wide, seed, control=True, group=group, vocab=vocab, context=context))
+                if ctrl is not None:
+                    jobs.append(self.Job(config, *ctrl, seed, control=True, group=group, vocab=vocab, context=context))
         return jobs
+
+    def control_shape(self, config: Any, group: str | None, vocab: int, context: int) -> tuple[int, int] | None:
+        """The control's (depth, width): 2 layers at :func:`control_width` (None: that is a member already)."""
+        wide = control_width(config, vocab, context)
+        return None if 2 in config.depths and wide in config.d_models else (2, wide)
 
     def base_row(self, job: LawJob) -> dict[str, Any]:
         return {**super().base_row(job), **job.ids(), "heads": job.config.heads, "steps": job.config.steps}
@@ -316,11 +302,11 @@ class LawExperiment(Experiment):
         token) and estimated CPU minutes."""
         params = job.native().n_params()
         tokens = config.steps * config.batch_size * job.context
-        row = {k: v for k, v in self.base_row(job).items() if k not in ("status", "error", "wall_s", "device")}
-        row.update(params=params, tokens=tokens, flops=6.0 * params * tokens)
-        row["cpu_minutes"] = row["flops"] / CPU_FLOPS / 60
+        row = {k: v for k, v in {**self.base_row(job), "params": params}.items() if v is not None or k == "group"}
+        flops = 6.0 * params * tokens
+        row.update(tokens=tokens, flops=flops, cpu_minutes=flops / CPU_FLOPS / 60)
         row["est_seconds"], row["source"] = estimate(self.name, plan_device(config), config.steps)
-        return {k: v for k, v in row.items() if v is not None or k in ("group", "est_seconds")}
+        return row
 
     def measure(self, job: LawJob, folder: Path, row: dict[str, Any]) -> dict[str, Any]:
         from depthprobe.probes.experiments import law_member
@@ -335,14 +321,16 @@ class LawExperiment(Experiment):
 
     def tables(self, config: Any, members: pd.DataFrame, folder: Path) -> dict[str, pd.DataFrame]:
         """The members' tables gathered (accuracy with :attr:`member_columns` of members.csv), and law.csv."""
+        import pandas as pd
+
         from depthprobe.probes.experiments.folder import gather
 
         tables = {name: gather(folder, members, name) for name in ("accuracy.csv", "curves.csv", *self.extra_tables)}
-        acc = tables["accuracy.csv"]
-        if not acc.empty:
-            if self.member_columns:
-                acc = acc.merge(members[["member", *self.member_columns]], on="member", how="left")
-            acc["step_reached"] = acc["step_reached"].astype("Int64")  # a step, or empty when never reached
+        if tables["accuracy.csv"].empty:  # no member finished: law.csv's header alone
+            tables["law.csv"] = pd.DataFrame(columns=self.law_columns)
+            return tables
+        acc = tables["accuracy.csv"].merge(members[["member", *self.member_columns]], on="member", how="left")
+        acc["step_reached"] = acc["step_reached"].astype("Int64")  # a step, or empty when never reached
         tables["accuracy.csv"] = acc
         tables["law.csv"] = self.law(config, acc)
         return tables
@@ -351,21 +339,30 @@ class LawExperiment(Experiment):
         return tables["law.csv"]
 
     def page(self, config: Any, tables: dict[str, pd.DataFrame], folder: Path) -> list[str]:
+        """The prediction, the law table (a blank measured depth says why, from :meth:`behind_law`),
+        the heatmaps, :meth:`middle`, the learning curves and (khop) the hop summary
+        (probes/render/laws.py)."""
+        import pandas as pd
+
         from depthprobe.probes.render import laws
 
-        return laws.law_sections(
-            tables,
-            key=self.key,
-            threshold=config.threshold,
-            prediction=self.prediction,
-            line=self.heatmap_line,
-            middle=self.middle(tables),
-            behind=lambda acc: self.behind_law(config, acc),
-        )
+        acc, law, members = tables.get("accuracy.csv", pd.DataFrame()), tables["law.csv"], tables["members.csv"]
+        if acc.empty:
+            return [laws.intro(self.prediction), "<p class='note'>no member finished; there is nothing to plot.</p>"]
+        return [
+            laws.intro(self.prediction),
+            laws.law_table(law, self.behind_law(config, acc), config.threshold),
+            laws.heatmaps(self.key, acc, law),
+            *self.middle(tables),
+            laws.curves(self.key, tables.get("curves.csv", pd.DataFrame()), members, config.threshold),
+            laws.hop_summary(tables.get("hop_layers.csv", pd.DataFrame())),
+        ]
 
-    def middle(self, tables: dict[str, pd.DataFrame]) -> list[str] | None:
-        """The page's sections between the heatmaps and the learning curves (None: the control)."""
-        return None
+    def middle(self, tables: dict[str, pd.DataFrame]) -> list[str]:
+        """The page's sections between the heatmaps and the learning curves: the wide shallow control."""
+        from depthprobe.probes.render import laws
+
+        return [laws.control(self.key, tables["accuracy.csv"], tables["members.csv"])]
 
     def behind_law(self, config: Any, acc: pd.DataFrame) -> pd.DataFrame:
         """The accuracies behind law.csv's rows, which say why a measured depth is blank: all."""
@@ -402,4 +399,14 @@ def measured_depth(rows: pd.DataFrame, threshold: float, seeds: int) -> int | No
     return None
 
 
-__all__ = ["COMMON", "LawConfig", "LawExperiment", "LawJob", "control_width", "measured_depth"]
+def measured_depths(acc: pd.DataFrame, keys: list[str], cfg: Any, sort: bool = True) -> pd.DataFrame:
+    """Per ``keys`` (controls left out): ``measured_depth`` (:func:`measured_depth`; empty when no
+    depth reached the threshold in every seed), one row per setting."""
+    import pandas as pd
+
+    main = acc[~acc["control"].astype(bool)]
+    rows = [(*key, measured_depth(at, cfg.threshold, cfg.seeds)) for key, at in main.groupby(keys, sort=sort)]
+    return pd.DataFrame(rows, columns=[*keys, "measured_depth"]).astype({"measured_depth": "Int64"})
+
+
+__all__ = ["COMMON", "LawConfig", "LawExperiment", "LawJob", "control_width", "measured_depth", "measured_depths"]

@@ -4,15 +4,12 @@ From the study's tables in memory (``probes.experiments.laws``): the prediction'
 table (law.csv: the family's prediction against the measured depth), an accuracy heatmap depth x key
 (per group where the family has groups) with law.csv's predicted first depth drawn on it as a line,
 the wide shallow control against the deepest member, the learning curves per key (depth, control
-and group from members.csv's columns) and the hop-attention summary. The runner's frame adds the
+and group from members.csv's columns) and the hop-attention summary, each a function that
+:meth:`probes.experiments.laws.LawExperiment.page` puts in order. The runner's frame adds the
 members and the settings. The page reports; it asserts nothing.
 """
 
 from __future__ import annotations
-
-import math
-from collections.abc import Callable, Mapping
-from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -27,10 +24,9 @@ CELL_W, CELL_H, LEFT, TOP = 34, 20, 46, 10
 NOTE = "This page reports what the study measured against the prediction; it does not test it."
 
 
-def _mean_grid(acc: pd.DataFrame, rows: list[int], cols: list[Any], col: str) -> np.ndarray:
-    """Mean accuracy over seeds, [depth, col]; nan where no member finished."""
-    means = acc.groupby(["depth", col])["accuracy"].mean()
-    return np.array([[means.get((r, c), math.nan) for c in cols] for r in rows], dtype=np.float64)
+def _keys(table: pd.DataFrame, key: str) -> list[str]:
+    """What a law family's results are per: ``key``, after ``group`` where the family has groups."""
+    return ["group", key] if "group" in table and table["group"].notna().any() else [key]
 
 
 def predicted_line(svg: str, depths: list[int], predicted: list[int]) -> str:
@@ -51,15 +47,16 @@ def predicted_line(svg: str, depths: list[int], predicted: list[int]) -> str:
 
 def heatmaps(key: str, acc: pd.DataFrame, law: pd.DataFrame) -> str:
     """Accuracy heatmaps per width (and group, when the family has groups), depth x key; with the
-    predicted first depth of law.csv (when it has one) drawn on it as a line."""
+    predicted first depth of law.csv drawn on it as a line, when law.csv has one per heatmap column
+    (khop: per k; not crasp, whose prediction is per k and whose columns are length ranges)."""
     main = acc[~acc["control"].astype(bool)]
     keys = ["d_model", "group"] if "group" in main and main["group"].notna().any() else ["d_model"]
-    predicted = law.set_index(["d_model", key])["predicted_depth"] if "predicted_depth" in law else None
+    predicted = law.set_index(["d_model", key])["predicted_depth"] if {"predicted_depth", key} <= set(law) else None
     parts = []
-    for group, at in main.groupby(keys, sort=False):
-        values = group if isinstance(group, tuple) else (group,)
-        depths, cols = sorted(at["depth"].unique().tolist()), sorted(at[key].unique().tolist())
-        svg = heatmap_svg(_mean_grid(at, depths, cols, key), depths, cols, row_title="depth", col_title=key)
+    for values, at in main.groupby(keys, sort=False):
+        grid = at.pivot_table(index="depth", columns=key, values="accuracy", aggfunc="mean")  # nan: none finished
+        depths, cols = grid.index.tolist(), grid.columns.tolist()
+        svg = heatmap_svg(grid.to_numpy(np.float64), depths, cols, row_title="depth", col_title=key)
         what = ", ".join(f"{k} {v}" for k, v in zip(keys, values, strict=True))
         if predicted is not None:
             svg = predicted_line(svg, depths, [int(predicted[(values[0], c)]) for c in cols])
@@ -78,7 +75,7 @@ def curves(key: str, curve: pd.DataFrame, members: pd.DataFrame, threshold: floa
         return ""
     cols = [c for c in ("member", "depth", "control", "group") if c in members]
     curve = curve.merge(members[cols], on="member", how="left")
-    keys = ["group", key] if "group" in curve and curve["group"].notna().any() else [key]
+    keys = _keys(curve, key)
     charts = []
     for group, at in curve.groupby(keys, sort=True):
         series = []
@@ -88,7 +85,7 @@ def curves(key: str, curve: pd.DataFrame, members: pd.DataFrame, threshold: floa
             points = tuple(zip(mean.index.astype(float), mean["mean"], strict=True))
             spread = tuple(zip(mean["min"], mean["max"], strict=True))
             series.append(Series(label, points, spread=spread, dashed=bool(control)))
-        name = " ".join(f"{k} {v}" for k, v in zip(keys, group if isinstance(group, tuple) else (group,), strict=True))
+        name = " ".join(f"{k} {v}" for k, v in zip(keys, group, strict=True))
         charts.append(
             chart_svg(
                 series,
@@ -113,24 +110,21 @@ def control(key: str, acc: pd.DataFrame, members: pd.DataFrame) -> str:
         return ""
     main = acc[~acc["control"].astype(bool)]
     deepest = main[main["depth"] == main["depth"].max()]
-    keys = ["group", key] if "group" in acc and acc["group"].notna().any() else [key]
+    keys = _keys(acc, key)
     params = members.set_index("member")["params"] if "params" in members else pd.Series(dtype=float)
-    rows = []
+    parts = []
     for label, part in (("wide 2-layer control", ctrl), (f"depth {main['depth'].max()}", deepest)):
-        for key, at in part.groupby(keys, sort=True):
-            rec = dict(zip(keys, key if isinstance(key, tuple) else (key,), strict=True))
-            rows.append(
-                {
-                    "model": label,
-                    "d_model": int(at["d_model"].iloc[0]),
-                    "params": int(params.get(at["member"].iloc[0], 0)),
-                    **rec,
-                    "accuracy (mean over seeds)": round(float(at["accuracy"].mean()), 4),
-                }
-            )
+        at = part.groupby(keys, sort=True).agg(
+            d_model=("d_model", "first"), member=("member", "first"), mean=("accuracy", "mean")
+        )
+        parts.append(at.reset_index().assign(model=label))
+    rows = pd.concat(parts)
+    rows["params"] = rows["member"].map(params).fillna(0).astype(int)
+    rows["accuracy (mean over seeds)"] = rows["mean"].map(round, ndigits=4)
     return (
         "<h2>Wide shallow control</h2><p class='meta'>2 layers with at least the deepest member's "
-        "parameters (counted from the built models)</p>" + html_table(rows)
+        "parameters (counted from the built models)</p>"
+        + html_table(rows.to_dict("records"), ["model", "d_model", "params", *keys, "accuracy (mean over seeds)"])
     )
 
 
@@ -139,10 +133,7 @@ def hop_summary(layers: pd.DataFrame) -> str:
     if layers.empty:
         return ""
     wide = layers.pivot_table(index=["member", "depth"], columns="layer", values="largest_hop", aggfunc="first")
-    records = [
-        {"member": m, "depth": d, **{f"layer {int(c)}": ("" if pd.isna(v) else int(v)) for c, v in row.items()}}
-        for (m, d), row in wide.iterrows()
-    ]
+    records = wide.rename(columns=lambda layer: f"layer {int(layer)}").reset_index().to_dict("records")
     return (
         "<h2>Hop attention</h2><p class='meta'>per member and layer: the largest hop j some head resolves "
         "(mean attention from i to p^j(i) >= 0.5 and >= 3x chance; 0: none). Sanford et al.'s construction "
@@ -189,33 +180,9 @@ def law_table(law: pd.DataFrame, acc: pd.DataFrame, threshold: float) -> str:
     return "<h2>The law</h2>" + note + html_table(records)
 
 
-def law_sections(
-    tables: Mapping[str, pd.DataFrame],
-    *,
-    key: str,
-    threshold: float,
-    prediction: str,
-    line: bool = True,
-    middle: list[str] | None = None,
-    behind: Callable[[pd.DataFrame], pd.DataFrame] | None = None,
-) -> list[str]:
-    """A law family's report sections from its tables: the prediction, the law table (with why a
-    measured depth is blank, from ``behind(accuracy)``: the accuracies behind its rows; None: all),
-    the heatmaps (with law.csv's predicted depth as a line when ``line``), ``middle`` (None: the
-    control), the learning curves and (khop) the hop summary."""
-    members = tables.get("members.csv", pd.DataFrame())
-    acc, law = tables.get("accuracy.csv", pd.DataFrame()), tables.get("law.csv", pd.DataFrame())
-    parts = [f"<p>{esc(prediction)} {esc(NOTE)}</p>"]
-    if acc.empty:
-        return [*parts, "<p class='note'>no member finished; there is nothing to plot.</p>"]
-    parts.append(law_table(law, behind(acc) if behind else acc, threshold))
-    parts += [
-        heatmaps(key, acc, law if line else pd.DataFrame()),
-        *(middle if middle is not None else [control(key, acc, members)]),
-        curves(key, tables.get("curves.csv", pd.DataFrame()), members, threshold),
-        hop_summary(tables.get("hop_layers.csv", pd.DataFrame())),
-    ]
-    return parts
+def intro(prediction: str) -> str:
+    """The prediction's text, and what the page does with it."""
+    return f"<p>{esc(prediction)} {esc(NOTE)}</p>"
 
 
-__all__ = ["blank_reason", "law_sections", "law_table", "predicted_line"]
+__all__ = ["blank_reason", "control", "curves", "heatmaps", "hop_summary", "intro", "law_table", "predicted_line"]

@@ -22,12 +22,11 @@ SKIPPED_NOTE = (
 
 
 def _series(rows: pd.DataFrame, metric: str) -> list[Series]:
-    out = []
-    for member, at in rows.groupby("member", sort=False):
-        at = at.sort_values("layer")
-        points = tuple((float(x), float(y)) for x, y in zip(at["layer"], at[metric], strict=True))
-        out.append(Series(str(member), points))
-    return out
+    ordered = rows.sort_values("layer", kind="stable")  # every member starts at block 0: their order is kept
+    return [
+        Series(str(member), tuple((float(x), float(y)) for x, y in zip(at["layer"], at[metric], strict=True)))
+        for member, at in ordered.groupby("member", sort=False)
+    ]
 
 
 def usage_section(table: pd.DataFrame) -> str:
@@ -55,26 +54,20 @@ def skipped_section(table: pd.DataFrame, key: str, threshold: float | None, law:
     """Per member and level: the intact accuracy, the accuracy with each block skipped, and (with a
     threshold) the blocks it needs there: those whose skip takes a solved level below the threshold."""
     ids = [c for c in ("group", "k", "depth", "d_model", "seed", "control") if c in table and c != key]
-    rows = []
-    for (member, level), at in table.groupby(["member", key], sort=False):
-        intact = at.loc[at["skipped"].isna(), "accuracy"]
-        base = float(intact.iloc[0]) if len(intact) else float("nan")
-        first = at.iloc[0]
-        row: dict[str, Any] = {"member": member, **{c: first[c] for c in ids}, key: level, "intact": round(base, 4)}
-        skips = at[at["skipped"].notna()].sort_values("skipped")
-        for s, acc in zip(skips["skipped"], skips["accuracy"], strict=True):
-            row[f"skip {int(s)}"] = round(float(acc), 4)
-        if threshold is not None:
-            need = [int(s) for s, a in zip(skips["skipped"], skips["accuracy"], strict=True) if a < threshold]
-            row["needs"] = ", ".join(map(str, need)) if base >= threshold else "(not solved)"
-        rows.append(row)
-    shown = pd.DataFrame(rows)
-    skips = sorted((c for c in shown if c.startswith("skip ")), key=lambda c: int(c.split()[1]))
-    needs = ["needs"] if threshold is not None else []
-    shown = shown[[c for c in shown if c not in skips and c != "needs"] + skips + needs]
+    shown = table.groupby(["member", key], sort=False)[ids].first().reset_index()[["member", *ids, key]]
+    at = pd.MultiIndex.from_frame(shown[["member", key]])
+    intact = table[table["skipped"].isna()].set_index(["member", key])["accuracy"].reindex(at)
+    skips = table[table["skipped"].notna()].pivot_table(index=["member", key], columns="skipped", values="accuracy")
+    skips = skips.reindex(at)  # a column per block, in order; nan where the member has no such block
     predicted = _predicted(shown, key, law)
     if predicted is not None:
-        shown.insert(shown.columns.get_loc("intact"), "predicted_depth", predicted)
+        shown["predicted_depth"] = predicted
+    shown["intact"] = intact.map(round, ndigits=4).to_numpy()
+    for block in skips:
+        shown[f"skip {int(block)}"] = skips[block].map(round, ndigits=4).to_numpy()
+    if threshold is not None:
+        need = [", ".join(str(int(b)) for b in row.index[row < threshold]) for _, row in skips.iterrows()]
+        shown["needs"] = [n if base >= threshold else "(not solved)" for n, base in zip(need, intact, strict=True)]
     note = "" if threshold is None else f" needs: blocks whose skip takes accuracy below the threshold {threshold}."
     return (
         f"<h2>Accuracy with each block skipped</h2><p class='meta'>skipped_accuracy.csv. {esc(SKIPPED_NOTE)}"
@@ -82,14 +75,12 @@ def skipped_section(table: pd.DataFrame, key: str, threshold: float | None, law:
     )
 
 
-def _predicted(shown: pd.DataFrame, key: str, law: pd.DataFrame | None) -> pd.Series | None:
-    """law.csv's predicted first depth of each row (by width and k, where law.csv has both)."""
-    if law is None or "predicted_depth" not in law or "k" not in law or "d_model" not in law:
-        return None
-    if "k" not in shown or "d_model" not in shown:
+def _predicted(shown: pd.DataFrame, key: str, law: pd.DataFrame | None) -> list[Any] | None:
+    """law.csv's predicted first depth of each row (by width and k, where law.csv and the rows have both)."""
+    if law is None or not {"predicted_depth", "k", "d_model"} <= set(law) or not {"k", "d_model"} <= set(shown):
         return None
     pred = law.drop_duplicates(["d_model", "k"]).set_index(["d_model", "k"])["predicted_depth"]
-    return pd.Series([pred.get((d, k)) for d, k in zip(shown["d_model"], shown["k"], strict=True)], index=shown.index)
+    return [pred.get((d, k)) for d, k in zip(shown["d_model"], shown["k"], strict=True)]
 
 
 __all__ = ["skipped_section", "usage_section"]
