@@ -6,6 +6,11 @@ docstring (the first string of a module, class or function). Blank lines, commen
 docstrings do not count; a statement split over five lines counts five. Both sides are formatted
 with the tree's ``pyproject.toml``, so they are laid out by the same rules.
 
+Three counts of the layer: all of it; like for like (without the modules of features the old
+systems did not have: crasp, depth usage, batching); and the old systems' functions alone (also
+without :data:`FEATURE_PARTS`, what later issues added inside the shared modules, each named with
+its issue; lines later issues added inside old functions still count, so this is an upper bound).
+
     python scripts/count_layer.py            # the old three systems at BEFORE, the layer in the tree
     python scripts/count_layer.py --files    # and each file's count
     python scripts/count_layer.py --after REV  # the layer as it was at REV
@@ -62,6 +67,35 @@ NEW_FEATURES = [
     "probes/experiments/law_batch.py",
 ]
 
+# What later issues added inside the layer's shared files (functions, methods, classes: path,
+# qualified name, issue); none of it existed in the three old systems at BEFORE (checked by
+# tests/test_count_layer.py: no such name at BEFORE).
+FEATURE_PARTS = [
+    ("probes/experiments/folder.py", "locked", "#38: one run per study folder"),
+    ("probes/experiments/protocol.py", "Experiment.batches", "#36: batched members"),
+    ("probes/experiments/protocol.py", "Experiment.run_batch", "#36: batched members"),
+    ("probes/experiments/protocol.py", "Experiment.member_bytes", "#36: auto --jobs on CUDA"),
+    ("probes/experiments/laws.py", "LawExperiment.batches", "#36: batched members"),
+    ("probes/experiments/laws.py", "LawExperiment.run_batch", "#36: batched members"),
+    ("probes/experiments/laws.py", "LawExperiment.member_bytes", "#38: a member's memory checked up front"),
+    ("probes/experiments/laws.py", "LawExperiment.prepare", "#38: a member's memory checked up front"),
+    ("probes/experiments/laws.py", "LawExperiment.usage_inputs", "#33: depth usage of every member"),
+    ("probes/experiments/laws.py", "LawExperiment.usage_keys", "#33: depth usage of every member"),
+    ("probes/experiments/laws.py", "LawExperiment.after_update", "#37: the groups length curriculum"),
+    ("probes/experiments/laws.py", "LawExperiment.training_files", "#37: the groups length curriculum"),
+    ("probes/experiments/laws.py", "LawExperiment.middle", "#37: the crasp page"),
+    ("probes/experiments/laws.py", "LawExperiment.behind_law", "#35: why a measured depth is blank"),
+    ("probes/experiments/laws.py", "plan_device", "#36: --dry-run's measured rates"),
+    ("probes/experiments/law_member.py", "skipping", "#33: skipped-block accuracy of every member"),
+    ("probes/experiments/law_member.py", "member_logits", "#33: skipped-block accuracy of every member"),
+    ("probes/experiments/law_member.py", "depth_files", "#33: depth usage of every member"),
+    ("probes/experiments/groups.py", "Groups.after_update", "#37: the groups length curriculum"),
+    ("probes/experiments/groups.py", "Groups.training_files", "#37: the groups length curriculum"),
+    ("probes/experiments/groups.py", "Groups.probe", "#37: positions.csv (accuracy per position, sign)"),
+    ("probes/experiments/groups.py", "prefix_table", "#37: prefix.csv (longest prefix solved)"),
+    ("probes/render/laws.py", "blank_reason", "#35: why a measured depth is blank"),
+]
+
 
 DOC_OWNERS = (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)  # what has a docstring
 
@@ -77,6 +111,28 @@ def _docstring(node: ast.AST) -> ast.Expr | None:
 
 def code_lines(text: str) -> int:
     """The lines of ``text`` holding code: no blank, comment-only or docstring line."""
+    return len(code_line_numbers(text))
+
+
+def part_lines(text: str, qualname: str) -> int:
+    """The code lines of one function, method or class of ``text`` (``Class.method``), decorators
+    included; 0 when there is no such name."""
+    numbers, tree = code_line_numbers(text), ast.parse(text)
+    nodes: list[tuple[str, ast.AST]] = [("", tree)]
+    while nodes:
+        prefix, node = nodes.pop()
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, DOC_OWNERS[1:]):
+                name = f"{prefix}{child.name}"
+                if name == qualname:
+                    first = min([child.lineno, *(d.lineno for d in child.decorator_list)])
+                    return len({n for n in numbers if first <= n <= (child.end_lineno or first)})
+                nodes.append((f"{name}.", child))
+    return 0
+
+
+def code_line_numbers(text: str) -> set[int]:
+    """The numbers of the lines of ``text`` that hold code."""
     docstrings: set[int] = set()
     for node in ast.walk(ast.parse(text)):
         doc = _docstring(node) if isinstance(node, DOC_OWNERS) else None
@@ -88,7 +144,7 @@ def code_lines(text: str) -> int:
     for token in tokenize.generate_tokens(io.StringIO(text).readline):
         if token.type not in skip:
             lines.update(range(token.start[0], token.end[0] + 1))
-    return len(lines - docstrings)
+    return lines - docstrings
 
 
 def _source(rev: str, path: str, repo: Path) -> str:
@@ -98,8 +154,8 @@ def _source(rev: str, path: str, repo: Path) -> str:
     return show.stdout
 
 
-def count(rev: str, paths: list[str], repo: Path = ROOT) -> dict[str, int]:
-    """Each file's code lines at ``rev`` (a git revision, or ``"tree"``: the files in ``repo``),
+def formatted(rev: str, paths: list[str], repo: Path = ROOT) -> dict[str, str]:
+    """Each file's text at ``rev`` (a git revision, or ``"tree"``: the files in ``repo``),
     formatted as ruff writes it with this repository's settings."""
     with tempfile.TemporaryDirectory(prefix="count-layer-") as tmp:
         root = Path(tmp)
@@ -108,7 +164,17 @@ def count(rev: str, paths: list[str], repo: Path = ROOT) -> dict[str, int]:
             (root / path).parent.mkdir(parents=True, exist_ok=True)
             (root / path).write_text(_source(rev, path, repo), encoding="utf-8")
         texts = check_sizes.formatted(root, [root / path for path in paths])
-        return {path: code_lines(texts[root / path]) for path in paths}
+        return {path: texts[root / path] for path in paths}
+
+
+def count(rev: str, paths: list[str], repo: Path = ROOT) -> dict[str, int]:
+    """Each file's code lines at ``rev``, formatted (:func:`formatted`)."""
+    return {path: code_lines(text) for path, text in formatted(rev, paths, repo).items()}
+
+
+def feature_parts(texts: dict[str, str]) -> dict[str, int]:
+    """The code lines of each of :data:`FEATURE_PARTS` in ``texts`` (path -> formatted text)."""
+    return {f"{path}:{name} ({why})": part_lines(texts.get(path, ""), name) for path, name, why in FEATURE_PARTS}
 
 
 def new_files(rev: str = "tree") -> list[str]:
@@ -138,13 +204,17 @@ def main(argv: list[str] | None = None) -> int:
         _show(args.rev or "tree", count(args.rev or "tree", args.paths), args.files)
         return 0
     before = count(BEFORE, OLD)
-    after = count(args.after, new_files(args.after))
+    texts = formatted(args.after, new_files(args.after))
+    after = {path: code_lines(text) for path, text in texts.items()}
     like = {path: n for path, n in after.items() if path not in NEW_FEATURES}
+    parts = feature_parts(texts)
     _show(f"before ({BEFORE[:7]})", before, args.files)
     _show(f"after ({args.after})", after, args.files)
     _show("after without crasp, depth usage and batching", like, args.files)
-    old = sum(before.values())
+    _show("what later issues added inside those files", parts, args.files)
+    old, strict = sum(before.values()), sum(like.values()) - sum(parts.values())
     print(f"difference: {sum(after.values()) - old:+,} (like for like {sum(like.values()) - old:+,})")
+    print(f"the old systems' functions alone: {strict:,} code lines ({strict - old:+,})")
     return 0
 
 
