@@ -185,12 +185,6 @@ def member_damage(member: Path, meta: dict[str, Any]) -> str | None:
     return None
 
 
-def finish_member(folder: Path, row: dict[str, Any], **extra: Any) -> dict[str, Any]:
-    """The one digest writer: ``member.json`` with the row and the SHA-256 of every other file."""
-    artifacts.write_json(folder / MEMBER_JSON, {"row": row, **extra, "files": artifacts.file_digests(folder)})
-    return row
-
-
 def measure_member(
     exp: Experiment,
     job: Any,
@@ -198,33 +192,26 @@ def measure_member(
     t0: float | None = None,
 ) -> MemberOutput:
     """Run ``exp.measure(job, folder, row)`` (or ``measure(folder, row)``: a batched member's
-    finish) in the member's folder (:func:`in_member_folder`): the row starts as its ``base_row``
-    and ends ``ok`` with its wall seconds (since ``t0``: its batch's start, or now); ``member.json``
-    holds the row, the entries ``measure`` returned and the SHA-256 of every other file."""
+    finish) in the member's folder: with ``job.dest`` (the local backend) that folder itself,
+    written atomically (a failed attempt's record replaced); without (a Ray task) a temporary
+    folder whose files come back as bytes. The row starts as the member's ``base_row`` and ends
+    ``ok`` with its wall seconds (since ``t0``: its batch's start, or now). The one digest writer:
+    ``member.json`` holds the row, the entries ``measure`` returned and the SHA-256 of every other
+    file."""
+    start = time.perf_counter() if t0 is None else t0
     run = measure or partial(exp.measure, job)
-
-    def body(folder: Path) -> dict[str, Any]:
-        start = time.perf_counter() if t0 is None else t0
+    with contextlib.ExitStack() as stack:
+        if job.dest is None:
+            folder = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="depthprobe-member-")))
+        else:
+            folder = stack.enter_context(replaced(Path(job.dest)))
         row = exp.base_row(job)
         extra = run(folder, row)
         row.update(status="ok", error="", wall_s=time.perf_counter() - start)
-        return finish_member(folder, row, **extra)
-
-    return in_member_folder(body, job.dest)
-
-
-def in_member_folder(body: Callable[[Path], dict[str, Any]], dest: str | None) -> MemberOutput:
-    """``body(folder)`` writes a member's files into ``folder`` and returns its row. With ``dest``
-    (the local backend) the folder is ``dest`` itself, written atomically (a failed attempt's record
-    replaced); without (a Ray task) a temporary folder whose files come back as bytes."""
-    if dest is None:
-        with tempfile.TemporaryDirectory(prefix="depthprobe-member-") as tmp:
-            row = body(Path(tmp))
-            files = {str(p.relative_to(tmp)): p.read_bytes() for p in sorted(Path(tmp).rglob("*")) if p.is_file()}
-        return MemberOutput(row=row, files=files)
-    with replaced(Path(dest)) as tmp:
-        row = body(tmp)
-    return MemberOutput(row=row, files={})
+        artifacts.write_json(folder / MEMBER_JSON, {"row": row, **extra, "files": artifacts.file_digests(folder)})
+        paths = sorted(folder.rglob("*")) if job.dest is None else []
+        files = {str(p.relative_to(folder)): p.read_bytes() for p in paths if p.is_file()}
+    return MemberOutput(row=row, files=files)
 
 
 def replaced(final: Path) -> contextlib.AbstractContextManager[Path]:
