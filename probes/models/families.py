@@ -244,7 +244,7 @@ def levine(
 
 def pair_members(members: Sequence[Member], budget: int, pair: tuple[int, int]) -> tuple[Member, Member]:
     """The (shallow, deep) members of a levine ``pair`` at ``budget`` (shared depths included)."""
-    found = {m.depth: m for m in members if m.family == "levine" and m.budget == budget}
+    found = {m.depth: m for m in members if m.pair is not None and m.budget == budget}
     try:
         return found[pair[0]], found[pair[1]]
     except KeyError:
@@ -479,6 +479,7 @@ def spa(
                 d_ff=4 * width if mlp == "tat" else 0,
                 variant=variant,
                 mlp=mlp,
+                network="spa",
             )
             member.spa(vocab=1, context=1, seed=0)  # SPAConfig validates the combination
             members.append(member)

@@ -5,7 +5,7 @@ depth-study network (spa)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from depthprobe.probes.base.errors import ProbeError
 
@@ -37,6 +37,7 @@ class Member:
     pair: tuple[int, int] | None = None
     mlp: str = "none"  # spa: "none" (attention-only blocks) or "tat" (TAT leaky-ReLU MLPs, d_ff = 4 d_model)
     match: str = "nonembed"  # what ``budget`` counts: "nonembed" or "total" (with the embeddings)
+    network: Literal["native", "spa"] = "native"  # built as the native decoder, or the hookable spa network
 
     @property
     def d_ff_ratio(self) -> float:
@@ -52,7 +53,7 @@ class Member:
         """The native decoder of a levine or petty member."""
         from depthprobe.probes.models.model import NativeConfig
 
-        if self.family == "spa":
+        if self.network == "spa":
             raise ProbeError(f"member {self.name} is an spa model; build it with Member.spa(...)")
         return NativeConfig(
             layers=self.depth,
@@ -72,7 +73,7 @@ class Member:
     def spa(self, vocab: int, context: int, seed: int) -> SPAConfig:
         """The SPA model of an spa member: softmax attention for the baselines, attention-only or
         with TAT MLPs."""
-        if self.family != "spa":
+        if self.network != "spa":
             raise ProbeError(f"member {self.name} is a native model; build it with Member.native(...)")
         from depthprobe.probes.models.variants import SPAConfig, variant_config
 
@@ -89,7 +90,7 @@ class Member:
 
     def build(self, vocab: int, context: int, seed: int, device: str | None = None) -> Model:
         """The member as a loaded :class:`Model` (random init with ``seed``)."""
-        if self.family == "spa":
+        if self.network == "spa":
             from depthprobe.probes.models import variant_net
 
             return variant_net.build(self.spa(vocab, context, seed), device=device, name=self.name)
