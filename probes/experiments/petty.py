@@ -54,8 +54,8 @@ class Petty(TextExperiment):
     }
     costs: ClassVar[dict[str, str]] = {
         "smoke": "depths 1,2 at 6k: two tiny members, 5-10 s on 2 CPU cores (the tests use it)",
-        "cpu": "0.2M at depths 1,2,3,4,6,8 (8 tokens per parameter): 18 min on 2 CPU cores with --seeds 2 (measured; "
-        "the preset's one seed: about half)",
+        "cpu": "0.2M at depths 1,2,3,4,6,8 (8 tokens per parameter), with --seeds 2: 5.6 min with --jobs 2 on 2 idle "
+        "CPU cores, 10.6 CPU-minutes (measured; the preset's one seed: about half)",
         "gpu": f"1.6M at depths 1-8; {GPU_COST}",
     }
 
