@@ -178,21 +178,18 @@ def _partial_prefix(final: Path) -> str:
     return f".{final.name}."
 
 
-def pid_alive(pid: int) -> bool:
-    """Whether process ``pid`` still runs on this machine (another user's counts)."""
+def _owner_alive(tmp: Path) -> bool:
+    """Whether the process named in ``.NAME.<pid>-XXXX.partial`` still runs on this machine."""
+    pid = tmp.name[: -len(PARTIAL)].rsplit(".", 1)[-1].split("-", 1)[0]
+    if not pid.isdigit():
+        return False
     try:
-        os.kill(pid, 0)
+        os.kill(int(pid), 0)
     except ProcessLookupError:
         return False
     except OSError:  # exists but belongs to someone else
         return True
     return True
-
-
-def _owner_alive(tmp: Path) -> bool:
-    """Whether the process named in ``.NAME.<pid>-XXXX.partial`` still runs on this machine."""
-    pid = tmp.name[: -len(PARTIAL)].rsplit(".", 1)[-1].split("-", 1)[0]
-    return pid.isdigit() and pid_alive(int(pid))
 
 
 def remove_stale_partials(final: Path, any_name: bool = False) -> list[Path]:
