@@ -1,4 +1,4 @@
-"""ablation (DESIGN §3.8): do the heads a task finds matter to the model's behaviour?
+"""ablation (docs/protocols.md §3.8): do the heads a task finds matter to the model's behaviour?
 
 ``-O source=induction|syntax|coref|attention-stats`` names the task that finds the heads. The
 source task runs first (through the Python API, same data, seed and limits); ``-O heads=auto``

@@ -1,4 +1,4 @@
-"""The ablation task (DESIGN §3.8): found heads, control heads, behaviour with and without."""
+"""The ablation task (docs/protocols.md §3.8): found heads, control heads, behaviour with and without."""
 
 import json
 

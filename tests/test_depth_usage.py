@@ -1,4 +1,4 @@
-"""depth-usage (DESIGN §3.10): against an independent plain-Hugging-Face implementation on tiny
+"""depth-usage (docs/protocols.md §3.10): against an independent plain-Hugging-Face implementation on tiny
 local BERT and GPT-2 models, with known answers (a zero block adds nothing and skipping it
 changes nothing), the skip edit as a scoped context, refusals, the CLI and minilm (slow)."""
 

@@ -1,4 +1,4 @@
-"""One head id everywhere (DESIGN §2): every task's summary and headline name heads as ``L-H``,
+"""One head id everywhere (docs/protocols.md §2): every task's summary and headline name heads as ``L-H``,
 0-indexed; only the extra Clark columns are 1-indexed, and scores.csv keeps integer layer/head."""
 
 import re

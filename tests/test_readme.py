@@ -2,6 +2,8 @@
 
 import re
 import shlex
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -127,3 +129,83 @@ def test_every_probe_command_names_a_real_command_and_options():
         known |= family_options(argv) if command.name == "study" else set()
         for opt in (a.split("=")[0] for a in argv if a.startswith("--")):
             assert opt in known, (cmd, opt)
+
+
+FENCED = re.compile(r"^```.*?^```", flags=re.S | re.M)
+LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")  # [text](target) and ![alt](target)
+
+
+def anchors(page: Path) -> set[str]:
+    """The fragments a link may name on a page: its headings as GitHub slugs them (lower case,
+    punctuation other than - and _ dropped, spaces to -, repeats numbered) and explicit ids."""
+    text = FENCED.sub("", page.read_text(encoding="utf-8"))
+    out = set(re.findall(r"<a (?:id|name)=\"([^\"]+)\"", text))
+    seen: dict[str, int] = {}
+    for title in re.findall(r"^#{1,6}\s+(.+?)\s*$", text, flags=re.M):
+        slug = re.sub(r"[^\w\- ]", "", title.lower()).replace(" ", "-")
+        n = seen[slug] = seen.get(slug, -1) + 1
+        out.add(f"{slug}-{n}" if n else slug)
+    return out
+
+
+def broken_links(page: Path) -> list[str]:
+    """The markdown links of a page (outside code) to a file or heading that does not exist."""
+    prose = re.sub(r"`[^`\n]*`", "", FENCED.sub("", page.read_text(encoding="utf-8")))
+    bad = []
+    for target in LINK.findall(prose):
+        if re.match(r"^[a-z]+:", target):  # https:, mailto:
+            continue
+        path, _, fragment = target.partition("#")
+        dest = (page.parent / path).resolve() if path else page
+        if not dest.exists() or ROOT not in dest.parents:
+            bad.append(f"{page.relative_to(ROOT)}: {target} (no such file in the repository)")
+        elif fragment and dest.suffix == ".md" and fragment not in anchors(dest):
+            bad.append(f"{page.relative_to(ROOT)}: {target} (no such heading)")
+    return bad
+
+
+def test_doc_links_resolve_to_files_and_headings_of_the_repository():
+    assert len(DOCS) > 10
+    bad = [b for page in DOCS for b in broken_links(page)]
+    assert not bad, "\n".join(bad)
+
+
+def test_broken_links_are_found(tmp_path, monkeypatch):
+    """The check above can fail: a missing file, a missing heading and a link out of the
+    repository are each reported; a present heading, an id and a web address are not."""
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "b.md").write_text('# B page\n\n## 3.1 Word-level attention\n<a id="x"></a>\n')
+    page = tmp_path / "docs" / "a.md"
+    page.write_text(
+        "[ok](b.md#31-word-level-attention) [ok](b.md#x) [web](https://example.org/c.md) `[code](c.md)`\n"
+        "[gone](c.md) [heading](b.md#3-9) [outside](../../elsewhere.md)\n```\n[fenced](d.md)\n```\n"
+    )
+    assert [b.split(": ", 1)[1] for b in broken_links(page)] == [
+        "c.md (no such file in the repository)",
+        "b.md#3-9 (no such heading)",
+        "../../elsewhere.md (no such file in the repository)",
+    ]
+
+
+# Design and style texts kept outside the repository, cited by name or as "<name> §k" (the pattern
+# is written so that this module does not match it).
+NOT_IN_REPO = re.compile(r"\b(?:DESIGN|STYLE)\.md\b|\bDESIGN\s§")
+
+
+def test_no_tracked_file_cites_a_design_text_the_repository_does_not_hold():
+    """The protocols the code cites are docs/protocols.md: no tracked file points at a design or
+    style text (NOT_IN_REPO) that the repository does not hold."""
+    try:
+        files = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        pytest.skip("not a git checkout: the tracked files are unknown")
+    names = [n for n in files.decode().split("\0") if n]
+    assert len(names) > 100
+    held = {Path(n).name for n in names}
+    bad = []
+    for name in names:
+        raw = (ROOT / name).read_bytes() if (ROOT / name).is_file() else b""
+        for no, line in enumerate(raw.decode("utf-8", "replace").splitlines(), 1):
+            bad += [f"{name}:{no}: {m}" for m in NOT_IN_REPO.findall(line) if m.split()[0] not in held]
+    assert not bad, "cite docs/protocols.md instead:\n" + "\n".join(bad)

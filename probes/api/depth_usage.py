@@ -1,4 +1,4 @@
-"""Depth usage for study members (DESIGN §3.10): the functions a study runner calls per member.
+"""Depth usage for study members (docs/protocols.md §3.10): the functions a study runner calls per member.
 
 - :func:`depth_usage_tables`: the depth-usage task's tidy table on one member (any family: text
   members with their texts, law members with token ids), a ``member`` column added;

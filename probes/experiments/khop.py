@@ -63,7 +63,7 @@ class KHopConfig(LawConfig):
 
 def predicted_depth(k: int) -> int:
     """Sanford et al.'s construction: a two-layer induction head, then each layer doubles the hops
-    resolved, so k hops need floor(log2 k) + 2 layers (DESIGN.md §3.9)."""
+    resolved, so k hops need floor(log2 k) + 2 layers (docs/protocols.md §3.9)."""
     return math.floor(math.log2(k)) + 2
 
 

@@ -1,4 +1,4 @@
-"""What the depth-law families (DESIGN.md §3.9) share: the config, the plan, the tables, the page.
+"""What the depth-law families (docs/protocols.md §3.9) share: the config, the plan, the tables, the page.
 
 A law family trains small native decoders at every depth x width x seed (and per seed, and per
 group where the family has groups, a wide 2-layer control with at least the parameters of the

@@ -1,4 +1,4 @@
-"""``study(family, preset, **options)``: the one runner of every depth family (DESIGN.md §3.7, §3.9).
+"""``study(family, preset, **options)``: the one runner of every depth family (docs/protocols.md §3.7, §3.9).
 
 It resolves the family's Config (:meth:`Experiment.config`), plans the members, checks the settings,
 ``out`` and the family's inputs before anything is written, then opens the study folder

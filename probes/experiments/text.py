@@ -1,4 +1,4 @@
-"""What the text-study families (levine, petty, spa; DESIGN.md §3.7) share, as :class:`TextExperiment`.
+"""What the text-study families (levine, petty, spa; docs/protocols.md §3.7) share, as :class:`TextExperiment`.
 
 A text family trains decoders of one equal-parameter family (``probes.models.families``) on a
 corpus (read, split and tokenized once: ``data/corpus.py``) and probes every member at init and

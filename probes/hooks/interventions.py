@@ -1,4 +1,4 @@
-"""Interventions: head ablation and activation patching (DESIGN §3.8).
+"""Interventions: head ablation and activation patching (docs/protocols.md §3.8).
 
 Heads are labelled ``L-H``, 0-indexed (``1-2`` is layer 1, head 2). Ablation replaces a head's
 output ``hook_z`` [batch, pos, head, d_head] by zero or by its mean over a data set (the default:

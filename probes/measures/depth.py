@@ -1,4 +1,4 @@
-"""Depth usage (DESIGN §3.10; Csordás, Manning and Potts 2025): per-token values of what a block
+"""Depth usage (docs/protocols.md §3.10; Csordás, Manning and Potts 2025): per-token values of what a block
 adds to the residual stream, and of how the rest of the model changes when a block is skipped.
 
 Every function returns the *sum* over the real tokens (``mask`` [batch, pos], 1 = real) of a

@@ -440,7 +440,7 @@ def spa(
     """Deep skipless variants at one width (He et al. 2023): every variant at every depth.
 
     ``mlp`` "none": every member is attention-only (``d_ff`` = 0): E-SPA, U-SPA and Value-SkipInit
-    hold a target kernel that plain ReLU MLPs would undo (DESIGN §3.6). "tat": every member has
+    hold a target kernel that plain ReLU MLPs would undo (docs/protocols.md §3.6). "tat": every member has
     MLP blocks (``d_ff`` = 4 width) with TAT leaky ReLUs whose slopes share the kernel budget with
     the attention (:mod:`probes.measures.tat`), He et al.'s setting; names end in ``-tat``. Either
     way the baselines (pre-LN, vanilla) get the same blocks, for an equal comparison. Baselines use

@@ -1,4 +1,4 @@
-"""Training decoder language models on text (the members of a depth study, DESIGN.md §3.7).
+"""Training decoder language models on text (the members of a depth study, docs/protocols.md §3.7).
 
 Every member of a study trains the same way: next-token cross-entropy on windows of the corpus's
 training split (``BOS`` then ``context - 1`` tokens; BOS is never a target), the batches a pure

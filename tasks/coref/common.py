@@ -44,7 +44,7 @@ def pct(k: int | float, n: int) -> float | None:
 
 
 def clark(layer_idx: int, h: int) -> str:
-    """Clark et al.'s 1-indexed name of a head (DESIGN §2), beside the L-H label."""
+    """Clark et al.'s 1-indexed name of a head (docs/protocols.md §2), beside the L-H label."""
     return head_label(layer_idx + 1, h + 1)
 
 

@@ -1,4 +1,4 @@
-"""depth-usage (DESIGN §3.10, docs/depth-usage.md): what each block adds to the residual stream,
+"""depth-usage (docs/protocols.md §3.10, docs/depth-usage.md): what each block adds to the residual stream,
 and what changes when it is skipped (Csordás, Manning and Potts 2025; Gromov et al. 2024; Lad et
 al. 2024).
 

@@ -1,4 +1,4 @@
-"""An independent plain-Hugging-Face implementation of depth usage (DESIGN §3.10), for the tests.
+"""An independent plain-Hugging-Face implementation of depth usage (docs/protocols.md §3.10), for the tests.
 
 No depthprobe code: the model is run by transformers alone, one text at a time (a batch of one,
 so no padding), with ``output_hidden_states`` for h_0, forward hooks on the layer modules for
