@@ -165,3 +165,32 @@ def test_the_views_status_line_comes_after_the_title():
     body = html[html.index("<body>") + len("<body>") :].lstrip()
     assert body.startswith("<h1>depthprobe: t on m</h1>")
     assert html.index("<h1>") < html.index("id='dp-status'") < html.index("<section class='attention'>")
+
+
+def test_export_figures_writes_each_figure_of_a_study_as_svg(folders, tmp_path):
+    """scripts/export_figures.py: the report drawn again from the folder, each figure a file."""
+    import subprocess
+    import sys
+    import xml.etree.ElementTree as ET
+
+    from tests.test_browser import REPO
+
+    script = REPO / "scripts" / "export_figures.py"
+    cmd = [sys.executable, str(script), str(folders["khop"]), str(tmp_path / "out"), "--prefix", "smoke-khop-"]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    names = sorted(p.name for p in (tmp_path / "out").iterdir())
+    assert names == [
+        "smoke-khop-accuracy-d-model-16.svg",  # the heatmap, law.csv's line on it
+        "smoke-khop-accuracy-during-training-k-1.svg",
+        "smoke-khop-accuracy-during-training-k-2.svg",
+        "smoke-khop-depth-1.svg",  # depth usage: a row of two charts per depth
+        "smoke-khop-depth-2.svg",
+    ]
+    heatmap = (tmp_path / "out" / names[0]).read_text()
+    assert ET.fromstring(heatmap).tag == "{http://www.w3.org/2000/svg}svg" and 'class="predicted"' in heatmap
+    assert all(ET.fromstring((tmp_path / "out" / n).read_text()).tag.endswith("svg") for n in names)
+    bad = subprocess.run(
+        [sys.executable, str(script), str(tmp_path / "none"), str(tmp_path / "x")], capture_output=True, text=True
+    )
+    assert bad.returncode == 2 and bad.stderr.startswith("error: ") and "Traceback" not in bad.stderr

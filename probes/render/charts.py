@@ -104,10 +104,11 @@ def _fmt(v: float, digits: int = 2) -> str:
 
 
 FONT = 11  # px: every label of a heatmap (its axis titles and title 12)
-CELL = (44, 26)  # px: an annotated cell (room for "0.000" at 11 px)
+CELL = (36, 26)  # px: an annotated cell (room for "0.00" at 11 px)
+WIDE_CELL = 44  # px: an annotated cell with three decimals (a heatmap with a threshold)
 LEFT, TOP, GAP, BAR = 58, 10, 14, 14  # px: row labels and their title; top margin; grid to colour bar; bar
-TICKS = 32  # px right of the colour bar for its tick labels
-MARK = 110  # px more for the threshold's label
+CHAR = 7  # px: about the widest character of an 11 px label (digits, "e", "-")
+MARK = 176  # px more for the threshold's label (two lines)
 
 
 @dataclass(frozen=True)
@@ -132,11 +133,13 @@ class Grid:
         return self.top + self.n_rows * self.ch
 
 
-def heatmap_grid(n_rows: int, n_cols: int, *, annotate: bool = True, room: float = 0, top: float = TOP) -> Grid:
-    """The cells' layout: annotated cells of :data:`CELL`, widened (up to 4x) to fill ``room`` px
-    across; unannotated ones shrink to fit about 480 x 400 px."""
+def heatmap_grid(
+    n_rows: int, n_cols: int, *, annotate: bool = True, room: float = 0, top: float = TOP, wide: bool = False
+) -> Grid:
+    """The cells' layout: annotated cells of :data:`CELL` (:data:`WIDE_CELL` across when ``wide``),
+    widened (up to 4x) to fill ``room`` px across; unannotated ones shrink to fit about 480 x 400 px."""
     if annotate:
-        cw, ch = CELL
+        cw, ch = (WIDE_CELL if wide else CELL[0]), CELL[1]
         cw = min(4 * cw, max(cw, int(room // max(n_cols, 1))))
     else:
         cw, ch = max(4, min(34, 480 // max(n_cols, 1))), max(4, min(20, 400 // max(n_rows, 1)))
@@ -159,7 +162,8 @@ def heatmap_svg(
     """A [row, col] heatmap (row 0 at the top) with axis titles and a colour bar, as standalone SVG.
 
     Every label is escaped; cells without a finite value are grey and unlabelled. ``annotate``
-    writes each cell's value (two decimals; three with a threshold) in black or white, whichever reads on its colour.
+    writes each cell's value (two decimals; three with a threshold) in black or white, whichever
+    reads on its colour.
     ``scale`` fixes the colours' range (viridis over it; default :func:`heatmap_range`, the
     values' own). ``threshold`` is marked on the colour bar, and cells at or above it are
     outlined (class ``reached``). ``title`` goes above the cells; ``min_width`` widens the cells
@@ -168,8 +172,12 @@ def heatmap_svg(
     values = np.asarray(values, dtype=np.float64)
     n_rows, n_cols = values.shape
     lo, hi, cmap = heatmap_range(values) if scale is None else (*scale, "viridis")
-    right = GAP + BAR + TICKS + (MARK if threshold is not None else 0)  # px right of the cells
-    g = heatmap_grid(n_rows, n_cols, annotate=annotate, room=min_width - LEFT - right, top=TOP + (22 if title else 0))
+    ticks = _tick_width(lo, hi)
+    right = GAP + BAR + ticks + (MARK if threshold is not None else 0)  # px right of the cells
+    top = TOP + (22 if title else 0)
+    g = heatmap_grid(
+        n_rows, n_cols, annotate=annotate, room=min_width - LEFT - right, top=top, wide=threshold is not None
+    )
     width = max(min_width, int(g.right + right))
     height = int(g.bottom + 44)
     out = [
@@ -185,7 +193,7 @@ def heatmap_svg(
             f'font-size="12">{esc(title)}</text>'
         )
     out += _axis_labels(list(rows)[:n_rows], list(cols)[:n_cols], row_title, col_title, g)
-    out += _colour_bar(cmap, lo, hi, int(g.right + GAP), int(g.top), int(g.bottom - g.top), BAR, threshold)
+    out += _colour_bar(cmap, lo, hi, int(g.right + GAP), int(g.top), int(g.bottom - g.top), BAR, threshold, ticks)
     out.append("</svg>")
     return "".join(out)
 
@@ -237,11 +245,30 @@ def _axis_labels(rows: Sequence[Any], cols: Sequence[Any], row_title: str, col_t
     return out
 
 
+def _tick_labels(lo: float, hi: float) -> list[tuple[float, str]]:
+    """The colour bar's labels: (fraction from the top, text) at both ends and the middle."""
+    return [(frac, f"{v:.3g}") for frac, v in ((0.0, hi), (0.5, (lo + hi) / 2), (1.0, lo))]
+
+
+def _tick_width(lo: float, hi: float) -> int:
+    """px right of the colour bar that its labels take (the widest label, and a margin)."""
+    return 12 + CHAR * max(len(text) for _, text in _tick_labels(lo, hi))
+
+
 def _colour_bar(
-    cmap: str, lo: float, hi: float, bx: int, top: int, bh: int, bar: int, threshold: float | None = None
+    cmap: str,
+    lo: float,
+    hi: float,
+    bx: int,
+    top: int,
+    bh: int,
+    bar: int,
+    threshold: float | None = None,
+    ticks: int = 0,
 ) -> list[str]:
     """A colour bar of 32 bands from hi (top) to lo (bottom), labelled at both ends and the middle;
-    ``threshold`` (inside [lo, hi]) is a black line across it, labelled right of the ticks."""
+    ``threshold`` (inside [lo, hi]) is a black line across it, labelled right of the tick labels
+    (``ticks`` px wide, :func:`_tick_width`)."""
     out = []
     steps = 32
     band = colormap_rgb(np.linspace(hi, lo, steps), cmap, lo, hi)
@@ -250,17 +277,18 @@ def _colour_bar(
             f'<rect x="{bx}" y="{top + k * bh / steps:.2f}" width="{bar}" height="{bh / steps + 0.5:.2f}" '
             f'fill="{_hex(band[k])}"/>'
         )
-    for frac, v in ((0.0, hi), (0.5, (lo + hi) / 2), (1.0, lo)):
-        out.append(f'<text x="{bx + bar + 4}" y="{top + frac * bh + 4:.2f}">{esc(f"{v:.3g}")}</text>')
+    for frac, text in _tick_labels(lo, hi):
+        out.append(f'<text x="{bx + bar + 4}" y="{top + frac * bh + 4:.2f}">{esc(text)}</text>')
     if threshold is not None and lo <= threshold <= hi:
         y = top + (hi - threshold) / ((hi - lo) or 1.0) * bh
         out.append(
             f'<line class="threshold" x1="{bx - 4}" x2="{bx + bar + 3}" y1="{y:.2f}" y2="{y:.2f}" '
             f'stroke="#000000" stroke-width="2"><title>threshold {threshold:g}</title></line>'
         )
+        x, y = bx + bar + (ticks or _tick_width(lo, hi)), max(y + 4, top + 10)
         out.append(
-            f'<text class="threshold" x="{bx + bar + TICKS}" y="{max(y + 4, top + 10):.2f}">'
-            f"{esc(f'threshold {threshold:g}')}</text>"
+            f'<text class="threshold" x="{x}" y="{y:.2f}">{esc(f"threshold {threshold:g}")}</text>'
+            f'<text x="{x}" y="{y + 14:.2f}" fill="#555555">cells at or above: outlined</text>'
         )
     return out
 
