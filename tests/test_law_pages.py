@@ -3,9 +3,9 @@ khop, crasp and groups, and petty (a text family).
 
 In headless chromium at 1400 x 900 and at a 1280 x 800 laptop's size: the page is no wider than
 the window (wide tables scroll in their own box), the title comes first, no rendered text is under
-11 px, every accuracy heatmap is at least 480 px wide. From the page's markup: the heatmaps'
-colours sit on a fixed 0-1 scale with the threshold marked, the predicted line is law.csv's, and
-no header shows an absolute path.
+11 px (nor shrunk inside an SVG image), every accuracy heatmap is at least 480 px wide. From the
+page's markup: the heatmaps' colours sit on a fixed 0-1 scale with the threshold marked, the
+predicted line is law.csv's, and no header shows an absolute path.
 """
 
 from __future__ import annotations
@@ -41,6 +41,8 @@ MEASURE = r"""(() => {
           first: document.body.firstElementChild.tagName, small: small,
           tables: document.querySelectorAll('table').length, unboxed: unboxed,
           heatmaps: Array.from(document.querySelectorAll('svg.heatmap')).map(s => s.getBoundingClientRect().width),
+          shrunk: Array.from(document.images).filter(i => i.getBoundingClientRect().width < i.naturalWidth - 0.5)
+            .length,
           wider: Array.from(document.querySelectorAll('table')).some(t => t.scrollWidth > t.parentElement.clientWidth)};
 })()"""
 
@@ -67,6 +69,7 @@ def test_smoke_pages_fit_the_window_and_read_at_11_px(browser, folders, size):  
         assert got["page"] <= got["window"] == width, family  # no sideways scroll of the page itself
         assert got["first"] == "H1", family  # nothing above the title
         assert got["small"] == [], family
+        assert got["shrunk"] == 0, family  # SVG images (probe curves) at their own size: their 11 px text too
         assert got["tables"] >= 2 and got["unboxed"] == 0, family  # each table in its own scroll box
         law = family != "petty"
         assert len(got["heatmaps"]) >= (1 if law else 0) and min(got["heatmaps"], default=480) >= 480, family
@@ -140,6 +143,7 @@ def test_page_headers_shorten_absolute_paths():
     assert no_paths("corpus /home/me/data/wiki.txt, model C:\\models\\bert") == "corpus wiki.txt, model bert"
     kept = "sentence-transformers/all-MiniLM-L6-v2 d_ff/d_model 1/2 data/relative.txt"
     assert no_paths(kept) == kept  # hub names, ratios and relative paths stay
+    assert no_paths("/tmp/ckpt/run$\\bad{$") == "run$\\bad{$"  # a POSIX name may hold a backslash
     members = pd.DataFrame([{"member": "m", "status": "ok", "depth": 1, "heads": 2.0}])
     study = study_page("petty", "smoke", members, [], {}, ["corpus /home/me/data/wiki.txt"])
     assert "corpus wiki.txt" in study and "/home/me" not in study[: study.index("<h2>")]

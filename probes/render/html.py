@@ -62,8 +62,11 @@ def esc(text: Any) -> str:
     return html.escape(clean(text), quote=True)
 
 
-# an absolute path (POSIX, home-relative or Windows) of two or more parts, not inside a word
-_ABSOLUTE = re.compile(r"(?<![\w.])(?:~|[A-Za-z]:)?[/\\][^\s,;()'\"<>/\\]+(?:[/\\][^\s,;()'\"<>/\\]*)+")
+# an absolute path of two or more parts, not inside a word: POSIX or home-relative (parts split at
+# "/" only: a POSIX name may hold a backslash), or Windows (split at "\\")
+_ABSOLUTE = re.compile(
+    r"(?<![\w.])(?:~?/[^\s,;()'\"<>/]+(?:/[^\s,;()'\"<>/]*)+|[A-Za-z]:\\[^\s,;()'\"<>\\]+(?:\\[^\s,;()'\"<>\\]*)*)"
+)
 
 
 def no_paths(text: Any) -> str:
@@ -72,8 +75,9 @@ def no_paths(text: Any) -> str:
     machine's layout. Relative paths and hub names (``org/model``) are kept."""
 
     def last(m: re.Match[str]) -> str:
-        parts = [p for p in re.split(r"[/\\]", m.group(0)) if p]
-        return parts[-1] if parts else m.group(0)
+        path = m.group(0)
+        parts = [p for p in path.split("\\" if path[1:2] == ":" else "/") if p]
+        return parts[-1] if parts else path
 
     return _ABSOLUTE.sub(last, str(text))
 

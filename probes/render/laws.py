@@ -124,7 +124,7 @@ def heatmaps(
         if threshold is not None:
             said.append(f"outlined: at or above the threshold {threshold:g} (the black mark on the colour bar)")
         at_cols = _predicted(predicted, keys, values, key)
-        if at_cols is not None:
+        if at_cols is not None and any(c in at_cols for c in cols):  # a line over some column
             svg = predicted_line(svg, depths, [at_cols.get(c) for c in cols])
             said.append("red line: law.csv's predicted first depth (cells below it are predicted to solve)")
         parts.append(f"<figure class='lawmap'>{svg}<figcaption>{esc('; '.join(said))}</figcaption></figure>")
