@@ -140,13 +140,13 @@ def test_page_headers_shorten_absolute_paths():
     from depthprobe.probes.render.report import RunData, render
     from depthprobe.probes.render.study import study_page
 
-    assert no_paths("corpus /home/me/data/wiki.txt, model C:\\models\\bert") == "corpus wiki.txt, model bert"
+    assert no_paths("corpus /home/me/data/wiki.txt, C:\\models\\bert") == "corpus …/data/wiki.txt, …\\models\\bert"
     kept = "sentence-transformers/all-MiniLM-L6-v2 d_ff/d_model 1/2 data/relative.txt"
     assert no_paths(kept) == kept  # hub names, ratios and relative paths stay
-    assert no_paths("/tmp/ckpt/run$\\bad{$") == "run$\\bad{$"  # a POSIX name may hold a backslash
+    assert no_paths("/tmp/ckpt/run$\\bad{$") == "…/ckpt/run$\\bad{$"  # a POSIX name may hold a backslash
     members = pd.DataFrame([{"member": "m", "status": "ok", "depth": 1, "heads": 2.0}])
     study = study_page("petty", "smoke", members, [], {}, ["corpus /home/me/data/wiki.txt"])
-    assert "corpus wiki.txt" in study and "/home/me" not in study[: study.index("<h2>")]
+    assert "corpus …/data/wiki.txt" in study and "/home/me" not in study[: study.index("<h2>")]
     manifest = {"model": {"resolved": "/opt/models/my-bert", "causal": False, "n_layers": 2, "n_heads": 2}}
     run = render(
         RunData(
@@ -155,7 +155,7 @@ def test_page_headers_shorten_absolute_paths():
         )
     )
     header = run[run.index("<h1>") : run.index("</p>", run.index("<h1>"))]
-    assert "<h1>depthprobe: t on my-bert</h1>" in header and "data sentences.txt" in header
+    assert "<h1>depthprobe: t on …/models/my-bert</h1>" in header and "data …/corpora/sentences.txt" in header
     assert "/opt/" not in header and "/srv/" not in header
 
 

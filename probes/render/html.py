@@ -70,14 +70,16 @@ _ABSOLUTE = re.compile(
 
 
 def no_paths(text: Any) -> str:
-    """``text`` with every absolute path shortened to its last part (``/home/me/data/wiki.txt`` ->
-    ``wiki.txt``): what a page header shows of a file or folder, so that no header carries the
-    machine's layout. Relative paths and hub names (``org/model``) are kept."""
+    """``text`` with every absolute path shortened to its last two parts after an ellipsis
+    (``/home/me/data/wiki.txt`` -> ``…/data/wiki.txt``): what a page header shows of a file or
+    folder, so that no header carries the machine's layout. Relative paths and hub names
+    (``org/model``) are kept."""
 
     def last(m: re.Match[str]) -> str:
         path = m.group(0)
-        parts = [p for p in path.split("\\" if path[1:2] == ":" else "/") if p]
-        return parts[-1] if parts else path
+        sep = "\\" if path[1:2] == ":" else "/"
+        parts = [p for p in path.split(sep) if p]
+        return "…" + sep + sep.join(parts[-2:])
 
     return _ABSOLUTE.sub(last, str(text))
 
