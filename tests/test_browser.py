@@ -482,6 +482,12 @@ def test_real_report_in_browser_and_screenshot(browser, tmp_path, minilm):
     try:
         assert tab.eval("Array.from(document.images).every(i => i.complete && i.naturalWidth > 100)")
         assert tab.eval("document.querySelectorAll('figure.heatmap img').length") == 7
+        # drawn at least at their own size: the heatmaps' 11 px text is not shrunk (#49)
+        assert tab.eval(
+            "Array.from(document.querySelectorAll('figure.heatmap img')).every(i => "
+            "i.getBoundingClientRect().width >= i.naturalWidth - 0.5)"
+        )
+        assert tab.eval("document.body.firstElementChild.tagName") == "H1"
         assert tab.eval("document.querySelector('h1').textContent") == "depthprobe: attention-stats on minilm"
         assert tab.problems() == []
         assert tab.network_requests() == []

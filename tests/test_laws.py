@@ -4,7 +4,6 @@ folder is written."""
 
 from __future__ import annotations
 
-import base64
 import json
 import math
 import re
@@ -58,8 +57,8 @@ def test_khop_smoke_writes_every_table(khop_study):
     layers = pd.read_csv(out / "hop_layers.csv")
     assert list(layers[layers.member == "L2-d16-s0"].layer) == [0, 1]
     page = (out / "report.html").read_text()
-    images = [base64.b64decode(d).decode() for d in re.findall(r"data:image/svg\+xml;base64,([A-Za-z0-9+/=]+)", page)]
-    assert any('class="predicted"' in svg for svg in images)  # the heatmap carries the predicted line
+    heatmap = re.search(r'<svg [^>]*class="heatmap".*?</svg>', page, re.S).group(0)  # inline, not an image
+    assert 'class="predicted"' in heatmap  # the heatmap carries the predicted line
     assert "Sanford" in page and "floor(log2 k) + 2" in page
 
 
@@ -210,11 +209,17 @@ def test_predicted_line_sits_on_the_predicted_rows():
     svg = predicted_line(heatmap_svg(np.full((5, 4), 0.5), depths, ks), depths, [2, 3, 4, 4])
     cells = re.findall(r"<rect x=\"(\d+)\" y=\"(\d+)\" width=\"(\d+)\" height=\"(\d+)\"", svg)  # the cells
     assert (int(cells[0][0]), int(cells[0][1]), int(cells[0][2]), int(cells[0][3])) == (LEFT, TOP, CELL_W, CELL_H)
-    points = re.search(r'class="predicted" points="([^"]+)"', svg).group(1).split()
-    ys = [float(p.split(",")[1]) for p in points]
+    path = re.search(r'class="predicted" d="([^"]+)"', svg).group(1)
+    ys = [float(p.split(",")[1]) for p in re.findall(r"[\d.]+,[\d.]+", path)]
     assert ys == [TOP + r * CELL_H for r in (1, 1, 2, 2, 3, 3, 3, 3)]  # top edge of depths 2, 3, 4, 4
     beyond = predicted_line(heatmap_svg(np.full((2, 1), 0.5), [1, 2], [8]), [1, 2], [5])
     assert f",{TOP + 2 * CELL_H}" in beyond  # deeper than every row: the bottom edge
+    wide = heatmap_svg(np.full((2, 3), 0.5), [1, 2], [16, 32, 64], title="t", min_width=600)
+    left, top, cw, ch = (float(v) for v in re.search(r'data-grid="([^"]+)"', wide).group(1).split())
+    assert cw > CELL_W and top > TOP  # widened to 600 px, below the title: the line follows the grid it is drawn on
+    gap = re.search(r'class="predicted" d="([^"]+)"', predicted_line(wide, [1, 2], [None, 2, 2])).group(1)
+    xs = [left + cw, left + 2 * cw, left + 2 * cw, left + 3 * cw]  # no segment over the first column
+    assert gap == "M" + " L".join(f"{x:g},{top + ch:g}" for x in xs)
 
 
 @pytest.mark.slow

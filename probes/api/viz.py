@@ -13,7 +13,7 @@ from typing import Any, Literal
 from depthprobe.probes.api.inspect_views import check_kind, grid_of, neuron_data, neuron_from
 from depthprobe.probes.base.errors import ProbeError
 from depthprobe.probes.render.attention import MAX_TOKENS, View, inline_frame, parse_indices, views_html
-from depthprobe.probes.render.html import canvas_page, esc, notebook_bundle, page
+from depthprobe.probes.render.html import canvas_page, esc, no_paths, notebook_bundle, page
 from depthprobe.probes.render.inspect import SCRIPT, model_view, neuron_view
 
 _WORD = re.compile(r"\w+(?:['’]\w+)*|[^\w\s]", re.UNICODE)  # noqa: RUF001 (the typographic apostrophe)
@@ -228,15 +228,15 @@ def viz_parts(
         else "encoder (bidirectional: patterns shown whole)"
     )
     meta = (
-        f"model <b>{esc(info.name)}</b> ({esc(info.resolved)}), {info.n_layers} layers x {info.n_heads} heads, "
-        f"{esc(kind)}; text from {esc(source)}"
+        f"model <b>{esc(no_paths(info.name))}</b> ({esc(no_paths(info.resolved))}), {info.n_layers} layers x "
+        f"{info.n_heads} heads, {esc(kind)}; text from {esc(no_paths(source))}"
     )
     cuts = "".join(f"<p class='cut'>{esc(n)}</p>" for n in notes)
     body, payloads = views_html(views, max_tokens=max_tokens)
     text = text if isinstance(text, str) else " ".join(map(str, text.tolist() if hasattr(text, "tolist") else text))
     preview = text if len(text) <= 2000 else text[:2000] + f" … (+{len(text) - 2000} characters)"
     head = (
-        f"<h1>Attention: {esc(info.name)}</h1><p class='meta'>{meta}</p>{cuts}"
+        f"<h1>Attention: {esc(no_paths(info.name))}</h1><p class='meta'>{meta}</p>{cuts}"
         f"<details><summary>text</summary><pre>{esc(preview)}</pre></details>"
         "<p class='meta'>Click a head thumbnail to enlarge it; hover a cell or a token to see "
         "the attention values. Rows are queries (attending from), columns keys (attended to).</p>"

@@ -246,6 +246,22 @@ class Crasp(LawExperiment):
 
         return crasp_tables.law(cfg, accuracy, predicted_depth, self.law_columns)
 
+    def predicted_cells(self, law: pd.DataFrame) -> pd.DataFrame | None:
+        """law.csv's predicted first depth of L_k on its heatmap's solve-range column (law.csv's
+        solve_range, read at its longest length); the in-distribution column has no prediction."""
+        import pandas as pd
+
+        if law.empty:
+            return None
+        return pd.DataFrame(
+            {
+                "d_model": law["d_model"],
+                "group": [f"L{k}" for k in law["k"]],
+                "max_length": [int(str(r).rsplit("-", 1)[-1]) for r in law["solve_range"]],
+                "predicted_depth": law["predicted_depth"],
+            }
+        )
+
     def middle(self, tables: dict[str, pd.DataFrame]) -> list[str]:
         from depthprobe.probes.experiments import crasp_tables
 

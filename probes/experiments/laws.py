@@ -352,11 +352,16 @@ class LawExperiment(Experiment):
         return [
             laws.intro(self.prediction),
             laws.law_table(law, self.behind_law(config, acc), config.threshold),
-            laws.heatmaps(self.key, acc, law),
+            laws.heatmaps(self.key, acc, law, threshold=config.threshold, predicted=self.predicted_cells(law)),
             *self.middle(tables),
             laws.curves(self.key, tables.get("curves.csv", pd.DataFrame()), members, config.threshold),
             laws.hop_summary(tables.get("hop_layers.csv", pd.DataFrame())),
         ]
+
+    def predicted_cells(self, law: pd.DataFrame) -> pd.DataFrame | None:
+        """law.csv's predicted first depth per heatmap cell column (None: law.csv's own rows, which
+        are per :attr:`key` where law.csv has that column)."""
+        return None
 
     def middle(self, tables: dict[str, pd.DataFrame]) -> list[str]:
         """The page's sections between the heatmaps and the learning curves: the wide shallow control."""

@@ -159,8 +159,17 @@ class View:
         }
 
 
+# the loader's status line (how many views are drawn) and its "draw all" button, above the views
+STATUS = (
+    "<p id='dp-status' class='meta'><span id='dp-status-text' aria-live='polite'>"
+    "attention views need JavaScript</span> <button type='button' id='dp-draw-all' hidden>"
+    "draw all now</button></p>"
+)
+
+
 def views_html(views: Sequence[View], max_tokens: int = MAX_TOKENS) -> tuple[str, list[dict[str, Any]]]:
-    """Placeholders (title, notes, an empty div per view) and the JSON payloads for the loader."""
+    """The views' status line, placeholders (title, notes, an empty div per view) and the JSON
+    payloads for the loader."""
     parts, payloads = [], []
     for i, view in enumerate(views):
         view = view.cut(max_tokens)
@@ -178,7 +187,7 @@ def views_html(views: Sequence[View], max_tokens: int = MAX_TOKENS) -> tuple[str
             "</section>"
         )
         payloads.append(payload)
-    return "".join(parts), payloads
+    return (STATUS if parts else "") + "".join(parts), payloads
 
 
 def inline_frame(page_html: str, title: str, height: int) -> str:

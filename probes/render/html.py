@@ -62,6 +62,28 @@ def esc(text: Any) -> str:
     return html.escape(clean(text), quote=True)
 
 
+# an absolute path of two or more parts, not inside a word: POSIX or home-relative (parts split at
+# "/" only: a POSIX name may hold a backslash), or Windows (split at "\\")
+_ABSOLUTE = re.compile(
+    r"(?<![\w.])(?:~?/[^\s,;()'\"<>/]+(?:/[^\s,;()'\"<>/]*)+|[A-Za-z]:\\[^\s,;()'\"<>\\]+(?:\\[^\s,;()'\"<>\\]*)*)"
+)
+
+
+def no_paths(text: Any) -> str:
+    """``text`` with every absolute path shortened to its last two parts after an ellipsis
+    (``/home/me/data/wiki.txt`` -> ``…/data/wiki.txt``): what a page header shows of a file or
+    folder, so that no header carries the machine's layout. Relative paths and hub names
+    (``org/model``) are kept."""
+
+    def last(m: re.Match[str]) -> str:
+        path = m.group(0)
+        sep = "\\" if path[1:2] == ":" else "/"
+        parts = [p for p in path.split(sep) if p]
+        return "…" + sep + sep.join(parts[-2:])
+
+    return _ABSOLUTE.sub(last, str(text))
+
+
 def script_json(obj: Any) -> str:
     """JSON safe to place inside a ``<script>`` element.
 
@@ -147,7 +169,8 @@ LOADER = _asset("attention.js")
 def page(title: str, body: str, payloads: Sequence[dict[str, Any]] = (), *, bundle: bool = True) -> str:
     """A complete, self-contained HTML document. ``body`` must already be escaped markup.
 
-    With view payloads, the circuitsvis bundle and the loader are appended once. Without the
+    With view payloads, the circuitsvis bundle and the loader are appended once (the views' status
+    line is part of their markup, ``attention.views_html``, under the page's title). Without the
     bundle (``bundle=False``: a notebook output after the first, see :func:`notebook_bundle`), the
     page borrows it from an earlier page in a frame of the same host (its hash stays pinned).
     """
@@ -160,16 +183,7 @@ def page(title: str, body: str, payloads: Sequence[dict[str, Any]] = (), *, bund
             f"<script type='application/json' id='dp-views-data'>{script_json(list(payloads))}</script>"
             f"{inline}<script>{loader}</script>"
         )
-    status = (
-        (
-            "<p id='dp-status' class='meta'><span id='dp-status-text' aria-live='polite'>"
-            "attention views need JavaScript</span> <button type='button' id='dp-draw-all' hidden>"
-            "draw all now</button></p>"
-        )
-        if payloads
-        else ""
-    )
-    return _document(title, status + "\n" + body, scripts, hashes)
+    return _document(title, body, scripts, hashes)
 
 
 def canvas_page(title: str, body: str, data: dict[str, Any], script: str) -> str:
@@ -229,6 +243,7 @@ __all__ = [
     "canvas_page",
     "clean",
     "esc",
+    "no_paths",
     "notebook_bundle",
     "page",
     "script_json",

@@ -11,17 +11,25 @@ members and the settings. The page reports; it asserts nothing.
 
 from __future__ import annotations
 
+import re
+from collections.abc import Sequence
+
 import numpy as np
 import pandas as pd
 
-from depthprobe.probes.render.charts import heatmap_svg
-from depthprobe.probes.render.html import esc, svg_img
+from depthprobe.probes.render.charts import CELL, heatmap_svg
+from depthprobe.probes.render.charts import LEFT as CHART_LEFT
+from depthprobe.probes.render.charts import TOP as CHART_TOP
+from depthprobe.probes.render.html import esc
 from depthprobe.probes.render.html import table as html_table
 from depthprobe.probes.render.lines import Series, chart_svg
 
-# heatmap_svg's layout with annotated cells (probes.render.charts): the predicted line is drawn on it
-CELL_W, CELL_H, LEFT, TOP = 34, 20, 46, 10
 NOTE = "This page reports what the study measured against the prediction; it does not test it."
+# heatmap_svg's layout of annotated cells at its narrowest (probes.render.charts; predicted_line reads
+# the layout of the heatmap it draws on from its data-grid)
+CELL_W, CELL_H, LEFT, TOP = *CELL, CHART_LEFT, CHART_TOP
+MIN_WIDTH = 480  # px: the narrowest accuracy heatmap
+PREDICTED = "#d62728"  # the predicted first depth's line
 
 
 def _keys(table: pd.DataFrame, key: str) -> list[str]:
@@ -29,43 +37,98 @@ def _keys(table: pd.DataFrame, key: str) -> list[str]:
     return ["group", key] if "group" in table and table["group"].notna().any() else [key]
 
 
-def predicted_line(svg: str, depths: list[int], predicted: list[int]) -> str:
-    """The heatmap with a line over the top edge of each column's predicted depth (the bottom edge
-    when the prediction is deeper than every row)."""
-    points = []
+def _numbers(svg: str, pattern: str) -> list[float]:
+    """The numbers of the first match of ``pattern`` in a heatmap's SVG (its root's attributes)."""
+    found = re.search(pattern, svg)
+    if found is None:
+        raise ValueError(f"not a heatmap drawn by charts.heatmap_svg: no {pattern}")
+    return [float(v) for g in found.groups() for v in g.split()]
+
+
+def predicted_line(svg: str, depths: list[int], predicted: Sequence[int | None]) -> str:
+    """The heatmap (``charts.heatmap_svg``, whose ``data-grid`` says where its cells are) with a
+    red line over the top edge of each column's predicted depth (the bottom edge when the prediction
+    is deeper than every row; no segment where a column's prediction is None), and the line's
+    legend under the column title."""
+    left, top, cw, ch = _numbers(svg, r'data-grid="([^"]+)"')
+    segments: list[list[tuple[float, float]]] = [[]]
     for j, p in enumerate(predicted):
-        r = next((i for i, d in enumerate(depths) if d >= p), len(depths))
-        y = TOP + r * CELL_H
-        points += [(LEFT + j * CELL_W, y), (LEFT + (j + 1) * CELL_W, y)]
-    text = " ".join(f"{x:g},{y:g}" for x, y in points)
+        if p is None:
+            segments.append([])
+            continue
+        y = top + next((i for i, d in enumerate(depths) if d >= p), len(depths)) * ch
+        segments[-1] += [(left + j * cw, y), (left + (j + 1) * cw, y)]
+    path = " ".join("M" + " L".join(f"{x:g},{y:g}" for x, y in seg) for seg in segments if seg)
+    width, height = (int(v) for v in _numbers(svg, r'width="(\d+)" height="(\d+)"'))
+    y = height + 6
     line = (
-        f'<polyline class="predicted" points="{text}" fill="none" stroke="#d62728" stroke-width="2.5">'
-        "<title>predicted first depth (law.csv)</title></polyline>"
+        f'<path class="predicted" d="{path}" fill="none" stroke="{PREDICTED}" stroke-width="3">'
+        "<title>predicted first depth (law.csv)</title></path>"
+        f'<line x1="{left:g}" x2="{left + 24:g}" y1="{y:g}" y2="{y:g}" stroke="{PREDICTED}" stroke-width="3"/>'
+        f'<text x="{left + 30:g}" y="{y + 4:g}">predicted first depth (law.csv)</text>'
     )
-    return svg[: svg.rindex("</svg>")] + line + "</svg>"
+    grown = svg.replace(f'height="{height}"', f'height="{height + 18}"', 1).replace(
+        f'viewBox="0 0 {width} {height}"', f'viewBox="0 0 {width} {height + 18}"', 1
+    )
+    grown = grown.replace(
+        f'<rect width="{width}" height="{height}"', f'<rect width="{width}" height="{height + 18}"', 1
+    )
+    return grown[: grown.rindex("</svg>")] + line + "</svg>"
 
 
-def heatmaps(key: str, acc: pd.DataFrame, law: pd.DataFrame) -> str:
-    """Accuracy heatmaps per width (and group, when the family has groups), depth x key; with the
-    predicted first depth of law.csv drawn on it as a line, when law.csv has one per heatmap column
-    (khop: per k; not crasp, whose prediction is per k and whose columns are length ranges)."""
+def _predicted(predicted: pd.DataFrame | None, keys: list[str], values: tuple, key: str) -> dict | None:
+    """Column value -> law.csv's predicted first depth, for the heatmap at ``values`` of ``keys``."""
+    if predicted is None or predicted.empty:
+        return None
+    at = predicted
+    for k, v in zip(keys, values, strict=True):
+        if k in at:
+            at = at[at[k].astype(str) == str(v)]
+    return {c: int(p) for c, p in zip(at[key], at["predicted_depth"], strict=True) if pd.notna(p)} or None
+
+
+def heatmaps(
+    key: str,
+    acc: pd.DataFrame,
+    law: pd.DataFrame,
+    *,
+    threshold: float | None = None,
+    predicted: pd.DataFrame | None = None,
+) -> str:
+    """Accuracy heatmaps per width (and group, when the family has groups), depth x key, coloured on a
+    fixed 0-1 scale with ``threshold`` marked, and law.csv's predicted first depth drawn on each as a
+    line. ``predicted``: the cells' predictions (columns d_model, ``key``, predicted_depth, and group
+    where the family has groups); default law.csv's rows where they are per ``key`` (khop: per k).
+    Inline SVG, at least :data:`MIN_WIDTH` px wide."""
     main = acc[~acc["control"].astype(bool)]
     keys = ["d_model", "group"] if "group" in main and main["group"].notna().any() else ["d_model"]
-    predicted = law.set_index(["d_model", key])["predicted_depth"] if {"predicted_depth", key} <= set(law) else None
+    if predicted is None and {"predicted_depth", key} <= set(law):
+        predicted = law
     parts = []
     for values, at in main.groupby(keys, sort=False):
         grid = at.pivot_table(index="depth", columns=key, values="accuracy", aggfunc="mean")  # nan: none finished
         depths, cols = grid.index.tolist(), grid.columns.tolist()
-        svg = heatmap_svg(grid.to_numpy(np.float64), depths, cols, row_title="depth", col_title=key)
         what = ", ".join(f"{k} {v}" for k, v in zip(keys, values, strict=True))
-        if predicted is not None:
-            svg = predicted_line(svg, depths, [int(predicted[(values[0], c)]) for c in cols])
-            what += "; red line: the predicted first depth (cells below it are predicted to solve)"
-        parts.append(
-            f"<figure>{svg_img(svg, 'accuracy heatmap')}<figcaption>accuracy (mean over seeds) by depth "
-            f"and {key}: {esc(what)}</figcaption></figure>"
+        svg = heatmap_svg(
+            grid.to_numpy(np.float64),
+            depths,
+            cols,
+            row_title="depth",
+            col_title=key,
+            scale=(0.0, 1.0),
+            threshold=threshold,
+            title=f"accuracy, {what}",
+            min_width=MIN_WIDTH,
         )
-    return "<h2>Accuracy</h2>" + "".join(parts)
+        said = [f"accuracy (mean over seeds) by depth and {key}, {what}; colours on a fixed 0-1 scale"]
+        if threshold is not None:
+            said.append(f"outlined: at or above the threshold {threshold:g} (the black mark on the colour bar)")
+        at_cols = _predicted(predicted, keys, values, key)
+        if at_cols is not None and any(c in at_cols for c in cols):  # a line over some column
+            svg = predicted_line(svg, depths, [at_cols.get(c) for c in cols])
+            said.append("red line: law.csv's predicted first depth (cells below it are predicted to solve)")
+        parts.append(f"<figure class='lawmap'>{svg}<figcaption>{esc('; '.join(said))}</figcaption></figure>")
+    return "<h2>Accuracy</h2><div class='lawmaps'>" + "".join(parts) + "</div>"
 
 
 def curves(key: str, curve: pd.DataFrame, members: pd.DataFrame, threshold: float) -> str:

@@ -218,7 +218,7 @@ def _series_svg(s: Series, color: str, f: _Frame) -> list[str]:
         if s.marks and s.marks[i]:
             right = f.px(x) > f.left + f.plot_w * 0.7  # near the right edge: the mark runs leftwards
             out.append(
-                f"<text class='mark' x='{f.px(x) + (-5 if right else 5):.1f}' y='{f.py(y) - 6:.1f}' font-size='10' "
+                f"<text class='mark' x='{f.px(x) + (-5 if right else 5):.1f}' y='{f.py(y) - 6:.1f}' font-size='11' "
                 f"text-anchor='{'end' if right else 'start'}' fill='#b00000'>{esc(s.marks[i])}</text>"
             )
     out.append("</g>")

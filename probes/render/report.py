@@ -26,7 +26,7 @@ import pandas as pd
 from depthprobe.probes.base.errors import ProbeError
 from depthprobe.probes.render.attention import MAX_TOKENS, View, inline_frame, views_html
 from depthprobe.probes.render.charts import heatmap_svg as draw_heatmap
-from depthprobe.probes.render.html import esc, notebook_bundle, page, svg_img, table, write_atomic
+from depthprobe.probes.render.html import esc, no_paths, notebook_bundle, page, svg_img, table, write_atomic
 
 MAX_DEFAULT_PANELS = 12  # heatmaps drawn when the task lists none (one per metric)
 MAX_PANELS = 48  # panels drawn at most; the rest are named in a note
@@ -260,7 +260,7 @@ def _files_html(files: Sequence[tuple[str, int]]) -> str:
 
 def _header(data: RunData) -> tuple[str, str]:
     s, m = data.summary, data.manifest or {}
-    task, model = s.get("task", "?"), s.get("model", "?")
+    task, model = s.get("task", "?"), no_paths(s.get("model", "?"))
     title = f"depthprobe: {task} on {model}"
     info = m.get("model") or {}
     facts = []
@@ -278,7 +278,7 @@ def _header(data: RunData) -> tuple[str, str]:
     config = m.get("config") or {}
     if config.get("data"):
         facts.append(f"data {config['data']}")
-    meta = " · ".join(esc(f) for f in facts)
+    meta = " · ".join(esc(no_paths(f)) for f in facts)  # no absolute path of this machine
     head = (
         f"<h1>{esc(title)}</h1><p class='meta'>model <b>{esc(model)}</b> · task <b>{esc(task)}</b>"
         f"{' · ' + meta if meta else ''}</p>"

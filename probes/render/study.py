@@ -1,10 +1,10 @@
 """The offline report page of every study (``probe study``): one self-contained ``report.html``.
 
 The frame is the same for every family: a header (family, preset, members ok/failed and the
-family's facts), the failed members with their error (left out of every plot), the family's
-sections (``Experiment.page``, drawn from the study's tables), the member table (``members.csv``)
-and the settings (``study.json``'s config). A study without a finished member shows a note
-instead of the family's sections. The page reports; it asserts nothing.
+family's facts; an absolute path shortened to its last part), the failed members with their error
+(left out of every plot), the family's sections (``Experiment.page``, drawn from the study's
+tables), the member table (``members.csv``) and the settings (``study.json``'s config). A study
+without a finished member shows a note instead of the family's sections. The page reports; it asserts nothing.
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from typing import Any
 
 import pandas as pd
 
-from depthprobe.probes.render.html import esc, page
+from depthprobe.probes.render.html import esc, no_paths, page
 from depthprobe.probes.render.html import table as html_table
-from depthprobe.probes.render.study_data import cell_text
+from depthprobe.probes.render.study_data import cell_text, whole_columns
 
 # one line per member (the table scrolls sideways); only the error column wraps
 MEMBERS_STYLE = (
@@ -32,11 +32,13 @@ MEMBERS_NOTE = (
 
 
 def members_table(t: pd.DataFrame) -> str:
-    """members.csv as a table, numbers formatted; columns without a value in any row are left out."""
+    """members.csv as a table, numbers formatted (whole numbers without decimals); columns without a
+    value in any row are left out."""
     cols = [
         c for c in t.columns if c in ("member", "status") or (t[c].notna() & t[c].astype(str).str.strip().ne("")).any()
     ]
-    records = [{c: cell_text(c, r[c]) for c in cols} for r in t.to_dict("records")]
+    whole = whole_columns(t)
+    records = [{c: cell_text(c, r[c], c in whole) for c in cols} for r in t.to_dict("records")]
     note = MEMBERS_NOTE if "embed_share" in cols else ""
     return f"<style>{MEMBERS_STYLE}</style>{note}<div class='members'>{html_table(records, cols)}</div>"
 
@@ -68,7 +70,7 @@ def study_page(
         *facts,
         f"members {len(ok)} ok, {len(failed)} failed",
     ]
-    parts = [f"<h1>{esc(title)}</h1>", "<p class='meta'>" + " · ".join(esc(f) for f in head) + "</p>"]
+    parts = [f"<h1>{esc(title)}</h1>", "<p class='meta'>" + " · ".join(esc(no_paths(f)) for f in head) + "</p>"]
     if len(failed):
         parts.append(failed_list(failed))
     if ok.empty:

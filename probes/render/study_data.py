@@ -147,17 +147,32 @@ _INT_COLUMNS = {"depth", "d_model", "d_ff", "n_heads", "d_head", "budget", "para
 _INT_COLUMNS |= {"params_total"}
 _INT_COLUMNS |= {"tokens", "seed", "step"}
 _SCI_COLUMNS = {"flops", "lr"}
+_FLOAT_COLUMNS = {"wall_s", "tokens_per_s", "embed_share", "budget_miss", "d_ff_ratio", "passes"} | _SCI_COLUMNS
 
 
-def cell_text(column: str, value: Any) -> str:
-    """A members.csv cell as the member table shows it ('' for a missing value)."""
+def whole_columns(table: pd.DataFrame) -> set[str]:
+    """The numeric columns of ``table`` (not booleans, not those with a format of their own) whose
+    values are all whole numbers: counts that a CSV round trip read as floats (``heads`` 2.0)."""
+    out = set()
+    for c in table.columns:
+        if c in _FLOAT_COLUMNS or table[c].dtype == bool or not pd.api.types.is_numeric_dtype(table[c]):
+            continue
+        v = table[c].dropna().to_numpy(np.float64)
+        if len(v) and np.isfinite(v).all() and (v == np.round(v)).all():
+            out.add(str(c))
+    return out
+
+
+def cell_text(column: str, value: Any, whole: bool = False) -> str:
+    """A members.csv cell as the member table shows it ('' for a missing value); ``whole``: the
+    column holds whole numbers (:func:`whole_columns`), printed without decimals."""
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return ""
     if isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool):
         v = float(value)
         if not math.isfinite(v):
             return str(v)
-        if column in _INT_COLUMNS and v == int(v):
+        if (whole or column in _INT_COLUMNS) and v == int(v):
             return f"{int(v):,}"
         if column in _SCI_COLUMNS:
             return f"{v:.3g}"
@@ -183,4 +198,5 @@ __all__ = [
     "read_losses",
     "seed_spread",
     "thin",
+    "whole_columns",
 ]
