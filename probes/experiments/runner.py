@@ -118,7 +118,7 @@ def study(
         resolve_device(getattr(cfg, "device", None))
     say = echo or (lambda line: print(line, file=sys.stderr))
     context = exp.prepare(cfg, jobs_, say)  # refusals here write nothing
-    with folders.locked(folder):
+    with folders.locked(folder), folders.disk_errors(folder):
         saved = folders.check_folder(folder, family, cfg, exp.resumable)  # again, now that this run holds it
         done = open_study(exp, folder, cfg, jobs_, context, saved, say)
         dest = None if backend == "ray" else folder / folders.MEMBERS  # local members write their own folders
