@@ -314,9 +314,34 @@ def replaced(final: Path) -> contextlib.AbstractContextManager[Path]:
     return artifacts.atomic_dir(final)
 
 
+MAX_NAME = 200  # characters of a member's name (file systems allow 255 bytes per folder name)
+
+
+def member_name_problem(name: Any) -> str | None:
+    """Why ``name`` cannot be a member's folder under ``members/`` (None: it can)."""
+    if not isinstance(name, str) or not name:
+        return "is not a non-empty string"
+    if "/" in name or "\\" in name or name.startswith("."):
+        return "is not a plain folder name (no / or \\, no leading dot); the member would leave members/"
+    if any(ord(c) < 32 or ord(c) == 127 for c in name):
+        return "holds a control character"
+    if len(name) > MAX_NAME:
+        return f"is longer than {MAX_NAME} characters"
+    return None
+
+
+def member_folder(folder: Path, name: Any) -> Path:
+    """``folder/members/<name>``, never anywhere else (the plan's names were checked up front;
+    a row that names another member is refused here too)."""
+    why = member_name_problem(name)
+    if why is not None:
+        raise ProbeError(f"member name {name!r} {why}")
+    return folder / MEMBERS / name
+
+
 def write_member(folder: Path, output: MemberOutput) -> None:
     """A finished member's folder from its files as bytes."""
-    with replaced(folder / MEMBERS / str(output.row["member"])) as tmp:
+    with replaced(member_folder(folder, output.row["member"])) as tmp:
         for rel, data in output.files.items():
             (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
             (tmp / rel).write_bytes(data)
@@ -324,7 +349,7 @@ def write_member(folder: Path, output: MemberOutput) -> None:
 
 def write_failed(folder: Path, row: dict[str, Any], error: str, device: Any) -> None:
     row = {**row, "status": "failed", "error": " ".join(error.split()), "device": str(device or "auto")}
-    with replaced(folder / MEMBERS / str(row["member"])) as tmp:
+    with replaced(member_folder(folder, row["member"])) as tmp:
         artifacts.write_json(tmp / MEMBER_JSON, {"row": row})
 
 

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from depthprobe.probes.base.errors import ProbeError
 from depthprobe.probes.experiments.laws import COMMON, LawConfig, LawExperiment, LawJob, measured_depths
-from depthprobe.probes.experiments.protocol import at_least
+from depthprobe.probes.experiments.protocol import at_least, distinct
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -56,6 +56,7 @@ class GroupsConfig(LawConfig):
             )
         for name in self.groups:
             group_data.get_group(name)
+        distinct(self, "groups")
         if not self.lengths or any(t < 1 for t in self.lengths) or len(set(self.lengths)) != len(self.lengths):
             raise ProbeError(
                 f"--lengths must be distinct lengths T of 1 or more, e.g. 4,8,16, got {list(self.lengths)}"

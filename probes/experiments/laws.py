@@ -22,7 +22,14 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from depthprobe.probes.base.errors import ProbeError
 from depthprobe.probes.experiments.batching import check_batch_members, read_batch_members
-from depthprobe.probes.experiments.protocol import RUN_COLUMNS, Experiment, at_least, check_members, positive
+from depthprobe.probes.experiments.protocol import (
+    RUN_COLUMNS,
+    Experiment,
+    at_least,
+    check_members,
+    distinct,
+    positive,
+)
 from depthprobe.probes.training.rates import device_label, estimate
 from depthprobe.probes.training.schedule import warmup_cosine
 
@@ -98,6 +105,7 @@ class LawConfig:
             raise ProbeError(
                 f"--d-models must be positive multiples of the {self.heads} heads, got {list(self.d_models)}"
             )
+        distinct(self, "d_models")
         positive(self, "lr")
         if not 0 < self.threshold <= 1:
             raise ProbeError(f"--threshold must be in (0, 1], got {self.threshold}")

@@ -178,15 +178,27 @@ def positive(config: Any, *names: str) -> None:
             raise ProbeError(f"--{name.replace('_', '-')} must be a positive number, got {value}")
 
 
+def distinct(config: Any, *names: str, flag: str = "") -> None:
+    """Refuse a tuple field of ``config`` that repeats a value (``--depths 1,1`` would plan one
+    member twice), naming its option (``flag``, or the field's name as an option)."""
+    for name in names:
+        values = list(getattr(config, name))
+        repeated = next((v for i, v in enumerate(values) if v in values[:i]), None)
+        if repeated is not None:
+            flag = flag or f"--{name.replace('_', '-')}"
+            raise ProbeError(f"{flag} repeats {repeated}, got {values}; give each value once")
+
+
 def check_members(config: Any) -> None:
-    """The fields every built-in family's Config has: ``depths`` (layers, 1 to :data:`MAX_DEPTH`)
-    and ``seeds`` (1 to :data:`MAX_SEEDS`)."""
+    """The fields every built-in family's Config has: ``depths`` (layers, 1 to :data:`MAX_DEPTH`,
+    each once) and ``seeds`` (1 to :data:`MAX_SEEDS`)."""
     at_least(config, 1, "seeds")
     check_seed(config.seeds - 1, "--seeds")
     if config.seeds > MAX_SEEDS:
         raise ProbeError(f"--seeds must be at most {MAX_SEEDS}, got {config.seeds}; run fewer seeds")
     if not config.depths or any(not 1 <= d <= MAX_DEPTH for d in config.depths):
         raise ProbeError(f"--depths must be integers from 1 to {MAX_DEPTH}, got {list(config.depths)}")
+    distinct(config, "depths")
 
 
 def refusal(family: str, key: str, own: list[str]) -> ProbeError:
@@ -241,6 +253,7 @@ __all__ = [
     "MemberOutput",
     "at_least",
     "check_members",
+    "distinct",
     "get_experiment",
     "positive",
     "register_experiment",

@@ -147,7 +147,23 @@ def planned(family: str, preset: str, options: dict[str, Any]) -> tuple[Experime
         raise ProbeError(
             f"the study plans {len(jobs):,} members, more than {MAX_MEMBERS:,}; plan fewer (depths, widths, seeds)"
         )
+    check_member_names(family, [getattr(j, "name", None) for j in jobs])
     return exp, cfg, jobs
+
+
+def check_member_names(family: str, names: list[Any]) -> None:
+    """Every member's name is its folder under ``members/``: one plain folder name (no ``/``, no
+    ``..``, no leading dot: hidden folders are members being written; no control characters; at
+    most :data:`.folder.MAX_NAME` characters), and no two members share one (they would collapse into
+    one folder). A family's plan that breaks this is refused before anything is written."""
+    seen: set[str] = set()
+    for name in names:
+        why = folders.member_name_problem(name)
+        if why is None and name in seen:
+            why = "is planned twice; each member needs its own name (a level given twice, e.g. --depths 1,1?)"
+        if why is not None:
+            raise ProbeError(f"the {family} family's plan: member name {name!r} {why}")
+        seen.add(name)
 
 
 def open_study(

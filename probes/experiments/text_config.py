@@ -14,7 +14,7 @@ from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from depthprobe.probes.base.errors import ProbeError
-from depthprobe.probes.experiments.protocol import at_least, check_members, positive
+from depthprobe.probes.experiments.protocol import at_least, check_members, distinct, positive
 
 BYTE_VOCAB = 257  # --vocab bytes: the 256 bytes and <|bos|>, no merges (data.corpus.MIN_VOCAB; not imported
 # here, so that `probe study --help` loads no torch: tests/test_study_protocols.py checks they agree)
@@ -52,6 +52,7 @@ class TextConfig:
         positive(self, "max_passes", "tokens_per_param")
         if not self.lrs or any(not (lr > 0 and math.isfinite(lr)) for lr in self.lrs):
             raise ProbeError(f"--lr must be positive numbers, e.g. --lr 1e-3,3e-3, got {list(self.lrs)}")
+        distinct(self, "lrs", flag="--lr")
         if not 0 < self.lr_fraction <= 1:
             raise ProbeError(f"--lr-fraction must be in (0, 1], got {self.lr_fraction}")
         at_least(self, 1, "vocab", "d_head", "min_tokens", "batch_size", "probe_lines", "icl_windows")
