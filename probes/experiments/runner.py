@@ -122,9 +122,10 @@ def study(
         saved = folders.check_folder(folder, family, cfg, exp.resumable)  # again, now that this run holds it
         done = open_study(exp, folder, cfg, jobs_, context, saved, say)
         dest = None if backend == "ray" else folder / folders.MEMBERS  # local members write their own folders
-        todo = [exp.bind(j, context, None if dest is None else str(dest / j.name)) for j in jobs_ if j.name not in done]
+        bound = [exp.bind(j, context, None if dest is None else str(dest / j.name)) for j in jobs_]
+        todo = units_to_run(exp, cfg, bound, done, where)
         if done:
-            say(f"{len(done)} finished member(s) kept in {folder}; {len(todo)} to run")
+            say(f"{len(done)} finished member(s) kept in {folder}; {len(jobs_) - len(done)} to run")
         try:
             run_jobs(exp, cfg, folder, todo, len(done), len(jobs_), say, where, exp.setup(cfg, context))
         except ProbeError:  # refused before any member ran (a Ray cluster at join time): no new study.json
@@ -196,28 +197,43 @@ def open_study(
     return set()
 
 
+def units_to_run(exp: Experiment, cfg: Any, jobs: list[Any], done: set[str], where: Backend) -> list[Any]:
+    """The units still to run: the whole plan's units (a member alone, or a batch trained as one
+    model: :meth:`Experiment.batches`) less the finished members, so that a resumed study trains
+    its remaining members in the batches an uninterrupted run gives them (members of one batch
+    finish together; a batch's failed members run again as what is left of it). Ray: one member
+    a unit."""
+    from depthprobe.probes.experiments import batching
+
+    if where.backend == "ray":
+        return [j for j in jobs if j.name not in done]
+    units = []
+    for unit in exp.batches(cfg, jobs, where.jobs or 1):
+        left = [j for j in batching.members(unit) if j.name not in done]
+        if left:
+            units.append(left[0] if len(left) == 1 else batching.Batch(tuple(left)))
+    return units
+
+
 def run_jobs(
     exp: Experiment,
     cfg: Any,
     folder: Path,
-    todo: list[Any],
+    units: list[Any],
     done: int,
     total: int,
     say: Callable[[str], None],
     where: Backend,
     setup: Callable[[], None] | None,
 ) -> None:
-    """Run the members still to do, recording each as it finishes: its folder (a Ray member's
-    files; a local member wrote its own), its line, members.csv (after each unit: a member alone
-    or a batch); a failed one with its error."""
+    """Run the units still to do (:func:`units_to_run`), recording each member as it finishes:
+    its folder (a Ray member's files; a local member wrote its own), its line, members.csv (after
+    each unit: a member alone or a batch); a failed one with its error."""
     from depthprobe.probes.engine.distributed import map_jobs
     from depthprobe.probes.experiments import batching
 
     counter = {"n": done}
     device = getattr(cfg, "device", None)
-
-    # batched members (experiments/batching.py): units of one job, or of several trained as one model
-    units = list(todo) if where.backend == "ray" else exp.batches(cfg, todo, where.jobs or 1)
     jobs = where.jobs
     if jobs is None and where.backend == "local":
         jobs = batching.default_jobs(exp, cfg, units, say)  # 1 on a CPU; on CUDA from its memory
