@@ -77,6 +77,24 @@ def test_a_lock_file_left_behind_holds_nothing(tmp_path):
         (["--family", "khop", "--depths", "1000000000000"], "--depths must be integers from 1 to 1000"),
         (["--family", "levine", "--budgets", "1e30"], "--budgets must be at most"),
         (["--family", "levine", "--budgets", "1e30", "--dry-run"], "--budgets must be at most"),
+        # #47 item 8: every size and rate option, ranges declared on the Config's fields, memory estimated
+        (["-f", "khop", "--eval-sequences", "1000000000"], "--eval-sequences must be in [1, 10000000]"),
+        (["-f", "khop", "--eval-sequences", "9000000", "--length", "4000"], "lower --eval-sequences"),
+        (["-f", "khop", "--curve-sequences", "9000000", "--length", "4000"], "lower --curve-sequences"),
+        (["-f", "khop", "--hop-sequences", "9000000", "--length", "4000"], "lower --hop-sequences"),
+        (["-f", "groups", "--check-sequences", "9000000", "--lengths", "4,4000"], "lower --check-sequences"),
+        (
+            ["-f", "crasp", "--eval-sequences", "9000000", "--eval-lengths", "16,4000", "--solve-at", "16"],
+            "needs about",
+        ),
+        (["-f", "khop", "--eval-sequences", "9000000", "--length", "4000", "--dry-run"], "lower --eval-sequences"),
+        (["-f", "crasp", "--nmax", "100000000"], "--nmax 100000000 is above the longest --eval-lengths"),
+        (["-f", "khop", "--weight-decay", "-1"], "--weight-decay must be in [0, 10], got -1.0"),
+        (["-f", "groups", "--weight-decay", "nan"], "--weight-decay must be in [0, 10], got nan"),
+        (["-f", "crasp", "--weight-decay", "inf"], "--weight-decay must be in [0, 10], got inf"),
+        (["-f", "crasp", "--control-scale", "inf"], "--control-scale must be in (1, 100], got inf"),
+        (["-f", "crasp", "--control-scale", "1"], "--control-scale must be in (1, 100], got 1.0"),
+        (["-f", "crasp", "--control-scale", "1.01"], "it trains a member again"),
     ],
 )
 def test_impossible_settings_are_refused_up_front_with_nothing_written(tmp_path, args, fragment):

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from depthprobe.probes.base.errors import ProbeError, suggest
-from depthprobe.probes.base.options import check_choices, check_seed, coerce
+from depthprobe.probes.base.options import check_choices, check_seed, coerce, in_range, range_text
 from depthprobe.probes.base.registry import Registry
 from depthprobe.probes.engine.plugins import entry_point_tasks
 from depthprobe.probes.experiments.folder import MemberOutput, measure_member
@@ -160,6 +160,7 @@ class Experiment:
                 value = self.parsers[name](value)
             settings[name] = coerce(value, fields[name].type, f"--{key.replace('_', '-')}", name)
         config = self.Config(**{"preset": preset, **settings} if "preset" in fields else settings)
+        check_field_ranges(config)  # a plugin family's too (the built-in ones check first, in __post_init__)
         return check_choices(config, f"study {self.name}:")
 
 
@@ -187,6 +188,25 @@ def distinct(config: Any, *names: str, flag: str = "") -> None:
         if repeated is not None:
             flag = flag or f"--{name.replace('_', '-')}"
             raise ProbeError(f"{flag} repeats {repeated}, got {values}; give each value once")
+
+
+MAX_SEQUENCES = 10_000_000  # sequences of one evaluation set (each a tensor of sequences x tokens)
+
+
+def check_field_ranges(config: Any) -> None:
+    """Refuse a field of ``config`` outside its declared range (:func:`~depthprobe.probes.base.options.ranged`
+    metadata on the Config's fields: the one place a family's ranges live), NaN and infinities
+    included, naming its option; every value of a tuple field is checked."""
+    for f in dataclasses.fields(config):
+        bounds = f.metadata.get("range")
+        value = getattr(config, f.name)
+        if not bounds or value is None:
+            continue
+        for v in value if isinstance(value, tuple) else (value,):
+            if isinstance(v, int | float) and not isinstance(v, bool) and not in_range(v, bounds):
+                each = "each value of " if isinstance(value, tuple) else ""
+                flag = f"--{f.name.replace('_', '-')}"
+                raise ProbeError(f"{each}{flag} must be {range_text(bounds)}, got {v} (default {f.default})")
 
 
 def check_members(config: Any) -> None:
@@ -252,6 +272,7 @@ __all__ = [
     "Experiment",
     "MemberOutput",
     "at_least",
+    "check_field_ranges",
     "check_members",
     "distinct",
     "get_experiment",

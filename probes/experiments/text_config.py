@@ -14,7 +14,7 @@ from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from depthprobe.probes.base.errors import ProbeError
-from depthprobe.probes.experiments.protocol import at_least, check_members, distinct, positive
+from depthprobe.probes.experiments.protocol import at_least, check_field_ranges, check_members, distinct, positive
 
 BYTE_VOCAB = 257  # --vocab bytes: the 256 bytes and <|bos|>, no merges (data.corpus.MIN_VOCAB; not imported
 # here, so that `probe study --help` loads no torch: tests/test_study_protocols.py checks they agree)
@@ -48,6 +48,7 @@ class TextConfig:
     depth_usage: bool = True  # each member's depth_usage.csv after training (experiments/member_depth.py)
 
     def __post_init__(self) -> None:
+        check_field_ranges(self)  # the ranged() fields, a family's own included
         check_members(self)
         positive(self, "max_passes", "tokens_per_param")
         if not self.lrs or any(not (lr > 0 and math.isfinite(lr)) for lr in self.lrs):
