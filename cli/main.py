@@ -302,13 +302,15 @@ def list_tasks() -> None:
         if opts:
             typer.echo(f"{'':16s} options: {opts}")
     from depthprobe.probes.engine.entry_kinds import entry_kind
-    from depthprobe.probes.engine.plugins import entry_point_tasks
+    from depthprobe.probes.engine.plugins import ENTRY_POINT_GROUP, IGNORED, entry_point_tasks
 
     for name, ref in sorted(entry_point_tasks(set(CARDS)).items()):  # installed packages' tasks
         if entry_kind(ref) == "function":  # read from the source: no plugin code runs
             typer.echo(f"{name:16s} not a task: {ref} is a function; its entry point must name a Task subclass")
             continue
         typer.echo(f"{name:16s} from an installed package ({ref}; its module is imported on first use)")
+    for line in IGNORED.get(ENTRY_POINT_GROUP, []):
+        typer.echo(f"note: {line}")
 
 
 @list_app.command("models")

@@ -153,10 +153,19 @@ def list_families(
 
     for spec in plugin:
         load_plugin(spec)
+    from depthprobe.probes.engine.plugins import IGNORED
+    from depthprobe.probes.experiments.protocol import ENTRY_POINT_GROUP
+
     for name in EXPERIMENTS.names():
-        exp = EXPERIMENTS.get(name)
+        try:
+            exp = EXPERIMENTS.get(name)
+        except ProbeError as exc:  # one broken installed family is listed as broken, the others as usual
+            typer.echo(f"{name}: broken: {exc}")
+            continue
         typer.echo(f"{name}: {exp.description}")
         for preset, cost in exp.costs.items():
             typer.echo(f"  --preset {preset}: {cost}")
         options = ", ".join(f"--{f.name.replace('_', '-')}" for f in fields(exp.Config) if f.name != "preset")
         typer.echo(f"  options: {options}")
+    for line in IGNORED.get(ENTRY_POINT_GROUP, []):
+        typer.echo(f"note: {line}")

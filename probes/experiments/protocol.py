@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -32,13 +33,14 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from depthprobe.probes.base.errors import ProbeError, suggest
 from depthprobe.probes.base.options import check_choices, check_seed, coerce, in_range, range_text
 from depthprobe.probes.base.registry import Registry
-from depthprobe.probes.engine.plugins import entry_point_tasks
+from depthprobe.probes.engine.plugins import entry_point_origins, entry_point_tasks
 from depthprobe.probes.experiments.folder import MemberOutput, measure_member
 
 if TYPE_CHECKING:
     import pandas as pd
 
 ENTRY_POINT_GROUP = "depthprobe.experiments"
+FAMILY_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}")  # what --family takes
 RUN_COLUMNS = ["wall_s", "device", "status", "error"]  # members.csv's last columns: how each member ran
 MAX_DEPTH = 1000  # layers of a member
 MAX_SEEDS = 1000  # seeds per study (a plan of more members is refused, not built)
@@ -251,13 +253,21 @@ BUILT_IN = {
     "crasp": "depthprobe.probes.experiments.crasp:Crasp",
 }
 EXPERIMENTS.register_lazy(BUILT_IN)
-EXPERIMENTS.register_lazy(entry_point_tasks(set(BUILT_IN), group=ENTRY_POINT_GROUP))
+_INSTALLED = entry_point_tasks(set(BUILT_IN), group=ENTRY_POINT_GROUP)
+EXPERIMENTS.register_lazy(_INSTALLED, entry_point_origins(_INSTALLED, group=ENTRY_POINT_GROUP))
 
 
 def register_experiment(cls: type[Experiment]) -> type[Experiment]:
     """Class decorator: register a family under ``cls.name`` (a plugin file, a notebook)."""
     if not (isinstance(cls, type) and issubclass(cls, Experiment)):
         raise ProbeError(f"register_experiment takes an Experiment subclass, got {cls!r}")
+    name = getattr(cls, "name", None)
+    if not (isinstance(name, str) and FAMILY_NAME.fullmatch(name)):
+        shown = repr(name) if len(repr(name)) <= 80 else f"{repr(name)[:60]}... ({len(name)} characters)"
+        raise ProbeError(
+            f"register_experiment: {cls.__name__}.name must be a family name (letters, digits, -, _ or ., at most "
+            f"64 characters, not starting with - or .), got {shown}"
+        )
     EXPERIMENTS.register_class(cls)
     return cls
 
