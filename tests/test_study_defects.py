@@ -385,3 +385,19 @@ def test_a_plugin_familys_member_names_are_checked_by_the_runner(tmp_path, names
     assert not (tmp_path / "work").exists() and not (tmp_path / "escaped").exists()
     good = study("named", out=tmp_path / "work" / "s", names=("a", "b"))
     assert sorted(p.name for p in (good.folder / "members").iterdir()) == ["a", "b"]
+
+
+def test_a_member_or_study_folder_given_as_the_model_names_its_checkpoint_folder(tmp_path):
+    """#47 N9: --model at a member's folder (or the study's) says where the model is: checkpoint/."""
+    out = tmp_path / "s"
+    study("khop", out=out, depths=(1,), control=False, depth_usage=False, echo=lambda _line: None)
+    member = out / "members" / "L1-d16-s0"
+    for given in (member, out):
+        res = CliRunner().invoke(app, ["run", "-t", "attention-stats", "-m", str(given), "-o", str(tmp_path / "r")])
+        one_line_error(res, f"--model {member / 'checkpoint'}")
+    assert not (tmp_path / "r").exists()
+    res = CliRunner().invoke(
+        app,
+        ["run", "-t", "induction", "-O", "repeat_len=5", "-m", str(member / "checkpoint"), "-o", str(tmp_path / "r")],
+    )
+    assert res.exit_code == 0, res.output  # the folder the line names loads
