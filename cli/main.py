@@ -15,7 +15,18 @@ from typing import Any, NoReturn
 
 import typer
 from typer._click import exceptions as click  # typer's own copy of click's exceptions
-from typer.core import TyperGroup
+from typer.core import TyperGroup, TyperOption
+
+_option_type = TyperOption.display_type_rich
+
+
+def _flag_without_type(self: TyperOption, ctx: Any) -> str | None:
+    """--help shows a flag (--dry-run, --progress/--no-progress) as a plain flag: typer writes
+    ``<bool>`` beside it, which reads as if it took a value (``--dry-run true``)."""
+    return None if self.is_flag else _option_type(self, ctx)
+
+
+TyperOption.display_type_rich = _flag_without_type  # type: ignore[method-assign]
 
 
 class OneLineErrors(TyperGroup):

@@ -73,7 +73,7 @@ def study(
     exp = get_experiment(family)
     given = family_options(ctx.args)
     if dry_run:
-        _dry_run(family, preset, out, given)
+        _dry_run(family, preset, out, {**given, "jobs": jobs})
     else:
         where = {
             k: ctx.params[k] for k in ("backend", "address", "cpus_per_member", "gpus_per_member", "retries", "jobs")

@@ -298,3 +298,25 @@ def test_a_disk_that_fills_while_the_tables_are_written_is_one_line_and_loses_no
     (tiny_disk / "filler").unlink()
     res = runner.invoke(app, args)
     assert res.exit_code == 0 and "3 finished member(s) kept" in res.output, res.output
+
+
+# -- #47 N9: --dry-run's total, for every family and --jobs ------------------------------------------------
+
+
+@pytest.mark.parametrize(("family", "jobs"), [("levine", 1), ("spa", 2), ("khop", 1), ("crasp", 3)])
+def test_a_dry_run_says_its_total_for_every_family_and_jobs(tmp_path, family, jobs):
+    res = runner.invoke(app, ["study", "-f", family, "--dry-run", "--jobs", str(jobs), "--out", str(tmp_path / "d")])
+    assert res.exit_code == 0, res.output
+    table = pd.read_csv(tmp_path / "d" / "plan.csv")
+    measured = "est_seconds" in table and table.est_seconds.notna().any()
+    total = table.est_seconds.sum() / 60 if measured else table.cpu_minutes.sum()
+    line = next(ln for ln in res.output.splitlines() if ln.startswith("estimated"))
+    assert f"{len(table)} members" in line and f"{total:.3g}" in line, line
+    assert (f"with --jobs {jobs}: at least {total / jobs:.3g} min wall" in line) == (jobs > 1), line
+
+
+def test_flags_show_no_value_in_help():
+    """--dry-run takes no value: its help shows no <bool> (which read as --dry-run true)."""
+    res = runner.invoke(app, ["study", "--help"], terminal_width=200)
+    line = next(ln for ln in res.output.splitlines() if "--dry-run" in ln)
+    assert "<bool>" not in line and "<bool>" not in res.output, line

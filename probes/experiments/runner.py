@@ -306,31 +306,60 @@ def write_tables(exp: Experiment, cfg: Any, folder: Path) -> dict[str, pd.DataFr
 
 
 def dry_run(
-    family: str, preset: str = "smoke", *, out: str | Path, echo: Callable[[str], None] | None = None, **options: Any
+    family: str,
+    preset: str = "smoke",
+    *,
+    out: str | Path,
+    jobs: int | None = None,
+    echo: Callable[[str], None] | None = None,
+    **options: Any,
 ) -> pd.DataFrame:
     """Plan the study (the same checks as a run), write ``out/plan.csv`` and return it; nothing
-    is trained. A check a run would refuse after planning (the family's ``prepare``) is reported."""
+    is trained. A check a run would refuse after planning (the family's ``prepare``) is reported.
+    Says the estimated total (:func:`plan_total`) for ``jobs`` member processes."""
     import pandas as pd
 
-    exp, cfg, jobs = planned(family, preset, options)
+    Backend(jobs=jobs).check()
+    exp, cfg, members = planned(family, preset, options)
     folder = Path(out)
     artifacts.check_out(folder, "--out", may_exist=True)
     say = echo or print
     try:
-        context = exp.prepare(cfg, jobs, say)
+        context = exp.prepare(cfg, members, say)
     except ProbeError as exc:
         context = getattr(exc, "context", None)
         if context is None:
             raise
         say(f"a run would be refused: {exc}")
-    rows = [exp.plan_row(cfg, j, context) for j in jobs]
+    rows = [exp.plan_row(cfg, j, context) for j in members]
     table = pd.DataFrame(rows, columns=list(dict.fromkeys(k for r in rows for k in r)))
     folder.mkdir(parents=True, exist_ok=True)
     folders.write_table(folder, folders.PLAN_CSV, table)
-    if "est_seconds" in table and table["est_seconds"].notna().any():  # measured rates (training/rates.py)
-        total = float(table["est_seconds"].sum())
-        say(f"estimated training: at most {total / 60:.1f} min one member at a time; {table['source'].iloc[0]}")
+    line = plan_total(table, jobs or 1)
+    if line:
+        say(line)
     return table
+
+
+def plan_total(table: pd.DataFrame, jobs: int) -> str:
+    """The plan's estimated total: from measured rates (``est_seconds``, law families) where
+    there are some, else from FLOPs (``cpu_minutes``, every built-in family); the wall time with
+    ``jobs`` member processes is at best the total over ``jobs`` (more when the cores are shared)."""
+    at_once = f"; with --jobs {jobs}: at least {{:.3g}} min wall" if jobs > 1 else ""
+    if "est_seconds" in table and table["est_seconds"].notna().any():  # measured rates (training/rates.py)
+        total = float(table["est_seconds"].sum()) / 60
+        return (
+            f"estimated training: {len(table)} members, at most {total:.3g} min one member at a time"
+            + at_once.format(total / jobs)
+            + f"; {table['source'].iloc[0]}"
+        )
+    if "cpu_minutes" in table and table["cpu_minutes"].notna().any():
+        total = float(table["cpu_minutes"].sum())
+        return (
+            f"estimated: {len(table)} members, {total:.3g} CPU-minutes in all (plan.csv's cpu_minutes, from FLOPs)"
+            + at_once.format(total / jobs)
+        )
+    return ""
 
 
 __all__ = ["Study", "default_folder", "dry_run", "study"]
