@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import typer
+from typer.core import TyperCommand
 
 from depthprobe.cli.main import (
     CPUS_PER_MEMBER,
@@ -28,7 +29,31 @@ FAMILY_HELP = (
 )
 
 
+class StudyCommand(TyperCommand):
+    """``probe study --help`` ends with every registered family's options, read when the help
+    is shown (a family's module is imported then, not on every command)."""
+
+    def format_help(self, ctx: Any, formatter: Any) -> None:
+        self.epilog = family_options_help()
+        super().format_help(ctx, formatter)
+
+
+def family_options_help() -> str:
+    """Each family's options (its Config's fields), a paragraph per family."""
+    lines = ["Family options (--name value, after the options above; presets and costs: probe list families):"]
+    for name in EXPERIMENTS.names():
+        try:
+            exp = EXPERIMENTS.get(name)
+        except ProbeError:
+            lines.append(f"{name}: broken (probe list families says why)")
+            continue
+        options = " ".join(f"--{f.name.replace('_', '-')}" for f in fields(exp.Config) if f.name != "preset")
+        lines.append(f"{name}: {options}")
+    return "\n\n".join(lines)
+
+
 @app.command(
+    cls=StudyCommand,
     context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
     help="Train the members of a depth family and measure every one: one study folder (members.csv, the family's "
     f"tables, report.html), resumable. Families: {', '.join(EXPERIMENTS.names())}. Family options follow as "

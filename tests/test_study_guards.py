@@ -320,3 +320,12 @@ def test_flags_show_no_value_in_help():
     res = runner.invoke(app, ["study", "--help"], terminal_width=200)
     line = next(ln for ln in res.output.splitlines() if "--dry-run" in ln)
     assert "<bool>" not in line and "<bool>" not in res.output, line
+
+
+def test_study_help_lists_every_familys_options():
+    res = runner.invoke(app, ["study", "--help"], terminal_width=400)
+    assert res.exit_code == 0
+    text = " ".join(res.output.split())
+    assert "Family options (--name value" in text and "probe list families" in text
+    assert "khop: --depths --d-models" in text and "--hop-sequences" in text
+    assert "crasp: --depths" in text and "--control-scale" in text and "spa: --corpus" in text
