@@ -180,6 +180,30 @@ def guarded(fn: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
+def check_names(task: str | None = None, model: str | None = None, sweep: str | None = None) -> None:
+    """Refuse a mistyped task, sweep or model alias in one line before torch is imported (the
+    name lists need no heavy import): the same lines the registries and the model loader give
+    later, a second sooner. Names a plugin may add are checked by the registry after it loads."""
+    from depthprobe.probes.base.errors import ProbeError, suggest, unknown
+    from depthprobe.tasks import SWEEPS, TASKS
+
+    if task is not None:
+        from depthprobe.probes.engine.plugins import entry_point_tasks
+
+        names = {*TASKS, *entry_point_tasks(set(TASKS))}
+        if task not in names:
+            raise unknown("task", task, names)
+    if sweep is not None and sweep not in SWEEPS:
+        raise unknown("sweep task", sweep, SWEEPS)
+    if model is not None and not any(c in model for c in "/:.~@") and not Path(model).expanduser().exists():
+        from depthprobe.probes.models.architectures import ALIASES, DEFAULT_MODEL
+
+        hint = suggest(model, ALIASES)
+        known = {DEFAULT_MODEL, *ALIASES, *(v[0] for v in ALIASES.values())}  # as the loader reads them
+        if model not in known and not model.startswith("native") and hint:
+            raise ProbeError(f"unknown model {model!r}{hint}; `probe list models` shows the aliases")
+
+
 def prepare_out(out: Path | None, flag: str = "--out", *, may_exist: bool = False, kind: str = "folder") -> None:
     """Check an output location before any work (exists, a parent is a file, not writable) and
     remove hidden partial folders that killed runs left there, saying so on stderr."""
@@ -263,8 +287,10 @@ def run(
     ),
 ) -> None:
     """Run a task on a model, print its summary and write a run directory."""
-    from depthprobe.probes.api.run import run as api_run
     from depthprobe.probes.base.errors import ProbeError
+
+    check_names(task=None if plugin else task, model=model)
+    from depthprobe.probes.api.run import run as api_run
     from depthprobe.probes.engine.plugins import load_plugin
     from depthprobe.probes.models.device import size_limit
 
