@@ -263,7 +263,7 @@ def register_experiment(cls: type[Experiment]) -> type[Experiment]:
         raise ProbeError(f"register_experiment takes an Experiment subclass, got {cls!r}")
     name = getattr(cls, "name", None)
     if not (isinstance(name, str) and FAMILY_NAME.fullmatch(name)):
-        shown = repr(name) if len(repr(name)) <= 80 else f"{repr(name)[:60]}... ({len(name)} characters)"
+        shown = repr(name) if len(repr(name)) <= 80 else f"{repr(name)[:60]}... ({len(repr(name))} characters)"
         raise ProbeError(
             f"register_experiment: {cls.__name__}.name must be a family name (letters, digits, -, _ or ., at most "
             f"64 characters, not starting with - or .), got {shown}"
