@@ -95,6 +95,10 @@ def test_a_lock_file_left_behind_holds_nothing(tmp_path):
         (["-f", "crasp", "--control-scale", "inf"], "--control-scale must be in (1, 100], got inf"),
         (["-f", "crasp", "--control-scale", "1"], "--control-scale must be in (1, 100], got 1.0"),
         (["-f", "crasp", "--control-scale", "1.01"], "it trains a member again"),
+        (["-f", "levine", "--vocab", "100000000"], "--vocab must be in [1, 1000000], got 100000000"),
+        (["-f", "petty", "--probe-lines", "1000000000"], "--probe-lines must be in [1, 100000]"),
+        (["-f", "spa", "--icl-windows", "1000000000", "--dry-run"], "--icl-windows must be in [1, 100000]"),
+        (["-f", "levine", "--d-head", "100000000"], "--d-head must be in [1, 4096]"),
     ],
 )
 def test_impossible_settings_are_refused_up_front_with_nothing_written(tmp_path, args, fragment):
