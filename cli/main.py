@@ -15,7 +15,18 @@ from typing import Any, NoReturn
 
 import typer
 from typer._click import exceptions as click  # typer's own copy of click's exceptions
-from typer.core import TyperGroup
+from typer.core import TyperGroup, TyperOption
+
+_option_type = TyperOption.display_type_rich
+
+
+def _flag_without_type(self: TyperOption, ctx: Any) -> str | None:
+    """--help shows a flag (--dry-run, --progress/--no-progress) as a plain flag: typer writes
+    ``<bool>`` beside it, which reads as if it took a value (``--dry-run true``)."""
+    return None if self.is_flag else _option_type(self, ctx)
+
+
+TyperOption.display_type_rich = _flag_without_type  # type: ignore[method-assign]
 
 
 class OneLineErrors(TyperGroup):
@@ -169,6 +180,30 @@ def guarded(fn: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
+def check_names(task: str | None = None, model: str | None = None, sweep: str | None = None) -> None:
+    """Refuse a mistyped task, sweep or model alias in one line before torch is imported (the
+    name lists need no heavy import): the same lines the registries and the model loader give
+    later, a second sooner. Names a plugin may add are checked by the registry after it loads."""
+    from depthprobe.probes.base.errors import ProbeError, suggest, unknown
+    from depthprobe.tasks import SWEEPS, TASKS
+
+    if task is not None:
+        from depthprobe.probes.engine.plugins import entry_point_tasks
+
+        names = {*TASKS, *entry_point_tasks(set(TASKS))}
+        if task not in names:
+            raise unknown("task", task, names)
+    if sweep is not None and sweep not in SWEEPS:
+        raise unknown("sweep task", sweep, SWEEPS)
+    if model is not None and not any(c in model for c in "/:.~@") and not Path(model).expanduser().exists():
+        from depthprobe.probes.models.architectures import ALIASES, DEFAULT_MODEL
+
+        hint = suggest(model, ALIASES)
+        known = {DEFAULT_MODEL, *ALIASES, *(v[0] for v in ALIASES.values())}  # as the loader reads them
+        if model not in known and not model.startswith("native") and hint:
+            raise ProbeError(f"unknown model {model!r}{hint}; `probe list models` shows the aliases")
+
+
 def prepare_out(out: Path | None, flag: str = "--out", *, may_exist: bool = False, kind: str = "folder") -> None:
     """Check an output location before any work (exists, a parent is a file, not writable) and
     remove hidden partial folders that killed runs left there, saying so on stderr."""
@@ -252,8 +287,10 @@ def run(
     ),
 ) -> None:
     """Run a task on a model, print its summary and write a run directory."""
-    from depthprobe.probes.api.run import run as api_run
     from depthprobe.probes.base.errors import ProbeError
+
+    check_names(task=None if plugin else task, model=model)
+    from depthprobe.probes.api.run import run as api_run
     from depthprobe.probes.engine.plugins import load_plugin
     from depthprobe.probes.models.device import size_limit
 
@@ -302,13 +339,15 @@ def list_tasks() -> None:
         if opts:
             typer.echo(f"{'':16s} options: {opts}")
     from depthprobe.probes.engine.entry_kinds import entry_kind
-    from depthprobe.probes.engine.plugins import entry_point_tasks
+    from depthprobe.probes.engine.plugins import ENTRY_POINT_GROUP, IGNORED, entry_point_tasks
 
     for name, ref in sorted(entry_point_tasks(set(CARDS)).items()):  # installed packages' tasks
         if entry_kind(ref) == "function":  # read from the source: no plugin code runs
             typer.echo(f"{name:16s} not a task: {ref} is a function; its entry point must name a Task subclass")
             continue
         typer.echo(f"{name:16s} from an installed package ({ref}; its module is imported on first use)")
+    for line in IGNORED.get(ENTRY_POINT_GROUP, []):
+        typer.echo(f"note: {line}")
 
 
 @list_app.command("models")

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import typer
+from typer.core import TyperCommand
 
 from depthprobe.cli.main import (
     CPUS_PER_MEMBER,
@@ -28,7 +29,31 @@ FAMILY_HELP = (
 )
 
 
+class StudyCommand(TyperCommand):
+    """``probe study --help`` ends with every registered family's options, read when the help
+    is shown (a family's module is imported then, not on every command)."""
+
+    def format_help(self, ctx: Any, formatter: Any) -> None:
+        self.epilog = family_options_help()
+        super().format_help(ctx, formatter)
+
+
+def family_options_help() -> str:
+    """Each family's options (its Config's fields), a paragraph per family."""
+    lines = ["Family options (--name value, after the options above; presets and costs: probe list families):"]
+    for name in EXPERIMENTS.names():
+        try:
+            exp = EXPERIMENTS.get(name)
+        except ProbeError:
+            lines.append(f"{name}: broken (probe list families says why)")
+            continue
+        options = " ".join(f"--{f.name.replace('_', '-')}" for f in fields(exp.Config) if f.name != "preset")
+        lines.append(f"{name}: {options}")
+    return "\n\n".join(lines)
+
+
 @app.command(
+    cls=StudyCommand,
     context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
     help="Train the members of a depth family and measure every one: one study folder (members.csv, the family's "
     f"tables, report.html), resumable. Families: {', '.join(EXPERIMENTS.names())}. Family options follow as "
@@ -73,7 +98,7 @@ def study(
     exp = get_experiment(family)
     given = family_options(ctx.args)
     if dry_run:
-        _dry_run(family, preset, out, given)
+        _dry_run(family, preset, out, {**given, "jobs": jobs})
     else:
         where = {
             k: ctx.params[k] for k in ("backend", "address", "cpus_per_member", "gpus_per_member", "retries", "jobs")
@@ -153,10 +178,19 @@ def list_families(
 
     for spec in plugin:
         load_plugin(spec)
+    from depthprobe.probes.engine.plugins import IGNORED
+    from depthprobe.probes.experiments.protocol import ENTRY_POINT_GROUP
+
     for name in EXPERIMENTS.names():
-        exp = EXPERIMENTS.get(name)
+        try:
+            exp = EXPERIMENTS.get(name)
+        except ProbeError as exc:  # one broken installed family is listed as broken, the others as usual
+            typer.echo(f"{name}: broken: {exc}")
+            continue
         typer.echo(f"{name}: {exp.description}")
         for preset, cost in exp.costs.items():
             typer.echo(f"  --preset {preset}: {cost}")
         options = ", ".join(f"--{f.name.replace('_', '-')}" for f in fields(exp.Config) if f.name != "preset")
         typer.echo(f"  options: {options}")
+    for line in IGNORED.get(ENTRY_POINT_GROUP, []):
+        typer.echo(f"note: {line}")

@@ -13,6 +13,7 @@ from depthprobe.cli.main import (
     MEMBER_ADDRESS,
     MEMBER_BACKEND,
     app,
+    check_names,
     guarded,
     parse_options,
     prepare_out,
@@ -51,6 +52,7 @@ def sweep(
     ),
 ) -> None:
     """Train or build one model per depth with identical settings; write one table and plots."""
+    check_names(sweep=task)
     from depthprobe.probes.api.sweep import get_sweep, parse_depths
     from depthprobe.probes.api.sweep import sweep as api_sweep
 

@@ -3,7 +3,7 @@
 import json
 
 import pytest
-from helpers import one_line_error
+from helpers import one_line_error, run_python
 from typer.testing import CliRunner
 
 from depthprobe.cli.main import app
@@ -163,3 +163,28 @@ def test_probe_help_lists_each_command_in_a_line_or_two():
     assert "Presets:" not in top and "study " in top
     study_help = " ".join(CliRunner().invoke(app, ["study", "--help"], env={"COLUMNS": "80"}).output.split())
     assert "`probe list families`" in study_help  # the presets and their costs are listed there
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (
+            ["run", "-t", "atention-stats", "-m", "minilm"],
+            "unknown task 'atention-stats' (did you mean 'attention-stats'",
+        ),
+        (["run", "-t", "attention-stats", "-m", "minlm"], "unknown model 'minlm' (did you mean 'minilm'?)"),
+        (["sweep", "-t", "induktion", "--depths", "1"], "unknown sweep task 'induktion' (did you mean 'induction'?)"),
+    ],
+)
+def test_a_mistyped_task_or_model_is_refused_before_torch_is_imported(tmp_path, args, says):
+    """#47 N9: these took 5-6 s (torch imported first); the name lists need no heavy import."""
+    code = (
+        "import sys\nfrom typer.testing import CliRunner\nfrom depthprobe.cli.main import app\n"
+        f"res = CliRunner().invoke(app, {[*args, '-o', str(tmp_path / 'r')]!r})\n"
+        "print(res.exit_code, 'torch' in sys.modules)\nprint(res.output.strip())\n"
+    )
+    res = run_python(code)
+    first, line = res.stdout.splitlines()[:2]
+    assert first == "2 False", res.stdout + res.stderr
+    assert line.startswith("error: ") and says in line, line
+    assert not (tmp_path / "r").exists()

@@ -92,3 +92,48 @@ def test_a_damaged_member_of_a_batched_study_trains_again(tmp_path, khop_alone):
     assert any("L2-d16-s1: damaged" in line for line in lines)
     assert [ln.split(":")[0] for ln in lines if ln.startswith("[")] == ["[4/4] L2-d16-s1"]
     _same(again, khop_alone, close=("hops.csv",))
+
+
+def test_a_resumed_batched_study_keeps_the_batches_of_an_uninterrupted_run():
+    """#47 N8: with --jobs 2 auto cuts the 4 seeds of one shape into 2 batches of 2; a run killed
+    after the first batch regrouped the 2 left into batches of 1 (weights off by 1e-7). The
+    remaining members now run in the batch the uninterrupted run gives them."""
+    from depthprobe.probes.experiments import batching
+    from depthprobe.probes.experiments.protocol import get_experiment
+    from depthprobe.probes.experiments.runner import Backend, units_to_run
+
+    exp = get_experiment("khop")
+    cfg = exp.config("smoke", depths=(1,), seeds=4, control=False)
+    jobs = exp.plan(cfg)
+    where = Backend(jobs=2)
+    full = units_to_run(exp, cfg, jobs, set(), where)
+    names = [[j.name for j in batching.members(u)] for u in full]
+    assert names == [["L1-d16-s0", "L1-d16-s1"], ["L1-d16-s2", "L1-d16-s3"]]
+    resumed = units_to_run(exp, cfg, jobs, {"L1-d16-s0", "L1-d16-s1"}, where)
+    assert resumed == full[1:]
+    half = units_to_run(exp, cfg, jobs, {"L1-d16-s0", "L1-d16-s1", "L1-d16-s2"}, where)  # s3 failed in its batch
+    assert [j.name for u in half for j in batching.members(u)] == ["L1-d16-s3"]
+
+
+def test_a_resumed_batched_study_equals_the_uninterrupted_one_bit_for_bit(tmp_path):
+    """The same on disk: the last batch's members removed (a run killed before it finished) and
+    the study rerun give the files of the uninterrupted run, byte for byte."""
+    import shutil
+
+    options = {"depths": (1,), "seeds": 4, "control": False, "jobs": 2, "depth_usage": False}
+    whole = _run(tmp_path, "whole", **options)
+    shutil.copytree(whole.folder, tmp_path / "resumed")
+    for seed in (2, 3):
+        shutil.rmtree(tmp_path / "resumed" / "members" / f"L1-d16-s{seed}")
+    _run(tmp_path, "resumed", **options)
+    for seed in (2, 3):
+        member = f"members/L1-d16-s{seed}"
+        for pattern in ("[!l]*.csv", "checkpoint/ckpt-*/model.safetensors"):  # a checkpoint's folder name is random
+            a = sorted((whole.folder / member).glob(pattern))
+            b = sorted((tmp_path / "resumed" / member).glob(pattern))
+            assert len(a) == len(b) >= 1 and [p.read_bytes() for p in a] == [p.read_bytes() for p in b], (
+                member,
+                pattern,
+            )
+        losses = [pd.read_csv(f / member / "loss.csv") for f in (whole.folder, tmp_path / "resumed")]
+        assert losses[0].loss.tolist() == losses[1].loss.tolist()  # loss.csv's elapsed_s is the clock's

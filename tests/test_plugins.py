@@ -149,12 +149,12 @@ def test_probe_run_plugin_module_name_and_errors(tmp_path):
         assert not (tmp_path / "x").exists()
 
 
-def _dist(site: Path, value: str) -> None:
+def _dist(site: Path, value: str, group: str = "depthprobe.tasks") -> None:
     """An installed distribution as importlib.metadata finds it: a dist-info folder on sys.path."""
     info = site / "their_plugin-0.1.dist-info"
     info.mkdir(parents=True)
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: their-plugin\nVersion: 0.1\n")
-    (info / "entry_points.txt").write_text(f"[depthprobe.tasks]\n{value}\n")
+    (info / "entry_points.txt").write_text(f"[{group}]\n{value}\n")
 
 
 def test_installed_packages_add_tasks_through_the_entry_point_group(tmp_path):
@@ -279,3 +279,35 @@ def test_dir_of_the_facade_lists_only_public_names():
     listed = set(dir(probes))
     assert not listed & {"Any", "TYPE_CHECKING", "annotations", "importlib"}
     assert {"capture", "run_with_cache", "Cache", "view"} <= listed
+
+
+# -- #47: installed study families and register_experiment's names ------------------------------------------
+
+
+def test_a_study_family_entry_point_that_fails_to_import_is_one_line_and_listed_as_broken(tmp_path):
+    site = tmp_path / "site"
+    _dist(site, "fam-broken = fam_gone:Family\nkhop = fam_gone:Other", group="depthprobe.experiments")
+    (site / "fam_gone.py").write_text("raise RuntimeError('broken at import')\n")
+    env = {"PYTHONPATH": str(site)}
+    res = _probe(["study", "-f", "fam-broken", "-o", "s"], tmp_path, env)
+    lines = res.stderr.strip().splitlines()
+    assert res.returncode == 2 and len(lines) == 1, (res.returncode, res.stderr)
+    assert "study family 'fam-broken' (entry point fam_gone:Family of their-plugin) failed to load" in lines[0]
+    assert not (tmp_path / "s").exists()
+    listed = _probe(["list", "families"], tmp_path, env)
+    assert listed.returncode == 0 and not listed.stderr, listed.stderr
+    assert "fam-broken: broken: study family 'fam-broken'" in listed.stdout
+    assert listed.stdout.startswith("crasp: ") and "\nkhop: k-hop induction" in listed.stdout  # the others as usual
+    assert listed.stdout.count("is ignored: the name is already taken") == 1  # the entry point named khop
+    quiet = _probe(["study", "--help"], tmp_path, env)  # shadowing a built-in warns on no other command
+    assert quiet.returncode == 0 and not quiet.stderr, quiet.stderr
+
+
+@pytest.mark.parametrize("name", [123, None, "", "a\nb", "has space", "--depths", ".hidden", "x" * 65, "x" * 3000])
+def test_register_experiment_refuses_names_that_are_not_family_names(name):
+    from depthprobe.probes import Experiment, ProbeError, register_experiment
+
+    cls = type("Bad", (Experiment,), {"name": name})
+    with pytest.raises(ProbeError, match="must be a family name") as info:
+        register_experiment(cls)
+    assert "\n" not in str(info.value) and len(str(info.value)) < 300

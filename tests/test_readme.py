@@ -1,5 +1,6 @@
 """The README's examples work as written: its Python blocks run, its commands parse."""
 
+import itertools
 import re
 import shlex
 import subprocess
@@ -209,3 +210,27 @@ def test_no_tracked_file_cites_a_design_text_the_repository_does_not_hold():
         for no, line in enumerate(raw.decode("utf-8", "replace").splitlines(), 1):
             bad += [f"{name}:{no}: {m}" for m in NOT_IN_REPO.findall(line) if m.split()[0] not in held]
     assert not bad, "cite docs/protocols.md instead:\n" + "\n".join(bad)
+
+
+def test_every_probe_command_is_the_full_command():
+    """#47: the docs' commands run as pasted from the repository root (.venv/bin/probe, as the
+    README installs it), not a bare `probe` that only an activated environment finds."""
+    bare = [c for c in doc_commands() if not c.startswith(".venv/bin/probe ")]
+    assert not bare, bare
+
+
+def test_no_page_writes_into_another_pages_out():
+    """#47: a training or run command that writes the --out folder another page's command writes
+    is refused when both are run (the folder exists); each page names its own. A study's --out may
+    be given again (a rerun continues it), and --resume continues a training on purpose."""
+    owners: dict[str, set[str]] = {}
+    for page in DOCS:
+        for block in blocks("bash", [page]) + blocks("sh", [page]):
+            for ln in block.replace("\\\n", " ").splitlines():
+                argv = shlex.split(ln.split(" #")[0]) if ln.strip().startswith(".venv/bin/probe ") else []
+                if len(argv) > 2 and argv[1] in ("train", "run", "compare", "sweep") and "--resume" not in argv:
+                    out = next((b for a, b in itertools.pairwise(argv) if a in ("--out", "-o")), None)
+                    if out is not None and "$" not in out:
+                        owners.setdefault(out, set()).add(page.name)
+    shared = {out: pages for out, pages in owners.items() if len(pages) > 1}
+    assert not shared, shared

@@ -19,6 +19,7 @@ from typer.testing import CliRunner
 
 from depthprobe import probes
 from depthprobe.cli.main import app
+from depthprobe.probes.engine.plugins import load_plugin
 from depthprobe.probes.experiments.runner import study
 from tests.helpers import cli_error, one_line_error
 
@@ -301,3 +302,102 @@ def test_interrupt_during_the_first_save_leaves_no_hidden_folder(tmp_path, capsy
         _interrupted(out, 143)
     message = capsys.readouterr().err
     assert "before the first checkpoint" in message and "no checkpoint" in message
+
+
+# -- #47 N3: a level given twice, or a plan naming one member twice or outside members/ ------------------
+
+
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        (["-f", "khop", "--depths", "1,1"], "--depths repeats 1"),
+        (["-f", "khop", "--d-models", "16,16"], "--d-models repeats 16"),
+        (["-f", "groups", "--groups", "z2,z2"], "--groups repeats z2"),
+        (["-f", "crasp", "--depths", "2,1,2"], "--depths repeats 2"),
+        (["-f", "crasp", "--ks", "3,3"], "--ks must be distinct"),
+        (["-f", "khop", "--ks", "1,1"], "--ks must be distinct"),
+        (["-f", "levine", "--depths", "1,1"], "--depths repeats 1"),
+        (["-f", "petty", "--lr", "1e-3,1e-3"], "--lr repeats 0.001"),
+        (["-f", "spa", "--variants", "pre-ln,pre-ln"], "repeat"),
+    ],
+)
+def test_a_level_given_twice_is_refused_up_front(tmp_path, args, fragment):
+    res = CliRunner().invoke(app, ["study", *args, "--out", str(tmp_path / "s")])
+    one_line_error(res, fragment)
+    assert not (tmp_path / "s").exists()
+
+
+NAMED = '''
+from dataclasses import dataclass
+
+from depthprobe.probes import Experiment, register_experiment
+
+
+@dataclass(frozen=True)
+class Config:
+    names: tuple = ("a", "b")
+
+
+@dataclass(frozen=True)
+class Job:
+    name: str
+    dest: str | None = None
+
+
+@register_experiment
+class Named(Experiment):
+    """A family whose members are named as its --names says."""
+
+    name = "named"
+    Config = Config
+    presets = {"smoke": {}}
+    costs = {"smoke": "instant"}
+    columns = ["family", "member", "wall_s", "device", "status", "error"]
+
+    def plan(self, config):
+        return [Job(n) for n in config.names]
+
+    def measure(self, job, folder, row):
+        (folder / "x.txt").write_text(job.name)
+        return {}
+'''
+
+
+@pytest.mark.parametrize(
+    ("names", "fragment"),
+    [
+        (("a", "a"), "'a' is planned twice"),
+        (("a", "../escaped"), "the member would leave members/"),
+        (("a", "../../escaped"), "the member would leave members/"),
+        (("..",), "the member would leave members/"),
+        (("",), "is not a non-empty string"),
+        (("a\nb",), "holds a control character"),
+        (("x" * 300,), "is longer than 200 characters"),
+    ],
+)
+def test_a_plugin_familys_member_names_are_checked_by_the_runner(tmp_path, names, fragment):
+    plugin = tmp_path / "named.py"
+    plugin.write_text(NAMED)
+    load_plugin(str(plugin))
+    with pytest.raises(probes.ProbeError, match="the named family's plan: member name") as info:
+        study("named", out=tmp_path / "work" / "s", names=names)
+    assert fragment in str(info.value) and "\n" not in str(info.value).replace("a\\nb", "")
+    assert not (tmp_path / "work").exists() and not (tmp_path / "escaped").exists()
+    good = study("named", out=tmp_path / "work" / "s", names=("a", "b"))
+    assert sorted(p.name for p in (good.folder / "members").iterdir()) == ["a", "b"]
+
+
+def test_a_member_or_study_folder_given_as_the_model_names_its_checkpoint_folder(tmp_path):
+    """#47 N9: --model at a member's folder (or the study's) says where the model is: checkpoint/."""
+    out = tmp_path / "s"
+    study("khop", out=out, depths=(1,), control=False, depth_usage=False, echo=lambda _line: None)
+    member = out / "members" / "L1-d16-s0"
+    for given in (member, out):
+        res = CliRunner().invoke(app, ["run", "-t", "attention-stats", "-m", str(given), "-o", str(tmp_path / "r")])
+        one_line_error(res, f"--model {member / 'checkpoint'}")
+    assert not (tmp_path / "r").exists()
+    res = CliRunner().invoke(
+        app,
+        ["run", "-t", "induction", "-O", "repeat_len=5", "-m", str(member / "checkpoint"), "-o", str(tmp_path / "r")],
+    )
+    assert res.exit_code == 0, res.output  # the folder the line names loads

@@ -77,3 +77,15 @@ def test_a_member_failing_in_this_process_goes_through_the_one_retry_loop(tmp_pa
     assert message.startswith("sweep induction: member depth 1 failed after 2 attempts: ")
     assert "internal error: NotADirectoryError" in message  # not a ProbeError: marked internal, typed, not parsed
     assert "\n" not in message and "Traceback" not in message
+
+
+def test_a_failed_member_exits_3_like_a_study(tmp_path):
+    """#47: a member that fails after the input was accepted (here it cannot write its model; a
+    killed member process is the same path: tests/test_job_processes.py) is exit 3, not 2."""
+    blocker = tmp_path / "models"
+    blocker.write_text("a file where the sweep wants a folder")
+    options = [a for k, v in INDUCTION.items() for a in ("-O", f"{k}={v}")]
+    err = cli_error(["sweep", "-t", "induction", "--depths", "1", "-O", f"save_models={blocker}", *options,
+                     "--out", tmp_path / "x"], "member depth 1 failed", code=3)  # fmt: skip
+    assert "internal error: NotADirectoryError" in err
+    assert not (tmp_path / "x").exists()

@@ -18,7 +18,7 @@ from typing import Any
 
 from depthprobe.probes.api.run import Result, seed_everything
 from depthprobe.probes.base import artifacts
-from depthprobe.probes.base.errors import ProbeError
+from depthprobe.probes.base.errors import MembersFailed, ProbeError
 from depthprobe.probes.engine.task import SWEEPS, Sweep, SweepConfig, get_sweep, parse_depths, register_sweep
 
 __all__ = [
@@ -105,7 +105,8 @@ def run_sweep_job(task: str, job: Any, progress: bool = False) -> Any:
 def _mapped_members(sw: Sweep, task: str, jobs: list[Any], placing: dict[str, Any], progress: bool) -> list[Any]:
     """The members as jobs of ``map_jobs`` (in this process, in local processes with ``--jobs``,
     or as Ray tasks: one job path, one retry loop), in job order; a member that still fails after
-    its retries fails the sweep in one line (a user error as it is, anything else marked internal)."""
+    its retries fails the sweep in one line (a user error as it is, anything else marked internal;
+    exit code 3: :class:`MembersFailed`)."""
     from depthprobe.probes.engine.distributed import JobResult, map_jobs
 
     def done(i: int, result: JobResult) -> None:
@@ -118,5 +119,5 @@ def _mapped_members(sw: Sweep, task: str, jobs: list[Any], placing: dict[str, An
     for r in results:
         if not r.ok:
             tries = f" after {r.attempts} attempts" if r.attempts > 1 else ""
-            raise ProbeError(f"sweep {task}: member {sw.job_name(jobs[r.index])} failed{tries}: {r.failure()}")
+            raise MembersFailed(f"sweep {task}: member {sw.job_name(jobs[r.index])} failed{tries}: {r.failure()}")
     return [r.value for r in results]

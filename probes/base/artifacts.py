@@ -148,13 +148,17 @@ def check_out(path: str | Path, flag: str = "--out", *, may_exist: bool = False,
     """Refuse an output location that cannot be written, before any work is done.
 
     Fails (one line naming the fix) when ``path`` exists (unless ``may_exist``), when one of
-    its parents is a file, or when the nearest existing parent is not writable."""
+    its parents is a file, or when the nearest existing parent (an existing folder ``path``:
+    that folder itself) is not writable."""
     path = Path(path)
     if path.exists() and not may_exist:
         what = "folder" if path.is_dir() else "file"
         raise ProbeError(
             f"{flag} {path} already exists (a {what}); pass a new {flag}, or remove it first (rm -r {path})"
         )
+    if kind == "folder" and path.is_dir():  # an existing folder (a study to continue): it must take files
+        _try_write(path, path, flag)
+        return path
     parent = path.parent
     while not parent.exists() and parent != parent.parent:
         parent = parent.parent

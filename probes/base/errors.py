@@ -12,6 +12,13 @@ class ProbeError(Exception):
     exit_code = 2
 
 
+class MembersFailed(ProbeError):
+    """Members of a sweep or study failed (a member process killed, out of memory, its own
+    error) after the input was accepted: exit code 3, as ``probe study`` with failed members."""
+
+    exit_code = 3
+
+
 def suggest(name: str, choices: Iterable[str]) -> str:
     """' (did you mean X?)' for the closest choices, or '' when nothing is close."""
     close = difflib.get_close_matches(name, list(choices), n=3, cutoff=0.5)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import math
 from typing import Any
 
 from depthprobe.probes.base.errors import ProbeError, suggest
@@ -157,6 +158,11 @@ def _inside(value: float, bounds: dict[str, float]) -> bool:
         and ("above" not in bounds or value > bounds["above"])
         and ("below" not in bounds or value < bounds["below"])
     )
+
+
+def in_range(value: float, bounds: dict[str, float]) -> bool:
+    """Whether ``value`` lies in ``bounds`` (:func:`ranged`); NaN and infinities never do."""
+    return not (isinstance(value, float) and not math.isfinite(value)) and _inside(value, bounds)
 
 
 def check_ranges(obj: Any, where: str) -> Any:

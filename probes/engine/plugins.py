@@ -20,7 +20,6 @@ import importlib
 import importlib.util
 import stat
 import sys
-import warnings
 from importlib import metadata
 from pathlib import Path
 from types import ModuleType
@@ -30,27 +29,36 @@ from depthprobe.probes.base.errors import ProbeError
 ENTRY_POINT_GROUP = "depthprobe.tasks"
 
 
+IGNORED: dict[str, list[str]] = {}  # group -> a line per entry point left out (`probe list tasks` / `families`)
+
+
 def entry_point_tasks(taken: set[str], group: str = ENTRY_POINT_GROUP) -> dict[str, str]:
     """``name -> "module:object"`` of installed packages' tasks (or, with ``group``, study
-    families: ``depthprobe.experiments``); a name in ``taken`` is skipped with a warning (the
-    library's own keeps it)."""
+    families: ``depthprobe.experiments``); a name in ``taken`` (the library's own keeps it) or a
+    malformed entry is left out and said once, by ``probe list tasks`` / ``probe list families``
+    (:data:`IGNORED`), not as a warning on every command."""
+    kind = "task" if group == ENTRY_POINT_GROUP else "study family"
     entries: dict[str, str] = {}
+    ignored = IGNORED.setdefault(group, [])
+    ignored.clear()
     for ep in metadata.entry_points(group=group):
         dist = ep.dist.name if ep.dist is not None else "an installed package"
         if ep.name in taken or ep.name in entries:
-            warnings.warn(f"{dist}: task {ep.name!r} is already registered; its entry point is ignored", stacklevel=2)
+            ignored.append(
+                f"{dist}: {kind} {ep.name!r} ({ep.value}) is ignored: the name is already taken; rename its entry point"
+            )
         elif ep.value.count(":") != 1:
-            warnings.warn(f"{dist}: entry point {ep.name} = {ep.value!r} is not 'module:Class'; ignored", stacklevel=2)
+            ignored.append(f"{dist}: entry point {ep.name} = {ep.value!r} is ignored: it is not 'module:Class'")
         else:
             entries[ep.name] = ep.value
     return entries
 
 
-def entry_point_origins(entries: dict[str, str]) -> dict[str, str]:
+def entry_point_origins(entries: dict[str, str], group: str = ENTRY_POINT_GROUP) -> dict[str, str]:
     """``name -> "entry point module:Class of DIST"`` for the entries :func:`entry_point_tasks`
-    kept: what a task that fails to load is called in its one-line error."""
+    kept: what a task (or study family) that fails to load is called in its one-line error."""
     origins = {}
-    for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
+    for ep in metadata.entry_points(group=group):
         if entries.get(ep.name) == ep.value:
             dist = ep.dist.name if ep.dist is not None else "an installed package"
             origins[ep.name] = f"entry point {ep.value} of {dist}"

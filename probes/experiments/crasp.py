@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from depthprobe.probes.base.errors import ProbeError
+from depthprobe.probes.base.options import ranged
 from depthprobe.probes.experiments.laws import (
     COMMON,
     ROW_COLUMNS,
@@ -69,7 +70,7 @@ class CraspConfig(LawConfig):
     nmax: int = 64
     eval_lengths: tuple[int, ...] = (64, 128, 256, 512)
     solve_at: int = 256
-    control_scale: float = 2.0
+    control_scale: float = ranged(2.0, above=1, max=100)  # above 1: a control wider than every member
     threshold: float = 0.95
 
     def __post_init__(self) -> None:
@@ -86,8 +87,16 @@ class CraspConfig(LawConfig):
             raise ProbeError(f"--eval-lengths must rise from at least max(nmin, k), e.g. 64,128,256,512, got {list(e)}")
         if self.solve_at not in e:
             raise ProbeError(f"--solve-at must be one of --eval-lengths {list(e)}, got {self.solve_at}")
-        if not self.control_scale > 0:
-            raise ProbeError(f"--control-scale must be positive, got {self.control_scale}")
+        if self.nmax > max(e):
+            raise ProbeError(
+                f"--nmax {self.nmax} is above the longest --eval-lengths {max(e)}: a member's context is 1 + the "
+                "longest evaluation length; lower --nmax or give longer --eval-lengths"
+            )
+        if self.control and max(self.ks) > 3 and self.control_width <= max(self.d_models):
+            raise ProbeError(
+                f"--control-scale {self.control_scale} gives a control of width {self.control_width}, not wider than "
+                f"the widest member ({max(self.d_models)}): it trains a member again; give a larger --control-scale"
+            )
 
     @property
     def ranges(self) -> tuple[tuple[int, int], ...]:
@@ -164,6 +173,9 @@ class Crasp(LawExperiment):
         "(estimated from khop member rates measured on one NVIDIA H200: 80-104 steps/s one at a time, "
         "53-65 each with --jobs 3; training only; not run)",
     }
+
+    def eval_keys(self, config: Any) -> int:
+        return len(config.eval_lengths)
 
     def shape(self, cfg: CraspConfig, group: str | None) -> tuple[int, int]:
         return VOCAB, 1 + max(cfg.eval_lengths)

@@ -18,10 +18,12 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import hashlib
 import json
 import os
 import shutil
+import stat
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -62,32 +64,121 @@ def locked(folder: Path) -> Iterator[None]:
     holds this run's pid for the message), dropped by the kernel when the process ends, however it
     ends, so a killed run leaves no lock behind. A folder held by another run is refused (two runs
     on one folder would overwrite each other's members). A folder this run created and left
-    holding nothing but its lock is removed again."""
+    holding nothing but its lock is removed again.
+
+    The lock is never followed anywhere: it is opened with ``O_NOFOLLOW`` inside the folder, and an
+    existing one is used only when it is what a run of this program leaves (:func:`lock_problem`:
+    a regular file of this user with one link, holding a pid), so a ``.study.lock`` planted in a
+    shared folder (a symlink, a hard link, a FIFO, a folder) cannot aim a run at another file: it
+    is refused with one line and left as it is. Folder, lock and disk failures (a folder that
+    cannot be written, ``ENOLCK``, a full disk) are one line each, with nothing left behind."""
+    created = not os.path.lexists(folder)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        fd = open_lock(folder)
+    except BaseException as exc:
+        if created:
+            with contextlib.suppress(OSError):
+                folder.rmdir()  # only when empty: this run created it and wrote nothing there
+        if isinstance(exc, OSError):
+            raise disk_error(folder, exc) from None
+        raise
+    try:
+        yield
+    finally:
+        (folder / LOCK).unlink(missing_ok=True)
+        os.close(fd)
+        if created:
+            with contextlib.suppress(OSError):
+                folder.rmdir()
+
+
+def lock_problem(path: Path, st: os.stat_result) -> str | None:
+    """Why an existing ``.study.lock`` is not one this program left (None: it is)."""
+    if stat.S_ISLNK(st.st_mode):
+        return "is a symbolic link"
+    if not stat.S_ISREG(st.st_mode):
+        return "is not a regular file (a folder, FIFO or device)"
+    if st.st_nlink != 1:
+        return f"has {st.st_nlink} hard links"
+    if st.st_uid != os.geteuid():
+        return f"belongs to another user (uid {st.st_uid})"
+    text = path.read_bytes()[:64].strip() if st.st_size <= 32 else b"-"
+    return None if not text or text.isdigit() else "holds something other than a pid"
+
+
+def open_lock(folder: Path) -> int:
+    """Take the lock (its descriptor, this run's pid written in it); a lock this run created is
+    removed again when taking it fails."""
     import fcntl
 
-    created = not folder.exists()
-    folder.mkdir(parents=True, exist_ok=True)
     path = folder / LOCK
-    with open(path, "a+") as f:
+    try:
+        why = lock_problem(path, os.lstat(path))
+    except FileNotFoundError:
+        why, made = None, True
+    else:
+        made = False
+    if why is not None:
+        raise ProbeError(
+            f"--out {folder}: {path.name} {why}, not a lock this program left; it was not touched: remove it "
+            "if it is yours, or pass another --out"
+        )
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode) or os.fstat(fd).st_nlink != 1:  # swapped since lstat
+            raise ProbeError(f"--out {folder}: {path.name} changed while it was opened; pass another --out")
         try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            if os.stat(path).st_ino != os.fstat(f.fileno()).st_ino:  # its holder removed it meanwhile
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            if os.lstat(path).st_ino != os.fstat(fd).st_ino:  # its holder removed it meanwhile
                 raise BlockingIOError
         except (BlockingIOError, FileNotFoundError):
-            f.seek(0)
+            made = False  # another run's
+            pid = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
             raise ProbeError(
-                f"--out {folder} is in use by another probe study (pid {f.read().strip() or 'unknown'}); wait for "
-                "it to finish, or pass another --out"
+                f"--out {folder} is in use by another probe study (pid {pid}); wait for it to finish, or pass "
+                "another --out"
             ) from None
-        f.truncate(0)
-        f.write(f"{os.getpid()}\n")
-        f.flush()
-        try:
-            yield
-        finally:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    except BaseException:
+        os.close(fd)
+        if made:
             path.unlink(missing_ok=True)
-            if created and not any(folder.iterdir()):
-                folder.rmdir()
+        raise
+    return fd
+
+
+def disk_error(folder: Path, exc: OSError) -> ProbeError:
+    """One line for a folder, lock or disk failure under ``--out`` (``exc``: what the system said)."""
+    code = exc.errno
+    if code in (errno.ENOSPC, errno.EDQUOT):
+        why = "the disk holding it is full (no space left)"
+        fix = "free space there and rerun the same command (finished members are kept), or pass another --out"
+    elif code == errno.ENOLCK:
+        why = f"its file system cannot lock files (ENOLCK: {LOCK}; NFS without a lock daemon)"
+        fix = "pass an --out on a local disk"
+    elif code in (errno.EACCES, errno.EPERM, errno.EROFS):
+        why = f"it cannot be written ({exc.strerror})"
+        fix = "pass another --out"
+    elif code in (errno.ELOOP, errno.EISDIR, errno.ENXIO):
+        why = f"{LOCK} is not a regular file ({exc.strerror})"
+        fix = "remove it if it is yours, or pass another --out"
+    else:
+        why = f"{exc.strerror or type(exc).__name__}"
+        fix = "pass another --out"
+    return ProbeError(f"--out {folder}: {why}; {fix}")
+
+
+@contextlib.contextmanager
+def disk_errors(folder: Path) -> Iterator[None]:
+    """A disk that fills (or turns read-only) while the study writes: one line (:func:`disk_error`)."""
+    try:
+        yield
+    except OSError as exc:
+        if exc.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EROFS):
+            raise
+        raise disk_error(folder, exc) from None
 
 
 def forget_new_study(folder: Path) -> None:
@@ -107,6 +198,8 @@ def check_folder(folder: Path, family: str, config: Any, resumable: tuple[str, .
     meta = folder / STUDY_JSON
     if folder.exists() and not folder.is_dir():
         raise ProbeError(f"--out {folder} is a file, not a folder; choose another --out")
+    if folder.is_dir():
+        artifacts.check_out(folder, "--out", may_exist=True)  # a study to continue must take files
     if not meta.exists():
         if folder.exists() and any(p.name not in (PLAN_CSV, LOCK) for p in folder.iterdir()):  # a dry run's plan
             raise ProbeError(f"--out {folder} exists and holds no study ({STUDY_JSON}); pass a new --out")
@@ -221,9 +314,34 @@ def replaced(final: Path) -> contextlib.AbstractContextManager[Path]:
     return artifacts.atomic_dir(final)
 
 
+MAX_NAME = 200  # characters of a member's name (file systems allow 255 bytes per folder name)
+
+
+def member_name_problem(name: Any) -> str | None:
+    """Why ``name`` cannot be a member's folder under ``members/`` (None: it can)."""
+    if not isinstance(name, str) or not name:
+        return "is not a non-empty string"
+    if "/" in name or "\\" in name or name.startswith("."):
+        return "is not a plain folder name (no / or \\, no leading dot); the member would leave members/"
+    if any(ord(c) < 32 or ord(c) == 127 for c in name):
+        return "holds a control character"
+    if len(name) > MAX_NAME:
+        return f"is longer than {MAX_NAME} characters"
+    return None
+
+
+def member_folder(folder: Path, name: Any) -> Path:
+    """``folder/members/<name>``, never anywhere else (the plan's names were checked up front;
+    a row that names another member is refused here too)."""
+    why = member_name_problem(name)
+    if why is not None:
+        raise ProbeError(f"member name {name!r} {why}")
+    return folder / MEMBERS / name
+
+
 def write_member(folder: Path, output: MemberOutput) -> None:
     """A finished member's folder from its files as bytes."""
-    with replaced(folder / MEMBERS / str(output.row["member"])) as tmp:
+    with replaced(member_folder(folder, output.row["member"])) as tmp:
         for rel, data in output.files.items():
             (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
             (tmp / rel).write_bytes(data)
@@ -231,7 +349,7 @@ def write_member(folder: Path, output: MemberOutput) -> None:
 
 def write_failed(folder: Path, row: dict[str, Any], error: str, device: Any) -> None:
     row = {**row, "status": "failed", "error": " ".join(error.split()), "device": str(device or "auto")}
-    with replaced(folder / MEMBERS / str(row["member"])) as tmp:
+    with replaced(member_folder(folder, row["member"])) as tmp:
         artifacts.write_json(tmp / MEMBER_JSON, {"row": row})
 
 

@@ -20,8 +20,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from depthprobe.probes.base.errors import ProbeError
+from depthprobe.probes.base.options import ranged
 from depthprobe.probes.experiments.laws import COMMON, LawConfig, LawExperiment, LawJob, measured_depths
-from depthprobe.probes.experiments.protocol import at_least
+from depthprobe.probes.experiments.protocol import MAX_SEQUENCES, at_least, distinct
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -44,7 +45,7 @@ class GroupsConfig(LawConfig):
     lengths: tuple[int, ...] = (4, 8, 16)
     curriculum: bool = True
     check_every: int = 50
-    check_sequences: int = 64
+    check_sequences: int = ranged(64, min=1, max=MAX_SEQUENCES)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -56,6 +57,7 @@ class GroupsConfig(LawConfig):
             )
         for name in self.groups:
             group_data.get_group(name)
+        distinct(self, "groups")
         if not self.lengths or any(t < 1 for t in self.lengths) or len(set(self.lengths)) != len(self.lengths):
             raise ProbeError(
                 f"--lengths must be distinct lengths T of 1 or more, e.g. 4,8,16, got {list(self.lengths)}"
@@ -114,6 +116,9 @@ class Groups(LawExperiment):
 
     def groups_of(self, cfg: GroupsConfig) -> list[str | None]:
         return list(cfg.groups)
+
+    def eval_keys(self, config: Any) -> int:
+        return len(config.lengths)
 
     def shape(self, cfg: GroupsConfig, group: str | None) -> tuple[int, int]:
         from depthprobe.probes.data import groups as group_data

@@ -15,8 +15,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from depthprobe.probes.base.errors import ProbeError
+from depthprobe.probes.base.options import ranged
 from depthprobe.probes.experiments.laws import COMMON, LawConfig, LawExperiment, LawJob, measured_depths
-from depthprobe.probes.experiments.protocol import at_least
+from depthprobe.probes.experiments.protocol import MAX_SEQUENCES, at_least
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -34,7 +35,7 @@ class KHopConfig(LawConfig):
     ks: tuple[int, ...] = (1, 2, 3, 4)
     length: int = 48
     letters: int = 4
-    hop_sequences: int = 64
+    hop_sequences: int = ranged(64, min=1, max=MAX_SEQUENCES)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -106,6 +107,9 @@ class KHop(LawExperiment):
         "about 2.4-3.1 hours on one NVIDIA H200 one member at a time, 1.3-1.6 hours with --jobs 3 "
         "(from rates measured on an H200 at these shapes; training only; the preset not run end to end)",
     }
+
+    def eval_keys(self, config: Any) -> int:
+        return len(config.ks)
 
     def shape(self, cfg: KHopConfig, group: str | None) -> tuple[int, int]:
         return cfg.vocab, 1 + cfg.length

@@ -21,8 +21,18 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from depthprobe.probes.base.errors import ProbeError
+from depthprobe.probes.base.options import ranged
 from depthprobe.probes.experiments.batching import check_batch_members, read_batch_members
-from depthprobe.probes.experiments.protocol import RUN_COLUMNS, Experiment, at_least, check_members, positive
+from depthprobe.probes.experiments.protocol import (
+    MAX_SEQUENCES,
+    RUN_COLUMNS,
+    Experiment,
+    at_least,
+    check_field_ranges,
+    check_members,
+    distinct,
+    positive,
+)
 from depthprobe.probes.training.rates import device_label, estimate
 from depthprobe.probes.training.schedule import warmup_cosine
 
@@ -74,10 +84,10 @@ class LawConfig:
     batch_size: int = 32
     lr: float = 2e-3
     warmup_frac: float = 0.05
-    weight_decay: float = 0.01
+    weight_decay: float = ranged(0.01, min=0, max=10)  # AdamW's decoupled decay (per update: lr x this)
     eval_every: int = 250  # learning-curve evaluations every this many steps (and at the end)
-    curve_sequences: int = 128  # sequences per key of each learning-curve evaluation
-    eval_sequences: int = 1000  # sequences per key of the final evaluation
+    curve_sequences: int = ranged(128, min=1, max=MAX_SEQUENCES)  # sequences per key of each learning-curve evaluation
+    eval_sequences: int = ranged(1000, min=1, max=MAX_SEQUENCES)  # sequences per key of the final evaluation
     threshold: float = 0.99  # accuracy that counts as solved (law.csv, step_reached)
     control: bool = True
     device: str | None = None
@@ -85,6 +95,7 @@ class LawConfig:
     batch_members: str | int = "auto"  # auto, off or N: members of one shape trained as one model (batching.py)
 
     def __post_init__(self) -> None:
+        check_field_ranges(self)  # the ranged() fields, a family's own included
         check_batch_members(self.batch_members)
         at_least(self, 1, "heads", "steps", "batch_size", "eval_every", "curve_sequences", "eval_sequences")
         check_members(self)
@@ -98,6 +109,7 @@ class LawConfig:
             raise ProbeError(
                 f"--d-models must be positive multiples of the {self.heads} heads, got {list(self.d_models)}"
             )
+        distinct(self, "d_models")
         positive(self, "lr")
         if not 0 < self.threshold <= 1:
             raise ProbeError(f"--threshold must be in (0, 1], got {self.threshold}")
@@ -235,6 +247,11 @@ class LawExperiment(Experiment):
             f"member {biggest.name} with batches of {config.batch_size} (lower --batch-size, the length or the width)"
         )
         check_size(biggest.native().n_params(), self.member_bytes(config, biggest), what, device)
+        check_eval_sets(self, config, biggest.native().n_ctx, device)
+
+    def eval_keys(self, config: Any) -> int:
+        """How many evaluation sets (keys: hop counts, lengths, ranges) one evaluation builds."""
+        return 1
 
     def member_bytes(self, config: Any, job: LawJob) -> int:
         """A member's training memory: its weights, gradients, AdamW's moments and a batch's activations."""
@@ -415,3 +432,29 @@ def measured_depths(acc: pd.DataFrame, keys: list[str], cfg: Any, sort: bool = T
 
 
 __all__ = ["COMMON", "LawConfig", "LawExperiment", "LawJob", "control_width", "measured_depth", "measured_depths"]
+
+
+EVAL_TOKEN_BYTES = 24  # an evaluation set's inputs, targets and predictions: int64 each, per token
+SET_OPTIONS = ("eval_sequences", "curve_sequences", "hop_sequences", "check_sequences")
+
+
+def check_eval_sets(exp: LawExperiment, config: Any, n_ctx: int, device: Any) -> None:
+    """Refuse, before anything is written, evaluation sets a member cannot hold: each sequence
+    option (``--eval-sequences``, ``--curve-sequences``, khop's ``--hop-sequences``, groups'
+    ``--check-sequences``) builds sets of that many sequences per key of up to ``n_ctx`` tokens at
+    once (:data:`EVAL_TOKEN_BYTES` a token), checked against the memory available."""
+    from depthprobe.probes.models.device import _human, available_memory
+
+    free = available_memory(device)
+    if free is None:
+        return
+    keys = exp.eval_keys(config)
+    for name in (n for n in SET_OPTIONS if hasattr(config, n)):
+        n = getattr(config, name)
+        need = n * keys * n_ctx * EVAL_TOKEN_BYTES
+        if need > free:
+            flag = f"--{name.replace('_', '-')}"
+            raise ProbeError(
+                f"{flag} {n:,} needs about {_human(need, 'B')} for its evaluation sets ({keys} key(s) of up to "
+                f"{n_ctx} tokens) but {_human(free, 'B')} is available; lower {flag}"
+            )

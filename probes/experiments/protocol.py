@@ -25,20 +25,22 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from depthprobe.probes.base.errors import ProbeError, suggest
-from depthprobe.probes.base.options import check_choices, check_seed, coerce
+from depthprobe.probes.base.options import check_choices, check_seed, coerce, in_range, range_text
 from depthprobe.probes.base.registry import Registry
-from depthprobe.probes.engine.plugins import entry_point_tasks
+from depthprobe.probes.engine.plugins import entry_point_origins, entry_point_tasks
 from depthprobe.probes.experiments.folder import MemberOutput, measure_member
 
 if TYPE_CHECKING:
     import pandas as pd
 
 ENTRY_POINT_GROUP = "depthprobe.experiments"
+FAMILY_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}")  # what --family takes
 RUN_COLUMNS = ["wall_s", "device", "status", "error"]  # members.csv's last columns: how each member ran
 MAX_DEPTH = 1000  # layers of a member
 MAX_SEEDS = 1000  # seeds per study (a plan of more members is refused, not built)
@@ -160,6 +162,7 @@ class Experiment:
                 value = self.parsers[name](value)
             settings[name] = coerce(value, fields[name].type, f"--{key.replace('_', '-')}", name)
         config = self.Config(**{"preset": preset, **settings} if "preset" in fields else settings)
+        check_field_ranges(config)  # a plugin family's too (the built-in ones check first, in __post_init__)
         return check_choices(config, f"study {self.name}:")
 
 
@@ -178,15 +181,46 @@ def positive(config: Any, *names: str) -> None:
             raise ProbeError(f"--{name.replace('_', '-')} must be a positive number, got {value}")
 
 
+def distinct(config: Any, *names: str, flag: str = "") -> None:
+    """Refuse a tuple field of ``config`` that repeats a value (``--depths 1,1`` would plan one
+    member twice), naming its option (``flag``, or the field's name as an option)."""
+    for name in names:
+        values = list(getattr(config, name))
+        repeated = next((v for i, v in enumerate(values) if v in values[:i]), None)
+        if repeated is not None:
+            flag = flag or f"--{name.replace('_', '-')}"
+            raise ProbeError(f"{flag} repeats {repeated}, got {values}; give each value once")
+
+
+MAX_SEQUENCES = 10_000_000  # sequences of one evaluation set (each a tensor of sequences x tokens)
+
+
+def check_field_ranges(config: Any) -> None:
+    """Refuse a field of ``config`` outside its declared range (:func:`~depthprobe.probes.base.options.ranged`
+    metadata on the Config's fields: the one place a family's ranges live), NaN and infinities
+    included, naming its option; every value of a tuple field is checked."""
+    for f in dataclasses.fields(config):
+        bounds = f.metadata.get("range")
+        value = getattr(config, f.name)
+        if not bounds or value is None:
+            continue
+        for v in value if isinstance(value, tuple) else (value,):
+            if isinstance(v, int | float) and not isinstance(v, bool) and not in_range(v, bounds):
+                each = "each value of " if isinstance(value, tuple) else ""
+                flag = f"--{f.name.replace('_', '-')}"
+                raise ProbeError(f"{each}{flag} must be {range_text(bounds)}, got {v} (default {f.default})")
+
+
 def check_members(config: Any) -> None:
-    """The fields every built-in family's Config has: ``depths`` (layers, 1 to :data:`MAX_DEPTH`)
-    and ``seeds`` (1 to :data:`MAX_SEEDS`)."""
+    """The fields every built-in family's Config has: ``depths`` (layers, 1 to :data:`MAX_DEPTH`,
+    each once) and ``seeds`` (1 to :data:`MAX_SEEDS`)."""
     at_least(config, 1, "seeds")
     check_seed(config.seeds - 1, "--seeds")
     if config.seeds > MAX_SEEDS:
         raise ProbeError(f"--seeds must be at most {MAX_SEEDS}, got {config.seeds}; run fewer seeds")
     if not config.depths or any(not 1 <= d <= MAX_DEPTH for d in config.depths):
         raise ProbeError(f"--depths must be integers from 1 to {MAX_DEPTH}, got {list(config.depths)}")
+    distinct(config, "depths")
 
 
 def refusal(family: str, key: str, own: list[str]) -> ProbeError:
@@ -219,13 +253,21 @@ BUILT_IN = {
     "crasp": "depthprobe.probes.experiments.crasp:Crasp",
 }
 EXPERIMENTS.register_lazy(BUILT_IN)
-EXPERIMENTS.register_lazy(entry_point_tasks(set(BUILT_IN), group=ENTRY_POINT_GROUP))
+_INSTALLED = entry_point_tasks(set(BUILT_IN), group=ENTRY_POINT_GROUP)
+EXPERIMENTS.register_lazy(_INSTALLED, entry_point_origins(_INSTALLED, group=ENTRY_POINT_GROUP))
 
 
 def register_experiment(cls: type[Experiment]) -> type[Experiment]:
     """Class decorator: register a family under ``cls.name`` (a plugin file, a notebook)."""
     if not (isinstance(cls, type) and issubclass(cls, Experiment)):
         raise ProbeError(f"register_experiment takes an Experiment subclass, got {cls!r}")
+    name = getattr(cls, "name", None)
+    if not (isinstance(name, str) and FAMILY_NAME.fullmatch(name)):
+        shown = repr(name) if len(repr(name)) <= 80 else f"{repr(name)[:60]}... ({len(repr(name))} characters)"
+        raise ProbeError(
+            f"register_experiment: {cls.__name__}.name must be a family name (letters, digits, -, _ or ., at most "
+            f"64 characters, not starting with - or .), got {shown}"
+        )
     EXPERIMENTS.register_class(cls)
     return cls
 
@@ -240,7 +282,9 @@ __all__ = [
     "Experiment",
     "MemberOutput",
     "at_least",
+    "check_field_ranges",
     "check_members",
+    "distinct",
     "get_experiment",
     "positive",
     "register_experiment",

@@ -118,13 +118,14 @@ def study(
         resolve_device(getattr(cfg, "device", None))
     say = echo or (lambda line: print(line, file=sys.stderr))
     context = exp.prepare(cfg, jobs_, say)  # refusals here write nothing
-    with folders.locked(folder):
+    with folders.locked(folder), folders.disk_errors(folder):
         saved = folders.check_folder(folder, family, cfg, exp.resumable)  # again, now that this run holds it
         done = open_study(exp, folder, cfg, jobs_, context, saved, say)
         dest = None if backend == "ray" else folder / folders.MEMBERS  # local members write their own folders
-        todo = [exp.bind(j, context, None if dest is None else str(dest / j.name)) for j in jobs_ if j.name not in done]
+        bound = [exp.bind(j, context, None if dest is None else str(dest / j.name)) for j in jobs_]
+        todo = units_to_run(exp, cfg, bound, done, where)
         if done:
-            say(f"{len(done)} finished member(s) kept in {folder}; {len(todo)} to run")
+            say(f"{len(done)} finished member(s) kept in {folder}; {len(jobs_) - len(done)} to run")
         try:
             run_jobs(exp, cfg, folder, todo, len(done), len(jobs_), say, where, exp.setup(cfg, context))
         except ProbeError:  # refused before any member ran (a Ray cluster at join time): no new study.json
@@ -147,7 +148,23 @@ def planned(family: str, preset: str, options: dict[str, Any]) -> tuple[Experime
         raise ProbeError(
             f"the study plans {len(jobs):,} members, more than {MAX_MEMBERS:,}; plan fewer (depths, widths, seeds)"
         )
+    check_member_names(family, [getattr(j, "name", None) for j in jobs])
     return exp, cfg, jobs
+
+
+def check_member_names(family: str, names: list[Any]) -> None:
+    """Every member's name is its folder under ``members/``: one plain folder name (no ``/``, no
+    ``..``, no leading dot: hidden folders are members being written; no control characters; at
+    most :data:`.folder.MAX_NAME` characters), and no two members share one (they would collapse into
+    one folder). A family's plan that breaks this is refused before anything is written."""
+    seen: set[str] = set()
+    for name in names:
+        why = folders.member_name_problem(name)
+        if why is None and name in seen:
+            why = "is planned twice; each member needs its own name (a level given twice, e.g. --depths 1,1?)"
+        if why is not None:
+            raise ProbeError(f"the {family} family's plan: member name {name!r} {why}")
+        seen.add(name)
 
 
 def open_study(
@@ -180,28 +197,43 @@ def open_study(
     return set()
 
 
+def units_to_run(exp: Experiment, cfg: Any, jobs: list[Any], done: set[str], where: Backend) -> list[Any]:
+    """The units still to run: the whole plan's units (a member alone, or a batch trained as one
+    model: :meth:`Experiment.batches`) less the finished members, so that a resumed study trains
+    its remaining members in the batches an uninterrupted run gives them (members of one batch
+    finish together; a batch's failed members run again as what is left of it). Ray: one member
+    a unit."""
+    from depthprobe.probes.experiments import batching
+
+    if where.backend == "ray":
+        return [j for j in jobs if j.name not in done]
+    units = []
+    for unit in exp.batches(cfg, jobs, where.jobs or 1):
+        left = [j for j in batching.members(unit) if j.name not in done]
+        if left:
+            units.append(left[0] if len(left) == 1 else batching.Batch(tuple(left)))
+    return units
+
+
 def run_jobs(
     exp: Experiment,
     cfg: Any,
     folder: Path,
-    todo: list[Any],
+    units: list[Any],
     done: int,
     total: int,
     say: Callable[[str], None],
     where: Backend,
     setup: Callable[[], None] | None,
 ) -> None:
-    """Run the members still to do, recording each as it finishes: its folder (a Ray member's
-    files; a local member wrote its own), its line, members.csv (after each unit: a member alone
-    or a batch); a failed one with its error."""
+    """Run the units still to do (:func:`units_to_run`), recording each member as it finishes:
+    its folder (a Ray member's files; a local member wrote its own), its line, members.csv (after
+    each unit: a member alone or a batch); a failed one with its error."""
     from depthprobe.probes.engine.distributed import map_jobs
     from depthprobe.probes.experiments import batching
 
     counter = {"n": done}
     device = getattr(cfg, "device", None)
-
-    # batched members (experiments/batching.py): units of one job, or of several trained as one model
-    units = list(todo) if where.backend == "ray" else exp.batches(cfg, todo, where.jobs or 1)
     jobs = where.jobs
     if jobs is None and where.backend == "local":
         jobs = batching.default_jobs(exp, cfg, units, say)  # 1 on a CPU; on CUDA from its memory
@@ -274,31 +306,60 @@ def write_tables(exp: Experiment, cfg: Any, folder: Path) -> dict[str, pd.DataFr
 
 
 def dry_run(
-    family: str, preset: str = "smoke", *, out: str | Path, echo: Callable[[str], None] | None = None, **options: Any
+    family: str,
+    preset: str = "smoke",
+    *,
+    out: str | Path,
+    jobs: int | None = None,
+    echo: Callable[[str], None] | None = None,
+    **options: Any,
 ) -> pd.DataFrame:
     """Plan the study (the same checks as a run), write ``out/plan.csv`` and return it; nothing
-    is trained. A check a run would refuse after planning (the family's ``prepare``) is reported."""
+    is trained. A check a run would refuse after planning (the family's ``prepare``) is reported.
+    Says the estimated total (:func:`plan_total`) for ``jobs`` member processes."""
     import pandas as pd
 
-    exp, cfg, jobs = planned(family, preset, options)
+    Backend(jobs=jobs).check()
+    exp, cfg, members = planned(family, preset, options)
     folder = Path(out)
     artifacts.check_out(folder, "--out", may_exist=True)
     say = echo or print
     try:
-        context = exp.prepare(cfg, jobs, say)
+        context = exp.prepare(cfg, members, say)
     except ProbeError as exc:
         context = getattr(exc, "context", None)
         if context is None:
             raise
         say(f"a run would be refused: {exc}")
-    rows = [exp.plan_row(cfg, j, context) for j in jobs]
+    rows = [exp.plan_row(cfg, j, context) for j in members]
     table = pd.DataFrame(rows, columns=list(dict.fromkeys(k for r in rows for k in r)))
     folder.mkdir(parents=True, exist_ok=True)
     folders.write_table(folder, folders.PLAN_CSV, table)
-    if "est_seconds" in table and table["est_seconds"].notna().any():  # measured rates (training/rates.py)
-        total = float(table["est_seconds"].sum())
-        say(f"estimated training: at most {total / 60:.1f} min one member at a time; {table['source'].iloc[0]}")
+    line = plan_total(table, jobs or 1)
+    if line:
+        say(line)
     return table
+
+
+def plan_total(table: pd.DataFrame, jobs: int) -> str:
+    """The plan's estimated total: from measured rates (``est_seconds``, law families) where
+    there are some, else from FLOPs (``cpu_minutes``, every built-in family); the wall time with
+    ``jobs`` member processes is at best the total over ``jobs`` (more when the cores are shared)."""
+    at_once = f"; with --jobs {jobs}: at least {{:.3g}} min wall" if jobs > 1 else ""
+    if "est_seconds" in table and table["est_seconds"].notna().any():  # measured rates (training/rates.py)
+        total = float(table["est_seconds"].sum()) / 60
+        return (
+            f"estimated training: {len(table)} members, at most {total:.3g} min one member at a time"
+            + at_once.format(total / jobs)
+            + f"; {table['source'].iloc[0]}"
+        )
+    if "cpu_minutes" in table and table["cpu_minutes"].notna().any():
+        total = float(table["cpu_minutes"].sum())
+        return (
+            f"estimated: {len(table)} members, {total:.3g} CPU-minutes in all (plan.csv's cpu_minutes, from FLOPs)"
+            + at_once.format(total / jobs)
+        )
+    return ""
 
 
 __all__ = ["Study", "default_folder", "dry_run", "study"]

@@ -14,11 +14,14 @@ from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from depthprobe.probes.base.errors import ProbeError
-from depthprobe.probes.experiments.protocol import at_least, check_members, positive
+from depthprobe.probes.base.options import ranged
+from depthprobe.probes.experiments.protocol import at_least, check_field_ranges, check_members, distinct, positive
 
 BYTE_VOCAB = 257  # --vocab bytes: the 256 bytes and <|bos|>, no merges (data.corpus.MIN_VOCAB; not imported
 # here, so that `probe study --help` loads no torch: tests/test_study_protocols.py checks they agree)
 MAX_BUDGET = 10**12  # parameters: the width searches of probes.models.families stay short below it
+MAX_VOCAB = 1_000_000  # BPE vocabulary (its training is refused, not run for hours, above this)
+MAX_PROBE_ITEMS = 100_000  # validation lines or windows a member's probes read
 MAX_PASSES = 4.0  # passes over the training split (Muennighoff et al. 2023: ~4 epochs of repeats cost little)
 
 
@@ -30,9 +33,9 @@ class TextConfig:
 
     preset: str = "smoke"
     corpus: str | None = None  # None: the built-in Tiny Shakespeare
-    vocab: int = 1024  # BYTE_VOCAB (257): byte-level, no merges
+    vocab: int = ranged(1024, min=1, max=MAX_VOCAB)  # BYTE_VOCAB (257): byte-level, no merges
     depths: tuple[int, ...] = (1, 2)
-    d_head: int = 16
+    d_head: int = ranged(16, min=1, max=4096)
     seeds: int = 1
     tokens_per_param: float = 20.0  # training tokens per non-embedding parameter of the budget
     min_tokens: int = 200_000  # the floor under tokens_per_param * budget
@@ -41,17 +44,19 @@ class TextConfig:
     lr_fraction: float = 0.2
     batch_size: int = 32
     context: int = 128
-    probe_lines: int = 200  # validation lines for attention-stats
-    icl_windows: int = 32  # validation windows for the ICL score
+    probe_lines: int = ranged(200, min=1, max=MAX_PROBE_ITEMS)  # validation lines for attention-stats
+    icl_windows: int = ranged(32, min=1, max=MAX_PROBE_ITEMS)  # validation windows for the ICL score
     device: str | None = None
     max_params: int | None = None  # refuse members with more parameters than this (they fail, the rest go on)
     depth_usage: bool = True  # each member's depth_usage.csv after training (experiments/member_depth.py)
 
     def __post_init__(self) -> None:
+        check_field_ranges(self)  # the ranged() fields, a family's own included
         check_members(self)
         positive(self, "max_passes", "tokens_per_param")
         if not self.lrs or any(not (lr > 0 and math.isfinite(lr)) for lr in self.lrs):
             raise ProbeError(f"--lr must be positive numbers, e.g. --lr 1e-3,3e-3, got {list(self.lrs)}")
+        distinct(self, "lrs", flag="--lr")
         if not 0 < self.lr_fraction <= 1:
             raise ProbeError(f"--lr-fraction must be in (0, 1], got {self.lr_fraction}")
         at_least(self, 1, "vocab", "d_head", "min_tokens", "batch_size", "probe_lines", "icl_windows")

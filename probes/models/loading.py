@@ -241,10 +241,22 @@ def _load_folder(
     if not (path / "config.json").exists():
         raise ProbeError(
             f"{name} is a directory but holds neither config.json (Hugging Face format) nor "
-            f"{CHECKPOINT_CONFIG} (a depthprobe checkpoint); point --model at the model folder"
+            f"{CHECKPOINT_CONFIG} (a depthprobe checkpoint); {_model_folder_hint(path)}"
         )
     check_hf_folder(path, name, dev)
     return _load_hf(name, "local", str(path), dev, dtype, stack, folder=path)
+
+
+def _model_folder_hint(path: Path) -> str:
+    """Where the model is when ``path`` is a study member's folder or a study's folder."""
+    if (path / "checkpoint" / CHECKPOINT_CONFIG).exists():
+        return f"a study member's model is in its checkpoint/ folder: --model {path / 'checkpoint'}"
+    members = (
+        sorted((path / "members").glob(f"*/checkpoint/{CHECKPOINT_CONFIG}")) if (path / "study.json").exists() else []
+    )
+    if members:
+        return f"a study's members keep their models in members/<name>/checkpoint/, e.g. --model {members[0].parent}"
+    return "point --model at the model folder"
 
 
 def _wrap_hf(name: str, source: str, path: Path, bridge: Any, dev: torch.device, resolved: str | None = None) -> Model:
