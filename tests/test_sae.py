@@ -242,3 +242,73 @@ def _sized(d_in, d_sae):
         "W_dec": torch.zeros(d_sae, d_in),
         "b_dec": torch.zeros(d_in),
     }
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_low_precision_weights_leave_the_model_unchanged(model, pair, tmp_path, dtype):
+    """Stored in bf16 or fp16, the SAE computes in the model's precision: the logits stay the model's."""
+    plain = probes.run_with_cache(model, pair[0], names=HOOK)[0]
+    save_file({k: v.to(dtype) for k, v in random_tensors().items()}, str(tmp_path / "low.safetensors"))
+    sae = probes.load_sae(tmp_path / "low.safetensors", hook_name=HOOK)
+    assert sae.W_enc.dtype == torch.float32
+    with probes.attach_sae(model, sae):
+        logits = probes.run_with_cache(model, pair[0], names=HOOK)[0]
+    assert (logits - plain).abs().max() < 1e-5
+
+
+def test_integer_and_non_finite_weights_are_refused_at_load(tmp_path):
+    ints = {k: (v * 10).long() for k, v in random_tensors().items()}
+    save_file(ints, str(tmp_path / "int.safetensors"))
+    with pytest.raises(ProbeError, match=r"W_enc holds int64 values; an SAE's weights are floating point") as err:
+        probes.load_sae(tmp_path / "int.safetensors", hook_name=HOOK)
+    assert "\n" not in str(err.value)
+    for bad in (float("nan"), float("inf")):
+        t = random_tensors()
+        t["b_dec"][3] = bad
+        save_file(t, str(tmp_path / "bad.safetensors"))
+        with pytest.raises(ProbeError, match=r"the SAE's b_dec holds NaN or inf") as err:
+            probes.load_sae(tmp_path / "bad.safetensors", hook_name=HOOK)
+        assert "\n" not in str(err.value)
+
+
+def _folder(tmp_path, cfg, tensors=None):
+    save_file(tensors or random_tensors(), str(tmp_path / "sae_weights.safetensors"))
+    (tmp_path / "cfg.json").write_text(cfg if isinstance(cfg, str) else json.dumps(cfg))
+    return tmp_path
+
+
+@pytest.mark.parametrize(
+    ("cfg", "match"),
+    [
+        ("[1, 2]", r"the SAE's config is list \[1, 2\], not a JSON object"),
+        ("null", "the SAE's config is NoneType None, not a JSON object"),
+        ({"d_in": D, "d_sae": 12, "metadata": [HOOK]}, "the SAE's metadata is list"),
+        ({"d_in": D, "d_sae": 12, "metadata": {"hook_name": 5}}, r"'hook_name' is 5, not a hook name"),
+        ({"d_in": D, "d_sae": 12, "hook_point": ["x"]}, r"'hook_point' is \['x'\], not a hook name"),
+        ({"d_in": D, "d_sae": 12, "apply_b_dec_to_input": "false"}, r"'apply_b_dec_to_input' is 'false', not true"),
+        ({"d_in": D, "d_sae": 12, "architecture": 3}, r"'architecture' is 3, not a string"),
+        ({"d_in": D, "d_sae": 12, "activation_fn_kwargs": "k=3"}, "activation_fn_kwargs is str"),
+        ({"d_in": True, "d_sae": 12}, r"'d_in' is True, not a positive integer"),
+        ({"d_in": -8, "d_sae": 12}, r"no positive integer 'd_in'"),
+        ("[" * 100_000 + "]" * 100_000, "nests too deeply"),
+    ],
+)
+def test_malformed_configs_are_one_line(tmp_path, cfg, match):
+    folder = _folder(tmp_path, cfg)
+    with pytest.raises(ProbeError, match=match) as err:
+        probes.load_sae(folder)
+    assert "\n" not in str(err.value) and len(str(err.value)) < 300
+
+
+def test_saes_that_would_fail_mid_pass_are_refused_at_load_or_attach(model, pair, tmp_path):
+    scale = random_tensors() | {"finetuning_scaling_factor": torch.full((5,), 2.0)}
+    with pytest.raises(ProbeError, match=r"scaling_factor has shape \[5\], expected \[12\]"):
+        probes.load_sae(_folder(tmp_path, {"d_in": D, "d_sae": 12, "metadata": {"hook_name": HOOK}}, scale))
+    z = SAE(SAEConfig(D, 12, HOOK, reshape_activations="hook_z"), random_tensors())
+    hook_z = r"reshape_activations='hook_z'\) but blocks\.1\.hook_resid_pre has \[8\]"
+    with pytest.raises(ProbeError, match=hook_z), probes.attach_sae(model, z):
+        pass
+    one = SAE(SAEConfig(1, 12, "blocks.0.attn.hook_pattern"), _sized(1, 12))
+    with pytest.raises(ProbeError, match="holds attention over positions"), probes.attach_sae(model, one):
+        pass
+    assert not [n for n in model.bridge.hook_dict if "hook_sae" in n]
