@@ -291,6 +291,7 @@ def _folder(tmp_path, cfg, tensors=None):
         ({"d_in": True, "d_sae": 12}, r"'d_in' is True, not a positive integer"),
         ({"d_in": -8, "d_sae": 12}, r"no positive integer 'd_in'"),
         ("[" * 100_000 + "]" * 100_000, "nests too deeply"),
+        ({"d_in": D, "d_sae": 12, "architecture": "jumprelu", "rescale_acts_by_decoder_norm": True}, "topk SAEs only"),
     ],
 )
 def test_malformed_configs_are_one_line(tmp_path, cfg, match):
@@ -312,3 +313,25 @@ def test_saes_that_would_fail_mid_pass_are_refused_at_load_or_attach(model, pair
     with pytest.raises(ProbeError, match="holds attention over positions"), probes.attach_sae(model, one):
         pass
     assert not [n for n in model.bridge.hook_dict if "hook_sae" in n]
+
+
+def test_topk_rescaled_by_decoder_norm_equals_sae_lens_maths(tmp_path):
+    """sae-lens's TopKSAE with rescale_acts_by_decoder_norm: pre * |W_dec row| before the top k,
+    latents / |W_dec row| before decoding (written out here by hand)."""
+    t = random_tensors()
+    t["W_dec"] = t["W_dec"] * torch.linspace(0.1, 3.0, 12)[:, None]  # rows of very different norms
+    cfg = {"d_in": D, "d_sae": 12, "architecture": "topk", "k": 3, "rescale_acts_by_decoder_norm": True}
+    sae = probes.load_sae(_folder(tmp_path, cfg | {"metadata": {"hook_name": HOOK}}, t))
+    x = torch.randn(2, 5, D, generator=torch.Generator().manual_seed(4))
+    norm = t["W_dec"].norm(dim=-1)
+    pre = ((x - t["b_dec"]) @ t["W_enc"] + t["b_enc"]) * norm
+    kth = pre.topk(3, -1).values[..., -1:]
+    hand = torch.where(pre >= kth, pre.relu(), 0.0)
+    acts, undo = sae.encode(x)
+    assert torch.allclose(acts, hand, atol=1e-6)
+    plain = SAE(SAEConfig(D, 12, architecture="topk", k=3), t).encode(x)[0]
+    assert not torch.equal(acts != 0, plain != 0)  # the rescale picks other latents here
+    assert torch.allclose(sae.decode(acts, undo, x.shape), (hand / norm) @ t["W_dec"] + t["b_dec"], atol=1e-5)
+    assert torch.allclose(sae(x), x, atol=1e-5)
+    again = probes.load_sae(probes.save_sae(sae, tmp_path / "again"))
+    assert again.cfg == sae.cfg

@@ -11,7 +11,9 @@ safetensors is needed:
   ``normalize_activations`` says ("none"; "constant_norm_rescale": x * sqrt(d_in) / |x|;
   "layer_norm": (x - mean) / (std + 1e-5)), minus ``b_dec`` when ``apply_b_dec_to_input``;
 - latents from ``pre = x' @ W_enc + b_enc``: "standard" relu(pre); "jumprelu" relu(pre) where
-  pre > threshold, else 0; "topk" relu of the k largest entries of pre, 0 elsewhere;
+  pre > threshold, else 0; "topk" relu of the k largest entries of pre, 0 elsewhere (with
+  ``rescale_acts_by_decoder_norm``, pre times each latent's ``|W_dec row|`` before the top k, and the
+  latents divided by it again before decoding);
 - reconstruction ``latents @ W_dec + b_dec``, the normalisation undone, the shape restored.
 
 Weights are read as float32 whatever the file holds (bf16, fp16), and attached in the model's
@@ -63,6 +65,7 @@ class SAEConfig:
     apply_b_dec_to_input: bool = True
     normalize_activations: Literal["none", "constant_norm_rescale", "layer_norm"] = "none"
     reshape_activations: Literal["none", "hook_z"] = "none"
+    rescale_acts_by_decoder_norm: bool = False  # topk only: latents measured in units of |W_dec row|
 
     def __post_init__(self) -> None:
         if self.normalize_activations == "expected_average_only_in":
@@ -70,6 +73,11 @@ class SAEConfig:
         check_choices(self, "SAE config")
         if self.architecture == "topk" and not (isinstance(self.k, int) and 0 < self.k <= self.d_sae):
             raise ProbeError(f"a topk SAE needs k between 1 and d_sae={self.d_sae}, got k={self.k!r} (cfg.json 'k')")
+        if self.rescale_acts_by_decoder_norm and self.architecture != "topk":
+            raise ProbeError(
+                f"rescale_acts_by_decoder_norm is read for topk SAEs only, not {self.architecture}; "
+                "fold the decoder norms into the weights and set it to false"
+            )
 
 
 _NORM_FIX = (
@@ -140,6 +148,8 @@ class SAE(nn.Module):
         sae_in, undo = self._in(x, hooked)
         pre = sae_in @ self.W_enc + self.b_enc
         pre = self.hook_sae_acts_pre(pre) if hooked else pre
+        if self.cfg.rescale_acts_by_decoder_norm:  # sae-lens's TopKSAE: after the pre hook, before top-k
+            pre = pre * self.W_dec.norm(dim=-1)
         acts = self._activate(pre)
         return (self.hook_sae_acts_post(acts) if hooked else acts), undo
 
@@ -147,6 +157,8 @@ class SAE(nn.Module):
         """The reconstruction of the hook's activation (its shape ``shape``) from latents."""
         if hasattr(self, "scaling_factor"):  # sae-lens before 6: finetuning_scaling_factor
             acts = acts * self.scaling_factor
+        if self.cfg.rescale_acts_by_decoder_norm:
+            acts = acts / self.W_dec.norm(dim=-1)
         out = acts @ self.W_dec + self.b_dec
         out = self.hook_sae_recons(out) if hooked else out
         if self.cfg.normalize_activations == "constant_norm_rescale":
@@ -274,6 +286,7 @@ def config_from_dict(raw: dict[str, Any]) -> SAEConfig:
         apply_b_dec_to_input=_typed(raw, "apply_b_dec_to_input", bool, "true or false", True),
         normalize_activations=cast(Any, norm),
         reshape_activations=cast(Any, reshape),
+        rescale_acts_by_decoder_norm=_typed(raw, "rescale_acts_by_decoder_norm", bool, "true or false", False),
     )
 
 
@@ -325,7 +338,11 @@ def save_sae(sae: SAE, folder: str | Path) -> Path:
         "reshape_activations": c.reshape_activations,
         "metadata": {"hook_name": c.hook_name, "sae_lens_version": "6.0.0"},
         "architecture": c.architecture,
-        **({"k": c.k} if c.architecture == "topk" else {}),
+        **(
+            {"k": c.k, "rescale_acts_by_decoder_norm": c.rescale_acts_by_decoder_norm}
+            if c.architecture == "topk"
+            else {}
+        ),
     }
     (folder / CONFIG).write_text(json.dumps(cfg, indent=1), encoding="utf-8")
     save_file({k: v.detach().cpu().contiguous() for k, v in sae.state_dict().items()}, str(folder / WEIGHTS))
