@@ -179,3 +179,44 @@ def test_tokenizer_verbs_are_transformer_lens(tiny_gpt2):
     native = load("native:layers=1,d_model=16,heads=2,d_vocab=10,n_ctx=8", device="cpu")
     with pytest.raises(ProbeError, match=r"needs a tokenizer.*pass ids"):
         native.to_tokens("text")
+
+
+def test_loss_gradients_under_no_grad_equal_those_outside():
+    """grad=True under torch.no_grad() raised a raw RuntimeError; it now computes the same cache."""
+    model = load("native:layers=1,d_model=16,heads=2,d_vocab=10,n_ctx=8", device="cpu")
+    ids = torch.tensor([[1, 2, 3, 4], [4, 3, 2, 1]])
+    loss, cache = run_with_cache(model, ids, names="blocks.0.hook_resid_post", return_type="loss", grad=True)
+    with torch.no_grad():
+        loss2, cache2 = run_with_cache(model, ids, names="blocks.0.hook_resid_post", return_type="loss", grad=True)
+    assert torch.equal(loss, loss2) and list(cache) == list(cache2)
+    assert all(torch.equal(cache[k], cache2[k]) for k in cache)
+
+
+def _hostile(tmp_path, name, meta, tensors=None):
+    from safetensors.torch import save_file
+
+    path = tmp_path / f"{name}.safetensors"
+    save_file(tensors or {"a": torch.zeros(2)}, str(path), metadata=meta)
+    return path
+
+
+@pytest.mark.parametrize(
+    "meta",
+    [
+        {"format": "depthprobe-cache-1"},
+        {"format": "depthprobe-cache-1", "names": "not json", "n_layers": "1", "has_batch_dim": "True"},
+        {"format": "depthprobe-cache-1", "names": "5", "n_layers": "1", "has_batch_dim": "True"},
+        {"format": "depthprobe-cache-1", "names": '{"a": 1}', "n_layers": "1", "has_batch_dim": "True"},
+        {"format": "depthprobe-cache-1", "names": '["a", "b"]', "n_layers": "1", "has_batch_dim": "True"},
+        {"format": "depthprobe-cache-1", "names": "[" * 50_000 + "]" * 50_000, "n_layers": "1", "has_batch_dim": "1"},
+        {"format": "depthprobe-cache-1", "names": '["a"]', "n_layers": "one", "has_batch_dim": "True"},
+        {"format": "depthprobe-cache-1", "names": '["a"]', "n_layers": "-1", "has_batch_dim": "True"},
+        {"format": "depthprobe-cache-1", "names": '["a"]', "n_layers": "9" * 400, "has_batch_dim": "True"},
+        {"format": "depthprobe-cache-1", "names": '["a"]', "n_layers": "1", "has_batch_dim": "maybe"},
+        {"format": "depthprobe-cache-1", "names": '["a"]', "n_layers": "1"},
+    ],
+)
+def test_cache_files_with_hostile_metadata_are_one_line(tmp_path, meta):
+    with pytest.raises(ProbeError, match=r"is not a cache written by Cache\.save") as err:
+        Cache.load(_hostile(tmp_path, "h", meta))
+    assert "\n" not in str(err.value) and len(str(err.value)) < 300

@@ -146,13 +146,12 @@ class Cache(dict):
             raise ProbeError(f"no cache file at {path}; write one with cache.save(path)")
         try:
             with safe_open(str(path), framework="pt", device=str(device)) as f:
-                meta = f.metadata() or {}
-                if meta.get("format") != _FORMAT:
-                    raise ProbeError(f"{path} is not a cache written by Cache.save; load it with safetensors")
-                tensors = {k: f.get_tensor(k) for k in json.loads(meta["names"])}
+                names, n_layers, has_batch = _read_meta(path, f.metadata() or {}, set(f.keys()))
+                tensors = {k: f.get_tensor(k) for k in names}
         except (OSError, ValueError, KeyError, SafetensorError) as e:  # not safetensors, or cut short
-            raise ProbeError(f"{path} is not a readable cache file ({e}); write it again with cache.save") from e
-        cache = _rebuild(tensors, int(meta["n_layers"]), meta["has_batch_dim"] == "True")
+            first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+            raise ProbeError(f"{path} is not a readable cache file ({first}); write it again with cache.save") from None
+        cache = _rebuild(tensors, n_layers, has_batch)
         return cache if model is None else cache.attach(model)
 
     def __repr__(self) -> str:
@@ -169,6 +168,23 @@ class Cache(dict):
 
 
 _FORMAT = "depthprobe-cache-1"
+
+
+def _read_meta(path: Path, meta: dict[str, str], keys: set[str]) -> tuple[list[str], int, bool]:
+    """The names (in order), layer count and batch flag of a saved cache; one line for any other metadata."""
+    bad = f"{path} is not a cache written by Cache.save"
+    if meta.get("format") != _FORMAT:
+        raise ProbeError(f"{bad}; load it with safetensors")
+    try:
+        names = json.loads(meta.get("names", ""))
+    except (ValueError, RecursionError):
+        names = None
+    n_layers, has_batch = meta.get("n_layers", ""), meta.get("has_batch_dim")
+    if not (isinstance(names, list) and all(isinstance(n, str) for n in names) and set(names) == keys):
+        raise ProbeError(f"{bad} (its 'names' metadata is not the list of its tensors); write it again with cache.save")
+    if not (n_layers.isdigit() and len(n_layers) < 6 and has_batch in ("True", "False")):
+        raise ProbeError(f"{bad} (its n_layers or has_batch_dim metadata is damaged); write it again with cache.save")
+    return names, int(n_layers), has_batch == "True"
 
 
 def _rebuild(tensors: dict[str, torch.Tensor], n_layers: int, has_batch_dim: bool) -> Cache:
@@ -240,7 +256,8 @@ def run_with_cache(
     runs = []
     for part in parts:
         share = None if len(parts) == 1 else _real_tokens(mask[part]) / total  # of the mean loss
-        runs.append(_one_pass(model, ids[part], mask[part], wanted, keys, return_type, loss_per_token, grad, share))
+        with torch.set_grad_enabled(grad):  # the loss and its gradients too, even under torch.no_grad()
+            runs.append(_one_pass(model, ids[part], mask[part], wanted, keys, return_type, loss_per_token, grad, share))
         if shown is not None:
             shown.update(1)
     if shown is not None:
@@ -282,7 +299,6 @@ def _one_pass(
     lm = model.has_lm_head
     extra = [] if lm or last in keys else [last]
     with (
-        torch.set_grad_enabled(grad),
         capture(model, wanted, clone=not grad, grad=grad) as acts,
         capture(model, extra or last, grad=grad) as final,
     ):
