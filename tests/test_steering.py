@@ -103,11 +103,6 @@ def test_bad_steer_and_generate_values_are_one_line(model, call, match):
     assert "\n" not in str(err.value)
 
 
-@pytest.fixture(scope="module")
-def minilm():
-    return probes.load("minilm", device="cpu")
-
-
 def test_generate_refuses_an_encoder(minilm):
     """D12: generate on minilm raised TransformerLens's NotImplementedError."""
     with pytest.raises(probes.ProbeError, match="generate needs a causal language model; minilm is an encoder"):
