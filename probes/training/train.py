@@ -52,6 +52,15 @@ class Trained:
     seconds: float = 0.0  # training time, callbacks excluded
     callback_seconds: float = 0.0
 
+    def __repr__(self) -> str:
+        """One line: the model, the step, the last logged loss and where it was saved (not every loss row)."""
+        last = f", loss {self.losses[-1]['loss']:.4f}" if self.losses else ""
+        where = f", saved to {self.path}" if self.path is not None else ", in memory"
+        return (
+            f"Trained({self.model.name!r}, step {self.step}{last}, {len(self.losses)} loss rows, "
+            f"{self.seconds:.1f} s{where})"
+        )
+
 
 Callback = Callable[[int, Model], None]
 
