@@ -1,5 +1,8 @@
 """run_with_cache, Model.encode and Model.to_str_tokens, checked against plain transformers."""
 
+import json
+from pathlib import Path
+
 import pytest
 import torch
 import transformers
@@ -220,3 +223,31 @@ def test_cache_files_with_hostile_metadata_are_one_line(tmp_path, meta):
     with pytest.raises(ProbeError, match=r"is not a cache written by Cache\.save") as err:
         Cache.load(_hostile(tmp_path, "h", meta))
     assert "\n" not in str(err.value) and len(str(err.value)) < 300
+
+
+def test_a_saved_cache_writes_each_aliased_hook_once(tmp_path):
+    """D11: aliased hooks (one hook point under two names, e.g. blocks.0.hook_resid_pre and
+    blocks.0.hook_in) were written twice; each content is written once and loads back exactly."""
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    model = load("native:layers=2,d_model=32,heads=4,d_vocab=20,n_ctx=16,attn_only=false", device="cpu")
+    ids = torch.randint(0, 20, (2, 8), generator=torch.Generator().manual_seed(0))
+    _, cache = run_with_cache(model, ids)
+    path = cache.save(tmp_path / "c.safetensors")
+    with safe_open(str(path), framework="pt") as f:
+        written = set(f.keys())
+    points: dict[int, list[str]] = {}
+    for name in cache:
+        points.setdefault(id(model.bridge.hook_dict[name]), []).append(name)
+    assert all(len(set(names) & written) <= 1 for names in points.values())  # never two names of one hook point
+    assert len(written) < len(cache) and path.stat().st_size < 0.75 * sum(v.numel() * 4 for v in cache.values())
+    back = Cache.load(path)
+    assert list(back) == list(cache) and all(
+        torch.equal(back[k], cache[k]) and back[k].dtype == cache[k].dtype for k in cache
+    )
+    old = {k: v.contiguous().clone() for k, v in cache.items()}  # the first format: every name written
+    meta = {"format": "depthprobe-cache-1", "names": json.dumps(list(cache)), "n_layers": "2", "has_batch_dim": "True"}
+    save_file(old, str(tmp_path / "old.safetensors"), metadata=meta)
+    assert all(torch.equal(Cache.load(tmp_path / "old.safetensors")[k], cache[k]) for k in cache)
+
