@@ -251,3 +251,18 @@ def test_a_saved_cache_writes_each_aliased_hook_once(tmp_path):
     save_file(old, str(tmp_path / "old.safetensors"), metadata=meta)
     assert all(torch.equal(Cache.load(tmp_path / "old.safetensors")[k], cache[k]) for k in cache)
 
+
+def test_a_pickled_cache_needs_weights_only_false_as_documented(tmp_path):
+    """D7: torch.load's default (weights_only=True) refuses a pickled Cache; docs/api.md says to pass
+    weights_only=False (and to trust the file) or to use cache.save."""
+    import pickle
+
+    model = load("native:layers=1,d_model=16,heads=2,d_vocab=10,n_ctx=8", device="cpu")
+    _, cache = run_with_cache(model, torch.tensor([[1, 2, 3]]), names="blocks.0.hook_resid_post")
+    torch.save(cache, tmp_path / "c.pt")
+    with pytest.raises(pickle.UnpicklingError, match="weights_only"):
+        torch.load(tmp_path / "c.pt")
+    back = torch.load(tmp_path / "c.pt", weights_only=False)
+    assert torch.equal(back["blocks.0.hook_resid_post"], cache["blocks.0.hook_resid_post"])
+    doc = (Path(__file__).resolve().parent.parent / "docs" / "api.md").read_text()
+    assert "torch.load(path, weights_only=False)" in doc
