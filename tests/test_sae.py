@@ -301,6 +301,12 @@ def test_malformed_configs_are_one_line(tmp_path, cfg, match):
     assert "\n" not in str(err.value) and len(str(err.value)) < 300
 
 
+def test_a_hook_name_that_is_not_a_string_is_one_line(tmp_path):
+    save_file(random_tensors(), str(tmp_path / "plain.safetensors"))
+    with pytest.raises(ProbeError, match=r"hook_name must be a hook name, e.g\. 'blocks\.0\.hook_resid_post', got 5"):
+        probes.load_sae(tmp_path / "plain.safetensors", hook_name=5)
+
+
 def test_saes_that_would_fail_mid_pass_are_refused_at_load_or_attach(model, pair, tmp_path):
     scale = random_tensors() | {"finetuning_scaling_factor": torch.full((5,), 2.0)}
     with pytest.raises(ProbeError, match=r"scaling_factor has shape \[5\], expected \[12\]"):

@@ -295,6 +295,8 @@ def load_sae(path: str | Path, hook_name: str | None = None, architecture: str |
     safetensors file (``W_enc``, ``b_enc``, ``W_dec``, ``b_dec``, and ``threshold`` for a JumpReLU
     SAE); ``hook_name`` says (or overrides) the hook it reads, ``architecture`` what a plain file
     holds (default: "jumprelu" when it has a threshold, else "standard"; "topk" needs a folder)."""
+    if hook_name is not None and not isinstance(hook_name, str):
+        raise ProbeError(f"hook_name must be a hook name, e.g. 'blocks.0.hook_resid_post', got {_show(hook_name)}")
     path = Path(path)
     if path.is_dir():
         cfg_file = path / CONFIG
