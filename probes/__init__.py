@@ -20,6 +20,7 @@ _NAMES: dict[str, str] = {
     "Batch": "engine.task:Batch",
     "Cache": "hooks.cache:Cache",
     "Context": "engine.task:Context",
+    "Diverged": "base.errors:Diverged",
     "Examples": "engine.task:Examples",
     "Model": "models.model:Model",
     "NativeConfig": "models.model:NativeConfig",
@@ -93,7 +94,7 @@ if TYPE_CHECKING:  # what static checkers and IDEs see; never run
     from depthprobe.probes.api.sweep import sweep
     from depthprobe.probes.api.train import train
     from depthprobe.probes.api.viz import view
-    from depthprobe.probes.base.errors import ProbeError
+    from depthprobe.probes.base.errors import Diverged, ProbeError
     from depthprobe.probes.base.options import ranged
     from depthprobe.probes.data.align import encode_words, word_attention
     from depthprobe.probes.data.memory import Text

@@ -1,5 +1,8 @@
 """run_with_cache, Model.encode and Model.to_str_tokens, checked against plain transformers."""
 
+import json
+from pathlib import Path
+
 import pytest
 import torch
 import transformers
@@ -179,3 +182,87 @@ def test_tokenizer_verbs_are_transformer_lens(tiny_gpt2):
     native = load("native:layers=1,d_model=16,heads=2,d_vocab=10,n_ctx=8", device="cpu")
     with pytest.raises(ProbeError, match=r"needs a tokenizer.*pass ids"):
         native.to_tokens("text")
+
+
+def test_loss_gradients_under_no_grad_equal_those_outside():
+    """grad=True under torch.no_grad() raised a raw RuntimeError; it now computes the same cache."""
+    model = load("native:layers=1,d_model=16,heads=2,d_vocab=10,n_ctx=8", device="cpu")
+    ids = torch.tensor([[1, 2, 3, 4], [4, 3, 2, 1]])
+    loss, cache = run_with_cache(model, ids, names="blocks.0.hook_resid_post", return_type="loss", grad=True)
+    with torch.no_grad():
+        loss2, cache2 = run_with_cache(model, ids, names="blocks.0.hook_resid_post", return_type="loss", grad=True)
+    assert torch.equal(loss, loss2) and list(cache) == list(cache2)
+    assert all(torch.equal(cache[k], cache2[k]) for k in cache)
+
+
+def _hostile(tmp_path, name, meta, tensors=None):
+    from safetensors.torch import save_file
+
+    path = tmp_path / f"{name}.safetensors"
+    save_file(tensors or {"a": torch.zeros(2)}, str(path), metadata=meta)
+    return path
+
+
+@pytest.mark.parametrize(
+    "meta",
+    [
+        {"format": "depthprobe-cache-1"},
+        {"format": "depthprobe-cache-1", "names": "not json", "n_layers": "1", "has_batch_dim": "True"},
+        {"format": "depthprobe-cache-1", "names": "5", "n_layers": "1", "has_batch_dim": "True"},
+        {"format": "depthprobe-cache-1", "names": '{"a": 1}', "n_layers": "1", "has_batch_dim": "True"},
+        {"format": "depthprobe-cache-1", "names": '["a", "b"]', "n_layers": "1", "has_batch_dim": "True"},
+        {"format": "depthprobe-cache-1", "names": "[" * 50_000 + "]" * 50_000, "n_layers": "1", "has_batch_dim": "1"},
+        {"format": "depthprobe-cache-1", "names": '["a"]', "n_layers": "one", "has_batch_dim": "True"},
+        {"format": "depthprobe-cache-1", "names": '["a"]', "n_layers": "-1", "has_batch_dim": "True"},
+        {"format": "depthprobe-cache-1", "names": '["a"]', "n_layers": "9" * 400, "has_batch_dim": "True"},
+        {"format": "depthprobe-cache-1", "names": '["a"]', "n_layers": "1", "has_batch_dim": "maybe"},
+        {"format": "depthprobe-cache-1", "names": '["a"]', "n_layers": "1"},
+    ],
+)
+def test_cache_files_with_hostile_metadata_are_one_line(tmp_path, meta):
+    with pytest.raises(ProbeError, match=r"is not a cache written by Cache\.save") as err:
+        Cache.load(_hostile(tmp_path, "h", meta))
+    assert "\n" not in str(err.value) and len(str(err.value)) < 300
+
+
+def test_a_saved_cache_writes_each_aliased_hook_once(tmp_path):
+    """D11: aliased hooks (one hook point under two names, e.g. blocks.0.hook_resid_pre and
+    blocks.0.hook_in) were written twice; each content is written once and loads back exactly."""
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    model = load("native:layers=2,d_model=32,heads=4,d_vocab=20,n_ctx=16,attn_only=false", device="cpu")
+    ids = torch.randint(0, 20, (2, 8), generator=torch.Generator().manual_seed(0))
+    _, cache = run_with_cache(model, ids)
+    path = cache.save(tmp_path / "c.safetensors")
+    with safe_open(str(path), framework="pt") as f:
+        written = set(f.keys())
+    points: dict[int, list[str]] = {}
+    for name in cache:
+        points.setdefault(id(model.bridge.hook_dict[name]), []).append(name)
+    assert all(len(set(names) & written) <= 1 for names in points.values())  # never two names of one hook point
+    assert len(written) < len(cache) and path.stat().st_size < 0.75 * sum(v.numel() * 4 for v in cache.values())
+    back = Cache.load(path)
+    assert list(back) == list(cache) and all(
+        torch.equal(back[k], cache[k]) and back[k].dtype == cache[k].dtype for k in cache
+    )
+    old = {k: v.contiguous().clone() for k, v in cache.items()}  # the first format: every name written
+    meta = {"format": "depthprobe-cache-1", "names": json.dumps(list(cache)), "n_layers": "2", "has_batch_dim": "True"}
+    save_file(old, str(tmp_path / "old.safetensors"), metadata=meta)
+    assert all(torch.equal(Cache.load(tmp_path / "old.safetensors")[k], cache[k]) for k in cache)
+
+
+def test_a_pickled_cache_needs_weights_only_false_as_documented(tmp_path):
+    """D7: torch.load's default (weights_only=True) refuses a pickled Cache; docs/api.md says to pass
+    weights_only=False (and to trust the file) or to use cache.save."""
+    import pickle
+
+    model = load("native:layers=1,d_model=16,heads=2,d_vocab=10,n_ctx=8", device="cpu")
+    _, cache = run_with_cache(model, torch.tensor([[1, 2, 3]]), names="blocks.0.hook_resid_post")
+    torch.save(cache, tmp_path / "c.pt")
+    with pytest.raises(pickle.UnpicklingError, match="weights_only"):
+        torch.load(tmp_path / "c.pt")
+    back = torch.load(tmp_path / "c.pt", weights_only=False)
+    assert torch.equal(back["blocks.0.hook_resid_post"], cache["blocks.0.hook_resid_post"])
+    doc = (Path(__file__).resolve().parent.parent / "docs" / "api.md").read_text()
+    assert "torch.load(path, weights_only=False)" in doc

@@ -248,3 +248,66 @@ def test_print_media_and_a_full_page_viewport_draw_every_view(browser, tmp_path)
 def test_the_srcdoc_page_is_the_page(tiny_bert):
     shown = probes.view(tiny_bert, "the dog", kind="model")
     assert html.unescape(re.search(r'srcdoc="([^"]*)"', shown._repr_html_()).group(1)) == shown.page
+
+
+def test_a_long_texts_neuron_view_holds_the_rows_around_its_query_and_stays_small():
+    """N9: every query row of a 512-token text made a 91 MB page (minilm); the page now holds the
+    rows of NEURON_ROWS query positions around the query, every key of each, and says so."""
+    from depthprobe.probes.render.inspect import NEURON_ROWS
+
+    model = probes.load("native:layers=2,d_model=32,heads=4,d_vocab=50,n_ctx=512")
+    ids = torch.randint(0, 50, (1, 512), generator=torch.Generator().manual_seed(0))
+    _, cache = probes.run_with_cache(model, ids)
+    shown = probes.view(model, ids[0].tolist(), kind="neuron", query=300)
+    d = _data(shown)
+    start = 300 - NEURON_ROWS // 2
+    assert d["rows"] == [start, start + NEURON_ROWS] and d["scores"].shape == (2, 4, NEURON_ROWS, 512)
+    assert d["k"].shape == (2, 4, 512, 8) and d["q"].shape == (2, 4, NEURON_ROWS, 8)
+    want = cache["blocks.1.attn.hook_pattern"][0, :, start : start + NEURON_ROWS].double().numpy()
+    np.testing.assert_allclose(d["pattern"][1], want, atol=1e-4)
+    q = cache["blocks.0.attn.hook_q"][0, start : start + NEURON_ROWS].transpose(0, 1).double().numpy()
+    np.testing.assert_allclose(d["q"][0], q, atol=1e-4)
+    assert f"holds query positions {start}..{start + NEURON_ROWS - 1} of 512" in html.unescape(shown.page)
+    assert len(shown.page) < 2_000_000  # every row: about 15 MB
+    assert _data(probes.view(model, ids[0].tolist(), kind="neuron"))["rows"] == [512 - NEURON_ROWS, 512]
+
+
+def test_nan_and_inf_are_noted_not_drawn_silently_as_zero():
+    model = probes.load(NATIVE)
+    _, cache = probes.run_with_cache(model, torch.tensor([IDS]))
+    acts = dict(cache.items())
+    acts["blocks.1.attn.hook_pattern"] = acts["blocks.1.attn.hook_pattern"].clone()
+    acts["blocks.1.attn.hook_pattern"][0, 0, 3, :2] = float("nan")
+    acts["blocks.0.attn.hook_attn_scores"] = acts["blocks.0.attn.hook_attn_scores"].clone()
+    acts["blocks.0.attn.hook_attn_scores"][0, 1, 4, 0] = float("inf")
+    tokens = [str(i) for i in IDS]
+    page = html.unescape(probes.view(tokens, acts, kind="model").page)
+    assert "NaN or inf in the pattern of head 1-0 (2): drawn as 0" in page
+    neuron = probes.view(tokens, acts, kind="neuron")
+    page = html.unescape(neuron.page)
+    assert "NaN or inf in the scores of head 0-1 (1)" in page and "NaN or inf in the weights of head 1-0 (2)" in page
+    assert _data(neuron)["masked"][0, 1, 4, 0] == 0  # +inf is not the model's mask
+
+
+def test_a_long_texts_neuron_view_draws_its_rows_in_chromium(browser, tmp_path, tiny_gpt2, monkeypatch):  # noqa: F811
+    from depthprobe.probes.render import inspect
+
+    monkeypatch.setattr(inspect, "NEURON_ROWS", 2)
+    ids = tiny_gpt2.encode(["the dog saw a cat"])[0]
+    n = ids.shape[1]
+    _, cache = probes.run_with_cache(tiny_gpt2, ids)
+    shown = probes.view(tiny_gpt2, "the dog saw a cat", kind="neuron", query=3)
+    assert _data(shown)["rows"] == [2, 4]
+    tab = Page(browser, _frame_file(tmp_path, shown, "rows.html"), until=DONE)
+    try:
+        scores = "Array.from(document.querySelectorAll('table.neuron td.score')).map(e => e.textContent)"
+        want = cache["blocks.0.attn.hook_attn_scores"][0, 0, 3]
+        assert tab.eval(scores) == [f"{float(s):.4f}" for s in want[:4]] + ["masked"] * (n - 4)
+        disabled = tab.eval("Array.from(document.querySelectorAll('.queries button')).map(b => b.disabled)")
+        assert disabled == [i not in (2, 3) for i in range(n)]
+        tab.eval("document.querySelectorAll('.queries button')[2].click()")
+        want = cache["blocks.0.attn.hook_attn_scores"][0, 0, 2]
+        assert tab.eval(scores) == [f"{float(s):.4f}" for s in want[:3]] + ["masked"] * (n - 3)
+        assert tab.problems() == [] and tab.network_requests() == []
+    finally:
+        tab.close()

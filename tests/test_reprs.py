@@ -25,3 +25,14 @@ def test_result_repr_is_one_line_with_task_model_and_sizes(tiny_bert, tmp_path):
     assert f"{len(r.views)} views" in text
     r.save(tmp_path / "run")
     assert repr(r).endswith(f"saved to {tmp_path / 'run'})")
+
+
+def test_trained_repr_is_one_line_without_the_loss_rows(tmp_path):
+    """D8: repr(Trained) listed every logged loss row."""
+    from depthprobe.probes import train
+
+    done = train(layers=1, d_model=16, heads=2, vocab=16, seq_len=16, steps=40, log_every=1, batch_size=4)
+    text = repr(done)
+    assert "\n" not in text and len(text) < 200, text[:500]
+    assert text.startswith(f"Trained({done.model.name!r}, step 40, loss {done.losses[-1]['loss']:.4f}, 40 loss rows")
+    assert text.endswith(", in memory)")

@@ -302,3 +302,11 @@ def test_a_capture_open_in_one_thread_refuses_another_threads_capture(native):
         worker.join()
     _, after = run_with_cache(native, CLEAN, names="blocks.1.hook_resid_post")  # free again once it ends
     assert after["blocks.1.hook_resid_post"].shape == (1, 5, 16)
+
+
+def test_to_single_token_on_an_encoder_strips_its_special_tokens(minilm):
+    """D4: to_single_token raised for every string on minilm (the bridge appends [SEP])."""
+    ids = minilm.encode("the cat")[0][0]  # [CLS] the cat [SEP]
+    assert minilm.to_single_token("the") == int(ids[1]) and minilm.to_single_token("cat") == int(ids[2])
+    with pytest.raises(ProbeError, match=r"'the cat' is 2 tokens in minilm, not one: \['the', 'cat'\]"):
+        minilm.to_single_token("the cat")

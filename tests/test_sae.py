@@ -242,3 +242,102 @@ def _sized(d_in, d_sae):
         "W_dec": torch.zeros(d_sae, d_in),
         "b_dec": torch.zeros(d_in),
     }
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_low_precision_weights_leave_the_model_unchanged(model, pair, tmp_path, dtype):
+    """Stored in bf16 or fp16, the SAE computes in the model's precision: the logits stay the model's."""
+    plain = probes.run_with_cache(model, pair[0], names=HOOK)[0]
+    save_file({k: v.to(dtype) for k, v in random_tensors().items()}, str(tmp_path / "low.safetensors"))
+    sae = probes.load_sae(tmp_path / "low.safetensors", hook_name=HOOK)
+    assert sae.W_enc.dtype == torch.float32
+    with probes.attach_sae(model, sae):
+        logits = probes.run_with_cache(model, pair[0], names=HOOK)[0]
+    assert (logits - plain).abs().max() < 1e-5
+
+
+def test_integer_and_non_finite_weights_are_refused_at_load(tmp_path):
+    ints = {k: (v * 10).long() for k, v in random_tensors().items()}
+    save_file(ints, str(tmp_path / "int.safetensors"))
+    with pytest.raises(ProbeError, match=r"W_enc holds int64 values; an SAE's weights are floating point") as err:
+        probes.load_sae(tmp_path / "int.safetensors", hook_name=HOOK)
+    assert "\n" not in str(err.value)
+    for bad in (float("nan"), float("inf")):
+        t = random_tensors()
+        t["b_dec"][3] = bad
+        save_file(t, str(tmp_path / "bad.safetensors"))
+        with pytest.raises(ProbeError, match=r"the SAE's b_dec holds NaN or inf") as err:
+            probes.load_sae(tmp_path / "bad.safetensors", hook_name=HOOK)
+        assert "\n" not in str(err.value)
+
+
+def _folder(tmp_path, cfg, tensors=None):
+    save_file(tensors or random_tensors(), str(tmp_path / "sae_weights.safetensors"))
+    (tmp_path / "cfg.json").write_text(cfg if isinstance(cfg, str) else json.dumps(cfg))
+    return tmp_path
+
+
+@pytest.mark.parametrize(
+    ("cfg", "match"),
+    [
+        ("[1, 2]", r"the SAE's config is list \[1, 2\], not a JSON object"),
+        ("null", "the SAE's config is NoneType None, not a JSON object"),
+        ({"d_in": D, "d_sae": 12, "metadata": [HOOK]}, "the SAE's metadata is list"),
+        ({"d_in": D, "d_sae": 12, "metadata": {"hook_name": 5}}, r"'hook_name' is 5, not a hook name"),
+        ({"d_in": D, "d_sae": 12, "hook_point": ["x"]}, r"'hook_point' is \['x'\], not a hook name"),
+        ({"d_in": D, "d_sae": 12, "apply_b_dec_to_input": "false"}, r"'apply_b_dec_to_input' is 'false', not true"),
+        ({"d_in": D, "d_sae": 12, "architecture": 3}, r"'architecture' is 3, not a string"),
+        ({"d_in": D, "d_sae": 12, "activation_fn_kwargs": "k=3"}, "activation_fn_kwargs is str"),
+        ({"d_in": True, "d_sae": 12}, r"'d_in' is True, not a positive integer"),
+        ({"d_in": -8, "d_sae": 12}, r"no positive integer 'd_in'"),
+        ("[" * 100_000 + "]" * 100_000, "nests too deeply"),
+        ({"d_in": D, "d_sae": 12, "architecture": "jumprelu", "rescale_acts_by_decoder_norm": True}, "topk SAEs only"),
+    ],
+)
+def test_malformed_configs_are_one_line(tmp_path, cfg, match):
+    folder = _folder(tmp_path, cfg)
+    with pytest.raises(ProbeError, match=match) as err:
+        probes.load_sae(folder)
+    assert "\n" not in str(err.value) and len(str(err.value)) < 300
+
+
+def test_a_hook_name_that_is_not_a_string_is_one_line(tmp_path):
+    save_file(random_tensors(), str(tmp_path / "plain.safetensors"))
+    with pytest.raises(ProbeError, match=r"hook_name must be a hook name, e.g\. 'blocks\.0\.hook_resid_post', got 5"):
+        probes.load_sae(tmp_path / "plain.safetensors", hook_name=5)
+
+
+def test_saes_that_would_fail_mid_pass_are_refused_at_load_or_attach(model, pair, tmp_path):
+    scale = random_tensors() | {"finetuning_scaling_factor": torch.full((5,), 2.0)}
+    with pytest.raises(ProbeError, match=r"scaling_factor has shape \[5\], expected \[12\]"):
+        probes.load_sae(_folder(tmp_path, {"d_in": D, "d_sae": 12, "metadata": {"hook_name": HOOK}}, scale))
+    z = SAE(SAEConfig(D, 12, HOOK, reshape_activations="hook_z"), random_tensors())
+    hook_z = r"reshape_activations='hook_z'\) but blocks\.1\.hook_resid_pre has \[8\]"
+    with pytest.raises(ProbeError, match=hook_z), probes.attach_sae(model, z):
+        pass
+    one = SAE(SAEConfig(1, 12, "blocks.0.attn.hook_pattern"), _sized(1, 12))
+    with pytest.raises(ProbeError, match="holds attention over positions"), probes.attach_sae(model, one):
+        pass
+    assert not [n for n in model.bridge.hook_dict if "hook_sae" in n]
+
+
+def test_topk_rescaled_by_decoder_norm_equals_sae_lens_maths(tmp_path):
+    """sae-lens's TopKSAE with rescale_acts_by_decoder_norm: pre * |W_dec row| before the top k,
+    latents / |W_dec row| before decoding (written out here by hand)."""
+    t = random_tensors()
+    t["W_dec"] = t["W_dec"] * torch.linspace(0.1, 3.0, 12)[:, None]  # rows of very different norms
+    cfg = {"d_in": D, "d_sae": 12, "architecture": "topk", "k": 3, "rescale_acts_by_decoder_norm": True}
+    sae = probes.load_sae(_folder(tmp_path, cfg | {"metadata": {"hook_name": HOOK}}, t))
+    x = torch.randn(2, 5, D, generator=torch.Generator().manual_seed(4))
+    norm = t["W_dec"].norm(dim=-1)
+    pre = ((x - t["b_dec"]) @ t["W_enc"] + t["b_enc"]) * norm
+    kth = pre.topk(3, -1).values[..., -1:]
+    hand = torch.where(pre >= kth, pre.relu(), 0.0)
+    acts, undo = sae.encode(x)
+    assert torch.allclose(acts, hand, atol=1e-6)
+    plain = SAE(SAEConfig(D, 12, architecture="topk", k=3), t).encode(x)[0]
+    assert not torch.equal(acts != 0, plain != 0)  # the rescale picks other latents here
+    assert torch.allclose(sae.decode(acts, undo, x.shape), (hand / norm) @ t["W_dec"] + t["b_dec"], atol=1e-5)
+    assert torch.allclose(sae(x), x, atol=1e-5)
+    again = probes.load_sae(probes.save_sae(sae, tmp_path / "again"))
+    assert again.cfg == sae.cfg

@@ -127,3 +127,26 @@ def test_a_metric_reads_its_own_targets_in_batches(pair):
         one = verb(model, clean, corrupt, hooks=HOOKS, metric=own, per_example=True)
         batched = verb(model, clean, corrupt, hooks=HOOKS, metric=own, per_example=True, batch_size=2)
         assert np.allclose(one["value"], batched["value"], atol=1e-5)
+
+
+def test_a_metric_reading_targets_from_a_closure_under_batch_size_is_one_line(pair):
+    """D6: a metric indexing targets of the whole dataset failed on the first batch with a raw
+    RuntimeError; the line names fn(logits, index), and that form equals the unbatched sweep."""
+    model, clean, corrupt = pair
+    targets = torch.tensor([3, 4, 5, 6, 7])
+
+    def closure(logits):  # every example's target: only right for the whole dataset at once
+        return logits[torch.arange(5), -1, targets]
+
+    def indexed(logits, index):
+        return logits[torch.arange(logits.shape[0]), -1, targets[index]]
+
+    hook = "blocks.0.hook_resid_pre"
+    with pytest.raises(
+        probes.ProbeError, match=r"metric 'closure' failed on a batch of 2 examples .*targets\[index\]"
+    ) as err:
+        probes.patch(model, clean, corrupt, hooks=hook, metric=closure, batch_size=2)
+    assert "\n" not in str(err.value)
+    whole = probes.patch(model, clean, corrupt, hooks=hook, metric=closure)
+    batched = probes.patch(model, clean, corrupt, hooks=hook, metric=indexed, batch_size=2)
+    np.testing.assert_allclose(batched["value"].to_numpy(), whole["value"].to_numpy(), atol=1e-5)

@@ -255,6 +255,39 @@ def test_cli_train_bad_inputs(tmp_path):
     one_line_error(runner.invoke(app, ["train", "--resume", "--out", str(tmp_path / "nothing")]), "drop --resume")
     one_line_error(runner.invoke(app, ["train", "--positional", "alibi", "--out", str(tmp_path / "a")]), "positional")
     assert not (tmp_path / "a").exists()
+    for bad in ("nan", "-1", "inf"):
+        one_line_error(
+            runner.invoke(app, ["train", "--weight-decay", bad, "--out", str(tmp_path / "a")]), "--weight-decay"
+        )
+    assert not (tmp_path / "a").exists()
+
+
+DIVERGE = TINY | dict(steps=30, lr=1e30, warmup=0)  # a rate no model survives: the loss goes NaN
+
+
+def test_a_diverged_cli_run_exits_3_naming_lr_and_calls_no_checkpoint_finished(tmp_path):
+    out = tmp_path / "m"
+    args = [f"--{k.replace('_', '-')}={v}" for k, v in (DIVERGE | dict(save_every=10)).items()]
+    line = one_line_error(runner.invoke(app, ["train", *args, "--out", str(out)]), "diverged", "lower --lr", code=3)
+    assert "probe run" not in line
+    if (out / "depthprobe.json").exists():  # a checkpoint before the divergence: finite and not the last step
+        step = json.loads((out / "depthprobe.json").read_text())["training"]["step"]
+        assert step < 30 and f"step {step} of 30" in line
+        assert all(torch.isfinite(w).all() for w in weights(load(str(out))))
+    else:
+        assert "no checkpoint was written" in line
+
+
+def test_a_diverged_api_run_raises_a_clear_error(tmp_path):
+    from depthprobe.probes import Diverged
+    from depthprobe.probes import train as api_train
+
+    with pytest.raises(Diverged, match=r"training diverged by step \d+ .*lower --lr \(it was 1e\+30") as err:
+        api_train(**DIVERGE)
+    assert err.value.exit_code == 3 and "\n" not in str(err.value)
+    with pytest.raises(Diverged, match="not a finished one"):
+        api_train(tmp_path / "m", **(DIVERGE | dict(log_every=30, save_every=1)))  # the weights' check at each save
+    assert json.loads((tmp_path / "m" / "depthprobe.json").read_text())["training"]["step"] < 30
 
 
 # ----------------------------------------------------------------------------- interrupted saves

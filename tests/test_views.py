@@ -174,3 +174,29 @@ def test_views_of_a_cache_or_any_pattern(native):
         probes.view(tokens, torch.rand(2, 4, 4))
     with pytest.raises(probes.ProbeError, match="holds no attention pattern"):
         probes.view(tokens, probes.run_with_cache(native, ids, "blocks.0.hook_resid_post")[1])
+
+
+def _views_of(shown) -> list[dict]:
+    import json
+
+    page = _frame_page(shown._repr_html_())
+    return json.loads(re.search(r"id='dp-views-data'>(.*?)</script>", page, re.S).group(1))
+
+
+def test_small_and_signed_maps_are_scaled_to_their_largest_value_and_3d_maps_are_not_layer_0():
+    """D3: attributions (tiny, signed) were drawn blank and any 3-D map was titled 'layer 0'."""
+    tokens = ["a", "b", "c"]
+    signed = torch.tensor([[[0.002, -0.001, 0.0], [0.0005, 0.0, -0.004], [0.001, 0.003, 0.0]]])  # [head 1, 3, 3]
+    (view,) = _views_of(probes.view(tokens, signed))
+    drawn = decode_pattern(view["pattern"])
+    assert abs(drawn - (signed / 0.004).numpy()).max() < 1e-4 and drawn.min() == -1.0  # -1 .. 1, signs kept
+    shown = html.unescape(_frame_page(probes.view(tokens, signed)._repr_html_()))
+    assert "divided by the map's largest |value|, 0.004" in shown and "negative values red" in shown
+    assert "layer 0" not in shown and "the given map" in shown
+    pattern = torch.softmax(torch.randn(2, 3, 3), -1)  # attention-like: drawn as it is, no note
+    (plain,) = _views_of(probes.view(tokens, pattern))
+    assert abs(decode_pattern(plain["pattern"]) - pattern.numpy()).max() < 1e-4
+    assert "not an attention pattern" not in _frame_page(probes.view(tokens, pattern)._repr_html_())
+    layered = _views_of(probes.view(tokens, torch.stack([pattern, pattern])))  # 4-D: layers stay named
+    assert [v["heads"] for v in layered] == [["0-0", "0-1"], ["1-0", "1-1"]]
+    assert "layer 1" in _frame_page(probes.view(tokens, torch.stack([pattern, pattern]))._repr_html_())

@@ -5,8 +5,9 @@ handed to ``probes.render.inspect`` to draw.
 Neuron view values: ``q`` and ``k`` are ``hook_q`` / ``hook_k`` (``hook_rot_q`` / ``hook_rot_k``
 where the model rotates them), the scores ``hook_attn_scores`` and the weights ``hook_pattern``,
 all of one forward pass; a score the model masked out (-inf, or the dtype's lowest value) is
-shown as masked. Where the scores are not q.k / sqrt(d_head) (another scale, ALiBi) the page
-says so instead of showing numbers that disagree silently.
+shown as masked (NaN or +inf are not: the page notes them, drawn as 0). Where the scores are not
+q.k / sqrt(d_head) (another scale, ALiBi) the page says so instead of showing numbers that
+disagree silently.
 """
 
 from __future__ import annotations
@@ -105,7 +106,7 @@ def neuron_from(
     query = n - 1 if query is None else int(query)
     if not 0 <= query < n:
         raise ProbeError(f"query position {query} out of range: the text has {n} tokens (0..{n - 1})")
-    masked = ~np.isfinite(score) | (score <= MASKED_BELOW)
+    masked = np.isneginf(score) | (score <= MASKED_BELOW)  # NaN and +inf are not a mask: the page notes them
     scale = math.sqrt(q.shape[-1])
     notes = _scale_notes(q, k, score, masked, scale, layers)
     chosen = list(range(q.shape[1])) if heads is None else list(heads)

@@ -299,6 +299,7 @@ def pattern_views(
             )
         stack = np.stack([_array(patterns[n])[0] for n in names])  # first example: [layer, head, q, k]
         numbers = [_layer_of(n) for n in names]
+        notes = []
     else:
         arr = _array(patterns)
         if arr.ndim not in (3, 4):
@@ -307,6 +308,8 @@ def pattern_views(
             )
         stack = arr[None] if arr.ndim == 3 else arr
         numbers = list(range(stack.shape[0]))
+        stack, note = _unit_scale(stack)
+        notes = [note] if note else []
     if stack.shape[-1] != len(tokens) or stack.shape[-2] != len(tokens):
         raise ProbeError(f"{len(tokens)} tokens for a pattern over {stack.shape[-2]} x {stack.shape[-1]} positions")
     chosen = range(stack.shape[1]) if heads is None else list(heads)
@@ -316,8 +319,27 @@ def pattern_views(
             continue
         pat = stack[i][list(chosen)]
         mask = bool(np.allclose(np.triu(pat, 1), 0)) if causal is None else causal
-        out.append(View(f"layer {layer}", [str(t) for t in tokens], pat, [f"{layer}-{h}" for h in chosen], mask))
+        title = f"layer {layer}" if isinstance(patterns, dict) or np.ndim(patterns) == 4 else "the given map"
+        heads_of = [f"{layer}-{h}" for h in chosen]
+        out.append(View(title, [str(t) for t in tokens], pat, heads_of, mask, list(notes)))
     return out
+
+
+def _unit_scale(stack: Any) -> tuple[Any, str]:
+    """A map that is not attention-like (negative values, values above 1, or all below 0.1: an
+    attribution) divided by its largest |value|, so it runs from -1 to 1 and its colours show; and
+    the note that says so. Attention-like maps are returned as they are."""
+    import numpy as np
+
+    finite = stack[np.isfinite(stack)]
+    top = float(np.abs(finite).max()) if finite.size else 0.0
+    if top == 0.0 or (finite.min() >= 0 and 0.1 <= top <= 1.0):
+        return stack, ""
+    signed = "negative values red, positive blue" if finite.min() < 0 else "positive values shaded"
+    return stack / top, (
+        f"not an attention pattern: every value is divided by the map's largest |value|, {top:.4g}, "
+        f"so the colours run from -1 to 1 ({signed}); hover values are the divided ones"
+    )
 
 
 def _layer_of(name: str) -> int:

@@ -19,6 +19,13 @@ class MembersFailed(ProbeError):
     exit_code = 3
 
 
+class Diverged(ProbeError):
+    """Training whose loss (or weights) went NaN or infinite: a run that failed, exit code 3 (as for
+    failed study members); the message names the step and the rate to lower."""
+
+    exit_code = 3
+
+
 def suggest(name: str, choices: Iterable[str]) -> str:
     """' (did you mean X?)' for the closest choices, or '' when nothing is close."""
     close = difflib.get_close_matches(name, list(choices), n=3, cutoff=0.5)

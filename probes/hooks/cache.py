@@ -122,16 +122,15 @@ class Cache(dict):
 
     def save(self, path: str | Path) -> Path:
         """Write the tensors to one safetensors file, with their names in order, the layer count and
-        whether it has a batch axis (the model is not saved); :meth:`load` reads it back exactly."""
+        whether it has a batch axis (the model is not saved); :meth:`load` reads it back exactly.
+        A tensor equal to one already written (an aliased hook: ``hook_resid_pre`` and
+        ``blocks.0.hook_in`` are one hook point) is written once, with its name and shape."""
         from safetensors.torch import save_file
 
-        tensors, seen = {}, set()
-        for k, v in self.items():
-            v = v.detach().cpu().contiguous()
-            tensors[k] = v.clone() if v.data_ptr() in seen and v.numel() else v  # no shared storage
-            seen.add(v.data_ptr())
+        tensors, aliases = _once(self)
         meta = {"format": _FORMAT, "names": json.dumps(list(self)), "n_layers": str(self.n_layers)}
         meta["has_batch_dim"] = str(self.has_batch_dim)
+        meta["aliases"] = json.dumps(aliases)
         path = Path(path)
         save_file(tensors, str(path), metadata=meta)
         return path
@@ -146,13 +145,14 @@ class Cache(dict):
             raise ProbeError(f"no cache file at {path}; write one with cache.save(path)")
         try:
             with safe_open(str(path), framework="pt", device=str(device)) as f:
-                meta = f.metadata() or {}
-                if meta.get("format") != _FORMAT:
-                    raise ProbeError(f"{path} is not a cache written by Cache.save; load it with safetensors")
-                tensors = {k: f.get_tensor(k) for k in json.loads(meta["names"])}
-        except (OSError, ValueError, KeyError, SafetensorError) as e:  # not safetensors, or cut short
-            raise ProbeError(f"{path} is not a readable cache file ({e}); write it again with cache.save") from e
-        cache = _rebuild(tensors, int(meta["n_layers"]), meta["has_batch_dim"] == "True")
+                written = set(f.keys())
+                names, aliases, n_layers, has_batch = _read_meta(path, f.metadata() or {}, written)
+                stored = {k: f.get_tensor(k) for k in written}
+                tensors = {k: _stored(stored, aliases, k) for k in names}
+        except (OSError, ValueError, KeyError, RuntimeError, SafetensorError) as e:  # not safetensors, cut short
+            first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+            raise ProbeError(f"{path} is not a readable cache file ({first}); write it again with cache.save") from None
+        cache = _rebuild(tensors, n_layers, has_batch)
         return cache if model is None else cache.attach(model)
 
     def __repr__(self) -> str:
@@ -168,7 +168,65 @@ class Cache(dict):
         return out
 
 
-_FORMAT = "depthprobe-cache-1"
+_FORMAT = "depthprobe-cache-2"  # 2: equal tensors written once ("aliases"); 1 (read too): every name
+_FORMATS = ("depthprobe-cache-1", _FORMAT)
+
+
+def _once(cache: Cache) -> tuple[dict[str, torch.Tensor], dict[str, list[Any]]]:
+    """The tensors to write, each content once, and name -> [written name, shape] for the others."""
+    tensors: dict[str, torch.Tensor] = {}
+    aliases: dict[str, list[Any]] = {}
+    candidates: dict[tuple[Any, ...], list[str]] = {}
+    seen: set[int] = set()
+    for k, v in cache.items():
+        v = v.detach().cpu().contiguous()
+        key = (v.dtype, v.numel(), float(v.double().sum()) if v.numel() else 0.0)  # equal tensors share it
+        same = next((o for o in candidates.get(key, []) if torch.equal(tensors[o].reshape(-1), v.reshape(-1))), None)
+        if same is not None:
+            aliases[k] = [same, list(v.shape)]
+            continue
+        tensors[k] = v.clone() if v.data_ptr() in seen and v.numel() else v  # no shared storage
+        seen.add(v.data_ptr())
+        candidates.setdefault(key, []).append(k)
+    return tensors, aliases
+
+
+def _stored(stored: dict[str, torch.Tensor], aliases: dict[str, list[Any]], name: str) -> torch.Tensor:
+    """``name``'s tensor: as written, or (an alias) a copy of the tensor it equals, in its own shape."""
+    if name not in aliases:
+        return stored[name]
+    target, shape = aliases[name]
+    return stored[target].reshape(shape).clone()
+
+
+def _json(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError):
+        return None
+
+
+def _read_meta(path: Path, meta: dict[str, str], keys: set[str]) -> tuple[list[str], dict[str, list[Any]], int, bool]:
+    """The names (in order), aliases, layer count and batch flag of a saved cache; one line for any
+    other metadata."""
+    bad = f"{path} is not a cache written by Cache.save"
+    if meta.get("format") not in _FORMATS:
+        raise ProbeError(f"{bad}; load it with safetensors")
+    names, aliases = _json(meta.get("names", "")), _json(meta.get("aliases", "{}"))
+    n_layers, has_batch = meta.get("n_layers", ""), meta.get("has_batch_dim")
+    if not (
+        isinstance(aliases, dict)
+        and all(
+            isinstance(a, list) and len(a) == 2 and a[0] in keys and isinstance(a[1], list) for a in aliases.values()
+        )
+        and all(isinstance(d, int) and d >= 0 for a in aliases.values() for d in a[1])
+    ):
+        raise ProbeError(f"{bad} (its 'aliases' metadata is damaged); write it again with cache.save")
+    if not (isinstance(names, list) and all(isinstance(n, str) for n in names) and set(names) == keys | set(aliases)):
+        raise ProbeError(f"{bad} (its 'names' metadata is not the list of its tensors); write it again with cache.save")
+    if not (n_layers.isdigit() and len(n_layers) < 6 and has_batch in ("True", "False")):
+        raise ProbeError(f"{bad} (its n_layers or has_batch_dim metadata is damaged); write it again with cache.save")
+    return names, aliases, int(n_layers), has_batch == "True"
 
 
 def _rebuild(tensors: dict[str, torch.Tensor], n_layers: int, has_batch_dim: bool) -> Cache:
@@ -240,7 +298,8 @@ def run_with_cache(
     runs = []
     for part in parts:
         share = None if len(parts) == 1 else _real_tokens(mask[part]) / total  # of the mean loss
-        runs.append(_one_pass(model, ids[part], mask[part], wanted, keys, return_type, loss_per_token, grad, share))
+        with torch.set_grad_enabled(grad):  # the loss and its gradients too, even under torch.no_grad()
+            runs.append(_one_pass(model, ids[part], mask[part], wanted, keys, return_type, loss_per_token, grad, share))
         if shown is not None:
             shown.update(1)
     if shown is not None:
@@ -282,7 +341,6 @@ def _one_pass(
     lm = model.has_lm_head
     extra = [] if lm or last in keys else [last]
     with (
-        torch.set_grad_enabled(grad),
         capture(model, wanted, clone=not grad, grad=grad) as acts,
         capture(model, extra or last, grad=grad) as final,
     ):

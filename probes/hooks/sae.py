@@ -38,25 +38,37 @@ def _hook_of(model: Model, sae: SAE, hook: str | None) -> str:
     return name
 
 
-def _check_width(model: Model, sae: SAE, name: str) -> None:
-    """One pass over one token: the hook's width against the SAE's d_in."""
+def _check_width(model: Model, sae: SAE, name: str) -> torch.dtype:
+    """One pass over one token: the hook's width against the SAE's d_in; returns the precision the
+    SAE computes in (the hook's, at least float32, so that the error term restores the activation)."""
+    if name.endswith(("hook_pattern", "hook_attn_scores")):
+        raise ProbeError(
+            f"{name} holds attention over positions, not one vector per position; attach the SAE to hook_z"
+        )
     act = forward(model, torch.zeros((1, 1), dtype=torch.long), None, name)[name]
     shape = list(act.shape[2:])
+    if sae.cfg.reshape_activations == "hook_z" and len(shape) != 2:
+        raise ProbeError(
+            f"the SAE flattens [head, d_head] (reshape_activations='hook_z') but {name} has {shape}; "
+            "attach it to an attn.hook_z hook"
+        )
     width = shape[-2] * shape[-1] if sae.cfg.reshape_activations == "hook_z" and len(shape) == 2 else shape[-1]
     if len(shape) not in (1, 2) or width != sae.cfg.d_in:
         raise ProbeError(
             f"the SAE reads {sae.cfg.d_in} values per position but {name} of {model.name} has {shape} "
             f"({width}); load the SAE trained on this hook of this model"
         )
+    return torch.promote_types(act.dtype, torch.float32)
 
 
 @contextmanager
 def attach_sae(model: Model, sae: SAE, hook: str | None = None) -> Iterator[SAE]:
     """Within the block, ``sae`` runs at its hook and its hook points are the model's (see the
-    module notes); ``hook`` overrides the hook the SAE names. Yields the SAE, on the model's device."""
+    module notes); ``hook`` overrides the hook the SAE names. Yields the SAE, on the model's device
+    and in its precision (at least float32)."""
     name = _hook_of(model, sae, hook)
-    _check_width(model, sae, name)
-    sae = sae.to(model.device)
+    dtype = _check_width(model, sae, name)
+    sae = sae.to(model.device, dtype)
     bridge = model.bridge
     points = {f"{name}.{h}": getattr(sae, h) for h in HOOKS}
     for full, point in points.items():

@@ -83,7 +83,18 @@ class Values:
 
     def add(self, key: Hashable, logits: torch.Tensor, index: slice | None = None) -> None:
         for name, fn in self.fns.items():
-            self.put(key, name, measure(name, fn, logits, index))
+            try:
+                value = measure(name, fn, logits, index)
+            except (RuntimeError, IndexError, ValueError) as exc:
+                if not self.batched or takes_examples(fn):
+                    raise
+                first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:160]
+                raise ProbeError(
+                    f"metric {name!r} failed on a batch of {logits.shape[0]} examples ({type(exc).__name__}: {first}); "
+                    "with batch_size a metric sees one batch at a time: to read targets from outside, take the "
+                    "batch's slice too, def metric(logits, index): ... targets[index]"
+                ) from None
+            self.put(key, name, value)
 
     def put(self, key: Hashable, name: str, v: torch.Tensor) -> None:
         if self.batched and v.dim() == 0:

@@ -252,8 +252,16 @@ class Model:
         return self._tl_tokenizer("to_string").to_string(tokens)
 
     def to_single_token(self, string: str) -> int:
-        """TransformerLens's ``to_single_token``: the id of a string that is one token (an error if not)."""
-        return self._tl_tokenizer("to_single_token").to_single_token(string)
+        """TransformerLens's ``to_single_token``: the id of a string that is one token (an error if
+        not), read without the special tokens an encoder's tokenizer adds ([CLS], [SEP])."""
+        self._tl_tokenizer("to_single_token")
+        if not isinstance(string, str):
+            raise ProbeError(f"to_single_token takes a string, got {type(string).__name__}")
+        ids = self.tokenizer(string, add_special_tokens=False)["input_ids"]
+        if len(ids) != 1:
+            pieces = self.tokenizer.convert_ids_to_tokens(ids)[:8]
+            raise ProbeError(f"{string!r} is {len(ids)} tokens in {self.name}, not one: {pieces}; give one token")
+        return int(ids[0])
 
     @property
     def has_lm_head(self) -> bool:

@@ -11,8 +11,15 @@ safetensors is needed:
   ``normalize_activations`` says ("none"; "constant_norm_rescale": x * sqrt(d_in) / |x|;
   "layer_norm": (x - mean) / (std + 1e-5)), minus ``b_dec`` when ``apply_b_dec_to_input``;
 - latents from ``pre = x' @ W_enc + b_enc``: "standard" relu(pre); "jumprelu" relu(pre) where
-  pre > threshold, else 0; "topk" relu of the k largest entries of pre, 0 elsewhere;
+  pre > threshold, else 0; "topk" relu of the k largest entries of pre, 0 elsewhere (with
+  ``rescale_acts_by_decoder_norm``, pre times each latent's ``|W_dec row|`` before the top k, and the
+  latents divided by it again before decoding);
 - reconstruction ``latents @ W_dec + b_dec``, the normalisation undone, the shape restored.
+
+Weights are read as float32 whatever the file holds (bf16, fp16), and attached in the model's
+precision (at least float32), so the SAE with its error term leaves the model's logits unchanged;
+integer or non-finite (NaN, inf) weights and malformed ``cfg.json`` fields are refused at load, in
+one line naming the field.
 
 Its hook points are sae-lens's: ``hook_sae_input``, ``hook_sae_acts_pre``, ``hook_sae_acts_post``
 (the latents), ``hook_sae_recons``, ``hook_sae_error``, ``hook_sae_output``. In the model
@@ -58,6 +65,7 @@ class SAEConfig:
     apply_b_dec_to_input: bool = True
     normalize_activations: Literal["none", "constant_norm_rescale", "layer_norm"] = "none"
     reshape_activations: Literal["none", "hook_z"] = "none"
+    rescale_acts_by_decoder_norm: bool = False  # topk only: latents measured in units of |W_dec row|
 
     def __post_init__(self) -> None:
         if self.normalize_activations == "expected_average_only_in":
@@ -65,6 +73,11 @@ class SAEConfig:
         check_choices(self, "SAE config")
         if self.architecture == "topk" and not (isinstance(self.k, int) and 0 < self.k <= self.d_sae):
             raise ProbeError(f"a topk SAE needs k between 1 and d_sae={self.d_sae}, got k={self.k!r} (cfg.json 'k')")
+        if self.rescale_acts_by_decoder_norm and self.architecture != "topk":
+            raise ProbeError(
+                f"rescale_acts_by_decoder_norm is read for topk SAEs only, not {self.architecture}; "
+                "fold the decoder norms into the weights and set it to false"
+            )
 
 
 _NORM_FIX = (
@@ -96,8 +109,8 @@ class SAE(nn.Module):
         self.cfg = cfg
         _check_tensors(cfg, tensors)
         for name in ("W_enc", "b_enc", "W_dec", "b_dec", "threshold", "scaling_factor"):
-            if name in tensors:
-                self.register_buffer(name, tensors[name].detach().clone())
+            if name in tensors:  # float32 whatever the file held; attach_sae moves it to the model's precision
+                self.register_buffer(name, tensors[name].detach().to(torch.float32, copy=True))
         for name in HOOKS:
             setattr(self, name, HookPoint())
 
@@ -135,6 +148,8 @@ class SAE(nn.Module):
         sae_in, undo = self._in(x, hooked)
         pre = sae_in @ self.W_enc + self.b_enc
         pre = self.hook_sae_acts_pre(pre) if hooked else pre
+        if self.cfg.rescale_acts_by_decoder_norm:  # sae-lens's TopKSAE: after the pre hook, before top-k
+            pre = pre * self.W_dec.norm(dim=-1)
         acts = self._activate(pre)
         return (self.hook_sae_acts_post(acts) if hooked else acts), undo
 
@@ -142,6 +157,8 @@ class SAE(nn.Module):
         """The reconstruction of the hook's activation (its shape ``shape``) from latents."""
         if hasattr(self, "scaling_factor"):  # sae-lens before 6: finetuning_scaling_factor
             acts = acts * self.scaling_factor
+        if self.cfg.rescale_acts_by_decoder_norm:
+            acts = acts / self.W_dec.norm(dim=-1)
         out = acts @ self.W_dec + self.b_dec
         out = self.hook_sae_recons(out) if hooked else out
         if self.cfg.normalize_activations == "constant_norm_rescale":
@@ -164,6 +181,8 @@ def _check_tensors(cfg: SAEConfig, tensors: dict[str, torch.Tensor]) -> None:
     want = {"W_enc": (cfg.d_in, cfg.d_sae), "b_enc": (cfg.d_sae,), "W_dec": (cfg.d_sae, cfg.d_in), "b_dec": (cfg.d_in,)}
     if cfg.architecture == "jumprelu":
         want["threshold"] = (cfg.d_sae,)
+    if "scaling_factor" in tensors:
+        want["scaling_factor"] = (cfg.d_sae,)
     for name, shape in want.items():
         if name not in tensors:
             raise ProbeError(f"the SAE has no {name!r} tensor (a {cfg.architecture} SAE needs {', '.join(want)})")
@@ -172,6 +191,19 @@ def _check_tensors(cfg: SAEConfig, tensors: dict[str, torch.Tensor]) -> None:
                 f"the SAE's {name} has shape {list(tensors[name].shape)}, expected {list(shape)} "
                 f"(d_in={cfg.d_in}, d_sae={cfg.d_sae})"
             )
+    for name in want:
+        _check_values(name, tensors[name])
+
+
+def _check_values(name: str, t: torch.Tensor) -> None:
+    """Floating point and finite: integer weights would compute in integers, NaN would reach every logit."""
+    if not t.is_floating_point():
+        kind = str(t.dtype).removeprefix("torch.")
+        raise ProbeError(
+            f"the SAE's {name} holds {kind} values; an SAE's weights are floating point (save them as float32)"
+        )
+    if not bool(torch.isfinite(t).all()):
+        raise ProbeError(f"the SAE's {name} holds NaN or inf; load an SAE whose weights are all finite")
 
 
 def _read_tensors(path: Path) -> dict[str, torch.Tensor]:
@@ -190,32 +222,71 @@ def _read_tensors(path: Path) -> dict[str, torch.Tensor]:
     return tensors
 
 
-def config_from_dict(raw: dict[str, Any]) -> SAEConfig:
-    """sae-lens's cfg.json (6.x, or older: ``hook_point``, ``activation_fn_str``) -> SAEConfig."""
-    meta = raw.get("metadata") or raw.get("meta") or {}
-    hook = meta.get("hook_name") or raw.get("hook_name") or raw.get("hook_point")
+def _show(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _typed(where: dict[str, Any], key: str, kind: type | tuple[type, ...], what: str, default: Any = None) -> Any:
+    """``where[key]``, or ``default`` when it is missing or null; one line when it is not ``what``
+    (a JSON string "false" is not a boolean, and true is not a number)."""
+    value = where.get(key)
+    if value is None:
+        return default
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
+        raise ProbeError(f"the SAE config's {key!r} is {_show(value)}, not {what}; fix it in cfg.json")
+    return value
+
+
+def _dict(raw: Any, what: str) -> dict[str, Any]:
+    if not isinstance(raw, dict):
+        raise ProbeError(f"the SAE's {what} is {type(raw).__name__} {_show(raw)}, not a JSON object; fix cfg.json")
+    return raw
+
+
+def _hook(raw: dict[str, Any]) -> str | None:
+    meta = _dict(raw.get("metadata") or raw.get("meta") or {}, "metadata")
+    hook = _typed(meta, "hook_name", str, "a hook name") or _typed(raw, "hook_name", str, "a hook name")
+    hook = hook or _typed(raw, "hook_point", str, "a hook name")
     head = meta.get("hook_head_index", raw.get("hook_head_index", raw.get("hook_point_head_index")))
     if head is not None:
-        raise ProbeError(f"SAEs on one head of a hook (hook_head_index={head}) are not supported; use a whole-hook SAE")
-    activation = raw.get("activation_fn_str") or raw.get("activation_fn") or "relu"
-    arch = raw.get("architecture") or "standard"
-    arch = "topk" if activation == "topk" else arch
-    k = raw.get("k", (raw.get("activation_fn_kwargs") or {}).get("k"))
-    norm = raw.get("normalize_activations")
+        raise ProbeError(
+            f"SAEs on one head of a hook (hook_head_index={_show(head)}) are not supported; use a whole-hook SAE"
+        )
+    return hook
+
+
+def config_from_dict(raw: dict[str, Any]) -> SAEConfig:
+    """sae-lens's cfg.json (6.x, or older: ``hook_point``, ``activation_fn_str``) -> SAEConfig.
+    Every field is type-checked: a malformed config is one line naming the key."""
+    raw = _dict(raw, "config")
+    hook = _hook(raw)
+    text = "a string"
+    activation = _typed(raw, "activation_fn_str", str, text) or _typed(raw, "activation_fn", str, text) or "relu"
+    arch = "topk" if activation == "topk" else _typed(raw, "architecture", str, text, "standard")
+    kwargs = _dict(raw.get("activation_fn_kwargs") or {}, "activation_fn_kwargs")
+    k = _typed(raw, "k", int, "an integer") or _typed(kwargs, "k", int, "an integer")
+    norm = _typed(raw, "normalize_activations", (str, bool), text)
     norm = "none" if norm in (None, False) else "expected_average_only_in" if norm is True else norm
     for key in ("d_in", "d_sae"):
-        if not isinstance(raw.get(key), int):
-            raise ProbeError(f"the SAE config has no integer {key!r}; sae-lens's cfg.json holds d_in and d_sae")
-    reshape = raw.get("reshape_activations") or ("hook_z" if hook and hook.endswith("hook_z") else "none")
+        if _typed(raw, key, int, "a positive integer", 0) <= 0:
+            raise ProbeError(
+                f"the SAE config has no positive integer {key!r}; sae-lens's cfg.json holds d_in and d_sae"
+            )
+    reshape = _typed(raw, "reshape_activations", str, text) or (
+        "hook_z" if hook and hook.endswith("hook_z") else "none"
+    )
     return SAEConfig(  # the Literal fields are checked in __post_init__
         d_in=raw["d_in"],
         d_sae=raw["d_sae"],
         hook_name=hook,
         architecture=cast(Any, arch),
         k=k,
-        apply_b_dec_to_input=bool(raw.get("apply_b_dec_to_input", True)),
+        apply_b_dec_to_input=_typed(raw, "apply_b_dec_to_input", bool, "true or false", True),
         normalize_activations=cast(Any, norm),
         reshape_activations=cast(Any, reshape),
+        rescale_acts_by_decoder_norm=_typed(raw, "rescale_acts_by_decoder_norm", bool, "true or false", False),
     )
 
 
@@ -224,15 +295,19 @@ def load_sae(path: str | Path, hook_name: str | None = None, architecture: str |
     safetensors file (``W_enc``, ``b_enc``, ``W_dec``, ``b_dec``, and ``threshold`` for a JumpReLU
     SAE); ``hook_name`` says (or overrides) the hook it reads, ``architecture`` what a plain file
     holds (default: "jumprelu" when it has a threshold, else "standard"; "topk" needs a folder)."""
+    if hook_name is not None and not isinstance(hook_name, str):
+        raise ProbeError(f"hook_name must be a hook name, e.g. 'blocks.0.hook_resid_post', got {_show(hook_name)}")
     path = Path(path)
     if path.is_dir():
         cfg_file = path / CONFIG
         if not cfg_file.is_file():
             raise ProbeError(f"{path} has no {CONFIG}; a sae-lens folder holds {CONFIG} and {WEIGHTS}")
         try:
-            raw = json.loads(cfg_file.read_text(encoding="utf-8"))
+            raw = _dict(json.loads(cfg_file.read_text(encoding="utf-8")), "config")
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise ProbeError(f"cannot read {cfg_file} as JSON: {exc}") from None
+        except RecursionError:
+            raise ProbeError(f"cannot read {cfg_file}: it nests too deeply for an SAE config") from None
         tensors = _read_tensors(path / WEIGHTS)
     else:
         tensors = _read_tensors(path)
@@ -265,7 +340,11 @@ def save_sae(sae: SAE, folder: str | Path) -> Path:
         "reshape_activations": c.reshape_activations,
         "metadata": {"hook_name": c.hook_name, "sae_lens_version": "6.0.0"},
         "architecture": c.architecture,
-        **({"k": c.k} if c.architecture == "topk" else {}),
+        **(
+            {"k": c.k, "rescale_acts_by_decoder_norm": c.rescale_acts_by_decoder_norm}
+            if c.architecture == "topk"
+            else {}
+        ),
     }
     (folder / CONFIG).write_text(json.dumps(cfg, indent=1), encoding="utf-8")
     save_file({k: v.detach().cpu().contiguous() for k, v in sae.state_dict().items()}, str(folder / WEIGHTS))

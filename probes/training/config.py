@@ -39,13 +39,13 @@ class TrainConfig:
                 raise ProbeError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
         if not (self.lr > 0 and math.isfinite(self.lr)):
             raise ProbeError(f"--lr must be a positive number, got {self.lr}")
-        if self.weight_decay < 0:
-            raise ProbeError(f"--weight-decay must be >= 0, got {self.weight_decay}")
+        if not (self.weight_decay >= 0 and math.isfinite(self.weight_decay)):
+            raise ProbeError(f"--weight-decay must be a finite number >= 0, got {self.weight_decay}")
         if self.warmup < 0:
             raise ProbeError(f"--warmup must be >= 0, got {self.warmup}")
         if self.threads is not None and self.threads < 1:
             raise ProbeError(f"--threads must be at least 1, got {self.threads}")
-        if self.grad_clip is not None and self.grad_clip <= 0:
+        if self.grad_clip is not None and not (self.grad_clip > 0 and math.isfinite(self.grad_clip)):
             raise ProbeError(f"--grad-clip must be positive (or omitted), got {self.grad_clip}")
         check_seed(self.seed)
 

@@ -20,7 +20,7 @@ from typing import Any, Protocol
 import torch
 import torch.nn.functional as F
 
-from depthprobe.probes.base.errors import ProbeError
+from depthprobe.probes.base.errors import Diverged
 from depthprobe.probes.base.progress import TrainingProgress
 from depthprobe.probes.base.signals import check_interrupt
 
@@ -185,9 +185,9 @@ def _check(plan: Steps, done: int, means: tuple[float, ...]) -> None:
     if not plan.check_finite or all(math.isfinite(m) for m in means):
         return
     if len(means) == 1:
-        raise ProbeError(f"training diverged by step {done} (loss {means[0]}); lower --lr or pick another variant")
+        raise Diverged(f"training diverged by step {done} (loss {means[0]}); lower --lr or pick another variant")
     bad = ", ".join(f"member {i} (loss {m})" for i, m in enumerate(means) if not math.isfinite(m))
-    raise ProbeError(f"training diverged by step {done}: {bad}; lower --lr or train those members alone")
+    raise Diverged(f"training diverged by step {done}: {bad}; lower --lr or train those members alone")
 
 
 def _update(

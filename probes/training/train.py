@@ -9,6 +9,7 @@ by :mod:`probes.training.checkpoint`, and the settings live in :mod:`probes.trai
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -17,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from depthprobe.probes.base.errors import ProbeError
+from depthprobe.probes.base.errors import Diverged, ProbeError
 from depthprobe.probes.base.runtime import torch_threads
 from depthprobe.probes.data.synthetic import DataConfig
 from depthprobe.probes.models.checkpoints import CHECKPOINT_CONFIG
@@ -27,7 +28,7 @@ from depthprobe.probes.models.model import Model, NativeConfig
 from depthprobe.probes.training.checkpoint import load_optimizer, read_loss_log, read_training, save
 from depthprobe.probes.training.config import TrainConfig, check_shapes
 from depthprobe.probes.training.fast_forward import fast_logits
-from depthprobe.probes.training.loop import Steps, Window, adamw, train_steps
+from depthprobe.probes.training.loop import LoopRun, Steps, Window, adamw, train_steps
 from depthprobe.probes.training.sources import SyntheticSource
 
 
@@ -50,6 +51,15 @@ class Trained:
     path: Path | None = None
     seconds: float = 0.0  # training time, callbacks excluded
     callback_seconds: float = 0.0
+
+    def __repr__(self) -> str:
+        """One line: the model, the step, the last logged loss and where it was saved (not every loss row)."""
+        last = f", loss {self.losses[-1]['loss']:.4f}" if self.losses else ""
+        where = f", saved to {self.path}" if self.path is not None else ", in memory"
+        return (
+            f"Trained({self.model.name!r}, step {self.step}{last}, {len(self.losses)} loss rows, "
+            f"{self.seconds:.1f} s{where})"
+        )
 
 
 Callback = Callable[[int, Model], None]
@@ -152,19 +162,63 @@ def _loop(
         if bar is not None:
             bar.update(1)
         if path is not None and (done % cfg.save_every == 0 or done == cfg.steps):
+            _check_weights(model, done)  # never write a non-finite checkpoint
             save(model, opt, path, native, data, cfg, done, losses)
         return _maybe_callback(model, done, every, callback, done == cfg.steps, spent)
 
-    plan = Steps(steps=cfg.steps, lr_at=cfg.lr_at, grad_clip=cfg.grad_clip, log_every=cfg.log_every, start=start)
-    source = SyntheticSource(data, cfg.seed, cfg.batch_size)
-    run = train_steps(model.bridge, lambda tokens: fast_logits(model, tokens), source, opt, parameters(model), plan,
-                      device=model.device, on_window=on_window, after_step=after_step)  # fmt: skip
-    if bar is not None:
-        bar.close()
+    try:
+        run = _steps(
+            model, opt, SyntheticSource(data, cfg.seed, cfg.batch_size), cfg, start, path, on_window, after_step
+        )
+    finally:
+        if bar is not None:
+            bar.close()
     model.bridge.eval()
     return Trained(
         model=model, step=cfg.steps, losses=losses, path=path, seconds=run.seconds, callback_seconds=spent[0]
     )
+
+
+def _steps(
+    model: Model,
+    opt: torch.optim.Optimizer,
+    source: SyntheticSource,
+    cfg: TrainConfig,
+    start: int,
+    path: Path | None,
+    on_window: Callable[[Window], None],
+    after_step: Callable[[int], bool],
+) -> LoopRun:
+    """The loop over ``cfg``'s steps; a loss or weights gone non-finite stop it (:class:`Diverged`)."""
+    plan = Steps(cfg.steps, cfg.lr_at, cfg.grad_clip, cfg.log_every, start=start, check_finite=True)
+    try:
+        return train_steps(
+            model.bridge,
+            functools.partial(fast_logits, model),
+            source,
+            opt,
+            parameters(model),
+            plan,
+            device=model.device,
+            on_window=on_window,
+            after_step=after_step,
+        )
+    except Diverged as exc:
+        raise Diverged(f"{str(exc).split(';')[0]}; {_diverged_fix(cfg, path)}") from None
+
+
+def _diverged_fix(cfg: TrainConfig, path: Path | None) -> str:
+    """What a diverged run says after its step and loss: the rate to lower, the checkpoint kept."""
+    fix = f"lower --lr (it was {cfg.lr:g}; try {cfg.lr / 10:g})"
+    if path is None or not (path / CHECKPOINT_CONFIG).exists():
+        return f"{fix}; no checkpoint was written"
+    step = read_training(path)["step"]
+    return f"{fix}; {path} keeps the last finite checkpoint (step {step} of {cfg.steps}), not a finished one"
+
+
+def _check_weights(model: Model, done: int) -> None:
+    if not all(bool(torch.isfinite(p).all()) for p in parameters(model)):
+        raise Diverged(f"training diverged by step {done} (the weights hold NaN or inf)")
 
 
 def _maybe_callback(

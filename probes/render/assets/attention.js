@@ -80,15 +80,17 @@
     bar.firstChild.click();
   }
   function paint(d, T, at, masked) {
-    // one head on T x T pixels: white 0 to dark (the head's largest value; square-root scale), masked grey
+    // one head on T x T pixels: white 0 to dark (the head's largest |value|; square-root scale; negative
+    // values of a given map orange), masked grey
     var top = 0, q, k;
     for (q = 0; q < T; q++) {
-      for (k = 0; k < T; k++) { if (!masked(q, k) && at(q, k) > top) { top = at(q, k); } }
+      for (k = 0; k < T; k++) { if (!masked(q, k) && Math.abs(at(q, k)) > top) { top = Math.abs(at(q, k)); } }
     }
     for (q = 0; q < T; q++) {
       for (k = 0; k < T; k++) {
-        var o = 4 * (q * T + k), x = top > 0 ? Math.sqrt(Math.max(0, at(q, k)) / top) : 0;
+        var v = at(q, k), o = 4 * (q * T + k), x = top > 0 ? Math.sqrt(Math.abs(v) / top) : 0;
         if (masked(q, k)) { d[o] = d[o + 1] = d[o + 2] = 215; }
+        else if (v < 0) { d[o] = 255; d[o + 1] = 255 - x * 128; d[o + 2] = 255 - x * 241; }
         else { d[o] = 255 - x * 187; d[o + 1] = 255 - x * 235; d[o + 2] = 255 - x * 35; }
         d[o + 3] = 255;
       }

@@ -104,6 +104,7 @@
   }
   function neuronView(q, k, scores, pattern, masked) {
     var T = data.tokens.length, D = q.shape[3], H = data.heads.length, state = { l: 0, h: 0, i: data.query };
+    var r0 = data.rows[0], R = data.rows[1] - data.rows[0];  // the query rows this page holds
     var controls = el("div", "controls"), table = el("table", "data neuron"), queries = el("div", "queries");
     function pick(label, names, key) {
       var s = el("select");
@@ -113,12 +114,12 @@
       controls.appendChild(s);
       return s;
     }
-    function vec(arr, l, h, pos) { var o = ((l * H + h) * T + pos) * D; return Array.prototype.slice.call(arr.a, o, o + D); }
-    function at(arr, l, h, i, j) { return arr.a[((l * H + h) * T + i) * T + j]; }
+    function vec(arr, l, h, pos, n) { var o = ((l * H + h) * n + pos) * D; return Array.prototype.slice.call(arr.a, o, o + D); }
+    function at(arr, l, h, i, j) { return arr.a[((l * H + h) * R + i - r0) * T + j]; }
     function draw() {
-      var l = state.l, h = state.h, i = state.i, qi = vec(q, l, h, i), rows = [], top = 0, ptop = 0;
+      var l = state.l, h = state.h, i = state.i, qi = vec(q, l, h, i - r0, R), rows = [], top = 0, ptop = 0;
       for (var j = 0; j < T; j++) {
-        var kj = vec(k, l, h, j), prod = kj.map(function (x, d) { return x * qi[d]; });
+        var kj = vec(k, l, h, j, T), prod = kj.map(function (x, d) { return x * qi[d]; });
         rows.push([kj, prod]);
         top = Math.max(top, Math.max.apply(null, kj.map(Math.abs)));
         ptop = Math.max(ptop, Math.max.apply(null, prod.map(Math.abs)));
@@ -153,6 +154,7 @@
     data.tokens.forEach(function (t, n) {
       var b = el("button", "", t + " (" + n + ")");
       b.type = "button";
+      if (n < r0 || n >= r0 + R) { b.disabled = true; b.title = "not on this page: view it with query=" + n; }
       b.addEventListener("click", function () { state.i = n; draw(); });
       queries.appendChild(b);
     });
