@@ -46,14 +46,19 @@ def test_law_verdict_known_answers():
     assert af.law_verdict(3, [3, 3]) == "as predicted in 2 of 2 seeds"
     assert af.law_verdict(3, [3, 4]) == "differs: at the prediction in 1 of 2 seeds"
     assert af.law_verdict(3, [2, 2]) == "differs: at the prediction in 0 of 2 seeds"
-    assert af.law_verdict(3, [3, None]) == "differs: at the prediction in 1 of 2 seeds; 1 never solved it at the depths run"
+    assert (
+        af.law_verdict(3, [3, None])
+        == "differs: at the prediction in 1 of 2 seeds; 1 never solved it at the depths run"
+    )
     assert af.law_verdict(2, []).startswith("not measured")
 
 
 def test_first_depths_and_law_rows_on_planted_tables():
     acc = planted_accuracy()
     firsts = af.first_depths(acc, "k", 0.99)
-    got = {(int(r.k), int(r.seed)): (None if pd.isna(r.first_depth) else int(r.first_depth)) for r in firsts.itertuples()}
+    got = {
+        (int(r.k), int(r.seed)): (None if pd.isna(r.first_depth) else int(r.first_depth)) for r in firsts.itertuples()
+    }
     assert got == {(1, 0): 2, (1, 1): 2, (2, 0): 3, (2, 1): None}  # the control's 1.0 at depth 1 is left out
     law = law_table(acc, "khop", 0.99, 2)  # the family's own law.csv: predicted floor(log2 k) + 2
     rows = af.law_rows(FINDING, law, firsts)
@@ -73,7 +78,12 @@ def test_induction_kernel_and_usage_rows_on_planted_tables():
     assert [r["verdict"] for r in rows] == ["differs", "differs"]  # one layer above, two below the threshold
 
     kernels = pd.DataFrame(
-        {"variant": ["vanilla", "e-spa"], "depth": [16, 16], "final_cosine": [0.9999, 0.70], "theory_cosine": [1.0, 0.815]}
+        {
+            "variant": ["vanilla", "e-spa"],
+            "depth": [16, 16],
+            "final_cosine": [0.9999, 0.70],
+            "theory_cosine": [1.0, 0.815],
+        }
     )
     rows = af.kernel_rows(FINDING, kernels)
     assert [r["level"] for r in rows] == ["vanilla, depth 16", "e-spa, depth 16"]
@@ -132,3 +142,20 @@ def test_atlas_end_to_end_at_smoke_scale_resumes(tmp_path):
     assert (out / "atlas.html").read_text(encoding="utf-8") == page
     pd.testing.assert_frame_equal(pd.read_csv(out / "atlas.csv"), rows)
     cli_error(["atlas", "--out", out], "holds an atlas at scale 'smoke', not 'demo'")
+
+
+def test_demo_presets_plan_the_laws_small_and_list_their_costs():
+    """khop: k = 1, 2 at depths 1-3, two seeds, no control; crasp: L_3 and L_4 at depths 1-2, two
+    seeds, with L_4's control (depth 1 at twice the width; L_3 has none: k - 3 = 0)."""
+    from tests.helpers import plan, resolve
+
+    khop = plan(resolve("khop", "demo"))
+    assert sorted((j.depth, j.seed) for j in khop) == [(d, s) for d in (1, 2, 3) for s in (0, 1)]
+    assert resolve("khop", "demo").ks == (1, 2) and not any(j.control for j in khop)
+    crasp = plan(resolve("crasp", "demo"))
+    assert sorted(j.name for j in crasp if not j.control) == sorted(
+        f"k{k}-L{d}-d64-s{s}" for k in (3, 4) for d in (1, 2) for s in (0, 1)
+    )
+    assert sorted(j.name for j in crasp if j.control) == ["k4-control-L1-d128-s0", "k4-control-L1-d128-s1"]
+    listed = CliRunner().invoke(app, ["list", "families"]).output
+    assert listed.count("--preset demo: ") == 2
