@@ -12,6 +12,7 @@ from typer.testing import CliRunner
 from depthprobe.cli.main import app
 from depthprobe.probes.experiments import atlas_findings as af
 from tests.helpers import cli_error, law_table
+from tests.test_browser import browser  # noqa: F401 (the browser fixture)
 
 FINDING = {"finding": "khop", "paper": "Sanford et al."}
 # what in a page could make a request: an absolute or protocol-relative URL, a src or url() that is not data:
@@ -159,3 +160,62 @@ def test_demo_presets_plan_the_laws_small_and_list_their_costs():
     assert sorted(j.name for j in crasp if j.control) == ["k4-control-L1-d128-s0", "k4-control-L1-d128-s1"]
     listed = CliRunner().invoke(app, ["list", "families"]).output
     assert listed.count("--preset demo: ") == 2
+
+
+def planted_sections() -> list:
+    """Two sections as the atlas draws them: a law's (two figures, a long command) and a sweep's."""
+    from depthprobe.probes.render.atlas import Section, accuracy_heatmap, block_chart, first_depth_chart
+
+    rows = af.law_rows(
+        FINDING, law_table(planted_accuracy(), "khop", 0.99, 2), af.first_depths(planted_accuracy(), "k", 0.99)
+    )
+    mean = planted_accuracy().query("not control").groupby(["depth", "k"])["accuracy"].mean().unstack("k")
+    figures = [
+        first_depth_chart({1: 2, 2: 3}, {0: {1: 2, 2: 3}, 1: {1: 2, 2: None}}, 3),
+        accuracy_heatmap(mean.to_numpy(), list(mean.index), list(mean.columns), 0.99),
+    ]
+    common = {"paper": "a paper", "prediction": "p", "shows": "s", "not_shows": "n", "full_cost": "c"}
+    return [
+        Section(
+            slug="khop",
+            title="k-hop",
+            rows=[{k: r[k] for k in ("level", "prediction", "measured", "seeds", "verdict")} for r in rows],
+            figures=figures,
+            command="probe study --family khop --preset demo --jobs 2 --out " + "x" * 400,
+            full_command="probe study --family khop --preset cpu --jobs 2",
+            link="khop/report.html",
+            **common,
+        ),
+        Section(
+            slug="depth-usage",
+            title="usage",
+            rows=[],
+            figures=[block_chart([0.3, 0.05, 0.2], 0.1)],
+            command="probe run",
+            full_command="probe run",
+            link="depth-usage/report.html",
+            **common,
+        ),
+    ]
+
+
+@pytest.mark.parametrize("size", [(1400, 900), (1280, 800)])
+def test_atlas_page_fits_and_stays_offline_in_chromium(browser, tmp_path, size):  # noqa: F811
+    """The page is no wider than the window (a long command wraps), every figure is drawn, and it
+    makes no request and raises no error, at 1400 px and on a 1280 x 800 laptop."""
+    from depthprobe.probes.render.atlas import atlas_page
+    from tests.test_browser import Page, _write
+
+    html = atlas_page(planted_sections())
+    assert not NETWORK.findall(html)
+    tab = Page(browser, _write(tmp_path, "atlas.html", html), until="true", width=size[0], height=size[1])
+    try:
+        width = tab.eval("document.documentElement.scrollWidth")
+        images = tab.eval(
+            "Array.from(document.images).map(i => [i.complete, i.naturalWidth, i.getBoundingClientRect().right])"
+        )
+        assert width <= size[0], width
+        assert len(images) == 3 and all(done and w > 0 and right <= size[0] for done, w, right in images), images
+        assert tab.network_requests() == [] and tab.problems() == []
+    finally:
+        tab.close()

@@ -32,6 +32,12 @@ INTRO = (
     "that reproduces it at full scale with its measured cost. Each finding's folder holds its full report."
 )
 
+# the atlas's own rules on top of the page kit's: commands wrap anywhere, figures sit side by side
+STYLE = (
+    "section code{overflow-wrap:anywhere} .figures{display:flex;flex-wrap:wrap;gap:16px;align-items:flex-start}"
+    " .figures img{max-width:100%;height:auto}"
+)
+
 
 @dataclass(frozen=True)
 class Section:
@@ -76,7 +82,8 @@ def atlas_page(sections: Sequence[Section], *, smoke: bool = False) -> str:
     """The whole page: a title, the scale's note, a table of contents, one section per finding."""
     toc = "".join(f"<li><a href='#{esc(s.slug)}'>{esc(s.title)}</a></li>" for s in sections)
     note = f"<p class='note'>{esc(SMOKE_NOTE)}</p>" if smoke else ""
-    body = f"<h1>{esc(TITLE)}</h1>{note}<p>{esc(INTRO)}</p><ul>{toc}</ul>" + "".join(map(section_html, sections))
+    body = f"<style>{STYLE}</style><h1>{esc(TITLE)}</h1>{note}<p>{esc(INTRO)}</p><ul>{toc}</ul>"
+    body += "".join(map(section_html, sections))
     return page(TITLE, body)
 
 
