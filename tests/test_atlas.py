@@ -66,7 +66,7 @@ def test_first_depths_and_law_rows_on_planted_tables():
     assert [r["level"] for r in rows] == ["k = 1", "k = 2"]
     assert [r["prediction"] for r in rows] == [2, 3]
     assert [r["measured"] for r in rows] == [2, ""]  # k = 2: no depth solved it in every seed
-    assert [r["seeds"] for r in rows] == ["2 / 2", "3 / -"]
+    assert [r["seeds"] for r in rows] == ["seed 0: 2; seed 1: 2", "seed 0: 3; seed 1: none"]
     assert rows[0]["verdict"] == "as predicted in 2 of 2 seeds"
     assert rows[1]["verdict"].startswith("differs: at the prediction in 1 of 2 seeds")
 

@@ -54,8 +54,9 @@ def law_rows(finding: dict[str, str], law: pd.DataFrame, firsts: pd.DataFrame, k
     rows = []
     width = law["d_model"].min() if "d_model" in law and len(law) else None
     for _, row in law[law["d_model"] == width].iterrows() if width is not None else []:
-        seeds = firsts[firsts[key].astype(float) == float(row[key])].sort_values("seed")["first_depth"]
-        per_seed = [None if _missing(d) else int(d) for d in seeds]
+        at = firsts[firsts[key].astype(float) == float(row[key])].sort_values("seed")
+        per_seed = [None if _missing(d) else int(d) for d in at["first_depth"]]
+        seed_ids = [int(s) for s in at["seed"]]
         predicted = int(row["predicted_depth"])
         measured = "" if _missing(row["measured_depth"]) else int(row["measured_depth"])
         rows.append(
@@ -64,7 +65,9 @@ def law_rows(finding: dict[str, str], law: pd.DataFrame, firsts: pd.DataFrame, k
                 "level": f"{key} = {_number(row[key])}",
                 "prediction": predicted,
                 "measured": measured,
-                "seeds": " / ".join("-" if d is None else str(d) for d in per_seed),
+                "seeds": "; ".join(
+                    f"seed {i}: {'none' if d is None else d}" for i, d in zip(seed_ids, per_seed, strict=True)
+                ),
                 "verdict": law_verdict(predicted, per_seed),
             }
         )
@@ -86,7 +89,7 @@ def induction_rows(finding: dict[str, str], summary: pd.DataFrame, chance: float
                 "level": f"depth {depth}",
                 "prediction": prediction,
                 "measured": f"{score:.3f} (chance {chance:.3f})",
-                "seeds": 1,
+                "seeds": "seed 0",
                 "verdict": verdict,
             }
         )
@@ -107,7 +110,7 @@ def kernel_rows(finding: dict[str, str], summary: pd.DataFrame, tolerance: float
                 "level": f"{row['variant']}, depth {int(row['depth'])}",
                 "prediction": f"{theory:.3f}",
                 "measured": f"{measured:.3f} ({state})",
-                "seeds": 1,
+                "seeds": "seed 0",
                 "verdict": f"{AS_PREDICTED} (within {tolerance:g})"
                 if close
                 else f"differs by {abs(measured - theory):.3f}",
@@ -128,7 +131,7 @@ def usage_rows(finding: dict[str, str], summary: pd.DataFrame, spare: float = SP
             "level": f"block {int(row['layer'])}",
             "prediction": "none for one block",
             "measured": f"{float(row['skip_output']):.3f}",
-            "seeds": 1,
+            "seeds": "none (no training)",
             "verdict": f"can be spared (< {spare:g})" if float(row["skip_output"]) < spare else "needed",
         }
         for _, row in blocks.iterrows()
@@ -141,7 +144,7 @@ def usage_rows(finding: dict[str, str], summary: pd.DataFrame, spare: float = SP
             "level": "later half against earlier half",
             "prediction": "later half matters less",
             "measured": f"mean {late:.3f} against {early:.3f}",
-            "seeds": 1,
+            "seeds": "none (no training)",
             "verdict": AS_PREDICTED if late < early else "differs: the later half matters more",
         }
     )
