@@ -83,12 +83,13 @@ def atlas(
     findings = atlas_sections.FINDINGS
     for i, finding in enumerate(findings, 1):
         run_finding(finding, folder, cfg, f"atlas [{i}/{len(findings)}] {finding.title}", say)
-    rows = pd.DataFrame([r for f in findings for r in f.rows(folder / f.slug, cfg)], columns=af.COLUMNS)
+    shown = sorted(findings, key=lambda f: atlas_sections.PAGE_ORDER.index(f.slug))  # the laws first
+    rows = pd.DataFrame([r for f in shown for r in f.rows(folder / f.slug, cfg)], columns=af.COLUMNS)
     artifacts.replace_file(folder / ATLAS_CSV, lambda tmp: rows.to_csv(tmp, index=False))
     from depthprobe.probes.render.atlas import atlas_page
     from depthprobe.probes.render.html import write_atomic
 
-    sections = [f.section(folder / f.slug, cfg, rows[rows["finding"] == f.slug]) for f in findings]
+    sections = [f.section(folder / f.slug, cfg, rows[rows["finding"] == f.slug]) for f in shown]
     write_atomic(folder / ATLAS_HTML, atlas_page(sections, smoke=cfg.scale == "smoke"))
     say(f"atlas: {len(rows)} rows in {folder / ATLAS_CSV}; the page is {folder / ATLAS_HTML}")
     return Atlas(folder, rows)

@@ -36,7 +36,7 @@ KERNELS: dict[str, dict[str, Any]] = {
 USAGE_LIMIT = {"demo": None, "smoke": 4}  # texts of the built-in sample read (None: all 30)
 INDUCTION_DEPTHS = (1, 2)
 KHOP_SHOWS = (
-    "At the demo preset (k = 1 and 2 mixed in training, depths 1-3 at width 64, 1,500 steps, 2 seeds): the first "
+    "At the demo preset (k = 1 and 2 mixed in training, depths 1-3 at width 64, 1,000 steps, 2 seeds): the first "
     "depth whose accuracy is >= 0.99 in every seed, per k, beside floor(log2 k) + 2 (2 and 3): one layer cannot "
     "form an induction head, the second hop needs a third layer."
 )
@@ -48,7 +48,7 @@ KHOP_NOT_SHOWS = (
 )
 CRASP_SHOWS = (
     "At the demo preset (L_3 and L_4, decoders without positional encoding of depths 1 and 2 at width 64, lengths "
-    "16-32 in training, 1,000 steps, 2 seeds): the first depth whose exact-match accuracy on lengths 65-128 (4x "
+    "16-32 in training, 500 steps, 2 seeds): the first depth whose exact-match accuracy on lengths 65-128 (4x "
     "the training lengths) is >= 0.95 in every seed, per k, beside k - 2 (1 and 2)."
 )
 CRASP_NOT_SHOWS = (
@@ -273,6 +273,9 @@ KERNELS_FULL = (
     "probe sweep --task kernels --depths 1,2,4,8,16,32,64 "
     "--variants vanilla,skip,skip-scaled,value-skipinit,u-spa,e-spa --width 256 --seq-len 128"
 )
+
+# the page's order (atlas.csv's too): the two laws first
+PAGE_ORDER = ("khop", "crasp", "induction", "kernels", "depth-usage")
 
 # the findings in the order the atlas runs them: the cheap measures first, then the two laws
 FINDINGS: tuple[Finding, ...] = (

@@ -90,25 +90,33 @@ def atlas_page(sections: Sequence[Section], *, smoke: bool = False) -> str:
 def first_depth_chart(
     predicted: Mapping[Any, Any], per_seed: Mapping[int, Mapping[Any, Any]], deepest: int, key: str = "k"
 ) -> tuple[str, str]:
-    """The first depth that solves each level, per seed (points; a level no depth solved is drawn
-    above the deepest depth run, at ``deepest + 1``), beside the prediction (dashed)."""
+    """The first depth that solves each level, per seed (points, each seed a little to the side so
+    that equal values stay visible; a level no depth solved is drawn at ``deepest + 1``, marked
+    'none'), beside the prediction (dashed)."""
     levels = sorted(predicted)
     lines = [Series("predicted", tuple((float(k), float(predicted[k])) for k in levels), dashed=True)]
-    for seed, firsts in sorted(per_seed.items()):
-        points = tuple((float(k), float(deepest + 1 if _blank(firsts.get(k)) else firsts[k])) for k in levels)
+    for i, (seed, firsts) in enumerate(sorted(per_seed.items())):
+        dx = (i - (len(per_seed) - 1) / 2) * 0.08
+        depth = [deepest + 1 if _blank(firsts.get(k)) else firsts[k] for k in levels]
+        marks = tuple("none" if _blank(firsts.get(k)) else "" for k in levels)
         lines.append(
-            Series(f"seed {seed}", points, marks=tuple("none" if _blank(firsts.get(k)) else "" for k in levels))
+            Series(f"seed {seed}", tuple((k + dx, float(d)) for k, d in zip(levels, depth, strict=True)), marks=marks)
         )
     svg = chart_svg(
         lines,
         title=f"first depth that solves each {key}",
         x_label=key,
-        y_label="depth",
+        y_label="first solving depth",
+        zero=True,
         x_ticks=[(float(k), str(k)) for k in levels],
+        x_range=(min(levels) - 0.5, max(levels) + 0.5),
         rules=[float(deepest)],
         standalone=True,
     )
-    alt = f"first solving depth per {key} and seed, beside the prediction (dashed); dotted: the deepest depth run"
+    alt = (
+        f"first solving depth per {key} and seed (offset sideways), beside the prediction (dashed); "
+        "dotted: the deepest depth run"
+    )
     return svg, alt
 
 
