@@ -12,10 +12,10 @@ DEFAULT_OUT = Path("artifacts") / "atlas"
 
 
 @app.command(
-    help="Run the demo presets of the depth laws (khop, crasp) and the one-pass measures of what depth buys "
-    "(minilm's depth usage, induction at 2 layers and not 1, kernel collapse and E-SPA), then write OUT/atlas.html "
-    "(one offline page: each paper's prediction beside the measurement) and OUT/atlas.csv. Interrupted, rerun it "
-    "on the same --out to continue.",
+    help="What depth buys, on one page: OUT/atlas.html and OUT/atlas.csv. It runs the demo presets of the depth "
+    "laws (khop, crasp) and the one-pass measures (minilm's depth usage, induction at 2 layers and not 1, kernel "
+    "collapse and E-SPA), each in its own folder under OUT, and puts each paper's prediction beside the "
+    "measurement. Interrupted, rerun it on the same --out to continue.",
 )
 @guarded
 def atlas(
