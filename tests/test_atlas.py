@@ -115,7 +115,7 @@ def test_bad_input_is_refused_before_anything_runs(tmp_path):
 
 
 @pytest.mark.slow
-def test_atlas_end_to_end_at_smoke_scale_resumes(tmp_path):
+def test_atlas_end_to_end_at_smoke_scale_resumes(tmp_path, browser):  # noqa: F811
     """Every finding runs (minilm included), atlas.csv has its columns and rows, the page its
     sections and no network reference; deleting the page and rerunning keeps every finished run."""
     out = tmp_path / "atlas"
@@ -134,6 +134,16 @@ def test_atlas_end_to_end_at_smoke_scale_resumes(tmp_path):
     assert "do not show any finding" in page  # the smoke scale says what it is
     assert not NETWORK.findall(page)
     assert page.count("<img ") >= 7  # khop and crasp two figures each, the other three one
+
+    from tests.test_browser import Page
+
+    tab = Page(browser, out / "atlas.html", until="true", width=1280, height=800)
+    try:  # the real page on a 1280 x 800 laptop: no overflow, every figure drawn, nothing fetched
+        assert tab.eval("document.documentElement.scrollWidth") <= 1280
+        assert tab.eval("Array.from(document.images).every(i => i.complete && i.naturalWidth > 0)")
+        assert tab.network_requests() == [] and tab.problems() == []
+    finally:
+        tab.close()
 
     (out / "atlas.html").unlink()
     again = CliRunner().invoke(app, ["atlas", "--scale", "smoke", "--out", str(out)])
