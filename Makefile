@@ -31,8 +31,11 @@ $(VENV)/.installed: pyproject.toml $(LOCK)
 	$(BIN)/pip install --quiet $(PIN) -e ".[test,ray]"
 	touch $@
 
+# the atlas: what depth buys, on one page (docs/results.md has each finding at full scale); rerun to continue
+ATLAS ?= artifacts/atlas
 demo: install
-	$(BIN)/probe run --model minilm --task attention-stats
+	$(BIN)/probe atlas --jobs 2 --out $(ATLAS)
+	@echo "open $(ATLAS)/atlas.html in a browser (offline; atlas.csv beside it)"
 
 test: install
 	bash scripts/install-chromium.sh || echo "chromium could not be installed: the browser tests will be skipped"

@@ -1,7 +1,7 @@
 """Import every module that adds commands to the `probe` app; `probe --help` lists each by the
 first sentence of its help (a command's own `--help` keeps the whole text)."""
 
-from depthprobe.cli import compare, study, sweep, train, viz  # noqa: F401
+from depthprobe.cli import atlas, compare, study, sweep, train, viz  # noqa: F401
 from depthprobe.cli.main import app
 
 

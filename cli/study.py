@@ -64,7 +64,9 @@ def family_options_help() -> str:
 def study(
     ctx: typer.Context,
     family: str = typer.Option(..., "--family", "-f", help=FAMILY_HELP),
-    preset: str = typer.Option("smoke", "--preset", "-p", help="smoke, cpu or gpu (costs: probe list families)."),
+    preset: str = typer.Option(
+        "smoke", "--preset", "-p", help="smoke, cpu or gpu; khop and crasp also demo (costs: probe list families)."
+    ),
     out: Path | None = typer.Option(
         None, "--out", "-o", help="Study folder (default artifacts/studies/<id>); rerun on it to continue."
     ),

@@ -154,6 +154,16 @@ class Crasp(LawExperiment):
     presets: ClassVar[dict[str, dict[str, Any]]] = {
         "smoke": {**COMMON["smoke"], "ks": (4,), "nmin": 8, "nmax": 16, "eval_lengths": (16, 32), "solve_at": 32},
         "cpu": {**COMMON["cpu"], "depths": (1, 2, 3, 4, 5), "steps": 2000},
+        "demo": {
+            **COMMON["cpu"],
+            "ks": (3, 4),
+            "depths": (1, 2),
+            "nmin": 16,
+            "nmax": 32,
+            "eval_lengths": (32, 64, 128),
+            "solve_at": 128,
+            "steps": 500,
+        },
         "gpu": {
             **COMMON["gpu"],
             "depths": (1, 2, 3, 4, 5, 6, 7, 8),
@@ -168,6 +178,9 @@ class Crasp(LawExperiment):
         "cpu": "L_3-L_6 at depths 1-5 (width 64) and the control (depth k - 3, width 128), lengths 32-64, evaluated "
         "to 512, 2 seeds, 2,000 steps: 46 members, 90 CPU-minutes, 67 min with --jobs 2 on partly shared cores "
         "(measured; about 45-50 min on 2 idle cores: docs/depth-laws.md)",
+        "demo": "L_3 and L_4 at depths 1, 2 (width 64) and L_4's control (depth 1, width 128), lengths 16-32, "
+        "evaluated to 128, 2 seeds, 500 steps: 10 members, 2.8 min wall with --jobs 2 on 2 shared CPU cores, "
+        "2.0 CPU-minutes (measured; probe atlas runs it)",
         "gpu": "L_3-L_10 at depths 1-8 at widths 128 and 256 and the control (depth k - 3, width 512), 3 seeds, "
         "10,000 steps: 405 members: about 11-14 hours one at a time, 5.8-7.1 hours with --jobs 3 on one GPU "
         "(estimated from khop member rates measured on one NVIDIA H200: 80-104 steps/s one at a time, "

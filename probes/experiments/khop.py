@@ -85,6 +85,7 @@ class KHop(LawExperiment):
     presets: ClassVar[dict[str, dict[str, Any]]] = {
         "smoke": {**COMMON["smoke"], "ks": (1, 2), "length": 12, "letters": 3, "hop_sequences": 8},
         "cpu": {**COMMON["cpu"], "depths": (1, 2, 3, 4, 5)},
+        "demo": {**COMMON["cpu"], "ks": (1, 2), "depths": (1, 2, 3), "steps": 1000, "control": False},
         "cpu-k8": {**COMMON["cpu"], "depths": (1, 2, 3, 4, 5, 6), "ks": (1, 2, 3, 4, 8), "steps": 5000},
         "gpu": {
             **COMMON["gpu"],
@@ -100,6 +101,9 @@ class KHop(LawExperiment):
         "smoke": "depths 1,2 at width 16, k 1,2, 40 steps: 3 members, 5-10 s on 2 CPU cores (the tests use it)",
         "cpu": "depths 1-5 and a wide 2-layer control at width 64, k 1-4, N 48, 2 seeds, 3,000 steps: 12 members, "
         "14 min with --jobs 2 on 2 idle CPU cores (measured; 27 CPU-minutes)",
+        "demo": "k 1,2 at depths 1-3 (width 64), N 48, 2 seeds, 1,000 steps, no control (k 3 and 4 left out: at CPU "
+        "scale k = 3 has needed one layer more than floor(log2 k) + 2, docs/depth-laws.md): 6 members, 4.5 min wall "
+        "with --jobs 2 on 2 shared CPU cores, 2.9 CPU-minutes (measured; probe atlas runs it)",
         "cpu-k8": "k 1-4 and 8 (log against linear depth: 5 layers against 9), depths 1-6 and a wide 2-layer control "
         "at width 64, N 48, 2 seeds, 5,000 steps: 14 members, 45 CPU-minutes, 36.5 min with --jobs 2 on 2 shared "
         "CPU cores (measured; docs/depth-laws.md)",
