@@ -18,6 +18,7 @@ import numpy as np
 
 from depthprobe.probes.render.charts import heatmap_svg
 from depthprobe.probes.render.html import esc, page, svg_img, table
+from depthprobe.probes.render.laws import MIN_WIDTH
 from depthprobe.probes.render.lines import Series, chart_svg
 
 TITLE = "What depth buys: the depthprobe atlas"
@@ -123,9 +124,23 @@ def first_depth_chart(
 def accuracy_heatmap(
     values: np.ndarray, depths: Sequence[Any], keys: Sequence[Any], threshold: float
 ) -> tuple[str, str]:
-    """Accuracy, depth x level (mean over seeds), drawn by the shared heatmap."""
-    svg = heatmap_svg(values, list(depths), list(keys), row_title="depth", col_title="k")
-    return svg, f"accuracy by depth (rows) and k (columns), mean over seeds; solved: >= {threshold:g} in every seed"
+    """Accuracy, depth x level (mean over seeds), drawn by the shared heatmap as on the law pages:
+    a fixed 0-1 colour scale with the threshold marked, at least the law pages' width."""
+    svg = heatmap_svg(
+        values,
+        list(depths),
+        list(keys),
+        row_title="depth",
+        col_title="k",
+        scale=(0.0, 1.0),
+        threshold=threshold,
+        title="accuracy (mean over seeds)",
+        min_width=MIN_WIDTH,
+    )
+    return svg, (
+        f"accuracy by depth (rows) and k (columns), mean over seeds, on a fixed 0-1 scale; outlined: at or above "
+        f"{threshold:g}; solved: >= {threshold:g} in every seed"
+    )
 
 
 def block_chart(skip_output: Sequence[float], spare: float) -> tuple[str, str]:
