@@ -112,8 +112,8 @@ class Groups(LawExperiment):
         "smoke": "z2, s3 at T 4,8 with the curriculum 2, 4, 8: 2 members per group (the controls would equal "
         "depth 2), about 5 CPU-seconds on 2 CPU cores (measured; the tests use it)",
         "cpu": "s3, z60, A4xZ5 and a5, T 2,4,8,16 with the curriculum 2, 4, 8, 16, depths 1-4 and a control, 2 "
-        "seeds, 3,000 steps: 40 members, about 9 CPU-minutes (scaled from the 30-member preset's 6.8 measured; "
-        "docs/depth-laws.md)",
+        "seeds, 3,000 steps: 40 members, about 10 CPU-minutes (measured per group on 2 shared cores: A4xZ5 2.8 "
+        "CPU-minutes, z60 and a5 5.8; s3 not rerun; docs/depth-laws.md)",
         "gpu": "z2, s3, z60, a5, s5 at T 8-128 with the curriculum, depths 1-8 at widths 128 and 256: 195 members, "
         "about 10-14 hours one at a time, 5.6-6.8 hours with --jobs 3 on one GPU "
         "(estimated from khop member rates measured on one NVIDIA H200: 80-104 steps/s one at a time, "
