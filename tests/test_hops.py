@@ -216,3 +216,13 @@ def test_models_that_cannot_read_khop_inputs_are_refused(model, options, message
     with pytest.raises(ProbeError, match=message) as e:
         run(name, "hop-attention", **options)
     assert "\n" not in str(e.value)
+
+
+def test_probe_list_tasks_names_the_previous_token_and_occurrence_targets():
+    from typer.testing import CliRunner
+
+    from depthprobe.cli.main import app
+
+    out = CliRunner().invoke(app, ["list", "tasks"]).output
+    line = next(x for x in out.splitlines() if x.startswith("hop-attention"))
+    assert "previous token (i - 1)" in line and "previous occurrence of X_i (p(i) - 1)" in line
