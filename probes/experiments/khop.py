@@ -229,7 +229,8 @@ class KHop(LawExperiment):
         "at width 64, N 48, 2 seeds, 5,000 steps: 14 members, 45 CPU-minutes, 36.5 min with --jobs 2 on 2 shared "
         "CPU cores (measured; docs/depth-laws.md)",
         "staircase": "k 1-8 mixed, depths 2-5 at widths 32 and 64, N 48, 2 seeds, 8,000 steps, no control: 16 "
-        "members, 76 CPU-minutes planned by --dry-run (the run: docs/depth-laws.md)",
+        "members, 76 CPU-minutes planned by --dry-run; its width-32 half measured 33.8 CPU-minutes, 86 min wall with "
+        "--jobs 2 on 2 shared CPU cores (the plan says 15.7; docs/depth-laws.md)",
         "gpu": "N 100, k 1-16, depths 1-7 and a control at widths 128 and 256, 3 seeds, 20,000 steps: 45 members, "
         "about 2.4-3.1 hours on one NVIDIA H200 one member at a time, 1.3-1.6 hours with --jobs 3 "
         "(from rates measured on an H200 at these shapes; training only; the preset not run end to end)",
