@@ -112,7 +112,8 @@ CARDS: dict[str, Card] = {
     ),
     "hop-attention": Card(
         "k-hop induction (Sanford et al. 2024), models trained on the khop family: per head and hop j, "
-        "attention from i to p^j(i) with chance; per layer the largest hop a head resolves; accuracy",
+        "attention from i to p^j(i), to the previous token (i - 1) and to the previous occurrence of X_i "
+        "(p(i) - 1), each with chance; per layer the largest hop a head resolves; accuracy",
         HopAttentionOptions,
     ),
     "induction": Card(

@@ -7,10 +7,13 @@ the run seed ``-O seed`` (never a training batch). For each head and hop j = 1..
 the task reads the mean attention from the query at 1 + i to the key at 1 + p^j(i), over the
 (sequence, i) where p^j(i) is defined, with its chance level (1 / the keys the causal query sees),
 and per layer the largest hop some head resolves (mean attention >= ``-O threshold`` and >= 3x
-chance; :mod:`probes.measures.hops`). Sanford et al.'s construction finds p(i) with an induction
-head over two layers, then doubles the hop count per layer (layer l >= 2 attends to p^(2^(l-2))(i)
-and reads the pointer held there); this task reports where the heads look, next to the depth law,
-and asserts nothing about use (attention is not use).
+chance; :mod:`probes.measures.hops`), and per head the attention to the previous token (i - 1)
+and to the previous occurrence of X_i (p(i) - 1), each with its chance level. Depth floor(log2 k)
++ 2 suffices because positions hold pointers as well as answers: in a construction reaching it,
+layer 0 attends to i - 1, layer 1 to p(i) and layer l >= 2 to p^(2^(l-1))(i), reading the pointer
+and answers held there (2^(L-1) - 1 hops after L layers; largest hops by layer 0, 1, 2, 4, ...);
+this task reports where the heads look, next to the depth law, and asserts nothing about use
+(attention is not use).
 
 The model's accuracy on the same sequences is in the headline: the argmax at position 1 + i
 against hop_k(X)_i (the family's targets, unshifted), over letter answers and over all positions.
@@ -30,7 +33,14 @@ from depthprobe.probes.data import khop
 from depthprobe.probes.engine.task import Context, Examples, HeatmapPanel, Output, Task, add_sums, tidy
 from depthprobe.probes.hooks.capture import Captured, pattern_names
 from depthprobe.probes.hooks.interventions import head_label
-from depthprobe.probes.measures.hops import RATIO, hop_attention_from_sums, hop_attention_sums
+from depthprobe.probes.measures.hops import (
+    NEIGHBOURS,
+    RATIO,
+    hop_attention_from_sums,
+    hop_attention_sums,
+    neighbour_positions,
+    target_means,
+)
 from depthprobe.probes.models.model import Model
 from depthprobe.probes.render.charts import heatmap_svg
 from depthprobe.tasks.cards import CARDS, HopAttentionOptions
@@ -44,6 +54,7 @@ class State:
     model: Model
     options: Options
     sums: dict[str, torch.Tensor] = field(default_factory=dict)  # hop_attention_sums, added
+    near: dict[str, torch.Tensor] = field(default_factory=dict)  # the same sums for NEIGHBOURS' targets
     counts: dict[str, float] = field(default_factory=dict)  # right/total answers, letters and all
     n: int = 0
 
@@ -99,6 +110,8 @@ class HopAttention(Task[Options, State]):
         patterns = acts.stacked(pattern_names(state.model.info.n_layers)).transpose(1, 2)  # [L, H, b, T, T]
         hops = torch.stack([khop.hop_positions(x, j) for j in range(1, o.max_hop + 1)])  # [J, b, N]
         state.sums = add_sums(state.sums, hop_attention_sums(patterns, hops, OFFSET))
+        near = neighbour_positions(khop.pointer(x))  # [2, b, N]
+        state.near = add_sums(state.near, hop_attention_sums(patterns, near, OFFSET))
         targets = khop.hop_targets(x, o.hop, o.letters)  # [b, N]
         pred = acts["logits"][:, OFFSET:].argmax(-1).cpu()  # [b, N]
         right = pred == targets
@@ -114,6 +127,7 @@ class HopAttention(Task[Options, State]):
 
     def merge(self, a: State, b: State) -> State:
         a.sums = add_sums(a.sums, b.sums)
+        a.near = add_sums(a.near, b.near)
         a.counts = add_sums(a.counts, b.counts)
         a.n += b.n
         return a
@@ -121,9 +135,10 @@ class HopAttention(Task[Options, State]):
     def finalize(self, state: State, ctx: Context[Options]) -> Output:
         o = state.options
         res = hop_attention_from_sums(state.sums, o.threshold, RATIO)
-        scores = tidy(score_rows(res), ctx.config.model, self.name)
+        near = target_means(state.near)
+        scores = tidy(score_rows(res) + near_rows(near), ctx.config.model, self.name)
         scores["head"] = scores["head"].astype("Int64")  # integer heads beside the per-layer rows' blanks
-        summary = summarise(res)
+        summary = summarise(res, near)
         c = state.counts
         accuracy = c["letters_right"] / c["letters"] if c["letters"] else float("nan")
         headline = {
@@ -131,6 +146,10 @@ class HopAttention(Task[Options, State]):
             "accuracy": round(accuracy, 4),
             "accuracy_all": round(c["all_right"] / c["all"], 4),
             "largest_hop_by_layer": [int(v) for v in res["largest_hop"]],
+            **{
+                f"{target}_by_layer": [round(float(v), 4) for v in near["attention"][:, :, t].amax(dim=1)]
+                for t, target in enumerate(NEIGHBOURS)
+            },
             "n_sequences": state.n,
             "letters": o.letters,
             "length": o.length,
@@ -175,13 +194,37 @@ def score_rows(res: dict[str, torch.Tensor]) -> list[dict[str, object]]:
     return rows
 
 
-def summarise(res: dict[str, torch.Tensor]) -> pd.DataFrame:
+def near_rows(near: dict[str, torch.Tensor]) -> list[dict[str, object]]:
+    """Tidy rows per head: ``previous_token_attention`` and ``previous_occurrence_attention``
+    (:data:`NEIGHBOURS`), each with its ``chance``."""
+    att, chance = near["attention"], near["chance"]
+    L, H, _ = att.shape
+    return [
+        {
+            "layer": layer,
+            "head": h,
+            "metric": f"{target}_attention",
+            "value": float(att[layer, h, t]),
+            "chance": float(chance[t]),
+        }
+        for layer in range(L)
+        for h in range(H)
+        for t, target in enumerate(NEIGHBOURS)
+    ]
+
+
+def summarise(res: dict[str, torch.Tensor], near: dict[str, torch.Tensor]) -> pd.DataFrame:
     """Per layer: the largest hop some head resolves (0: none), the heads that resolve it (L-H)
-    and the best one's attention and the hop's chance (blank where the layer resolves no hop)."""
+    and the best one's attention and the hop's chance (blank where the layer resolves no hop);
+    then per :data:`NEIGHBOURS` target the layer's largest attention over heads and the target's
+    chance (``previous_token``, ``previous_token_chance``, ...)."""
     att, chance, resolved = res["attention"], res["chance"], res["resolved"]
     rows = []
     for layer, top in enumerate(res["largest_hop"].tolist()):
         row: dict[str, object] = {"layer": layer, "largest_hop": top, "heads": "", "attention": "", "chance": ""}
+        for t, target in enumerate(NEIGHBOURS):
+            row[target] = round(float(near["attention"][layer, :, t].max()), 4)
+            row[f"{target}_chance"] = round(float(near["chance"][t]), 4)
         if top:
             j = top - 1
             heads = [h for h in range(att.shape[1]) if resolved[layer, h, j]]
@@ -209,9 +252,12 @@ def notes(res: dict[str, torch.Tensor], o: Options) -> list[str]:
         "of 1 / (keys the causal query sees) over the same positions",
         f"a head resolves hop j when its mean attention is >= {o.threshold} and >= {RATIO:g}x chance; a layer's "
         "largest hop is the largest j some head of it resolves (0: none)",
-        "Sanford et al.'s construction: an induction head (layers 0-1) finds p(i), then layer l >= 2 attends to "
-        "p^(2^(l-2))(i) and reads the pointer held there, composing 2^(l-1) hops (docs/hop-attention.md); read "
-        "this next to the depth law: attention shows where a head looks, not that the model uses it",
+        "previous_token / previous_occurrence: the attention from 1 + i to 1 + (i - 1) and to 1 + (p(i) - 1), the "
+        "last position before i holding X_i, with chance over the same positions; per layer the largest over heads",
+        "a construction reaching floor(log2 k) + 2 layers (pointers as well as answers): layer 0 attends to i - 1, "
+        "layer 1 to p(i), layer l >= 2 to p^(2^(l-1))(i), holding 2^l - 1 hops after layer l "
+        "(docs/hop-attention.md); read this next to the depth law: attention shows where a head looks, not that "
+        "the model uses it",
         f"inputs: hop-count token k={o.hop}, then {o.length} letters over {o.letters}, the khop evaluation "
         f"stream of seed {o.seed}",
     ]

@@ -12,7 +12,7 @@ from depthprobe.probes.base.errors import ProbeError
 from depthprobe.probes.data import groups
 from depthprobe.probes.data.groups import GROUPS, get_group
 
-NAMES = ["z2", "s3", "a5", "s5", "z60"]
+NAMES = ["z2", "s3", "a5", "s5", "z60", "A4xZ5"]
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -51,7 +51,7 @@ def literal_derived_series(table):
 
 
 def test_orders_and_solvability():
-    assert [GROUPS[n].order for n in NAMES] == [2, 6, 60, 120, 60]  # z60: A_5's order, abelian
+    assert [GROUPS[n].order for n in NAMES] == [2, 6, 60, 120, 60, 60]  # z60, A4xZ5: A_5's order
     assert GROUPS["z60"].solvable and derived_solvable_literal(GROUPS["z60"].table)
     a5 = literal_derived_series(GROUPS["a5"].table)
     assert [len(s) for s in a5] == [60]  # A_5 is perfect: its derived series never shrinks
@@ -179,3 +179,21 @@ def test_check_sets_are_apart_from_evaluation_sets():
     check, ev = groups.check_batch(g, 64, 8, seed=1), groups.eval_batch(g, 64, 8, seed=1)
     assert torch.equal(check[0], groups.check_batch(g, 64, 8, seed=1)[0])
     assert not {tuple(r) for r in check[0].tolist()} & {tuple(r) for r in ev[0].tolist()}
+
+
+def test_a4xz5_is_solvable_non_abelian_of_a5s_order_and_projects_onto_its_factors():
+    g = GROUPS["A4xZ5"]
+    a4 = groups.permutation_group("a4", 4, True, "")
+    z5 = groups.cyclic("z5", 5, "")
+    assert g.order == 60 == a4.order * z5.order and a4.order == 12
+    t = g.tensor()
+    assert not torch.equal(t, t.T)  # non-abelian
+    series = literal_derived_series(g.table)
+    assert [len(s) for s in series] == [60, 4, 1]  # G' = A_4' = V_4 (Z_5 is abelian), then the trivial group
+    assert g.solvable and derived_solvable_literal(g.table)
+    for a in range(60):  # (x, y) at x * 5 + y: both projections are homomorphisms
+        for b in range(60):
+            ab = g.table[a][b]
+            assert ab // 5 == a4.table[a // 5][b // 5]
+            assert ab % 5 == (a % 5 + b % 5) % 5
+    assert sorted({g.table[a][0] for a in range(60)}) == list(range(60))  # a bijection onto 60 elements

@@ -59,12 +59,13 @@ def test_prefix_table_on_planted_accuracies():
     assert got.accuracy_last == pytest.approx(0.25) and got.sign_accuracy_last == pytest.approx(0.75)
 
 
-def test_cpu_plan_puts_z60_beside_a5():
+def test_cpu_plan_puts_z60_and_a4xz5_beside_a5():
     cfg = resolve("groups", "cpu")
-    assert cfg.groups == ("s3", "z60", "a5") and cfg.curriculum
+    assert cfg.groups == ("s3", "z60", "A4xZ5", "a5") and cfg.curriculum
+    assert cfg.lengths == (2, 4, 8, 16)  # T = 2 (pairs: learning the table) reported apart from longer T
     jobs = plan(cfg)
-    assert len(jobs) == 3 * 2 * (4 + 1)
-    assert {j.group: j.vocab for j in jobs} == {"s3": 6, "z60": 60, "a5": 60}
+    assert len(jobs) == 4 * 2 * (4 + 1)
+    assert {j.group: j.vocab for j in jobs} == {"s3": 6, "z60": 60, "A4xZ5": 60, "a5": 60}
 
 
 def test_bad_curriculum_options(tmp_path):

@@ -15,7 +15,7 @@ from depthprobe.probes.base.errors import ProbeError
 from depthprobe.probes.data import khop
 from depthprobe.probes.engine.task import Context, RunConfig, get_task
 from depthprobe.probes.hooks.capture import Captured, pattern_names
-from depthprobe.probes.measures.hops import hop_attention, hop_attention_sums
+from depthprobe.probes.measures.hops import hop_attention, hop_attention_sums, neighbour_positions, target_means
 from depthprobe.probes.models.loading import load
 from depthprobe.probes.models.model import NativeConfig
 from depthprobe.tasks.cards import HopAttentionOptions
@@ -91,6 +91,45 @@ def test_sums_add_across_batches():
         assert torch.allclose(whole[key], a[key] + b[key])
     with pytest.raises(ValueError, match="do not fit"):
         hop_attention_sums(patterns[:, :, :, :10, :10], hops)
+
+
+def test_previous_token_and_previous_occurrence_known_answers():
+    """x = 0 1 0 1 0: the previous token i - 1 = -1 0 1 2 3; the previous occurrence p(i) - 1 = -1 -1 0 1 2."""
+    pointer = HOPS[0]  # p(i) = -1 -1 1 2 3
+    near = neighbour_positions(pointer)
+    assert near[0].tolist() == [[-1, 0, 1, 2, 3]] and near[1].tolist() == [[-1, -1, 0, 1, 2]]
+    T = 6
+    patterns = torch.stack([pointing(near[0], T), pointing(near[1], T)])[None]  # head 0 on i - 1, head 1 on p(i) - 1
+    res = target_means(hop_attention_sums(patterns, near))
+    assert res["count"].tolist() == [4, 3]
+    assert res["chance"].tolist() == pytest.approx([(1 / 3 + 1 / 4 + 1 / 5 + 1 / 6) / 4, (1 / 4 + 1 / 5 + 1 / 6) / 3])
+    assert res["attention"][0, 0].tolist() == pytest.approx([1.0, 0.0])  # i - 1 is never p(i) - 1 here
+    assert res["attention"][0, 1].tolist() == pytest.approx([(1 / 3) / 4, 1.0])  # uniform at i = 1 (no p(i) - 1)
+
+
+def test_the_task_reads_previous_token_and_previous_occurrence_heads():
+    task = get_task("hop-attention")
+    model = load(NativeConfig(layers=2, d_model=16, heads=2, d_vocab=9, n_ctx=64), device="cpu")
+    options = HopAttentionOptions(letters=4, length=40, max_hop=2, hop=2, sequences=6)
+    ctx = Context(RunConfig(model="hand-set", task="hop-attention"), options)
+    ids = torch.tensor(task.load(model, ctx))
+    x = ids[:, 1:]
+    near = neighbour_positions(khop.pointer(x))
+    acts = perfect_captured(x, 4, 2)
+    T = ids.shape[1]
+    acts[pattern_names(2)[0]] = torch.stack([pointing(near[0], T), uniform(len(x), T)], dim=1)  # 0-0 on i - 1
+    acts[pattern_names(2)[1]] = torch.stack([uniform(len(x), T), pointing(near[1], T)], dim=1)  # 1-1 on p(i) - 1
+    state = task.start(model, ctx, [tuple(r) for r in ids.tolist()])
+    task.accumulate(state, Batch(ids, torch.ones_like(ids), []), acts)
+    out = task.finalize(state, ctx)
+    s = out.scores.set_index(["layer", "head", "metric"])
+    assert s.loc[(0, 0, "previous_token_attention"), "value"] == pytest.approx(1.0)
+    assert s.loc[(1, 1, "previous_occurrence_attention"), "value"] == pytest.approx(1.0)
+    chance = s.loc[(0, 1, "previous_token_attention")]  # a uniform head sits at its chance
+    assert chance["value"] == pytest.approx(chance["chance"])
+    assert out.headline["previous_token_by_layer"][0] == 1.0 and out.headline["previous_occurrence_by_layer"][1] == 1.0
+    assert out.summary["previous_token"].tolist()[0] == 1.0 and out.summary["previous_occurrence"].tolist()[1] == 1.0
+    assert out.summary["previous_token_chance"].tolist()[0] == pytest.approx(float(chance["chance"]), abs=1e-4)
 
 
 def perfect_captured(x: torch.Tensor, letters: int, hop: int) -> Captured:
@@ -177,3 +216,13 @@ def test_models_that_cannot_read_khop_inputs_are_refused(model, options, message
     with pytest.raises(ProbeError, match=message) as e:
         run(name, "hop-attention", **options)
     assert "\n" not in str(e.value)
+
+
+def test_probe_list_tasks_names_the_previous_token_and_occurrence_targets():
+    from typer.testing import CliRunner
+
+    from depthprobe.cli.main import app
+
+    out = CliRunner().invoke(app, ["list", "tasks"]).output
+    line = next(x for x in out.splitlines() if x.startswith("hop-attention"))
+    assert "previous token (i - 1)" in line and "previous occurrence of X_i (p(i) - 1)" in line

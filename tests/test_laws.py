@@ -19,8 +19,10 @@ from depthprobe.probes.experiments.runner import study as law_study
 from depthprobe.probes.models.loading import load
 from tests.helpers import cli_error, law_table, plan, resolve
 
-ACCURACY_KHOP = ["member", "depth", "d_model", "seed", "control", "k", "accuracy", "accuracy_all", "step_reached"]
-LAW_KHOP = ["d_model", "k", "predicted_depth", "measured_depth", "difference"]
+ACCURACY_KHOP = ["member", "depth", "d_model", "seed", "control", "k", "accuracy", "accuracy_all", "step_reached",
+                 "gain_last", "outcome"]  # fmt: skip
+LAW_KHOP = ["d_model", "k", "predicted_depth", "measured_depth", "difference", "budget_limited", "ceil_depth",
+            "linear_depth", "authors_4_heads", "authors_8_heads"]  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -49,6 +51,8 @@ def test_khop_smoke_writes_every_table(khop_study):
     law = pd.read_csv(out / "law.csv")
     assert list(law.columns) == LAW_KHOP
     assert list(law.predicted_depth) == [2, 3]  # floor(log2 k) + 2 for k = 1, 2
+    assert acc.gain_last.isna().all()  # 40 steps: no evaluation 2,000 steps before the last
+    assert set(acc.outcome) <= {"solved", "failed"} and law.budget_limited.isna().all()
     curves = pd.read_csv(out / "curves.csv")
     assert sorted(set(curves.step)) == [20, 40]  # every eval_every and the last step
     hops = pd.read_csv(out / "hops.csv")

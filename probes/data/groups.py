@@ -1,8 +1,10 @@
 """Group word problems (Liu et al. 2023, "Transformers learn shortcuts to automata"; Merrill and
 Sabharwal 2025, "A little depth goes a long way"): predict the running product of a sequence of
-group elements. Solvable groups (Z_2 parity, S_3, Z_60) should need constant depth in the length T,
-non-solvable ones (A_5, S_5) depth growing like log T. Z_60 is A_5's control: the same order (a
-60 x 60 table to learn), abelian, so only solvability differs.
+group elements. Solvable groups (Z_2 parity, S_3, Z_60, A_4 x Z_5) should need constant depth in
+the length T, non-solvable ones (A_5, S_5) depth growing like log T. A_5's controls have its order
+(a 60 x 60 table to learn): Z_60 is abelian, so beside A_5 it differs in commutativity as well as
+solvability; A_4 x Z_5 (``A4xZ5``, :func:`direct_product`) is solvable and non-abelian, so beside
+A_5 only solvability differs.
 
 Training follows Merrill and Sabharwal's length curriculum (:func:`curriculum`: T = 2, 4, 8, ...,
 moving on when the current length is solved, :func:`advance`); a model trained on the longest T
@@ -86,6 +88,18 @@ def permutation_group(name: str, points: int, even_only: bool, description: str)
     return Group(name, len(perms), table, derived_solvable(table), description, signs)
 
 
+def direct_product(name: str, a: Group, b: Group, description: str) -> Group:
+    """a x b: the element (x, y) at index x * b.order + y, multiplied componentwise
+    ((x1, y1) * (x2, y2) = (x1 * x2, y1 * y2)); the identity (0, 0) is index 0."""
+    m = b.order
+    table = tuple(
+        tuple(a.table[x1][x2] * m + b.table[y1][y2] for x2 in range(a.order) for y2 in range(m))
+        for x1 in range(a.order)
+        for y1 in range(m)
+    )
+    return Group(name, a.order * m, table, derived_solvable(table), description)
+
+
 def cyclic(name: str, order: int, description: str) -> Group:
     table = tuple(tuple((a + b) % order for b in range(order)) for a in range(order))
     return Group(name, order, table, True, description)
@@ -97,6 +111,12 @@ BUILDERS = {
     "a5": lambda: permutation_group("a5", 5, True, "A_5: even permutations of 5 points, non-solvable, order 60"),
     "s5": lambda: permutation_group("s5", 5, False, "S_5: non-solvable, order 120"),
     "z60": lambda: cyclic("z60", 60, "Z_60: abelian, order 60 (A_5's control: same table size, solvable)"),
+    "A4xZ5": lambda: direct_product(
+        "A4xZ5",
+        permutation_group("a4", 4, True, "A_4: even permutations of 4 points, solvable, order 12"),
+        cyclic("z5", 5, "Z_5"),
+        "A_4 x Z_5: solvable, non-abelian, order 60 (A_5's control without commutativity: same table size)",
+    ),
 }
 GROUPS: dict[str, Group] = {name: build() for name, build in BUILDERS.items()}
 

@@ -28,9 +28,12 @@ if TYPE_CHECKING:
 
 GAMMA_LAST = 0.005  # He et al.'s E-SPA endpoint, SPAConfig's default (docs/study.md: where it comes from)
 # the cpu preset's: 1 - exp(-2 gamma_L) = 1 - rho_L = 0.2, the current token's share of the last layer's
-# variance that U-SPA (rho_L = 0.8) keeps at long context, i.e. gamma_L = -ln(0.8) / 2 = 0.11157
+# variance that U-SPA (rho_L = 0.8) keeps at long context, i.e. gamma_L = -ln(0.8) / 2 = 0.11157: a rule of
+# this project, not a reading of He et al. (docs/study.md)
 CPU_GAMMA_LAST = 0.1116
-RHO_LAST = 0.8  # U-SPA's endpoint (SPAConfig's rho_last; not a study option)
+# U-SPA's endpoint (SPAConfig's rho_last; not a study option): this project's choice, matched to E-SPA's
+# old kernel (final mean cosine 0.815 at gamma_L 0.005, T = 128; docs/kernels.md)
+RHO_LAST = 0.8
 MAX_GAMMA = 50.0  # SPAConfig's bound: exp(-100) is 0 in float64, so larger values change nothing
 
 

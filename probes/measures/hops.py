@@ -1,13 +1,17 @@
 """Hop attention: does a head look where k-hop induction's pointer points?
 
 For k-hop induction (Sanford, Hsu and Telgarsky 2024; :mod:`probes.data.khop`), p(i) = 1 + the
-last position before i holding X_i, and the answer at i is X at p^k(i). Their construction
-resolves the hops by doubling: an induction head (two layers) finds p(i), and each further layer
-composes the pointers it holds: attending to p^m(i), it reads p^m(p^m(i)) = p^(2m)(i). So for each
-head and hop j we read the
-attention from the query at sequence position offset + i to the key at offset + p^j(i), averaged
-over the (sequence, i) where p^j(i) is defined; its chance level is the mean, over the same
-(sequence, i), of 1 / (offset + i + 1), the number of keys a causal query at offset + i sees.
+last position before i holding X_i, and the answer at i is X at p^k(i). Depth floor(log2 k) + 2
+suffices because positions can hold pointers as well as answers: in a construction that reaches
+it, layer 0 copies the previous letter (attends to i - 1), layer 1 is an induction step (attends
+to p(i)), and layer l >= 2 attends to p^(2^(l-1))(i), one hop beyond the pointer it holds, reading
+the pointer and answers held there, so L layers hold 2^(L-1) - 1 hops. So for each head and hop j
+we read the attention from the query at sequence position offset + i to the key at offset +
+p^j(i), averaged over the (sequence, i) where p^j(i) is defined; its chance level is the mean, over
+the same (sequence, i), of 1 / (offset + i + 1), the number of keys a causal query at offset + i
+sees. Two more targets (:data:`NEIGHBOURS`, :func:`neighbour_positions`) are read the same way:
+the previous token i - 1 and the previous occurrence of X_i, p(i) - 1 (the last position before
+i holding X_i; p(i) is the one after it).
 
 A head **resolves** hop j when its mean attention to p^j(i) is at least ``threshold`` (0.5: most of
 its attention on the one right key) and at least ``ratio`` (3) times chance. A layer's largest
@@ -24,6 +28,24 @@ import torch
 
 THRESHOLD = 0.5  # mean attention a resolving head puts on the hop's key
 RATIO = 3.0  # ... and at least this many times the chance level
+NEIGHBOURS = ("previous_token", "previous_occurrence")  # the targets of :func:`neighbour_positions`, in order
+
+
+def neighbour_positions(pointer: torch.Tensor) -> torch.Tensor:
+    """[n, N] p(i) (-1 where undefined) -> [2, n, N]: the previous token i - 1 (-1 at i = 0) and
+    the previous occurrence of X_i, p(i) - 1 (-1 where p(i) is undefined), in :data:`NEIGHBOURS`'
+    order; positions within X, like ``hops`` of :func:`hop_attention_sums`, which reads them."""
+    n, N = pointer.shape
+    previous = (torch.arange(N, device=pointer.device) - 1).expand(n, N)
+    occurrence = torch.where(pointer >= 0, pointer - 1, -1)
+    return torch.stack([previous, occurrence])
+
+
+def target_means(sums: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Means from (added) :func:`hop_attention_sums` of any targets: ``attention`` [layers, heads,
+    targets] and ``chance`` [targets] (nan for a target defined nowhere), ``count`` [targets]."""
+    count = sums["count"]
+    return {"attention": sums["attention"] / count, "chance": sums["chance"] / count, "count": count}
 
 
 def hop_attention_sums(patterns: torch.Tensor, hops: torch.Tensor, offset: int = 1) -> dict[str, torch.Tensor]:
@@ -58,9 +80,8 @@ def hop_attention_from_sums(
     """Means and verdicts from (added) sums: ``attention`` [layers, heads, J] and ``chance`` [J]
     (nan for a hop defined nowhere), ``count`` [J], ``resolved`` [layers, heads, J] (bool) and
     ``largest_hop`` [layers] (int64, 0 where no head of the layer resolves any hop)."""
-    count = sums["count"]
-    attention = sums["attention"] / count  # count 0 -> nan (or inf * 0): marked unresolved below
-    chance = sums["chance"] / count
+    means = target_means(sums)  # count 0 -> nan (or inf * 0): marked unresolved below
+    count, attention, chance = means["count"], means["attention"], means["chance"]
     resolved = (count > 0) & (attention >= threshold) & (attention >= ratio * chance)
     J = count.shape[0]
     hop_ids = torch.arange(1, J + 1)  # [J]

@@ -35,7 +35,8 @@ SPA row rescaling D, which is applied after it):
   Sigma_l[i, j] = exp(-gamma_l |i - j|), 1 - exp(-2 gamma_l) = (1 - exp(-2 gamma_L))^(l/L),
   gamma_L = 0.005 (He et al. 2023, §3, Exponential Signal Preserving Attention). Causal only.
 - ``u-spa``: the same with the uniform target (1 - rho_l) I + rho_l 11^T, 1 - rho_l^2 =
-  (1 - rho_L^2)^(l/L), rho_L = 0.8 (He et al. 2023, Uniform Signal Preserving Attention).
+  (1 - rho_L^2)^(l/L) (He et al. 2023, Uniform Signal Preserving Attention); rho_L = 0.8 is this
+  project's choice, matched to E-SPA's kernel at gamma_L 0.005 (docs/kernels.md), not the paper's.
 
 Weights: W_V and W_O are orthogonal (d_model x d_model, split into heads) for value-skipinit,
 e-spa and u-spa, as He et al. prescribe, so X W_V W_O preserves the kernel exactly; otherwise

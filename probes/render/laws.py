@@ -199,9 +199,11 @@ def hop_summary(layers: pd.DataFrame) -> str:
     records = wide.rename(columns=lambda layer: f"layer {int(layer)}").reset_index().to_dict("records")
     return (
         "<h2>Hop attention</h2><p class='meta'>per member and layer: the largest hop j some head resolves "
-        "(mean attention from i to p^j(i) >= 0.5 and >= 3x chance; 0: none). Sanford et al.'s construction "
-        "doubles the hop count per layer after a two-layer induction head; attention is where a head looks, "
-        "not proof of use.</p>" + html_table(records)
+        "(mean attention from i to p^j(i) >= 0.5 and >= 3x chance; 0: none). A construction reaching "
+        "floor(log2 k) + 2 layers holds pointers as well as answers: its heads attend to i - 1 at layer 0, p(i) "
+        "at layer 1 and p^(2^(l-1))(i) at layer l >= 2 (0, 1, 2, 4, ...), 2^(L-1) - 1 hops after L layers; "
+        "hop_layers.csv also gives each layer's attention to i - 1 and to p(i) - 1. Attention is where a head "
+        "looks, not proof of use.</p>" + html_table(records)
     )
 
 

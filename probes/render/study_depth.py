@@ -15,9 +15,9 @@ from depthprobe.probes.render.html import table as html_table
 from depthprobe.probes.render.lines import Chart, Series, row_svg
 
 SKIPPED_NOTE = (
-    "Reported beside the law, never as proof of it: a member of exactly the predicted depth should need every "
-    "block for its largest level; a deeper one may have a block to spare. Accuracy on the final evaluation sets, "
-    "with the block's output replaced by its input."
+    "Reported beside the law, never as proof of it: the law says which depth suffices, not which blocks a trained "
+    "member uses; members may need every block even for levels a shallower depth solves, and deeper ones may have "
+    "a block to spare. Accuracy on the final evaluation sets, with the block's output replaced by its input."
 )
 
 
