@@ -1,4 +1,4 @@
-"""Edits and readings for depth usage (docs/protocols.md §3.10): skipping whole blocks, reading logits off
+"""Edits and readings for depth usage (DESIGN §3.10): skipping whole blocks, reading logits off
 any residual, and which blocks are sums of their sublayers.
 
 - :func:`skip_layers` (``probes.skip_layers``): within the block, every forward pass runs with the
@@ -11,12 +11,17 @@ any residual, and which blocks are sums of their sublayers.
   against the model's own logits by :func:`check_readout`.
 - :func:`sublayer_hooks`: for blocks whose output is input + attention output + MLP output
   (pre-LN or no norm), the hooks of each sublayer's output and of the residual it is added to.
+- :func:`recording_blocks`: the arguments each block was called with in one pass, so that
+  blocks ``l..L-1`` can run again from a residual at block ``l`` (:meth:`BlockCalls.run_from`,
+  hooks firing) without rerunning the blocks before it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import torch
@@ -161,3 +166,54 @@ def check_readout(model: Model, head: Readout, last: torch.Tensor, logits: torch
             f"the logit lens cannot read {model.name}: its logits are not unembed(final norm(last residual)) "
             "(an unknown head); use -O lens=false"
         )
+
+
+@dataclass
+class BlockCalls:
+    """What each block of a model was called with in one pass, besides its input residual."""
+
+    blocks: list[Any]
+    calls: list[tuple[tuple[Any, ...], dict[str, Any]] | None] = field(default_factory=list)
+
+    def keep(self, index: int, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        self.calls[index] = (args, kwargs) if self.calls[index] is None else None  # twice: not one pass
+        if self.calls[index] is None:
+            self.blocks = []
+
+    def usable(self) -> bool:
+        """Every block called once, with its residual first and no cache that a call would extend."""
+        return bool(self.blocks) and all(
+            c is not None and (c[0] or "hidden_states" in c[1]) and not any(_stateful(v) for v in c[1].values())
+            for c in self.calls
+        )
+
+    def run_from(self, start: int, h: torch.Tensor) -> torch.Tensor:
+        """Blocks ``start..L-1`` on ``h`` (the residual entering block ``start``) with the arguments
+        they had in the recorded pass; their hooks fire. Returns the last block's output."""
+        for block, call in zip(self.blocks[start:], self.calls[start:], strict=True):
+            assert call is not None
+            args, kwargs = call
+            out = block(h, *args[1:], **kwargs) if args else block(**{**kwargs, "hidden_states": h})
+            h = out[0] if isinstance(out, tuple) else out
+        return h
+
+
+def _stateful(value: Any) -> bool:
+    return value is not None and "cache" in type(value).__name__.lower()
+
+
+@contextmanager
+def recording_blocks(model: Model) -> Iterator[BlockCalls | None]:
+    """Within the block, record what each of the model's blocks is called with (None: the model
+    has no list of its blocks to call one by one). Check :meth:`BlockCalls.usable` after the pass."""
+    blocks = getattr(model.bridge, "blocks", None)
+    if not isinstance(blocks, torch.nn.ModuleList) or len(blocks) != model.info.n_layers:
+        yield None
+        return
+    calls = BlockCalls(list(blocks), [None] * len(blocks))
+    handles = [b.register_forward_pre_hook(partial(calls.keep, i), with_kwargs=True) for i, b in enumerate(blocks)]
+    try:
+        yield calls
+    finally:
+        for handle in handles:
+            handle.remove()

@@ -18,12 +18,14 @@ from depthprobe.probes.base.batching import Batch
 from depthprobe.probes.base.errors import ProbeError
 from depthprobe.probes.engine.inputs import text_sequences
 from depthprobe.probes.engine.task import Context, Examples, Output, Task, add_sums
-from depthprobe.probes.hooks.capture import Captured, HookFn, forward
+from depthprobe.probes.hooks.capture import Captured, HookFn, capture, forward
 from depthprobe.probes.hooks.depth import (
+    BlockCalls,
     Readout,
     check_editable,
     check_readout,
     readout,
+    recording_blocks,
     resid_names,
     skip_edits,
     sublayer_hooks,
@@ -142,17 +144,28 @@ def _skip_sums(
     state: State, batch: Batch, h: list[torch.Tensor], logits: torch.Tensor | None, mask: torch.Tensor
 ) -> dict[str, torch.Tensor]:
     """One pass per skipped block s: sums of ||c_j' - c_j|| / ||c_j|| for j > s (``skip_later``
-    [s, j], NaN-free zeros elsewhere), 1 - cos(h_L', h_L), and with logits KL(p || p') and top-1."""
+    [s, j], NaN-free zeros elsewhere), 1 - cos(h_L', h_L), and with logits KL(p || p') and top-1.
+
+    Blocks before s compute what they computed in the intact pass, so the pass for s > 0 starts
+    from the intact residual entering block s (its input is its output) and runs blocks s+1..L-1
+    alone, with the arguments the blocks had in the pass for s = 0 (a whole pass, recorded);
+    models whose blocks cannot be called one by one (or logits without a checked readout) get
+    whole passes."""
     model, L = state.model, state.model.info.n_layers
     names = resid_names(L)
     later = torch.zeros(L, L, dtype=torch.float64, device=model.device)
     out = torch.zeros(L, 3, dtype=torch.float64, device=model.device)  # skip_output, skip_kl, skip_top1
     keep: dict[str, HookFn] = dict.fromkeys(names, _keep)
+    head = readout(model) if logits is not None and state.checked else None
+    calls = None
     for s in range(L):
-        acts = forward(
-            model, batch.input_ids, batch.attention_mask, {**keep, **skip_edits(model, [s])}, logits=logits is not None
-        )
-        h2 = [acts[n].float() for n in names]
+        if s > 0 and calls is not None and calls.usable() and (logits is None or head is not None):
+            acts = _rerun(model, calls, s, h[s], names[s + 2 :], head)
+        else:
+            with recording_blocks(model) as calls:
+                edits = {**keep, **skip_edits(model, [s])}
+                acts = forward(model, batch.input_ids, batch.attention_mask, edits, logits=logits is not None)
+        h2 = [h[j] for j in range(s + 1)] + [acts[n].float() for n in names[s + 1 :]]
         for j in range(s + 1, L):
             later[s, j] = depth.relative_change_sum(h2[j + 1] - h2[j], h[j + 1] - h[j], mask)
         out[s, 0] = depth.cosine_distance_sum(h2[-1], h[-1], mask)
@@ -163,6 +176,23 @@ def _skip_sums(
     if logits is not None:
         sums.update(skip_kl=out[:, 1], skip_top1=out[:, 2])
     return sums
+
+
+def _rerun(
+    model: Model, calls: BlockCalls, s: int, h_s: torch.Tensor, names: list[str], head: Readout | None
+) -> Captured:
+    """The pass with block s skipped, from the intact residual h_s entering it: blocks s+1..L-1
+    on h_s (the skipped block's output), capturing ``names``; the logits through ``head``."""
+    acts, last = Captured(), h_s
+    with torch.inference_mode():
+        if names:  # s < L - 1
+            with capture(model, dict.fromkeys(names, _keep)) as later:
+                last = calls.run_from(s + 1, h_s)
+            acts.update(later)
+        acts[f"blocks.{s}.hook_resid_post"] = h_s
+        if head is not None:
+            acts["logits"] = head(last)
+    return acts
 
 
 def _keep(t: torch.Tensor, hook: object) -> None:
