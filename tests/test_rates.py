@@ -48,6 +48,6 @@ def test_dry_run_plan_carries_estimated_seconds_and_their_source(tmp_path):
     assert saved.est_seconds.tolist() == pytest.approx([3000 / 13.2] * len(table))  # the slowest CPU rate
     assert saved.source.str.startswith("estimated from 13.2 steps/s on CPU").all()
     total = 12 * 3000 / 13.2 / 60
-    assert f"estimated training: at most {total:.1f} min one member at a time" in lines[-1]
+    assert f"estimated training: 12 members, at most {total:.1f} min one member at a time" in lines[-1]
     crasp = dry_run("crasp", "smoke", out=tmp_path / "crasp", device="cpu", echo=lines.append)
     assert crasp.est_seconds.isna().all() and crasp.source.str.startswith("not estimated").all()
