@@ -1,4 +1,4 @@
-"""Edits and readings for depth usage (DESIGN §3.10): skipping whole blocks, reading logits off
+"""Edits and readings for depth usage (docs/protocols.md §3.10): skipping whole blocks, reading logits off
 any residual, and which blocks are sums of their sublayers.
 
 - :func:`skip_layers` (``probes.skip_layers``): within the block, every forward pass runs with the
