@@ -165,18 +165,28 @@ def in_range(value: float, bounds: dict[str, float]) -> bool:
     return not (isinstance(value, float) and not math.isfinite(value)) and _inside(value, bounds)
 
 
-def check_ranges(obj: Any, where: str) -> Any:
-    """Fail with one line naming the range when a :func:`ranged` field of ``obj`` is outside it."""
+def out_of_range(obj: Any) -> tuple[dataclasses.Field[Any], float, bool] | None:
+    """The first :func:`ranged` field of the dataclass ``obj`` holding a value outside its range
+    (NaN and infinities included): the field, the value, and whether the field is a tuple (each of
+    its values checked); None when every value is in range."""
     for f in dataclasses.fields(obj):
         bounds = f.metadata.get("range")
         value = getattr(obj, f.name)
         if not bounds or value is None:
             continue
         for v in value if isinstance(value, tuple) else (value,):
-            if isinstance(v, (int, float)) and not isinstance(v, bool) and not _inside(v, bounds):
-                each = "each value of " if isinstance(value, tuple) else ""
-                raise ProbeError(
-                    f"{where} {f.name}={v} is out of range: {each}{f.name} must be "
-                    f"{range_text(bounds)} (default {f.default})"
-                )
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and not in_range(v, bounds):
+                return f, v, isinstance(value, tuple)
+    return None
+
+
+def check_ranges(obj: Any, where: str) -> Any:
+    """Fail with one line naming the range when a :func:`ranged` field of ``obj`` is outside it."""
+    bad = out_of_range(obj)
+    if bad is not None:
+        f, v, each = bad
+        raise ProbeError(
+            f"{where} {f.name}={v} is out of range: {'each value of ' if each else ''}{f.name} must be "
+            f"{range_text(f.metadata['range'])} (default {f.default})"
+        )
     return obj

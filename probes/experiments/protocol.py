@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from depthprobe.probes.base.errors import ProbeError, suggest
-from depthprobe.probes.base.options import check_choices, check_seed, coerce, in_range, range_text
+from depthprobe.probes.base.options import check_choices, check_seed, coerce, out_of_range, range_text
 from depthprobe.probes.base.registry import Registry
 from depthprobe.probes.engine.plugins import entry_point_origins, entry_point_tasks
 from depthprobe.probes.experiments.folder import MemberOutput, measure_member
@@ -199,16 +199,14 @@ def check_field_ranges(config: Any) -> None:
     """Refuse a field of ``config`` outside its declared range (:func:`~depthprobe.probes.base.options.ranged`
     metadata on the Config's fields: the one place a family's ranges live), NaN and infinities
     included, naming its option; every value of a tuple field is checked."""
-    for f in dataclasses.fields(config):
-        bounds = f.metadata.get("range")
-        value = getattr(config, f.name)
-        if not bounds or value is None:
-            continue
-        for v in value if isinstance(value, tuple) else (value,):
-            if isinstance(v, int | float) and not isinstance(v, bool) and not in_range(v, bounds):
-                each = "each value of " if isinstance(value, tuple) else ""
-                flag = f"--{f.name.replace('_', '-')}"
-                raise ProbeError(f"{each}{flag} must be {range_text(bounds)}, got {v} (default {f.default})")
+    bad = out_of_range(config)
+    if bad is not None:
+        f, v, each = bad
+        flag = f"--{f.name.replace('_', '-')}"
+        raise ProbeError(
+            f"{'each value of ' if each else ''}{flag} must be {range_text(f.metadata['range'])}, got {v} "
+            f"(default {f.default})"
+        )
 
 
 def check_members(config: Any) -> None:
