@@ -179,8 +179,8 @@ class Crasp(LawExperiment):
         "to 512, 2 seeds, 2,000 steps: 46 members, 90 CPU-minutes, 67 min with --jobs 2 on partly shared cores "
         "(measured; about 45-50 min on 2 idle cores: docs/depth-laws.md)",
         "demo": "L_3 and L_4 at depths 1, 2 (width 64) and L_4's control (depth 1, width 128), lengths 16-32, "
-        "evaluated to 128, 2 seeds, 500 steps: 10 members, 2.8 min wall with --jobs 2 on 2 shared CPU cores, "
-        "2.0 CPU-minutes (measured; probe atlas runs it)",
+        "evaluated to 128, 2 seeds, 500 steps: 10 members, 54 s wall with --jobs 2 on 2 idle CPU cores inside "
+        "probe atlas (measured; 2.8 min and 2.0 CPU-minutes alone on shared cores)",
         "gpu": "L_3-L_10 at depths 1-8 at widths 128 and 256 and the control (depth k - 3, width 512), 3 seeds, "
         "10,000 steps: 405 members: about 11-14 hours one at a time, 5.8-7.1 hours with --jobs 3 on one GPU "
         "(estimated from khop member rates measured on one NVIDIA H200: 80-104 steps/s one at a time, "

@@ -229,8 +229,9 @@ class KHop(LawExperiment):
         "cpu": "depths 1-5 and a wide 2-layer control at width 64, k 1-4, N 48, 2 seeds, 3,000 steps: 12 members, "
         "14 min with --jobs 2 on 2 idle CPU cores (measured; 27 CPU-minutes)",
         "demo": "k 1,2 at depths 1-3 (width 64), N 48, 2 seeds, 1,000 steps, no control (k 3 and 4 left out: at CPU "
-        "scale k = 3 has needed one layer more than floor(log2 k) + 2, docs/depth-laws.md): 6 members, 4.5 min wall "
-        "with --jobs 2 on 2 shared CPU cores, 2.9 CPU-minutes (measured; probe atlas runs it)",
+        "scale k = 3 has needed one layer more than floor(log2 k) + 2, docs/depth-laws.md): 6 members, 81 s wall "
+        "with --jobs 2 on 2 idle CPU cores inside probe atlas (measured; 4.5 min and 2.9 CPU-minutes alone on "
+        "shared cores)",
         "cpu-k8": "k 1-4 and 8 (log against linear depth: 5 layers against 9), depths 1-6 and a wide 2-layer control "
         "at width 64, N 48, 2 seeds, 5,000 steps: 14 members, 45 CPU-minutes, 36.5 min with --jobs 2 on 2 shared "
         "CPU cores (measured; docs/depth-laws.md)",
