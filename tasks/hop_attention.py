@@ -170,34 +170,9 @@ class HopAttention(Task[Options, State]):
         )
 
 
-def score_rows(res: dict[str, torch.Tensor]) -> list[dict[str, object]]:
-    """Tidy rows: per head and hop ``hop_j_attention`` (with ``chance``), per layer
-    ``largest_hop_resolved`` (head empty)."""
-    att, chance = res["attention"], res["chance"]
-    L, H, J = att.shape
-    rows: list[dict[str, object]] = [
-        {
-            "layer": layer,
-            "head": h,
-            "metric": f"hop_{j + 1}_attention",
-            "value": float(att[layer, h, j]),
-            "chance": float(chance[j]),
-        }
-        for layer in range(L)
-        for h in range(H)
-        for j in range(J)
-    ]
-    rows += [
-        {"layer": layer, "head": None, "metric": "largest_hop_resolved", "value": int(res["largest_hop"][layer])}
-        for layer in range(L)
-    ]
-    return rows
-
-
-def near_rows(near: dict[str, torch.Tensor]) -> list[dict[str, object]]:
-    """Tidy rows per head: ``previous_token_attention`` and ``previous_occurrence_attention``
-    (:data:`NEIGHBOURS`), each with its ``chance``."""
-    att, chance = near["attention"], near["chance"]
+def head_rows(att: torch.Tensor, chance: torch.Tensor, targets: list[str]) -> list[dict[str, object]]:
+    """Tidy rows per layer, head and target: ``<target>_attention`` from ``att`` (layer x head x
+    target), each with the target's ``chance``."""
     L, H, _ = att.shape
     return [
         {
@@ -209,8 +184,26 @@ def near_rows(near: dict[str, torch.Tensor]) -> list[dict[str, object]]:
         }
         for layer in range(L)
         for h in range(H)
-        for t, target in enumerate(NEIGHBOURS)
+        for t, target in enumerate(targets)
     ]
+
+
+def score_rows(res: dict[str, torch.Tensor]) -> list[dict[str, object]]:
+    """Tidy rows: per head and hop ``hop_j_attention`` (with ``chance``), per layer
+    ``largest_hop_resolved`` (head empty)."""
+    att = res["attention"]
+    rows = head_rows(att, res["chance"], [f"hop_{j + 1}" for j in range(att.shape[2])])
+    rows += [
+        {"layer": layer, "head": None, "metric": "largest_hop_resolved", "value": int(res["largest_hop"][layer])}
+        for layer in range(att.shape[0])
+    ]
+    return rows
+
+
+def near_rows(near: dict[str, torch.Tensor]) -> list[dict[str, object]]:
+    """Tidy rows per head: ``previous_token_attention`` and ``previous_occurrence_attention``
+    (:data:`NEIGHBOURS`), each with its ``chance``."""
+    return head_rows(near["attention"], near["chance"], list(NEIGHBOURS))
 
 
 def summarise(res: dict[str, torch.Tensor], near: dict[str, torch.Tensor]) -> pd.DataFrame:
