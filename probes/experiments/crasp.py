@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     import pandas as pd
     import torch
 
+    from depthprobe.probes.experiments.law_member import Predict
     from depthprobe.probes.models.model import Model, NativeConfig
     from depthprobe.probes.training.loop import BatchSource
 
@@ -216,14 +217,13 @@ class Crasp(LawExperiment):
 
         return {hi: crasp.eval_batch(k_of(job.group), n, lo, hi, job.seed) for lo, hi in job.config.ranges}
 
-    def scores(self, job: LawJob, model: Model, sets: dict[int, Any]) -> dict[int, tuple[float, float]]:
+    def scores(self, job: LawJob, predict: Predict, sets: dict[int, Any]) -> dict[int, tuple[float, float]]:
         """Per range: (exact-match string accuracy, token accuracy)."""
         from depthprobe.probes.data import crasp
-        from depthprobe.probes.experiments.law_member import predict
 
         out = {}
         for hi, (inputs, targets) in sets.items():
-            s = crasp.scores(predict(model, inputs, crasp.predictions), targets)
+            s = crasp.scores(predict(inputs, crasp.predictions), targets)
             out[hi] = (s["exact_match"], s["token_accuracy"])
         return out
 

@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     import pandas as pd
     import torch
 
+    from depthprobe.probes.experiments.law_member import Predict
     from depthprobe.probes.models.model import Model
     from depthprobe.probes.training.loop import BatchSource
 
@@ -192,13 +193,11 @@ class Groups(LawExperiment):
         group = group_data.get_group(str(job.group))
         return {t: group_data.eval_batch(group, n, t, job.seed) for t in job.config.lengths}
 
-    def scores(self, job: LawJob, model: Model, sets: dict[int, Any]) -> dict[int, tuple[float, float]]:
+    def scores(self, job: LawJob, predict: Predict, sets: dict[int, Any]) -> dict[int, tuple[float, float]]:
         """Per T: accuracy over every position of the length-T sequences, and at the last position."""
-        from depthprobe.probes.experiments.law_member import predict
-
         out = {}
         for t, (inputs, targets) in sets.items():
-            right = (predict(model, inputs) == targets).float()
+            right = (predict(inputs) == targets).float()
             out[t] = (float(right.mean()), float(right[:, -1].mean()))
         return out
 

@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     import pandas as pd
     import torch
 
+    from depthprobe.probes.experiments.law_member import Predict
     from depthprobe.probes.models.model import Model
     from depthprobe.probes.training.loop import BatchSource
 
@@ -262,12 +263,11 @@ class KHop(LawExperiment):
         cfg = job.config
         return {k: khop.eval_batch(k, n, cfg.length, cfg.letters, cfg.max_k, job.seed) for k in cfg.ks}
 
-    def scores(self, job: LawJob, model: Model, sets: dict[int, Any]) -> dict[int, tuple[float, float]]:
+    def scores(self, job: LawJob, predict: Predict, sets: dict[int, Any]) -> dict[int, tuple[float, float]]:
         """Per k: accuracy over letter answers, and over all positions."""
         from depthprobe.probes.data import khop
-        from depthprobe.probes.experiments.law_member import predict
 
-        return {k: khop.accuracy(predict(model, x), y, job.config.letters) for k, (x, y) in sets.items()}
+        return {k: khop.accuracy(predict(x), y, job.config.letters) for k, (x, y) in sets.items()}
 
     def probe(self, job: LawJob, model: Model, folder: Path) -> None:
         """The hop-attention task (tables in runs/hop-attention): per head and hop (member, layer,

@@ -15,9 +15,9 @@ curriculum's moves), and writes its files once:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -43,36 +43,33 @@ EVAL_CHUNK = 250  # sequences per forward pass in evaluations
 BETAS = (0.9, 0.98)  # AdamW's of every law member, alone or batched
 
 
-_SKIP: dict[str, tuple[int, ...]] = {"blocks": ()}  # inside skipping(): the blocks evaluations skip
+Predict = Callable[..., torch.Tensor]  # predict(inputs, decide=None) -> predictions [n, T] (a member's)
 
 
-@contextmanager
-def skipping(block: int | None) -> Iterator[None]:
-    """Within the block, :func:`member_logits` skips ``block`` (its output is its input; ``None``:
-    none), the same function as the bridge under ``probes.skip_layers``
-    (tests/test_depth_usage_members.py)."""
-    before = _SKIP["blocks"]
-    _SKIP["blocks"] = () if block is None else (block,)
-    try:
-        yield
-    finally:
-        _SKIP["blocks"] = before
-
-
-def member_logits(model: Model, tokens: torch.Tensor) -> torch.Tensor:
-    """Logits [batch, pos, vocab] for the family's evaluations (the fast path), with the blocks of
-    :func:`skipping` skipped."""
-    return fast_logits(model, tokens, skip=_SKIP["blocks"])
+def member_logits(model: Model, tokens: torch.Tensor, skip: tuple[int, ...] = ()) -> torch.Tensor:
+    """Logits [batch, pos, vocab] for the family's evaluations (the fast path) with the blocks
+    ``skip`` skipped (each one's output is its input), the same function as the bridge under
+    ``probes.skip_layers`` (tests/test_depth_usage_members.py)."""
+    return fast_logits(model, tokens, skip=skip)
 
 
 @torch.no_grad()
 def predict(
-    model: Model, inputs: torch.Tensor, decide: Callable[[torch.Tensor], torch.Tensor] | None = None
+    model: Model,
+    inputs: torch.Tensor,
+    decide: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    skip: tuple[int, ...] = (),
 ) -> torch.Tensor:
-    """Predictions [n, T], in chunks: the argmax of the logits, or ``decide(logits)``."""
+    """Predictions [n, T], in chunks: the argmax of the logits, or ``decide(logits)``, with the
+    blocks ``skip`` skipped."""
     decide = decide or (lambda logits: logits.argmax(-1))
-    parts = [decide(member_logits(model, chunk.to(model.device))).cpu() for chunk in inputs.split(EVAL_CHUNK)]
+    parts = [decide(member_logits(model, chunk.to(model.device), skip)).cpu() for chunk in inputs.split(EVAL_CHUNK)]
     return torch.cat(parts)
+
+
+def predictor(model: Model, skip: tuple[int, ...] = ()) -> Predict:
+    """The ``predict`` a family's ``scores`` evaluates with: ``model``'s, with the blocks ``skip`` skipped."""
+    return partial(predict, model, skip=skip)
 
 
 @dataclass
@@ -102,7 +99,7 @@ def hands(exp: LawExperiment, job: LawJob, model: Model, source: BatchSource) ->
         used = exp.after_update(job, source, model, done)  # a length curriculum's check
         if done not in evals:
             return used
-        for value, (acc, acc_all) in exp.scores(job, model, curve_sets).items():
+        for value, (acc, acc_all) in exp.scores(job, predictor(model), curve_sets).items():
             curves.append({"member": job.name, "step": done, exp.key: value, "accuracy": acc, "accuracy_all": acc_all})
         return True
 
@@ -125,8 +122,8 @@ def depth_files(exp: LawExperiment, job: LawJob, model: Model, sets: dict[int, A
     chosen = sets if keys is None else {key: s for key, s in sets.items() if key in keys}
 
     def evaluate(block: int | None) -> dict[int, float]:
-        with skipping(block):
-            return {value: acc for value, (acc, _) in exp.scores(job, model, chosen).items()}
+        scores = exp.scores(job, predictor(model, () if block is None else (block,)), chosen)
+        return {value: acc for value, (acc, _) in scores.items()}
 
     member_depth.write_skipped_accuracy(model, evaluate, folder, job.name, key=exp.key)
 
@@ -173,7 +170,7 @@ def finish(
     trained with, itself included); no extra ``member.json`` entries."""
     nonembed, embed = families.count_params(model)
     sets = exp.eval_sets(job, job.config.eval_sequences)
-    final = exp.scores(job, model, sets)
+    final = exp.scores(job, predictor(model), sets)
     write_csv(folder / "loss.csv", pd.DataFrame(member.log, columns=["step", "loss", "lr", "elapsed_s"]))
     curves = pd.DataFrame(member.curves)
     write_csv(folder / "curves.csv", curves)
@@ -196,11 +193,12 @@ def finish(
 
 __all__ = [
     "Hands",
+    "Predict",
     "finish",
     "hands",
     "measure",
     "member_logits",
     "predict",
-    "skipping",
+    "predictor",
     "steps_plan",
 ]

@@ -40,6 +40,7 @@ if TYPE_CHECKING:
     import pandas as pd
     import torch
 
+    from depthprobe.probes.experiments.law_member import Predict
     from depthprobe.probes.models.model import Model, NativeConfig
     from depthprobe.probes.training.loop import BatchSource
 
@@ -216,7 +217,9 @@ class LawExperiment(Experiment):
     def eval_sets(self, job: LawJob, n: int) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
         raise NotImplementedError
 
-    def scores(self, job: LawJob, model: Model, sets: dict[int, Any]) -> dict[int, tuple[float, float]]:
+    def scores(self, job: LawJob, predict: Predict, sets: dict[int, Any]) -> dict[int, tuple[float, float]]:
+        """Per key of ``sets`` (key -> (inputs, targets)): the accuracy and the second accuracy, of
+        the predictions ``predict(inputs)`` (the member intact, or with a block skipped)."""
         raise NotImplementedError
 
     def law(self, cfg: Any, accuracy: pd.DataFrame) -> pd.DataFrame:
