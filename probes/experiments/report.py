@@ -18,22 +18,19 @@ def render(exp: Experiment, cfg: Any, tables: dict[str, pd.DataFrame], folder: P
     members = tables[MEMBERS_CSV]
     finished = bool((members["status"] == "ok").any()) if len(members) else False
     sections = [*exp.page(cfg, tables, folder), *depth_sections(exp, cfg, tables)] if finished else []
-    return study_page(
-        exp.name, getattr(cfg, "preset", None), members, sections, dataclasses.asdict(cfg), exp.facts(cfg)
-    )
+    return study_page(exp.name, cfg.preset, members, sections, dataclasses.asdict(cfg), exp.facts(cfg))
 
 
 def depth_sections(exp: Experiment, cfg: Any, tables: dict[str, pd.DataFrame]) -> list[str]:
-    """For law families the accuracy with each block skipped, then the members' depth usage
-    (experiments/member_depth.py's tables), after the family's sections."""
+    """The accuracy with each block skipped (read as the family says: :meth:`Experiment.skipped_view`),
+    then the members' depth usage (experiments/member_depth.py's tables), after the family's sections."""
     from depthprobe.probes.experiments.member_depth import DEPTH_USAGE_CSV, SKIPPED_CSV
     from depthprobe.probes.render.study_depth import skipped_section, usage_section
 
     out = []
     if SKIPPED_CSV in tables and not tables[SKIPPED_CSV].empty:  # first: the nearer the law, the better
-        law = tables.get("law.csv")
-        key = getattr(exp, "key", "level")
-        out.append(skipped_section(tables[SKIPPED_CSV], key, getattr(cfg, "threshold", None), law))
+        key, threshold, law = exp.skipped_view(cfg, tables)
+        out.append(skipped_section(tables[SKIPPED_CSV], key, threshold, law))
     if DEPTH_USAGE_CSV in tables and not tables[DEPTH_USAGE_CSV].empty:
         out.append(usage_section(tables[DEPTH_USAGE_CSV]))
     return out
