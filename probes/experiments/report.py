@@ -41,6 +41,13 @@ def write_report(exp: Experiment, cfg: Any, tables: dict[str, pd.DataFrame], fol
     return write_atomic(folder / REPORT, render(exp, cfg, tables, folder))
 
 
+def saved_config(exp: Experiment, saved: dict[str, Any]) -> Any:
+    """The family's Config as ``study.json`` recorded it (lists back to tuples; fields added since
+    it ran keep their defaults)."""
+    fields = {f.name for f in dataclasses.fields(exp.Config)}
+    return exp.Config(**{k: tuple(v) if isinstance(v, list) else v for k, v in saved["config"].items() if k in fields})
+
+
 def render_folder(folder: Path) -> str:
     """The report page of a study folder, from its files (study.json and the tables)."""
     import json
@@ -54,10 +61,7 @@ def render_folder(folder: Path) -> str:
     except (OSError, ValueError):
         raise ProbeError(f"{folder} has no readable {STUDY_JSON}; pass a study folder written by probe study") from None
     exp = get_experiment(str(saved.get("family")))
-    fields = {f.name: f for f in dataclasses.fields(exp.Config)}
-    config = exp.Config(
-        **{k: tuple(v) if isinstance(v, list) else v for k, v in saved["config"].items() if k in fields}
-    )
+    config = saved_config(exp, saved)
     path = Path(folder) / MEMBERS_CSV
     members = pd.read_csv(path, dtype={"member": str, "status": str, "error": str}) if path.is_file() else None
     tables = {MEMBERS_CSV: read_members(Path(folder), exp.columns) if members is None else members}
