@@ -59,7 +59,7 @@ def _git(*args: str) -> str:
 def layer(rev: str) -> dict[str, int]:
     """Each file of the layer (:data:`GLOBS`) at ``rev`` (``tree``: the working tree) and its code lines."""
     if rev == "tree":
-        listed = [str(p.relative_to(ROOT)) for p in ROOT.rglob("*.py")]
+        listed = [str(p.relative_to(ROOT)) for g in GLOBS for p in ROOT.glob(g)]
     else:
         listed = _git("ls-tree", "-r", "--name-only", rev).split()
     paths = sorted(p for p in listed if any(fnmatch.fnmatchcase(p, g) for g in GLOBS))

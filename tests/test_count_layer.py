@@ -39,4 +39,4 @@ def test_the_layer_is_every_module_of_its_globs_counted_as_ruff_formats_it():
     counts = count_layer.layer("tree")
     assert "probes/experiments/runner.py" in counts and "probes/render/laws.py" in counts
     assert all(p.startswith(("probes/experiments/", "probes/render/")) for p in counts)
-    assert all(n > 0 for n in counts.values())
+    assert counts["probes/experiments/__init__.py"] == 0 and counts["probes/experiments/runner.py"] > 100
