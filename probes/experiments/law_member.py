@@ -46,7 +46,7 @@ from depthprobe.probes.base.runtime import torch_threads
 from depthprobe.probes.engine.processes import one_line
 from depthprobe.probes.experiments import member_depth
 from depthprobe.probes.experiments.folder import MemberOutput, measure_member
-from depthprobe.probes.experiments.law_config import USAGE_SEQUENCES, LawJob
+from depthprobe.probes.experiments.law_config import LawJob
 from depthprobe.probes.models import families
 from depthprobe.probes.models.checkpoints import save_checkpoint
 from depthprobe.probes.models.device import resolve_device
@@ -82,13 +82,6 @@ class LawTask(Protocol):
     def probe(self, job: LawJob, model: Model, folder: Path) -> None: ...
     def after_update(self, job: LawJob, source: BatchSource, model: Model, done: int) -> bool: ...
     def training_files(self, job: LawJob, source: BatchSource, folder: Path) -> None: ...
-
-
-def usage_inputs(task: LawTask, job: LawJob) -> torch.Tensor:
-    """The default depth-usage inputs: :data:`USAGE_SEQUENCES` sequences of the largest key, from
-    the evaluation seed space (every row one whole sequence, no padding)."""
-    sets = task.eval_sets(job, USAGE_SEQUENCES)
-    return sets[max(sets)][0]
 
 
 def member_logits(model: Model, tokens: torch.Tensor, skip: tuple[int, ...] = ()) -> torch.Tensor:

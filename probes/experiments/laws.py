@@ -27,6 +27,7 @@ from depthprobe.probes.experiments.law_config import (
     COMMON,
     CPU_FLOPS,
     ROW_COLUMNS,
+    USAGE_SEQUENCES,
     LawConfig,
     LawGroup,
     LawJob,
@@ -85,10 +86,10 @@ class LawExperiment(Experiment):
         """What the family measures on a trained member besides accuracy (files in ``folder``)."""
 
     def usage_inputs(self, job: LawJob) -> torch.Tensor:
-        """The depth-usage probe's token ids [example, pos] (:func:`.law_member.usage_inputs`)."""
-        from depthprobe.probes.experiments.law_member import usage_inputs
-
-        return usage_inputs(self, job)
+        """The depth-usage probe's token ids [example, pos] (every row one whole sequence, no
+        padding): :data:`USAGE_SEQUENCES` sequences of the largest key, from the evaluation seed space."""
+        sets = self.eval_sets(job, USAGE_SEQUENCES)
+        return sets[max(sets)][0]
 
     def usage_keys(self, job: LawJob) -> set[Any] | None:
         """The keys whose final evaluation sets ``skipped_accuracy.csv`` reads (``None``: all)."""
