@@ -122,11 +122,13 @@ class LawExperiment(Experiment):
         """Every member, seed-major: (per group) depth x width, then the control (with ``control``)."""
         jobs = []
         for g in self.groups(config):
-            shared = {"group": g.name, "level": g.level, "vocab": g.vocab, "context": g.context}
             for seed in range(config.seeds):
-                jobs += [self.Job(config, depth, d, seed, **shared) for d in config.d_models for depth in config.depths]
-                if config.control and g.control is not None:
-                    jobs.append(self.Job(config, *g.control, seed, control=True, **shared))
+                shapes = [(depth, d, False) for d in config.d_models for depth in config.depths]
+                shapes += [(*g.control, True)] if config.control and g.control is not None else []
+                jobs += [
+                    self.Job(config, depth, d, seed, control, g.name, g.level, g.vocab, g.context)
+                    for depth, d, control in shapes
+                ]
         return jobs
 
     def base_row(self, job: LawJob) -> dict[str, Any]:
