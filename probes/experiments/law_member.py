@@ -265,9 +265,8 @@ def train_together(
         for i, member in enumerate(own):
             member.on_window(Window(w.step, (w.losses[i],), (w.lrs[i],), w.updates, w.seconds, w.elapsed))
 
-    def after_step(done: int) -> bool:
-        used = [member.after_step(done) for member in own]  # every member's, not the first that used its model
-        return any(used)
+    def after_step(done: int) -> bool:  # every member's, not only up to the first that used its model
+        return any([member.after_step(done) for member in own])
 
     run = train_batched(
         models,

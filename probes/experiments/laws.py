@@ -23,17 +23,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from depthprobe.probes.base.errors import ProbeError
 from depthprobe.probes.experiments.batching import read_batch_members
-from depthprobe.probes.experiments.law_config import (
-    COMMON,
-    CPU_FLOPS,
-    ROW_COLUMNS,
-    USAGE_SEQUENCES,
-    LawConfig,
-    LawGroup,
-    LawJob,
-    control_width,
-    wide_control,
-)
+from depthprobe.probes.experiments.law_config import CPU_FLOPS, ROW_COLUMNS, USAGE_SEQUENCES, LawGroup, LawJob
 from depthprobe.probes.experiments.protocol import Experiment
 from depthprobe.probes.training.rates import device_label, estimate
 
@@ -172,11 +162,8 @@ class LawExperiment(Experiment):
             return super().plan_total(table, jobs)
         total = float(table["est_seconds"].sum()) / 60
         at_once = f"; with --jobs {jobs}: at least {total / jobs:.3g} min wall" if jobs > 1 else ""
-        return (
-            f"estimated training: {len(table)} members, at most {total:.3g} min one member at a time"
-            + at_once
-            + f"; {table['source'].iloc[0]}"
-        )
+        what = f"{len(table)} members, at most {total:.3g} min one member at a time"
+        return f"estimated training: {what}{at_once}; {table['source'].iloc[0]}"
 
     def batches(self, config: Any, jobs: list[LawJob], processes: int) -> list[Any]:
         """Members of one network shape (all but the seed) in batches of ``--batch-members``."""
@@ -304,15 +291,4 @@ def check_eval_sets(keys: int, config: Any, n_ctx: int, device: Any) -> None:
             )
 
 
-__all__ = [
-    "COMMON",
-    "ROW_COLUMNS",
-    "LawConfig",
-    "LawExperiment",
-    "LawGroup",
-    "LawJob",
-    "control_width",
-    "measured_depth",
-    "measured_depths",
-    "wide_control",
-]
+__all__ = ["ROW_COLUMNS", "LawExperiment", "measured_depth", "measured_depths"]
