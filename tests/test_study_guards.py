@@ -332,5 +332,6 @@ def test_study_help_lists_every_familys_options():
     assert res.exit_code == 0
     text = " ".join(res.output.split())
     assert "Family options (--name value" in text and "probe list families" in text
-    assert "khop: --depths --d-models" in text and "--hop-sequences" in text
-    assert "crasp: --depths" in text and "--control-scale" in text and "spa: --corpus" in text
+    common = "--depths --seeds --device --depth-usage"  # every family's (StudyConfig) first, then its own
+    assert f"khop: {common} --d-models" in text and "--hop-sequences" in text
+    assert f"crasp: {common}" in text and "--control-scale" in text and f"spa: {common} --corpus" in text
