@@ -67,9 +67,9 @@ def instrument(family: str) -> None:
     timed(cls, "probe", "family probe (khop: hop attention)")
     logits = law_member.member_logits
 
-    def by_length(model, tokens):
+    def by_length(model, tokens, skip=()):
         t0 = time.perf_counter()
-        out = logits(model, tokens)
+        out = logits(model, tokens, skip)
         SPENT[f"  of which forward passes at length {tokens.shape[1]} ({PHASE[0]})"] += time.perf_counter() - t0
         return out
 
