@@ -15,13 +15,20 @@ import torch
 
 from depthprobe.probes.experiments import folder as folders
 from depthprobe.probes.experiments.laws import LawExperiment
-from depthprobe.probes.experiments.protocol import BUILT_IN, StudyConfig, get_experiment
+from depthprobe.probes.experiments.protocol import BUILT_IN, EXPERIMENTS, StudyConfig, get_experiment
 from depthprobe.probes.experiments.report import render, render_folder, saved_config
 from tests.experiments import modular_family
 
-modular_family.register()
 FAMILIES = [*BUILT_IN, "modular-test"]
-LAW_FAMILIES = [f for f in FAMILIES if isinstance(get_experiment(f), LawExperiment)]
+LAW_FAMILIES = [*(f for f in BUILT_IN if isinstance(get_experiment(f), LawExperiment)), "modular-test"]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def modular():
+    """The test family, registered for this module only (other modules list the registered families)."""
+    modular_family.register()
+    yield
+    EXPERIMENTS._items.pop("modular-test", None)
 
 
 def smoke(family: str):
