@@ -109,6 +109,10 @@ class Spa(TextExperiment):
     Config = SpaConfig
     Job = VariantJob
     cpu_flops = 3.8e9  # the hookable network is slower per FLOP than the native decoder
+    expected: ClassVar[str] = (
+        "Expected (He et al. 2023): deep skipless vanilla trains far slower or not at all; E-SPA and U-SPA "
+        "train; standard pre-LN is still best at equal steps."
+    )
     presets: ClassVar[dict[str, dict[str, Any]]] = {
         "smoke": {**COMMON["smoke"], "depths": (2,), "d_model": 16, "variants": ("pre-ln", "e-spa")},
         # spa ranks variants only after a per-variant learning-rate grid and 2 seeds (He et al.'s claim is
@@ -155,7 +159,7 @@ class Spa(TextExperiment):
     def section(self, study: StudyData) -> str:
         from depthprobe.probes.render.study_sections import spa_section
 
-        return spa_section(study)
+        return spa_section(study, self.expected)
 
 
 __all__ = ["Spa", "SpaConfig", "VariantJob"]

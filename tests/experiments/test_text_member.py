@@ -116,3 +116,22 @@ def test_a_saved_member_reloads_with_its_weights_tokenizer_and_stamp(which, corp
     assert again.tokenizer.decode(again.tokenizer("To be, or not to be")["input_ids"]) == "To be, or not to be"
     meta = json.loads((tmp_path / "checkpoint" / "depthprobe.json").read_text())
     assert meta["study"] == {"member": job.name, "family": job.member.family, "corpus": corpus.label}
+
+
+def test_the_family_gives_its_expectation_member_note_and_id_columns():
+    """What the shared page and depth tables used to know per family, each text family says."""
+    import pandas as pd
+
+    from depthprobe.probes.experiments.member_depth import with_member_columns
+    from depthprobe.probes.render.study import study_page
+
+    petty, spa = get_experiment("petty"), get_experiment("spa")
+    assert "Petty et al." in petty.expected and "He et al." in spa.expected
+    members = pd.DataFrame(
+        [{"member": "m", "variant": "pre-ln", "group": "g", "depth": 2, "seed": 0, "status": "ok", "error": ""}]
+    )
+    table = with_member_columns(pd.DataFrame({"member": ["m"], "layer": [0]}), members, petty.id_columns)
+    assert list(table.columns) == ["member", "variant", "depth", "seed", "layer"]  # no group: not a text column
+    page = study_page("petty", "smoke", members, [], {}, members_note=petty.members_note)
+    assert "embed_share: the embedding part" in page
+    assert "embed_share: the embedding part" not in study_page("petty", "smoke", members, [], {})
