@@ -34,7 +34,7 @@ class Levine(TextExperiment):
     name = "levine"
     description = "depth pairs (L, 2L) at equal parameter budgets (Levine et al. 2020)"
     Config = LevineConfig
-    expected: ClassVar[str] = (
+    prediction: ClassVar[str] = (
         "Expected signature (Levine et al. 2020): deep minus shallow validation loss is about 0 at small "
         "budgets and clearly negative at large ones, and the crossover budget grows with the pair's depth."
     )
@@ -62,7 +62,7 @@ class Levine(TextExperiment):
     def section(self, study: StudyData) -> str:
         from depthprobe.probes.render.study_sections import levine_section
 
-        return levine_section(study, self.expected)
+        return levine_section(study, self.prediction)
 
     def group(self, study: StudyData, row: Any) -> str:
         """The kernel section's lines: one per budget (every levine member has one)."""

@@ -41,7 +41,7 @@ class Petty(TextExperiment):
     name = "petty"
     description = "depths at one parameter budget (Petty et al. 2024; the LM loss only)"
     Config = PettyConfig
-    expected: ClassVar[str] = (
+    prediction: ClassVar[str] = (
         "Petty et al. 2023's headline is compositional generalisation after fine-tuning; this study measures only "
         "their secondary result, the language-model loss at equal parameters. Expected there: loss falls steeply "
         "up to 3-4 layers, then flattens, then worsens once d_ff is well below d_model."
@@ -81,7 +81,7 @@ class Petty(TextExperiment):
     def section(self, study: StudyData) -> str:
         from depthprobe.probes.render.study_sections import petty_section
 
-        return petty_section(study, self.expected)
+        return petty_section(study, self.prediction)
 
     def group(self, study: StudyData, row: Any) -> str:
         from depthprobe.probes.render.study_sections import petty_group

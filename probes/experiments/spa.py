@@ -109,7 +109,7 @@ class Spa(TextExperiment):
     Config = SpaConfig
     Job = VariantJob
     cpu_flops = 3.8e9  # the hookable network is slower per FLOP than the native decoder
-    expected: ClassVar[str] = (
+    prediction: ClassVar[str] = (
         "Expected (He et al. 2023): deep skipless vanilla trains far slower or not at all; E-SPA and U-SPA "
         "train; standard pre-LN is still best at equal steps."
     )
@@ -159,7 +159,7 @@ class Spa(TextExperiment):
     def section(self, study: StudyData) -> str:
         from depthprobe.probes.render.study_sections import spa_section
 
-        return spa_section(study, self.expected)
+        return spa_section(study, self.prediction)
 
 
 __all__ = ["Spa", "SpaConfig", "VariantJob"]

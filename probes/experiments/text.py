@@ -91,7 +91,7 @@ class TextExperiment(Experiment):
     parsers: ClassVar[dict[str, Callable[[str], Any]]] = {"vocab": parse_vocab, "budgets": parse_budgets}
     cpu_flops: ClassVar[float] = 3.3e10  # training FLOP/s of the reference machine for this family's members
     Job: ClassVar[type[TextJob]] = TextJob  # the member: how it is counted, built, trained and saved
-    expected: ClassVar[str]  # what the paper leads one to expect (the family's section says it)
+    prediction: ClassVar[str]  # what the paper leads one to expect (the family's section says it)
     id_columns: ClassVar[tuple[str, ...]] = ("variant", "depth", "d_model", "n_heads", "budget", "seed")
     members_note: ClassVar[str] = (
         "<p class='meta'>embed_share: the embedding part (token embedding, positions, unembedding) of each member's "

@@ -126,7 +126,7 @@ def test_the_family_gives_its_expectation_member_note_and_id_columns():
     from depthprobe.probes.render.study import study_page
 
     petty, spa = get_experiment("petty"), get_experiment("spa")
-    assert "Petty et al." in petty.expected and "He et al." in spa.expected
+    assert "Petty et al." in petty.prediction and "He et al." in spa.prediction
     members = pd.DataFrame(
         [{"member": "m", "variant": "pre-ln", "group": "g", "depth": 2, "seed": 0, "status": "ok", "error": ""}]
     )
