@@ -77,9 +77,9 @@ def test_skipped_layer_accuracy_refuses_an_evaluate_that_bypasses_hooks(native, 
 
 @pytest.mark.parametrize("spec", [SPEC, SPEC.replace("attn_only=false", "attn_only=true")])
 def test_the_fast_path_skips_a_block_as_the_hooks_do(spec, levels):
-    """Law members evaluate skipped blocks on the fast path (probes.experiments.law_member.skipping):
+    """Law members evaluate skipped blocks on the fast path (probes.experiments.law_member.member_logits):
     it must equal the bridge under probes.skip_layers, block by block, with and without MLPs."""
-    from depthprobe.probes.experiments.law_member import member_logits, skipping
+    from depthprobe.probes.experiments.law_member import member_logits
 
     model = probes.load(spec, device="cpu")
     x = levels[1]
@@ -87,12 +87,10 @@ def test_the_fast_path_skips_a_block_as_the_hooks_do(spec, levels):
         for block in (0, 1, 2):
             with probes.skip_layers(model, [block]):
                 hooked = model.bridge(x)
-            with skipping(block):
-                fast = member_logits(model, x)
+            fast = member_logits(model, x, skip=(block,))
             torch.testing.assert_close(fast, hooked, atol=1e-5, rtol=1e-4)
             assert not torch.allclose(fast, model.bridge(x), atol=1e-3)  # the skip changed the logits
-        with skipping(None):
-            torch.testing.assert_close(member_logits(model, x), model.bridge(x), atol=1e-5, rtol=1e-4)
+        torch.testing.assert_close(member_logits(model, x), model.bridge(x), atol=1e-5, rtol=1e-4)
 
 
 def test_a_checkpoint_gives_the_same_tables(native, levels, tmp_path):

@@ -17,7 +17,13 @@ from depthprobe import probes
 from depthprobe.cli.main import app
 from depthprobe.probes.data import khop
 from depthprobe.probes.experiments import member_depth
-from depthprobe.probes.experiments.protocol import EXPERIMENTS, Experiment, get_experiment, register_experiment
+from depthprobe.probes.experiments.protocol import (
+    EXPERIMENTS,
+    Experiment,
+    StudyConfig,
+    get_experiment,
+    register_experiment,
+)
 from depthprobe.probes.experiments.runner import study
 from tests.helpers import plan, resolve
 
@@ -131,7 +137,7 @@ def test_text_members_and_resume(tmp_path, plays):
 
 
 @dataclass(frozen=True)
-class PluginConfig:
+class PluginConfig(StudyConfig):
     preset: str = "smoke"
     depths: tuple[int, ...] = (1, 2)
     depth_usage: bool = True  # the one declaration: --depth-usage reads it

@@ -331,10 +331,11 @@ NAMED = '''
 from dataclasses import dataclass
 
 from depthprobe.probes import Experiment, register_experiment
+from depthprobe.probes.experiments.protocol import StudyConfig
 
 
 @dataclass(frozen=True)
-class Config:
+class Config(StudyConfig):
     names: tuple = ("a", "b")
 
 

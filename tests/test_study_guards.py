@@ -238,10 +238,11 @@ import pandas as pd
 
 from depthprobe.probes import Experiment, register_experiment
 from depthprobe.probes.base.artifacts import write_csv
+from depthprobe.probes.experiments.protocol import StudyConfig
 
 
 @dataclass(frozen=True)
-class Config:
+class Config(StudyConfig):
     preset: str = "smoke"
     depths: tuple = (1, 2, 4)
 

@@ -18,7 +18,8 @@ from typing import Any
 
 from depthprobe.probes.api.run import Result, seed_everything
 from depthprobe.probes.base import artifacts
-from depthprobe.probes.base.errors import MembersFailed, ProbeError
+from depthprobe.probes.base.errors import MembersFailed
+from depthprobe.probes.engine.backend import Backend
 from depthprobe.probes.engine.task import SWEEPS, Sweep, SweepConfig, get_sweep, parse_depths, register_sweep
 
 __all__ = [
@@ -56,7 +57,8 @@ def sweep(
     the sweep with one line naming it. ``jobs`` (local backend): members run at once in that many
     spawned processes, each with ``cores // jobs`` threads (None or 1: one after another in this
     process); the table is the same as with ``jobs=1``."""
-    _check_placing(jobs, backend, address, cpus_per_member, gpus_per_member, retries)
+    where = Backend(backend, address, cpus_per_member, gpus_per_member, retries, jobs)
+    where.check()
     sw = get_sweep(task)
     config = SweepConfig(
         task=task, depths=tuple(depths), seed=seed, device=device, options=tuple(sorted(options.items()))
@@ -66,9 +68,7 @@ def sweep(
     timer = artifacts.Timer()
     with timer("sweep"):
         members = sw.jobs(config, parsed)  # bad input fails here, before any member runs
-        processes = min(jobs or 1, max(1, len(members)))
-        placing = {"backend": backend, "address": address, "cpus_per_job": cpus_per_member}
-        placing.update(gpus_per_job=gpus_per_member, retries=retries, processes=processes)
+        placing = where.placing(len(members))
         results = _mapped_members(sw, task, members, placing, progress)
         out = sw.combine(config, parsed, results)
     info = {"name": f"sweep-{task}", "source": "sweep", "depths": list(config.depths)}
@@ -78,23 +78,13 @@ def sweep(
             **config.as_dict(),
             "kind": "sweep",
             "backend": backend,
-            "workers": processes if backend == "local" else len(members),
+            "workers": placing["processes"] if backend == "local" else len(members),
         },
         model_info=info,
         device=str(device or "auto"),
         timings=timer.times,
         counts={"depths": len(config.depths)},
     )
-
-
-def _check_placing(jobs: int | None, backend: str, address: str | None, cpus: float, gpus: float, retries: int) -> None:
-    from depthprobe.probes.engine.distributed import check_jobs, check_member_backend
-
-    check_member_backend(backend, address, cpus, gpus, retries)
-    if jobs is not None:
-        check_jobs(jobs)
-        if backend != "local" and jobs != 1:
-            raise ProbeError("--jobs applies to --backend local (Ray places members by --cpus-per-member); drop it")
 
 
 def run_sweep_job(task: str, job: Any, progress: bool = False) -> Any:

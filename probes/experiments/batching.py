@@ -2,7 +2,7 @@
 
 A study's members are mapped as units (``engine.distributed.map_jobs``): a member job alone, or a
 :class:`Batch` of members of one shape that a family trains as one batched model
-(:func:`probes.training.batched.train_batched`; law families: :mod:`.law_batch`). Each member of a
+(:func:`probes.training.batched.train_batched`; law families: :func:`.law_member.run_law_batch`). Each member of a
 batch still gets its own folder, files and row, exactly as when trained alone.
 
 ``--batch-members`` (a law family's Config field ``batch_members``):
@@ -137,7 +137,7 @@ def default_jobs(exp: Any, cfg: Any, units: list[Any], say: Callable[[str], None
     from depthprobe.probes.engine.distributed import local_slots
     from depthprobe.probes.models.device import available_memory, resolve_device
 
-    dev = resolve_device(getattr(cfg, "device", None))
+    dev = resolve_device(cfg.device)
     if dev.type != "cuda" or not units:
         return 1
     needs = [[exp.member_bytes(cfg, job) for job in members(unit)] for unit in units]

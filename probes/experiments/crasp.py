@@ -11,31 +11,40 @@ that length-generalises is k - 2 (:func:`predicted_depth`, the only place it is 
 solves L_k when its exact-match accuracy on the range ending at ``solve_at`` (129-256 in the cpu
 preset, 4x the training lengths) is >= ``threshold``. At the training lengths shallower models may
 fit L_k with shortcuts (the BOS token's attention weight gives the position), so the law is about
-length generalisation. Tables: :mod:`.crasp_tables`.
+length generalisation.
+
+Tables:
+
+- ``accuracy.csv``: per member and range (``max_length``): exact-match string accuracy
+  (``accuracy``), token accuracy, ``step_reached``, with the member's ``k``.
+- ``law.csv``: per width and k, the predicted first depth (k - 2), the measured one (the first
+  depth whose exact-match accuracy on the deciding range is >= the threshold in every seed), their
+  difference, the first depth that reaches it at the training lengths (in distribution), the
+  control's exact-match accuracy on the deciding range, and depth 1 beside its exact limit without
+  positions (:mod:`probes.data.crasp_cap`: per token for every k, per string for k <= 4).
+- ``depths.csv``: per k, model and range: exact-match accuracy (mean and min over seeds), token
+  accuracy and the majority-class token accuracy.
 """
 
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from depthprobe.probes.base.errors import ProbeError
 from depthprobe.probes.base.options import ranged
-from depthprobe.probes.experiments.laws import (
-    COMMON,
-    ROW_COLUMNS,
-    USAGE_SEQUENCES,
-    LawConfig,
-    LawExperiment,
-    LawJob,
-)
+from depthprobe.probes.experiments.law_config import COMMON, ROW_COLUMNS, USAGE_SEQUENCES, LawConfig, LawGroup, LawJob
+from depthprobe.probes.experiments.laws import LawExperiment, measured_depths
+from depthprobe.probes.experiments.protocol import Preset, preset_table
 
 if TYPE_CHECKING:
     import pandas as pd
     import torch
 
+    from depthprobe.probes.experiments.law_member import Predict
     from depthprobe.probes.models.model import Model, NativeConfig
     from depthprobe.probes.training.loop import BatchSource
 
@@ -118,11 +127,11 @@ def predicted_depth(k: int) -> int:
 
 @dataclass(frozen=True)
 class CraspJob(LawJob):
-    """A member trained on L_k: its ``group`` is the language's name, ``L<k>``."""
+    """A member trained on L_k: its ``level`` is k, its ``group`` the language's name, ``L<k>``."""
 
     @property
     def k(self) -> int:
-        return k_of(self.group)
+        return int(self.level or 0)
 
     @property
     def name(self) -> str:
@@ -151,79 +160,78 @@ class Crasp(LawExperiment):
         "exact-match accuracy (every position right) >= the threshold on the range law.csv names, in every seed. "
         "At the training lengths shallower models may fit L_k with shortcuts: the law is about longer strings."
     )
-    presets: ClassVar[dict[str, dict[str, Any]]] = {
-        "smoke": {**COMMON["smoke"], "ks": (4,), "nmin": 8, "nmax": 16, "eval_lengths": (16, 32), "solve_at": 32},
-        "cpu": {**COMMON["cpu"], "depths": (1, 2, 3, 4, 5), "steps": 2000},
-        "demo": {
-            **COMMON["cpu"],
-            "ks": (3, 4),
-            "depths": (1, 2),
-            "nmin": 16,
-            "nmax": 32,
-            "eval_lengths": (32, 64, 128),
-            "solve_at": 128,
-            "steps": 500,
-        },
-        "gpu": {
-            **COMMON["gpu"],
-            "depths": (1, 2, 3, 4, 5, 6, 7, 8),
-            "d_models": (128, 256),
-            "ks": (3, 4, 5, 6, 7, 8, 9, 10),
-            "steps": 10000,
-        },
-    }
-    costs: ClassVar[dict[str, str]] = {
-        "smoke": "L_4 at depths 1, 2 (width 16) and the control (depth 1, width 32), lengths 8-16, evaluated to 32, "
-        "40 steps: 3 members, about 5 CPU-seconds on 2 CPU cores (measured; the tests use it)",
-        "cpu": "L_3-L_6 at depths 1-5 (width 64) and the control (depth k - 3, width 128), lengths 32-64, evaluated "
-        "to 512, 2 seeds, 2,000 steps: 46 members, 90 CPU-minutes, 67 min with --jobs 2 on partly shared cores "
-        "(measured; about 45-50 min on 2 idle cores: docs/depth-laws.md)",
-        "demo": "L_3 and L_4 at depths 1, 2 (width 64) and L_4's control (depth 1, width 128), lengths 16-32, "
-        "evaluated to 128, 2 seeds, 500 steps: 10 members, 54 s wall with --jobs 2 on 2 idle CPU cores inside "
-        "probe atlas (measured; 2.8 min and 2.0 CPU-minutes alone on shared cores)",
-        "gpu": "L_3-L_10 at depths 1-8 at widths 128 and 256 and the control (depth k - 3, width 512), 3 seeds, "
-        "10,000 steps: 405 members: about 11-14 hours one at a time, 5.8-7.1 hours with --jobs 3 on one GPU "
-        "(estimated from khop member rates measured on one NVIDIA H200: 80-104 steps/s one at a time, "
-        "53-65 each with --jobs 3; training only; not run)",
-    }
+    presets, costs = preset_table(
+        {
+            "smoke": Preset(
+                "L_4 at depths 1, 2 (width 16) and the control (depth 1, width 32), lengths 8-16, evaluated to 32, "
+                "40 steps: 3 members, about 5 CPU-seconds on 2 CPU cores (measured; the tests use it)",
+                {**COMMON["smoke"], "ks": (4,), "nmin": 8, "nmax": 16, "eval_lengths": (16, 32), "solve_at": 32},
+            ),
+            "cpu": Preset(
+                "L_3-L_6 at depths 1-5 (width 64) and the control (depth k - 3, width 128), lengths 32-64, evaluated "
+                "to 512, 2 seeds, 2,000 steps: 46 members, 90 CPU-minutes, 67 min with --jobs 2 on partly shared cores "
+                "(measured; about 45-50 min on 2 idle cores: docs/depth-laws.md)",
+                {**COMMON["cpu"], "depths": (1, 2, 3, 4, 5), "steps": 2000},
+            ),
+            "demo": Preset(
+                "L_3 and L_4 at depths 1, 2 (width 64) and L_4's control (depth 1, width 128), lengths 16-32, "
+                "evaluated to 128, 2 seeds, 500 steps: 10 members, 54 s wall with --jobs 2 on 2 idle CPU cores inside "
+                "probe atlas (measured; 2.8 min and 2.0 CPU-minutes alone on shared cores)",
+                {
+                    **COMMON["cpu"],
+                    "ks": (3, 4),
+                    "depths": (1, 2),
+                    "nmin": 16,
+                    "nmax": 32,
+                    "eval_lengths": (32, 64, 128),
+                    "solve_at": 128,
+                    "steps": 500,
+                },
+            ),
+            "gpu": Preset(
+                "L_3-L_10 at depths 1-8 at widths 128 and 256 and the control (depth k - 3, width 512), 3 seeds, "
+                "10,000 steps: 405 members: about 11-14 hours one at a time, 5.8-7.1 hours with --jobs 3 on one GPU "
+                "(estimated from khop member rates measured on one NVIDIA H200: 80-104 steps/s one at a time, "
+                "53-65 each with --jobs 3; training only; not run)",
+                {
+                    **COMMON["gpu"],
+                    "depths": (1, 2, 3, 4, 5, 6, 7, 8),
+                    "d_models": (128, 256),
+                    "ks": (3, 4, 5, 6, 7, 8, 9, 10),
+                    "steps": 10000,
+                },
+            ),
+        }
+    )
 
-    def eval_keys(self, config: Any) -> int:
-        return len(config.eval_lengths)
-
-    def shape(self, cfg: CraspConfig, group: str | None) -> tuple[int, int]:
-        return VOCAB, 1 + max(cfg.eval_lengths)
-
-    def groups_of(self, cfg: CraspConfig) -> list[str | None]:
-        return [f"L{k}" for k in cfg.ks]
-
-    def control_shape(self, config: CraspConfig, group: str | None, vocab: int, context: int) -> tuple[int, int] | None:
-        """Depth k - 3 at ``control_width`` (none where k - 3 < 1)."""
-        depth = k_of(group) - 3
-        return (depth, config.control_width) if depth >= 1 else None
+    def groups(self, cfg: CraspConfig) -> list[LawGroup]:
+        """One group per language L_k (level k), its control depth k - 3 at ``control_width`` (none
+        where k - 3 < 1)."""
+        control = {k: (k - 3, cfg.control_width) if k > 3 else None for k in cfg.ks}
+        return [LawGroup(f"L{k}", k, VOCAB, 1 + max(cfg.eval_lengths), control[k]) for k in cfg.ks]
 
     def base_row(self, job: LawJob) -> dict[str, Any]:
-        return {**super().base_row(job), "k": k_of(job.group)}
+        return {**super().base_row(job), "k": job.level}
 
     def source(self, job: LawJob) -> BatchSource:
         from depthprobe.probes.training.sources import CRaspSource
 
         cfg = job.config
-        return CRaspSource(k_of(job.group), cfg.batch_size, cfg.nmin, cfg.nmax, job.seed)
+        return CRaspSource(job.level, cfg.batch_size, cfg.nmin, cfg.nmax, job.seed)
 
     def eval_sets(self, job: LawJob, n: int) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
         """Per range (keyed by its upper end), from the evaluation seed space (probes.data.streams)."""
         from depthprobe.probes.data import crasp
 
-        return {hi: crasp.eval_batch(k_of(job.group), n, lo, hi, job.seed) for lo, hi in job.config.ranges}
+        return {hi: crasp.eval_batch(job.level, n, lo, hi, job.seed) for lo, hi in job.config.ranges}
 
-    def scores(self, job: LawJob, model: Model, sets: dict[int, Any]) -> dict[int, tuple[float, float]]:
+    def scores(self, job: LawJob, predict: Predict, sets: dict[int, Any]) -> dict[int, tuple[float, float]]:
         """Per range: (exact-match string accuracy, token accuracy)."""
         from depthprobe.probes.data import crasp
-        from depthprobe.probes.experiments.law_member import predict
 
         out = {}
         for hi, (inputs, targets) in sets.items():
-            s = crasp.scores(predict(model, inputs, crasp.predictions), targets)
+            s = crasp.scores(predict(inputs, crasp.predictions), targets)
             out[hi] = (s["exact_match"], s["token_accuracy"])
         return out
 
@@ -233,7 +241,7 @@ class Crasp(LawExperiment):
         from depthprobe.probes.data import crasp
 
         cfg = job.config
-        return crasp.eval_batch(k_of(job.group), USAGE_SEQUENCES, cfg.nmax, cfg.nmax, job.seed)[0]
+        return crasp.eval_batch(job.level, USAGE_SEQUENCES, cfg.nmax, cfg.nmax, job.seed)[0]
 
     def usage_keys(self, job: LawJob) -> set[Any]:
         """The training range and the solve range: the question is which blocks the member needs
@@ -254,51 +262,145 @@ class Crasp(LawExperiment):
         rows = []
         for lo, hi in job.config.ranges:
             majority = crasp.scores(sets[hi][1], sets[hi][1])["majority_accuracy"]
-            rows.append(
-                {"member": job.name, "min_length": max(lo, k_of(job.group)), "max_length": hi, "majority": majority}
-            )
+            rows.append({"member": job.name, "min_length": max(lo, job.level), "max_length": hi, "majority": majority})
         write_csv(folder / "ranges.csv", pd.DataFrame(rows))
 
     def tables(self, config: CraspConfig, members: pd.DataFrame, folder: Path) -> dict[str, pd.DataFrame]:
-        from depthprobe.probes.experiments import crasp_tables
-
         tables = super().tables(config, members, folder)
-        tables["depths.csv"] = crasp_tables.by_depth(tables["accuracy.csv"], tables["ranges.csv"])
+        tables["depths.csv"] = by_depth(tables["accuracy.csv"], tables["ranges.csv"])
         return tables
 
     def law(self, cfg: CraspConfig, accuracy: pd.DataFrame) -> pd.DataFrame:
-        from depthprobe.probes.experiments import crasp_tables
+        return law_table(cfg, accuracy)
 
-        return crasp_tables.law(cfg, accuracy, predicted_depth, self.law_columns)
-
-    def predicted_cells(self, law: pd.DataFrame) -> pd.DataFrame | None:
+    def law_cells(
+        self, config: CraspConfig, law: pd.DataFrame, acc: pd.DataFrame
+    ) -> tuple[pd.DataFrame | None, pd.DataFrame]:
         """law.csv's predicted first depth of L_k on its heatmap's solve-range column (law.csv's
-        solve_range, read at its longest length); the in-distribution column has no prediction."""
+        solve_range, read at its longest length; the in-distribution column has no prediction),
+        and the accuracies behind law.csv: the solve range's."""
         import pandas as pd
 
+        behind = acc[acc["max_length"] == config.solve_at]  # the law is read at the solve range
         if law.empty:
-            return None
-        return pd.DataFrame(
-            {
-                "d_model": law["d_model"],
-                "group": [f"L{k}" for k in law["k"]],
-                "max_length": [int(str(r).rsplit("-", 1)[-1]) for r in law["solve_range"]],
-                "predicted_depth": law["predicted_depth"],
-            }
+            return None, behind
+        cells = {
+            "d_model": law["d_model"],
+            "group": [f"L{k}" for k in law["k"]],
+            "max_length": [int(str(r).rsplit("-", 1)[-1]) for r in law["solve_range"]],
+            "predicted_depth": law["predicted_depth"],
+        }
+        return pd.DataFrame(cells), behind
+
+    def middle(self, config: CraspConfig, tables: dict[str, pd.DataFrame]) -> list[str]:
+        """Exact-match accuracy per model and range (depths.csv) in place of the wide control's table."""
+        return depths_section(tables)
+
+
+DEPTH_COLUMNS = [
+    "k",
+    "model",
+    "depth",
+    "d_model",
+    "control",
+    "min_length",
+    "max_length",
+    "exact_match",
+    "exact_match_min",
+    "token_accuracy",
+    "majority",
+]
+
+
+def law_table(cfg: CraspConfig, acc: pd.DataFrame) -> pd.DataFrame:
+    """law.csv: one row per width and k (see the module's docstring)."""
+    keys = ["d_model", "k"]
+    solve, train = acc[acc["max_length"] == cfg.solve_at], acc[acc["max_length"] == cfg.eval_lengths[0]]
+    law = measured_depths(solve, keys, cfg)
+    law["predicted_depth"] = law["k"].map(predicted_depth)
+    law["difference"] = law["measured_depth"] - law["predicted_depth"]
+    lo_solve = dict((hi, lo) for lo, hi in cfg.ranges)[cfg.solve_at]
+    law["solve_range"] = [f"{max(lo_solve, k)}-{cfg.solve_at}" for k in law["k"]]
+    in_distribution = measured_depths(train, keys, cfg).rename(columns={"measured_depth": "in_distribution_depth"})
+    control = (
+        solve[solve["control"].astype(bool)]
+        .groupby("k")
+        .agg(
+            control_depth=("depth", "first"),
+            control_d_model=("d_model", "first"),
+            control_exact_match=("accuracy", "mean"),
         )
+    )
+    one = train[(train["depth"] == 1) & ~train["control"].astype(bool)]  # depth 1 at the training range
+    one = one.groupby(keys).agg(
+        depth1_exact_match=("accuracy", "mean"), depth1_token_accuracy=("token_accuracy", "mean")
+    )
+    law = (
+        law.merge(in_distribution, on=keys, how="left")
+        .merge(control, on="k", how="left")
+        .merge(one, on=keys, how="left")
+    )
+    law["depth1_string_cap"], law["depth1_token_cap"] = zip(*(depth_one_caps(cfg, k) for k in law["k"]), strict=True)
+    rounded = [
+        "control_exact_match",
+        "depth1_exact_match",
+        "depth1_string_cap",
+        "depth1_token_accuracy",
+        "depth1_token_cap",
+    ]
+    law[rounded] = law[rounded].astype(float).map(round, ndigits=4)
+    return law[LAW_COLUMNS].astype({"control_depth": "Int64", "control_d_model": "Int64"})
 
-    def middle(self, tables: dict[str, pd.DataFrame]) -> list[str]:
-        from depthprobe.probes.experiments import crasp_tables
 
-        return crasp_tables.depths_section(tables)
+def depth_one_caps(cfg: CraspConfig, k: int) -> tuple[float, float]:
+    """Depth 1's exact limits without positions at the training range (:mod:`probes.data.crasp_cap`):
+    per string (k <= 4; nan beyond) and per token."""
+    from depthprobe.probes.data import crasp_cap
 
-    def behind_law(self, config: CraspConfig, acc: pd.DataFrame) -> pd.DataFrame:
-        return acc[acc["max_length"] == config.solve_at]  # the law is read at the solve range
-
-
-def k_of(group: str | None) -> int:
-    """The language index k of a crasp member's group, ``L<k>``."""
-    return int(str(group)[1:])
+    lo, hi = max(cfg.nmin, k), cfg.eval_lengths[0]
+    string_cap = 1.0 if k <= 3 else crasp_cap.string_cap_l4(lo, hi)[0] if k == 4 else math.nan
+    return string_cap, crasp_cap.token_cap(k, lo, hi)
 
 
-__all__ = ["Crasp", "CraspConfig", "CraspJob", "predicted_depth"]
+def by_depth(acc: pd.DataFrame, ranges: pd.DataFrame) -> pd.DataFrame:
+    """Per k, model (depth, or the control) and range: the accuracies over seeds and the majority."""
+    import pandas as pd
+
+    if acc.empty:
+        return pd.DataFrame(columns=DEPTH_COLUMNS)
+    if ranges.empty:
+        acc = acc.assign(min_length=math.nan, majority=math.nan)
+    else:
+        acc = acc.merge(ranges, on=["member", "max_length"], how="left")
+    out = acc.groupby(["k", "control", "depth", "d_model", "max_length"], sort=True).agg(
+        min_length=("min_length", "min"),
+        exact_match=("accuracy", "mean"),
+        exact_match_min=("accuracy", "min"),
+        token_accuracy=("token_accuracy", "mean"),
+        majority=("majority", "mean"),
+    )
+    out = out.reset_index()
+    out["model"] = [
+        f"control: depth {depth}, d_model {d}" if control else f"depth {depth}"
+        for control, depth, d in zip(out["control"], out["depth"], out["d_model"], strict=True)
+    ]
+    rounded = ["exact_match", "exact_match_min", "token_accuracy", "majority"]
+    out[rounded] = out[rounded].map(round, ndigits=4)
+    return out[DEPTH_COLUMNS]
+
+
+def depths_section(tables: dict[str, pd.DataFrame]) -> list[str]:
+    """Exact-match accuracy per model and range (depths.csv), between the heatmaps and the curves."""
+    import pandas as pd
+
+    from depthprobe.probes.render.html import table as html_table
+
+    depths = tables.get("depths.csv", pd.DataFrame())
+    if depths.empty:
+        return []
+    wide = depths.pivot_table(index=["k", "model"], columns="max_length", values="exact_match", aggfunc="first")
+    records = wide.rename(columns=lambda hi: f"exact match, lengths to {hi}").reset_index().to_dict("records")
+    return ["<h2>Exact-match accuracy by model and length</h2>" + html_table(records)]
+
+
+__all__ = ["Crasp", "CraspConfig", "CraspJob", "by_depth", "law_table", "predicted_depth"]

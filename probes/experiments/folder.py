@@ -28,7 +28,6 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -37,8 +36,6 @@ from depthprobe.probes.base.errors import ProbeError
 
 if TYPE_CHECKING:
     import pandas as pd
-
-    from depthprobe.probes.experiments.protocol import Experiment
 
 STUDY_JSON = "study.json"
 MEMBERS_CSV = "members.csv"
@@ -279,27 +276,22 @@ def member_damage(member: Path, meta: dict[str, Any]) -> str | None:
 
 
 def measure_member(
-    exp: Experiment,
-    job: Any,
-    measure: Callable[[Path, dict[str, Any]], dict[str, Any]] | None = None,
-    t0: float | None = None,
+    job: Any, row: dict[str, Any], measure: Callable[[Path, dict[str, Any]], dict[str, Any]], t0: float | None = None
 ) -> MemberOutput:
-    """Run ``exp.measure(job, folder, row)`` (or ``measure(folder, row)``: a batched member's
+    """Run ``measure(folder, row)`` (a family's ``measure`` of ``job``, or a batched member's
     finish) in the member's folder: with ``job.dest`` (the local backend) that folder itself,
     written atomically (a failed attempt's record replaced); without (a Ray task) a temporary
-    folder whose files come back as bytes. The row starts as the member's ``base_row`` and ends
+    folder whose files come back as bytes. ``row`` starts as the member's ``base_row`` and ends
     ``ok`` with its wall seconds (since ``t0``: its batch's start, or now). The one digest writer:
     ``member.json`` holds the row, the entries ``measure`` returned and the SHA-256 of every other
     file."""
     start = time.perf_counter() if t0 is None else t0
-    run = measure or partial(exp.measure, job)
     with contextlib.ExitStack() as stack:
         if job.dest is None:
             folder = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="depthprobe-member-")))
         else:
             folder = stack.enter_context(replaced(Path(job.dest)))
-        row = exp.base_row(job)
-        extra = run(folder, row)
+        extra = measure(folder, row)
         row.update(status="ok", error="", wall_s=time.perf_counter() - start)
         artifacts.write_json(folder / MEMBER_JSON, {"row": row, **extra, "files": artifacts.file_digests(folder)})
         paths = sorted(folder.rglob("*")) if job.dest is None else []

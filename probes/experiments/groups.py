@@ -23,13 +23,15 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from depthprobe.probes.base.errors import ProbeError
 from depthprobe.probes.base.options import ranged
-from depthprobe.probes.experiments.laws import COMMON, LawConfig, LawExperiment, LawJob, measured_depths
-from depthprobe.probes.experiments.protocol import MAX_SEQUENCES, at_least, distinct
+from depthprobe.probes.experiments.law_config import COMMON, LawConfig, LawGroup, LawJob, wide_control
+from depthprobe.probes.experiments.laws import LawExperiment, measured_depths
+from depthprobe.probes.experiments.protocol import MAX_SEQUENCES, Preset, at_least, distinct, preset_table
 
 if TYPE_CHECKING:
     import pandas as pd
     import torch
 
+    from depthprobe.probes.experiments.law_member import Predict
     from depthprobe.probes.models.model import Model
     from depthprobe.probes.training.loop import BatchSource
 
@@ -85,53 +87,56 @@ class Groups(LawExperiment):
         "of the same order (Z_60, abelian; A_4 x Z_5, solvable and non-abelian), not a log T staircase, which needs "
         "GPU-scale runs; a gap already at T = 2 is learning the table, not depth."
     )
-    presets: ClassVar[dict[str, dict[str, Any]]] = {
-        "smoke": {
-            **COMMON["smoke"],
-            "groups": ("z2", "s3"),
-            "lengths": (4, 8),
-            "check_every": 10,
-            "check_sequences": 16,
-        },
-        "cpu": {
-            **COMMON["cpu"],
-            "depths": (1, 2, 3, 4),
-            "groups": ("s3", "z60", "A4xZ5", "a5"),
-            "lengths": (2, 4, 8, 16),
-        },
-        "gpu": {
-            **COMMON["gpu"],
-            "depths": (1, 2, 3, 4, 6, 8),
-            "d_models": (128, 256),
-            "groups": ("z2", "s3", "z60", "a5", "s5"),
-            "lengths": (8, 16, 32, 64, 128),
-            "steps": 20000,
-            "check_every": 100,
-            "check_sequences": 128,
-        },
-    }
-    costs: ClassVar[dict[str, str]] = {
-        "smoke": "z2, s3 at T 4,8 with the curriculum 2, 4, 8: 2 members per group (the controls would equal "
-        "depth 2), about 5 CPU-seconds on 2 CPU cores (measured; the tests use it)",
-        "cpu": "s3, z60, A4xZ5 and a5, T 2,4,8,16 with the curriculum 2, 4, 8, 16, depths 1-4 and a control, 2 "
-        "seeds, 3,000 steps: 40 members, about 10 CPU-minutes (measured per group on 2 shared cores: A4xZ5 2.8 "
-        "CPU-minutes, z60 and a5 5.8; s3 not rerun; docs/depth-laws.md)",
-        "gpu": "z2, s3, z60, a5, s5 at T 8-128 with the curriculum, depths 1-8 at widths 128 and 256: 195 members, "
-        "about 10-14 hours one at a time, 5.6-6.8 hours with --jobs 3 on one GPU "
-        "(estimated from khop member rates measured on one NVIDIA H200: 80-104 steps/s one at a time, "
-        "53-65 each with --jobs 3; training only; not run)",
-    }
+    presets, costs = preset_table(
+        {
+            "smoke": Preset(
+                "z2, s3 at T 4,8 with the curriculum 2, 4, 8: 2 members per group (the controls would equal "
+                "depth 2), about 5 CPU-seconds on 2 CPU cores (measured; the tests use it)",
+                {
+                    **COMMON["smoke"],
+                    "groups": ("z2", "s3"),
+                    "lengths": (4, 8),
+                    "check_every": 10,
+                    "check_sequences": 16,
+                },
+            ),
+            "cpu": Preset(
+                "s3, z60, A4xZ5 and a5, T 2,4,8,16 with the curriculum 2, 4, 8, 16, depths 1-4 and a control, 2 "
+                "seeds, 3,000 steps: 40 members, about 10 CPU-minutes (measured per group on 2 shared cores: A4xZ5 2.8 "
+                "CPU-minutes, z60 and a5 5.8; s3 not rerun; docs/depth-laws.md)",
+                {
+                    **COMMON["cpu"],
+                    "depths": (1, 2, 3, 4),
+                    "groups": ("s3", "z60", "A4xZ5", "a5"),
+                    "lengths": (2, 4, 8, 16),
+                },
+            ),
+            "gpu": Preset(
+                "z2, s3, z60, a5, s5 at T 8-128 with the curriculum, depths 1-8 at widths 128 and 256: 195 members, "
+                "about 10-14 hours one at a time, 5.6-6.8 hours with --jobs 3 on one GPU "
+                "(estimated from khop member rates measured on one NVIDIA H200: 80-104 steps/s one at a time, "
+                "53-65 each with --jobs 3; training only; not run)",
+                {
+                    **COMMON["gpu"],
+                    "depths": (1, 2, 3, 4, 6, 8),
+                    "d_models": (128, 256),
+                    "groups": ("z2", "s3", "z60", "a5", "s5"),
+                    "lengths": (8, 16, 32, 64, 128),
+                    "steps": 20000,
+                    "check_every": 100,
+                    "check_sequences": 128,
+                },
+            ),
+        }
+    )
 
-    def groups_of(self, cfg: GroupsConfig) -> list[str | None]:
-        return list(cfg.groups)
-
-    def eval_keys(self, config: Any) -> int:
-        return len(config.lengths)
-
-    def shape(self, cfg: GroupsConfig, group: str | None) -> tuple[int, int]:
+    def groups(self, cfg: GroupsConfig) -> list[LawGroup]:
+        """One group per named group: its order is the vocabulary, the longest T the context (every
+        member trains on every T: no level of its own)."""
         from depthprobe.probes.data import groups as group_data
 
-        return group_data.get_group(str(group)).order, max(cfg.lengths)
+        shapes = [(name, group_data.get_group(name).order, max(cfg.lengths)) for name in cfg.groups]
+        return [LawGroup(name, None, vocab, ctx, wide_control(cfg, vocab, ctx)) for name, vocab, ctx in shapes]
 
     def source(self, job: LawJob) -> BatchSource:
         from depthprobe.probes.data import groups as group_data
@@ -192,13 +197,11 @@ class Groups(LawExperiment):
         group = group_data.get_group(str(job.group))
         return {t: group_data.eval_batch(group, n, t, job.seed) for t in job.config.lengths}
 
-    def scores(self, job: LawJob, model: Model, sets: dict[int, Any]) -> dict[int, tuple[float, float]]:
+    def scores(self, job: LawJob, predict: Predict, sets: dict[int, Any]) -> dict[int, tuple[float, float]]:
         """Per T: accuracy over every position of the length-T sequences, and at the last position."""
-        from depthprobe.probes.experiments.law_member import predict
-
         out = {}
         for t, (inputs, targets) in sets.items():
-            right = (predict(model, inputs) == targets).float()
+            right = (predict(inputs) == targets).float()
             out[t] = (float(right.mean()), float(right[:, -1].mean()))
         return out
 
@@ -217,10 +220,11 @@ class Groups(LawExperiment):
         tables["prefix.csv"] = prefix_table(config, tables["positions.csv"], tables["curriculum.csv"])
         return tables
 
-    def page(self, config: GroupsConfig, tables: dict[str, pd.DataFrame], folder: Path) -> list[str]:
+    def middle(self, config: GroupsConfig, tables: dict[str, pd.DataFrame]) -> list[str]:
+        """The control against the deepest member, and the longest prefix solved (prefix.csv)."""
         from depthprobe.probes.render.html import table as html_table
 
-        parts = super().page(config, tables, folder)
+        parts = super().middle(config, tables)
         prefix = tables.get("prefix.csv")
         if prefix is not None and not prefix.empty:
             parts.append(

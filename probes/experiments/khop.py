@@ -27,13 +27,15 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from depthprobe.probes.base.errors import ProbeError
 from depthprobe.probes.base.options import ranged
-from depthprobe.probes.experiments.laws import COMMON, LawConfig, LawExperiment, LawJob, measured_depths
-from depthprobe.probes.experiments.protocol import MAX_SEQUENCES, at_least
+from depthprobe.probes.experiments.law_config import COMMON, LawConfig, LawGroup, LawJob, wide_control
+from depthprobe.probes.experiments.laws import LawExperiment, measured_depths
+from depthprobe.probes.experiments.protocol import MAX_SEQUENCES, Preset, at_least, preset_table
 
 if TYPE_CHECKING:
     import pandas as pd
     import torch
 
+    from depthprobe.probes.experiments.law_member import Predict
     from depthprobe.probes.models.model import Model
     from depthprobe.probes.training.loop import BatchSource
 
@@ -201,53 +203,63 @@ class KHop(LawExperiment):
         "learning (more than 0.01 gained over the last 2,000 steps). A 2-layer control with at least the deepest "
         "member's parameters (where the study has one) tests that depth, not size, does it."
     )
-    presets: ClassVar[dict[str, dict[str, Any]]] = {
-        "smoke": {**COMMON["smoke"], "ks": (1, 2), "length": 12, "letters": 3, "hop_sequences": 8},
-        "cpu": {**COMMON["cpu"], "depths": (1, 2, 3, 4, 5)},
-        "demo": {**COMMON["cpu"], "ks": (1, 2), "depths": (1, 2, 3), "steps": 1000, "control": False},
-        "cpu-k8": {**COMMON["cpu"], "depths": (1, 2, 3, 4, 5, 6), "ks": (1, 2, 3, 4, 8), "steps": 5000},
-        "staircase": {
-            **COMMON["cpu"],
-            "depths": (2, 3, 4, 5),
-            "d_models": (32, 64),
-            "ks": (1, 2, 3, 4, 5, 6, 7, 8),
-            "steps": 8000,
-            "control": False,
-        },
-        "gpu": {
-            **COMMON["gpu"],
-            "depths": (1, 2, 3, 4, 5, 6, 7),
-            "d_models": (128, 256),
-            "ks": (1, 2, 3, 4, 6, 8, 12, 16),
-            "length": 100,
-            "steps": 20000,
-            "hop_sequences": 128,
-        },
-    }
-    costs: ClassVar[dict[str, str]] = {
-        "smoke": "depths 1,2 at width 16, k 1,2, 40 steps: 3 members, 5-10 s on 2 CPU cores (the tests use it)",
-        "cpu": "depths 1-5 and a wide 2-layer control at width 64, k 1-4, N 48, 2 seeds, 3,000 steps: 12 members, "
-        "14 min with --jobs 2 on 2 idle CPU cores (measured; 27 CPU-minutes)",
-        "demo": "k 1,2 at depths 1-3 (width 64), N 48, 2 seeds, 1,000 steps, no control (k 3 and 4 left out: at CPU "
-        "scale k = 3 has needed one layer more than floor(log2 k) + 2, docs/depth-laws.md): 6 members, 81 s wall "
-        "with --jobs 2 on 2 idle CPU cores inside probe atlas (measured; 4.5 min and 2.9 CPU-minutes alone on "
-        "shared cores)",
-        "cpu-k8": "k 1-4 and 8 (log against linear depth: 5 layers against 9), depths 1-6 and a wide 2-layer control "
-        "at width 64, N 48, 2 seeds, 5,000 steps: 14 members, 45 CPU-minutes, 36.5 min with --jobs 2 on 2 shared "
-        "CPU cores (measured; docs/depth-laws.md)",
-        "staircase": "k 1-8 mixed, depths 2-5 at widths 32 and 64, N 48, 2 seeds, 8,000 steps, no control: 16 "
-        "members, 76 CPU-minutes planned by --dry-run; its width-32 half measured 33.8 CPU-minutes, 86 min wall with "
-        "--jobs 2 on 2 shared CPU cores (the plan says 15.7; docs/depth-laws.md)",
-        "gpu": "N 100, k 1-16, depths 1-7 and a control at widths 128 and 256, 3 seeds, 20,000 steps: 45 members, "
-        "about 2.4-3.1 hours on one NVIDIA H200 one member at a time, 1.3-1.6 hours with --jobs 3 "
-        "(from rates measured on an H200 at these shapes; training only; the preset not run end to end)",
-    }
+    presets, costs = preset_table(
+        {
+            "smoke": Preset(
+                "depths 1,2 at width 16, k 1,2, 40 steps: 3 members, 5-10 s on 2 CPU cores (the tests use it)",
+                {**COMMON["smoke"], "ks": (1, 2), "length": 12, "letters": 3, "hop_sequences": 8},
+            ),
+            "cpu": Preset(
+                "depths 1-5 and a wide 2-layer control at width 64, k 1-4, N 48, 2 seeds, 3,000 steps: 12 members, "
+                "14 min with --jobs 2 on 2 idle CPU cores (measured; 27 CPU-minutes)",
+                {**COMMON["cpu"], "depths": (1, 2, 3, 4, 5)},
+            ),
+            "demo": Preset(
+                "k 1,2 at depths 1-3 (width 64), N 48, 2 seeds, 1,000 steps, no control (k 3 and 4 left out: at CPU "
+                "scale k = 3 has needed one layer more than floor(log2 k) + 2, docs/depth-laws.md): 6 members, 81 s "
+                "wall with --jobs 2 on 2 idle CPU cores inside probe atlas (measured; 4.5 min and 2.9 CPU-minutes "
+                "alone on shared cores)",
+                {**COMMON["cpu"], "ks": (1, 2), "depths": (1, 2, 3), "steps": 1000, "control": False},
+            ),
+            "cpu-k8": Preset(
+                "k 1-4 and 8 (log against linear depth: 5 layers against 9), depths 1-6 and a wide 2-layer control at "
+                "width 64, N 48, 2 seeds, 5,000 steps: 14 members, 45 CPU-minutes, 36.5 min with --jobs 2 on 2 shared "
+                "CPU cores (measured; docs/depth-laws.md)",
+                {**COMMON["cpu"], "depths": (1, 2, 3, 4, 5, 6), "ks": (1, 2, 3, 4, 8), "steps": 5000},
+            ),
+            "staircase": Preset(
+                "k 1-8 mixed, depths 2-5 at widths 32 and 64, N 48, 2 seeds, 8,000 steps, no control: 16 members, 76 "
+                "CPU-minutes planned by --dry-run; its width-32 half measured 33.8 CPU-minutes, 86 min wall with "
+                "--jobs 2 on 2 shared CPU cores (the plan says 15.7; docs/depth-laws.md)",
+                {
+                    **COMMON["cpu"],
+                    "depths": (2, 3, 4, 5),
+                    "d_models": (32, 64),
+                    "ks": (1, 2, 3, 4, 5, 6, 7, 8),
+                    "steps": 8000,
+                    "control": False,
+                },
+            ),
+            "gpu": Preset(
+                "N 100, k 1-16, depths 1-7 and a control at widths 128 and 256, 3 seeds, 20,000 steps: 45 members, "
+                "about 2.4-3.1 hours on one NVIDIA H200 one member at a time, 1.3-1.6 hours with --jobs 3 "
+                "(from rates measured on an H200 at these shapes; training only; the preset not run end to end)",
+                {
+                    **COMMON["gpu"],
+                    "depths": (1, 2, 3, 4, 5, 6, 7),
+                    "d_models": (128, 256),
+                    "ks": (1, 2, 3, 4, 6, 8, 12, 16),
+                    "length": 100,
+                    "steps": 20000,
+                    "hop_sequences": 128,
+                },
+            ),
+        }
+    )
 
-    def eval_keys(self, config: Any) -> int:
-        return len(config.ks)
-
-    def shape(self, cfg: KHopConfig, group: str | None) -> tuple[int, int]:
-        return cfg.vocab, 1 + cfg.length
+    def groups(self, cfg: KHopConfig) -> list[LawGroup]:
+        """One group: every member trains on all of ``ks`` mixed (no level of its own)."""
+        return [LawGroup(None, None, cfg.vocab, 1 + cfg.length, wide_control(cfg, cfg.vocab, 1 + cfg.length))]
 
     def source(self, job: LawJob) -> BatchSource:
         from depthprobe.probes.training.sources import KHopSource
@@ -262,12 +274,11 @@ class KHop(LawExperiment):
         cfg = job.config
         return {k: khop.eval_batch(k, n, cfg.length, cfg.letters, cfg.max_k, job.seed) for k in cfg.ks}
 
-    def scores(self, job: LawJob, model: Model, sets: dict[int, Any]) -> dict[int, tuple[float, float]]:
+    def scores(self, job: LawJob, predict: Predict, sets: dict[int, Any]) -> dict[int, tuple[float, float]]:
         """Per k: accuracy over letter answers, and over all positions."""
         from depthprobe.probes.data import khop
-        from depthprobe.probes.experiments.law_member import predict
 
-        return {k: khop.accuracy(predict(model, x), y, job.config.letters) for k, (x, y) in sets.items()}
+        return {k: khop.accuracy(predict(x), y, job.config.letters) for k, (x, y) in sets.items()}
 
     def probe(self, job: LawJob, model: Model, folder: Path) -> None:
         """The hop-attention task (tables in runs/hop-attention): per head and hop (member, layer,
@@ -298,6 +309,12 @@ class KHop(LawExperiment):
         write_csv(folder / "hops.csv", hops.reset_index(drop=True))
         write_csv(folder / "hop_layers.csv", layers[HOP_LAYER_COLUMNS])
 
+    def middle(self, config: KHopConfig, tables: dict[str, pd.DataFrame]) -> list[str]:
+        """The control against the deepest member, and the hop-attention summary (:func:`hop_section`)."""
+        import pandas as pd
+
+        return [*super().middle(config, tables), hop_section(tables.get("hop_layers.csv", pd.DataFrame()))]
+
     def tables(self, config: KHopConfig, members: pd.DataFrame, folder: Path) -> dict[str, pd.DataFrame]:
         """The law family's tables, with accuracy.csv's ``gain_last`` and ``outcome`` (:func:`outcomes`,
         from curves.csv) and law.csv's ``budget_limited`` read from them."""
@@ -326,6 +343,24 @@ class KHop(LawExperiment):
         return law[self.law_columns]
 
 
+def hop_section(layers: pd.DataFrame) -> str:
+    """Per member and layer, the largest hop some head resolves (hop-attention task)."""
+    from depthprobe.probes.render.html import table as html_table
+
+    if layers.empty:
+        return ""
+    wide = layers.pivot_table(index=["member", "depth"], columns="layer", values="largest_hop", aggfunc="first")
+    records = wide.rename(columns=lambda layer: f"layer {int(layer)}").reset_index().to_dict("records")
+    return (
+        "<h2>Hop attention</h2><p class='meta'>per member and layer: the largest hop j some head resolves "
+        "(mean attention from i to p^j(i) >= 0.5 and >= 3x chance; 0: none). A construction reaching "
+        "floor(log2 k) + 2 layers holds pointers as well as answers: its heads attend to i - 1 at layer 0, p(i) "
+        "at layer 1 and p^(2^(l-1))(i) at layer l >= 2 (0, 1, 2, 4, ...), 2^(L-1) - 1 hops after L layers; "
+        "hop_layers.csv also gives each layer's attention to i - 1 and to p(i) - 1. Attention is where a head "
+        "looks, not proof of use.</p>" + html_table(records)
+    )
+
+
 __all__ = [
     "AUTHORS_DEPTHS",
     "KHop",
@@ -333,6 +368,7 @@ __all__ = [
     "budget_limited",
     "ceil_depth",
     "curve_gains",
+    "hop_section",
     "linear_depth",
     "outcomes",
     "predicted_depth",

@@ -10,69 +10,104 @@ curriculum), evaluates it per key (k, T or length range) on the fixed evaluation
 full sets, lets the family probe it (khop: hop attention) and record its training (groups: the
 curriculum's moves), and writes its files once:
 ``member.json`` (the row and the SHA-256 of every other file), ``accuracy.csv``, ``curves.csv``,
-``loss.csv``, ``checkpoint/`` and the family's. It is a pure function of its job.
+``loss.csv``, ``checkpoint/`` and the family's. It is a pure function of its job. The member
+pipeline sees a family only as a :class:`LawTask` (its data half).
+
+Members of one shape trained as one batched model (``--batch-members``; :mod:`.batching`):
+:func:`run_law_batch` builds each member as it is built alone (its model from its own seed, its
+own batch source), trains them together through the one loop
+(:func:`probes.training.batched.train_batched`: the same schedule, clipping, AdamW and windows per
+member), with each member's own :func:`hands`, then evaluates, probes and writes each member alone
+(:func:`finish` in :func:`.folder.measure_member`: its own folder, files and row, ``batch`` saying
+how many trained together). The result is each member's result alone up to float rounding
+(tests/test_law_batch.py). A member that diverges stops the batch (its name in the error); the
+batch then raises, so the job map retries it and records every member of it failed with that line
+(rerun with ``--batch-members off`` to train the others alone). A member whose evaluation, probe or
+files fail after training fails alone.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+import dataclasses
+import math
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import pandas as pd
 import torch
 
 from depthprobe.probes.base.artifacts import write_csv
+from depthprobe.probes.base.errors import ProbeError
 from depthprobe.probes.base.runtime import torch_threads
+from depthprobe.probes.engine.processes import one_line
 from depthprobe.probes.experiments import member_depth
+from depthprobe.probes.experiments.folder import MemberOutput, measure_member
+from depthprobe.probes.experiments.law_config import LawJob
 from depthprobe.probes.models import families
 from depthprobe.probes.models.checkpoints import save_checkpoint
 from depthprobe.probes.models.device import resolve_device
 from depthprobe.probes.models.loading import load
 from depthprobe.probes.models.model import Model
+from depthprobe.probes.training.batched import train_batched
 from depthprobe.probes.training.fast_forward import fast_logits
 from depthprobe.probes.training.lm import decay_adamw
 from depthprobe.probes.training.loop import BatchSource, Steps, Window, train_steps
-
-if TYPE_CHECKING:
-    from depthprobe.probes.experiments.laws import LawExperiment, LawJob
 
 EVAL_CHUNK = 250  # sequences per forward pass in evaluations
 BETAS = (0.9, 0.98)  # AdamW's of every law member, alone or batched
 
 
-_SKIP: dict[str, tuple[int, ...]] = {"blocks": ()}  # inside skipping(): the blocks evaluations skip
+Predict = Callable[..., torch.Tensor]  # predict(inputs, decide=None) -> predictions [n, T] (a member's)
 
 
-@contextmanager
-def skipping(block: int | None) -> Iterator[None]:
-    """Within the block, :func:`member_logits` skips ``block`` (its output is its input; ``None``:
-    none), the same function as the bridge under ``probes.skip_layers``
-    (tests/test_depth_usage_members.py)."""
-    before = _SKIP["blocks"]
-    _SKIP["blocks"] = () if block is None else (block,)
-    try:
-        yield
-    finally:
-        _SKIP["blocks"] = before
+class LawTask(Protocol):
+    """The data half of a law family, all a member's training and evaluation calls: its batch
+    source, its evaluation sets and scores (``key``: the sets' key column, ``second``: the second
+    accuracy's), the depth-usage probe's inputs and keys, what it measures and writes besides
+    accuracy, and what it checks after an update (a length curriculum)."""
+
+    name: str
+    key: str
+    second: str
+
+    def source(self, job: LawJob) -> BatchSource: ...
+    def eval_sets(self, job: LawJob, n: int) -> dict[int, tuple[torch.Tensor, torch.Tensor]]: ...
+    def scores(self, job: LawJob, predict: Predict, sets: dict[int, Any]) -> dict[int, tuple[float, float]]: ...
+    def usage_inputs(self, job: LawJob) -> torch.Tensor: ...
+    def usage_keys(self, job: LawJob) -> set[Any] | None: ...
+    def probe(self, job: LawJob, model: Model, folder: Path) -> None: ...
+    def after_update(self, job: LawJob, source: BatchSource, model: Model, done: int) -> bool: ...
+    def training_files(self, job: LawJob, source: BatchSource, folder: Path) -> None: ...
 
 
-def member_logits(model: Model, tokens: torch.Tensor) -> torch.Tensor:
-    """Logits [batch, pos, vocab] for the family's evaluations (the fast path), with the blocks of
-    :func:`skipping` skipped."""
-    return fast_logits(model, tokens, skip=_SKIP["blocks"])
+def member_logits(model: Model, tokens: torch.Tensor, skip: tuple[int, ...] = ()) -> torch.Tensor:
+    """Logits [batch, pos, vocab] for the family's evaluations (the fast path) with the blocks
+    ``skip`` skipped (each one's output is its input), the same function as the bridge under
+    ``probes.skip_layers`` (tests/test_depth_usage_members.py)."""
+    return fast_logits(model, tokens, skip=skip)
 
 
 @torch.no_grad()
 def predict(
-    model: Model, inputs: torch.Tensor, decide: Callable[[torch.Tensor], torch.Tensor] | None = None
+    model: Model,
+    inputs: torch.Tensor,
+    decide: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    skip: tuple[int, ...] = (),
 ) -> torch.Tensor:
-    """Predictions [n, T], in chunks: the argmax of the logits, or ``decide(logits)``."""
+    """Predictions [n, T], in chunks: the argmax of the logits, or ``decide(logits)``, with the
+    blocks ``skip`` skipped."""
     decide = decide or (lambda logits: logits.argmax(-1))
-    parts = [decide(member_logits(model, chunk.to(model.device))).cpu() for chunk in inputs.split(EVAL_CHUNK)]
+    parts = [decide(member_logits(model, chunk.to(model.device), skip)).cpu() for chunk in inputs.split(EVAL_CHUNK)]
     return torch.cat(parts)
+
+
+def predictor(model: Model, skip: tuple[int, ...] = ()) -> Predict:
+    """The ``predict`` a family's ``scores`` evaluates with: ``model``'s, with the blocks ``skip`` skipped."""
+    return partial(predict, model, skip=skip)
 
 
 @dataclass
@@ -86,7 +121,7 @@ class Hands:
     after_step: Callable[[int], bool]
 
 
-def hands(exp: LawExperiment, job: LawJob, model: Model, source: BatchSource) -> Hands:
+def hands(exp: LawTask, job: LawJob, model: Model, source: BatchSource) -> Hands:
     """The member's loss log (each window) and learning curve (one row per evaluation and key,
     every ``eval_every`` steps); after each update the family may check the model (a curriculum)."""
     cfg = job.config
@@ -102,7 +137,7 @@ def hands(exp: LawExperiment, job: LawJob, model: Model, source: BatchSource) ->
         used = exp.after_update(job, source, model, done)  # a length curriculum's check
         if done not in evals:
             return used
-        for value, (acc, acc_all) in exp.scores(job, model, curve_sets).items():
+        for value, (acc, acc_all) in exp.scores(job, predictor(model), curve_sets).items():
             curves.append({"member": job.name, "step": done, exp.key: value, "accuracy": acc, "accuracy_all": acc_all})
         return True
 
@@ -116,7 +151,7 @@ def steps_plan(cfg: Any) -> Steps:
     )
 
 
-def depth_files(exp: LawExperiment, job: LawJob, model: Model, sets: dict[int, Any], folder: Path) -> None:
+def depth_files(exp: LawTask, job: LawJob, model: Model, sets: dict[int, Any], folder: Path) -> None:
     """``depth_usage.csv`` on the family's depth-usage inputs, and ``skipped_accuracy.csv``: the
     accuracy per key on the final evaluation sets of :meth:`~LawExperiment.usage_keys`, intact and
     with each single block skipped."""
@@ -125,13 +160,13 @@ def depth_files(exp: LawExperiment, job: LawJob, model: Model, sets: dict[int, A
     chosen = sets if keys is None else {key: s for key, s in sets.items() if key in keys}
 
     def evaluate(block: int | None) -> dict[int, float]:
-        with skipping(block):
-            return {value: acc for value, (acc, _) in exp.scores(job, model, chosen).items()}
+        scores = exp.scores(job, predictor(model, () if block is None else (block,)), chosen)
+        return {value: acc for value, (acc, _) in scores.items()}
 
     member_depth.write_skipped_accuracy(model, evaluate, folder, job.name, key=exp.key)
 
 
-def measure(exp: LawExperiment, job: LawJob, folder: Path, row: dict[str, Any]) -> dict[str, Any]:
+def measure(exp: LawTask, job: LawJob, folder: Path, row: dict[str, Any]) -> dict[str, Any]:
     """Train one member in place on its source (training seconds: evaluations and the family's
     checks excluded), then evaluate and probe it into ``folder``; fills its row."""
     cfg = job.config
@@ -158,7 +193,7 @@ def measure(exp: LawExperiment, job: LawJob, folder: Path, row: dict[str, Any]) 
 
 
 def finish(
-    exp: LawExperiment,
+    exp: LawTask,
     job: LawJob,
     folder: Path,
     row: dict[str, Any],
@@ -173,7 +208,7 @@ def finish(
     trained with, itself included); no extra ``member.json`` entries."""
     nonembed, embed = families.count_params(model)
     sets = exp.eval_sets(job, job.config.eval_sequences)
-    final = exp.scores(job, model, sets)
+    final = exp.scores(job, predictor(model), sets)
     write_csv(folder / "loss.csv", pd.DataFrame(member.log, columns=["step", "loss", "lr", "elapsed_s"]))
     curves = pd.DataFrame(member.curves)
     write_csv(folder / "curves.csv", curves)
@@ -194,13 +229,81 @@ def finish(
     return {}
 
 
+def run_law_batch(
+    exp: LawTask, jobs: tuple[LawJob, ...], base_row: Callable[[LawJob], dict[str, Any]]
+) -> list[tuple[MemberOutput | None, str | None]]:
+    """Train ``jobs`` (one shape) together, then finish each in its own folder: per member its
+    output, or None and its one-line error."""
+    t0 = time.perf_counter()
+    device = resolve_device(jobs[0].config.device)
+    with torch_threads(1 if device.type == "cpu" else None):
+        models = [load(job.native(), device=str(device)) for job in jobs]
+        sources = [exp.source(job) for job in jobs]
+        own = [hands(exp, job, model, source) for job, model, source in zip(jobs, models, sources, strict=True)]
+        seconds = train_together(jobs, models, sources, own)
+        outcomes = []
+        for job, model, source, h in zip(jobs, models, sources, own, strict=True):
+            fill = partial(finish, exp, job, model=model, source=source, member=h, seconds=seconds, batch=len(jobs))
+            outcomes.append(_outcome(job, base_row(job), fill, t0))
+    return outcomes
+
+
+def train_together(
+    jobs: tuple[LawJob, ...], models: list[Model], sources: list[BatchSource], own: list[Hands]
+) -> float:
+    """The batch's training seconds; each member's windows and evaluations go to its own hands."""
+    cfg = jobs[0].config
+    plan = dataclasses.replace(steps_plan(cfg), check_finite=False)  # checked here, naming the members
+
+    def on_window(w: Window) -> None:
+        bad = [f"{job.name} (loss {loss})" for job, loss in zip(jobs, w.losses, strict=True) if not math.isfinite(loss)]
+        if bad:
+            raise ProbeError(
+                f"training diverged by step {w.step}: {', '.join(bad)}, in a batch of {len(jobs)} members; "
+                "lower --lr, or rerun with --batch-members off to train the others alone"
+            )
+        for i, member in enumerate(own):
+            member.on_window(Window(w.step, (w.losses[i],), (w.lrs[i],), w.updates, w.seconds, w.elapsed))
+
+    def after_step(done: int) -> bool:
+        used = [member.after_step(done) for member in own]  # every member's, not the first that used its model
+        return any(used)
+
+    run = train_batched(
+        models,
+        sources,
+        [cfg.lr_at] * len(jobs),
+        plan,
+        betas=BETAS,
+        weight_decay=cfg.weight_decay,
+        on_window=on_window,
+        after_step=after_step,
+    )
+    return run.seconds
+
+
+def _outcome(job: LawJob, base_row: dict[str, Any], fill: Any, t0: float) -> tuple[MemberOutput | None, str | None]:
+    """One member's files and row (:func:`.folder.measure_member` with ``fill``), or its one-line
+    error (as the job map records a member's)."""
+    try:
+        return measure_member(job, base_row, fill, t0), None
+    except ProbeError as exc:
+        return None, str(exc)
+    except Exception as exc:  # one member's failure is data; the others go on
+        return None, f"internal error: {one_line(exc)}"
+
+
 __all__ = [
     "Hands",
+    "LawTask",
+    "Predict",
     "finish",
     "hands",
     "measure",
     "member_logits",
     "predict",
-    "skipping",
+    "predictor",
+    "run_law_batch",
     "steps_plan",
+    "train_together",
 ]

@@ -27,6 +27,7 @@ import dataclasses
 import math
 import re
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -46,13 +47,40 @@ MAX_DEPTH = 1000  # layers of a member
 MAX_SEEDS = 1000  # seeds per study (a plan of more members is refused, not built)
 
 
+@dataclasses.dataclass(frozen=True)
+class StudyConfig:
+    """The settings every family's Config has (a family's Config derives from it and adds its
+    own): the preset it started from, the depths, the seeds 0..seeds-1, the device (None: the
+    best available) and whether members run the depth-usage probe (``--depth-usage``)."""
+
+    preset: str = "smoke"
+    depths: tuple[int, ...] = (1, 2)
+    seeds: int = 1
+    device: str | None = None
+    depth_usage: bool = True  # each member's depth_usage.csv (law members: skipped_accuracy.csv too)
+
+
+@dataclasses.dataclass(frozen=True)
+class Preset:
+    """One row of a family's preset table: what the preset costs (measured or estimated) and the
+    Config fields it sets."""
+
+    cost: str
+    fields: dict[str, Any]
+
+
+def preset_table(rows: dict[str, Preset]) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
+    """A family's ``presets`` and ``costs`` from its one preset table."""
+    return {name: row.fields for name, row in rows.items()}, {name: row.cost for name, row in rows.items()}
+
+
 class Experiment:
     """One depth family: its Config, presets and costs (class attributes), and plan, measure (or
     run_member), tables and page; the other methods have defaults a family may override."""
 
     name: ClassVar[str]
     description: ClassVar[str] = ""
-    Config: ClassVar[type]  # frozen dataclass; every field has a default (the presets fill them)
+    Config: ClassVar[type[StudyConfig]]  # a frozen StudyConfig; every field has a default (the presets fill them)
     presets: ClassVar[dict[str, dict[str, Any]]]  # preset -> the Config fields it sets
     costs: ClassVar[dict[str, str]]  # preset -> what it is and what it costs (measured or estimated)
     columns: ClassVar[list[str]]  # members.csv's columns (a failed member's row has them too)
@@ -68,7 +96,7 @@ class Experiment:
     def run_member(self, job: Any) -> MemberOutput:
         """Train and measure one member (a pure function of its job): its row and its files; by
         default :meth:`measure` in the member's folder (:func:`.folder.measure_member`)."""
-        return measure_member(self, job)
+        return measure_member(job, self.base_row(job), partial(self.measure, job))
 
     def measure(self, job: Any, folder: Path, row: dict[str, Any]) -> dict[str, Any]:
         """Train and measure one member, writing its files into ``folder`` and its results into
@@ -128,6 +156,21 @@ class Experiment:
         """The table ``probe study`` prints (None: members.csv)."""
         return None
 
+    def skipped_view(self, config: Any, tables: dict[str, pd.DataFrame]) -> tuple[str, float | None, Any]:
+        """How the report reads ``skipped_accuracy.csv`` (members that skip blocks): its level's
+        column, the accuracy that counts as solved (None: none) and the law table beside it (None)."""
+        return "level", None, None
+
+    def plan_total(self, table: pd.DataFrame, jobs: int) -> str:
+        """``--dry-run``'s estimated total from ``plan.csv``: by default from FLOPs (``cpu_minutes``);
+        the wall time with ``jobs`` member processes is at best the total over ``jobs``."""
+        if "cpu_minutes" not in table or not table["cpu_minutes"].notna().any():
+            return ""
+        total = float(table["cpu_minutes"].sum())
+        at_once = f"; with --jobs {jobs}: at least {total / jobs:.3g} min wall" if jobs > 1 else ""
+        what = "CPU-minutes in all (plan.csv's cpu_minutes, from FLOPs)"
+        return f"estimated: {len(table)} members, {total:.3g} {what}{at_once}"
+
     # -- batched members (experiments/batching.py): a family whose members can train together ---
     def batches(self, config: Any, jobs: list[Any], processes: int) -> list[Any]:
         """The units the runner maps (``processes`` at once): each job alone (the default), or
@@ -161,7 +204,12 @@ class Experiment:
             if isinstance(value, str) and name in self.parsers:
                 value = self.parsers[name](value)
             settings[name] = coerce(value, fields[name].type, f"--{key.replace('_', '-')}", name)
-        config = self.Config(**{"preset": preset, **settings} if "preset" in fields else settings)
+        if not (isinstance(self.Config, type) and issubclass(self.Config, StudyConfig)):
+            raise ProbeError(
+                f"the {self.name} family's Config must derive from depthprobe.probes.experiments.protocol."
+                "StudyConfig (preset, depths, seeds, device, depth_usage); derive it and keep its own fields"
+            )
+        config = self.Config(**{"preset": preset, **settings})
         check_field_ranges(config)  # a plugin family's too (the built-in ones check first, in __post_init__)
         return check_choices(config, f"study {self.name}:")
 
@@ -279,11 +327,14 @@ __all__ = [
     "RUN_COLUMNS",
     "Experiment",
     "MemberOutput",
+    "Preset",
+    "StudyConfig",
     "at_least",
     "check_field_ranges",
     "check_members",
     "distinct",
     "get_experiment",
     "positive",
+    "preset_table",
     "register_experiment",
 ]

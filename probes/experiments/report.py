@@ -18,22 +18,19 @@ def render(exp: Experiment, cfg: Any, tables: dict[str, pd.DataFrame], folder: P
     members = tables[MEMBERS_CSV]
     finished = bool((members["status"] == "ok").any()) if len(members) else False
     sections = [*exp.page(cfg, tables, folder), *depth_sections(exp, cfg, tables)] if finished else []
-    return study_page(
-        exp.name, getattr(cfg, "preset", None), members, sections, dataclasses.asdict(cfg), exp.facts(cfg)
-    )
+    return study_page(exp.name, cfg.preset, members, sections, dataclasses.asdict(cfg), exp.facts(cfg))
 
 
 def depth_sections(exp: Experiment, cfg: Any, tables: dict[str, pd.DataFrame]) -> list[str]:
-    """For law families the accuracy with each block skipped, then the members' depth usage
-    (experiments/member_depth.py's tables), after the family's sections."""
+    """The accuracy with each block skipped (read as the family says: :meth:`Experiment.skipped_view`),
+    then the members' depth usage (experiments/member_depth.py's tables), after the family's sections."""
     from depthprobe.probes.experiments.member_depth import DEPTH_USAGE_CSV, SKIPPED_CSV
     from depthprobe.probes.render.study_depth import skipped_section, usage_section
 
     out = []
     if SKIPPED_CSV in tables and not tables[SKIPPED_CSV].empty:  # first: the nearer the law, the better
-        law = tables.get("law.csv")
-        key = getattr(exp, "key", "level")
-        out.append(skipped_section(tables[SKIPPED_CSV], key, getattr(cfg, "threshold", None), law))
+        key, threshold, law = exp.skipped_view(cfg, tables)
+        out.append(skipped_section(tables[SKIPPED_CSV], key, threshold, law))
     if DEPTH_USAGE_CSV in tables and not tables[DEPTH_USAGE_CSV].empty:
         out.append(usage_section(tables[DEPTH_USAGE_CSV]))
     return out
@@ -42,6 +39,13 @@ def depth_sections(exp: Experiment, cfg: Any, tables: dict[str, pd.DataFrame]) -
 def write_report(exp: Experiment, cfg: Any, tables: dict[str, pd.DataFrame], folder: Path) -> Path:
     """Write ``folder/report.html`` (atomically: readers see the old page or the new one)."""
     return write_atomic(folder / REPORT, render(exp, cfg, tables, folder))
+
+
+def saved_config(exp: Experiment, saved: dict[str, Any]) -> Any:
+    """The family's Config as ``study.json`` recorded it (lists back to tuples; fields added since
+    it ran keep their defaults)."""
+    fields = {f.name for f in dataclasses.fields(exp.Config)}
+    return exp.Config(**{k: tuple(v) if isinstance(v, list) else v for k, v in saved["config"].items() if k in fields})
 
 
 def render_folder(folder: Path) -> str:
@@ -57,10 +61,7 @@ def render_folder(folder: Path) -> str:
     except (OSError, ValueError):
         raise ProbeError(f"{folder} has no readable {STUDY_JSON}; pass a study folder written by probe study") from None
     exp = get_experiment(str(saved.get("family")))
-    fields = {f.name: f for f in dataclasses.fields(exp.Config)}
-    config = exp.Config(
-        **{k: tuple(v) if isinstance(v, list) else v for k, v in saved["config"].items() if k in fields}
-    )
+    config = saved_config(exp, saved)
     path = Path(folder) / MEMBERS_CSV
     members = pd.read_csv(path, dtype={"member": str, "status": str, "error": str}) if path.is_file() else None
     tables = {MEMBERS_CSV: read_members(Path(folder), exp.columns) if members is None else members}

@@ -16,13 +16,14 @@ from __future__ import annotations
 import shutil
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from depthprobe.probes.base import artifacts
 from depthprobe.probes.base.errors import ProbeError
+from depthprobe.probes.engine.backend import Backend
 from depthprobe.probes.experiments import folder as folders
 from depthprobe.probes.experiments.protocol import Experiment, get_experiment
 
@@ -63,27 +64,6 @@ class Study:
         return Path(directory)
 
 
-@dataclass(frozen=True)
-class Backend:
-    """Where members run: ``local`` (``jobs`` processes) or ``ray`` (one task per member)."""
-
-    backend: str = "local"
-    address: str | None = None
-    cpus_per_member: float = 1
-    gpus_per_member: float = 0
-    retries: int = 0
-    jobs: int | None = None
-
-    def check(self) -> None:
-        from depthprobe.probes.engine.distributed import check_jobs, check_member_backend
-
-        check_member_backend(self.backend, self.address, self.cpus_per_member, self.gpus_per_member, self.retries)
-        if self.jobs is not None:
-            check_jobs(self.jobs)
-            if self.backend != "local" and self.jobs != 1:
-                raise ProbeError("--jobs applies to --backend local (Ray places members by --cpus-per-member); drop it")
-
-
 def default_folder(family: str, preset: str) -> Path:
     """Where a study without ``out`` goes: ``artifacts/studies/<id>``."""
     return DEFAULT_ROOT / artifacts.run_id(f"study-{family}", preset)
@@ -115,7 +95,7 @@ def study(
     if backend == "local":  # Ray workers may have devices the driver lacks
         from depthprobe.probes.models.device import resolve_device
 
-        resolve_device(getattr(cfg, "device", None))
+        resolve_device(cfg.device)
     say = echo or (lambda line: print(line, file=sys.stderr))
     context = exp.prepare(cfg, jobs_, say)  # refusals here write nothing
     with folders.locked(folder), folders.disk_errors(folder):
@@ -148,7 +128,7 @@ def planned(family: str, preset: str, options: dict[str, Any]) -> tuple[Experime
         raise ProbeError(
             f"the study plans {len(jobs):,} members, more than {MAX_MEMBERS:,}; plan fewer (depths, widths, seeds)"
         )
-    check_member_names(family, [getattr(j, "name", None) for j in jobs])
+    check_member_names(family, [j.name for j in jobs])
     return exp, cfg, jobs
 
 
@@ -188,7 +168,7 @@ def open_study(
         return done
     payload = {
         "family": exp.name,
-        "preset": getattr(cfg, "preset", None),
+        "preset": cfg.preset,
         "config": dataclasses.asdict(cfg),
         **exp.record(cfg, context),
         "members": [j.name for j in jobs],
@@ -233,7 +213,7 @@ def run_jobs(
     from depthprobe.probes.experiments import batching
 
     counter = {"n": done}
-    device = getattr(cfg, "device", None)
+    device = cfg.device
     jobs = where.jobs
     if jobs is None and where.backend == "local":
         jobs = batching.default_jobs(exp, cfg, units, say)  # 1 on a CPU; on CUDA from its memory
@@ -250,20 +230,9 @@ def run_jobs(
             say(f"[{counter['n']}/{total}] {job.name}: {exp.line(output.row) if output else f'failed: {error}'}")
         write_members(exp, folder)
 
-    processes = 1 if where.backend == "ray" else min(jobs or 1, max(1, len(units)))
+    placing = replace(where, jobs=jobs).placing(len(units))
     try:
-        map_jobs(
-            partial(batching.run_unit, exp),
-            units,
-            backend=where.backend,
-            address=where.address,
-            retries=where.retries,
-            cpus_per_job=where.cpus_per_member,
-            gpus_per_job=where.gpus_per_member,
-            processes=processes,
-            setup=plugin_setup(exp, setup),
-            on_done=unit_done,
-        )
+        map_jobs(partial(batching.run_unit, exp), units, setup=plugin_setup(exp, setup), on_done=unit_done, **placing)
     except BaseException:  # members stopped mid-write (their processes are gone) leave no hidden folder
         artifacts.remove_stale_partials(folder / folders.MEMBERS / "any", any_name=True)
         raise
@@ -335,31 +304,10 @@ def dry_run(
     table = pd.DataFrame(rows, columns=list(dict.fromkeys(k for r in rows for k in r)))
     folder.mkdir(parents=True, exist_ok=True)
     folders.write_table(folder, folders.PLAN_CSV, table)
-    line = plan_total(table, jobs or 1)
+    line = exp.plan_total(table, jobs or 1)
     if line:
         say(line)
     return table
 
 
-def plan_total(table: pd.DataFrame, jobs: int) -> str:
-    """The plan's estimated total: from measured rates (``est_seconds``, law families) where
-    there are some, else from FLOPs (``cpu_minutes``, every built-in family); the wall time with
-    ``jobs`` member processes is at best the total over ``jobs`` (more when the cores are shared)."""
-    at_once = f"; with --jobs {jobs}: at least {{:.3g}} min wall" if jobs > 1 else ""
-    if "est_seconds" in table and table["est_seconds"].notna().any():  # measured rates (training/rates.py)
-        total = float(table["est_seconds"].sum()) / 60
-        return (
-            f"estimated training: {len(table)} members, at most {total:.3g} min one member at a time"
-            + at_once.format(total / jobs)
-            + f"; {table['source'].iloc[0]}"
-        )
-    if "cpu_minutes" in table and table["cpu_minutes"].notna().any():
-        total = float(table["cpu_minutes"].sum())
-        return (
-            f"estimated: {len(table)} members, {total:.3g} CPU-minutes in all (plan.csv's cpu_minutes, from FLOPs)"
-            + at_once.format(total / jobs)
-        )
-    return ""
-
-
-__all__ = ["Study", "default_folder", "dry_run", "study"]
+__all__ = ["Backend", "Study", "default_folder", "dry_run", "study"]

@@ -216,7 +216,7 @@ def _field(path: str | Path, key: str) -> int | None:
     return None
 
 
-def _human(n: float, unit: str = "") -> str:
+def human_size(n: float, unit: str = "") -> str:
     for suffix in ("", "K", "M", "G", "T", "P"):
         if abs(n) < 1000 or suffix == "P":
             return f"{n:.3g}{suffix}{unit}" if suffix else f"{n:.0f}{unit}"
@@ -233,13 +233,13 @@ def check_size(n_params: int, n_bytes: int, what: str, dev: torch.device | None 
         )
     free = available_memory(dev)
     if free is not None and n_bytes > free:
-        room = f"{_human(free, 'B')} available"
+        room = f"{human_size(free, 'B')} available"
         if dev is not None and dev.type == "cuda":
             where = f"the GPU has {room}"
         else:
             where = f"this process has {room} (the least of free memory, ulimit -v and the container's memory limit)"
         raise ProbeError(
-            f"{what} needs about {_human(n_bytes, 'B')} ({n_params:,} parameters) but {where}; "
+            f"{what} needs about {human_size(n_bytes, 'B')} ({n_params:,} parameters) but {where}; "
             "make the model smaller (fewer layers or a smaller width) "
             "or use a bigger machine"
         )
@@ -267,7 +267,7 @@ def out_of_memory_error(exc: BaseException, what: str) -> ProbeError | None:
     if not isinstance(exc, MemoryError) and not any(m in text for m in ALLOCATION_FAILURES):
         return None
     size = re.search(r"tried to allocate (?:(\d+) bytes|([0-9.]+ ?[KMGT]i?B))", str(exc))
-    amount = "" if size is None else _human(int(size[1]), "B") if size[1] else size[2]
+    amount = "" if size is None else human_size(int(size[1]), "B") if size[1] else size[2]
     return ProbeError(
         f"{what} ran out of memory"
         + (f" (it tried to allocate {amount})" if amount else "")

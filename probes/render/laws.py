@@ -191,22 +191,6 @@ def control(key: str, acc: pd.DataFrame, members: pd.DataFrame) -> str:
     )
 
 
-def hop_summary(layers: pd.DataFrame) -> str:
-    """Per member and layer, the largest hop some head resolves (hop-attention task)."""
-    if layers.empty:
-        return ""
-    wide = layers.pivot_table(index=["member", "depth"], columns="layer", values="largest_hop", aggfunc="first")
-    records = wide.rename(columns=lambda layer: f"layer {int(layer)}").reset_index().to_dict("records")
-    return (
-        "<h2>Hop attention</h2><p class='meta'>per member and layer: the largest hop j some head resolves "
-        "(mean attention from i to p^j(i) >= 0.5 and >= 3x chance; 0: none). A construction reaching "
-        "floor(log2 k) + 2 layers holds pointers as well as answers: its heads attend to i - 1 at layer 0, p(i) "
-        "at layer 1 and p^(2^(l-1))(i) at layer l >= 2 (0, 1, 2, 4, ...), 2^(L-1) - 1 hops after L layers; "
-        "hop_layers.csv also gives each layer's attention to i - 1 and to p(i) - 1. Attention is where a head "
-        "looks, not proof of use.</p>" + html_table(records)
-    )
-
-
 def blank_reason(at: pd.DataFrame, threshold: float, seeds: int) -> str:
     """Why a law row has no measured depth, from the accuracies behind it (one row per member;
     columns depth, seed, accuracy): which depth came closest, over how many seeds."""
@@ -250,4 +234,4 @@ def intro(prediction: str) -> str:
     return f"<p>{esc(prediction)} {esc(NOTE)}</p>"
 
 
-__all__ = ["blank_reason", "control", "curves", "heatmaps", "hop_summary", "intro", "law_table", "predicted_line"]
+__all__ = ["blank_reason", "control", "curves", "heatmaps", "intro", "law_table", "predicted_line"]
