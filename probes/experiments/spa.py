@@ -14,10 +14,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from depthprobe.probes.base.errors import ProbeError
-from depthprobe.probes.experiments.protocol import at_least
+from depthprobe.probes.experiments.protocol import Preset, at_least, preset_table
 from depthprobe.probes.experiments.text import TextExperiment
 from depthprobe.probes.experiments.text_config import COMMON, GPU_COST, TextConfig
 from depthprobe.probes.experiments.text_member import TextJob
+from depthprobe.probes.models import families
 
 if TYPE_CHECKING:
     from depthprobe.probes.data.corpus import Corpus
@@ -113,33 +114,37 @@ class Spa(TextExperiment):
         "Expected (He et al. 2023): deep skipless vanilla trains far slower or not at all; E-SPA and U-SPA "
         "train; standard pre-LN is still best at equal steps."
     )
-    presets: ClassVar[dict[str, dict[str, Any]]] = {
-        "smoke": {**COMMON["smoke"], "depths": (2,), "d_model": 16, "variants": ("pre-ln", "e-spa")},
-        # spa ranks variants only after a per-variant learning-rate grid and 2 seeds (He et al.'s claim is
-        # about trainability at a tuned rate); tokens trimmed to keep that affordable
-        "cpu": {
-            **COMMON["cpu"],
-            "depths": (4, 8),
-            "d_model": 64,
-            "tokens_per_param": 5.0,
-            "min_tokens": 500_000,
-            "lrs": (1e-3, 3e-3, 1e-2),
-            "seeds": 2,
-            "gamma_last": CPU_GAMMA_LAST,
-        },
-        "gpu": {**COMMON["gpu"], "depths": (8, 16, 32), "d_model": 256, "d_head": 32},
-    }
-    costs: ClassVar[dict[str, str]] = {
-        "smoke": "depth 2 at width 16, pre-ln and e-spa: two tiny members, 5-10 s on 2 CPU cores (the tests use it)",
-        "cpu": "width 64 at depths 4,8, five variants, learning-rate grid 1e-3,3e-3,1e-2 (each on 20% of the tokens), "
-        "2 seeds, 0.5-0.66M tokens per member (18.5M in all): 13 min with --jobs 2 on 2 CPU cores (measured; 24 "
-        "CPU-minutes); --dry-run's FLOPs and CPU minutes include the grid trials, not the probes",
-        "gpu": f"width 256 at depths 8,16,32; {GPU_COST}",
-    }
+    presets, costs = preset_table(
+        {
+            "smoke": Preset(
+                "depth 2 at width 16, pre-ln and e-spa: two tiny members, 5-10 s on 2 CPU cores (the tests use it)",
+                {**COMMON["smoke"], "depths": (2,), "d_model": 16, "variants": ("pre-ln", "e-spa")},
+            ),
+            # spa ranks variants only after a per-variant learning-rate grid and 2 seeds (He et al.'s claim is
+            # about trainability at a tuned rate); tokens trimmed to keep that affordable
+            "cpu": Preset(
+                "width 64 at depths 4,8, five variants, learning-rate grid 1e-3,3e-3,1e-2 (each on 20% of the "
+                "tokens), 2 seeds, 0.5-0.66M tokens per member (18.5M in all): 13 min with --jobs 2 on 2 CPU cores "
+                "(measured; 24 CPU-minutes); --dry-run's FLOPs and CPU minutes include the grid trials, not the probes",
+                {
+                    **COMMON["cpu"],
+                    "depths": (4, 8),
+                    "d_model": 64,
+                    "tokens_per_param": 5.0,
+                    "min_tokens": 500_000,
+                    "lrs": (1e-3, 3e-3, 1e-2),
+                    "seeds": 2,
+                    "gamma_last": CPU_GAMMA_LAST,
+                },
+            ),
+            "gpu": Preset(
+                f"width 256 at depths 8,16,32; {GPU_COST}",
+                {**COMMON["gpu"], "depths": (8, 16, 32), "d_model": 256, "d_head": 32},
+            ),
+        }
+    )
 
     def members(self, cfg: SpaConfig) -> list[Member]:
-        from depthprobe.probes.models import families
-
         return families.spa(
             width=cfg.d_model,
             depths=cfg.depths,

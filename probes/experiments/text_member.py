@@ -20,7 +20,10 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from depthprobe.probes.base.artifacts import write_csv
 from depthprobe.probes.base.errors import ProbeError
+from depthprobe.probes.experiments import member_depth
+from depthprobe.probes.models import families
 
 if TYPE_CHECKING:
     from depthprobe.probes.data import corpus as corpora
@@ -74,8 +77,6 @@ class TextJob:
 
     def sizes(self, vocab: int) -> tuple[int, int] | None:
         """(non-embedding, embedding) parameters without building the model (None: only by building)."""
-        from depthprobe.probes.models import families
-
         m = self.member
         nonembed = families.nonembed_params(m.depth, m.d_model, m.d_attn, m.d_ff)
         return nonembed, families.embed_params(m.d_model, vocab, self.config.context)
@@ -92,8 +93,6 @@ class TextJob:
 
     def counted(self, vocab: int) -> tuple[int, int]:
         """(non-embedding, embedding) parameters: :meth:`sizes`, or the model built on the CPU and counted."""
-        from depthprobe.probes.models import families
-
         return self.sizes(vocab) or families.count_params(self.network(vocab, "cpu"))
 
     def n_params(self, vocab: int) -> int:
@@ -114,8 +113,6 @@ class TextJob:
 
     def flops(self, tokens: float, nonembed: int, vocab: int) -> float:
         """Training FLOPs of ``tokens`` (Kaplan et al.'s 6 N + 6 L n_ctx d_attn per token)."""
-        from depthprobe.probes.models import families
-
         m = self.member
         return tokens * families.flops_per_token(nonembed, m.d_model * vocab, m.depth, m.d_attn, self.config.context)
 
@@ -236,21 +233,11 @@ def measure(job: TextJob, folder: Path, row: dict[str, Any]) -> dict[str, Any]:
     """Build, probe, train and probe the member (refused above --max-params), writing its files
     (checkpoint, loss.csv, runs/) into ``folder`` and its results into ``row``; returns its corpus
     for member.json."""
-    from depthprobe.probes.models.device import size_limit
-
-    with size_limit(job.config.max_params):
-        return _measure(job, folder, row)
-
-
-def _measure(job: TextJob, folder: Path, row: dict[str, Any]) -> dict[str, Any]:
     import pandas as pd
 
-    from depthprobe.probes.base.artifacts import write_csv
     from depthprobe.probes.data.memory import Text
-    from depthprobe.probes.experiments import member_depth
     from depthprobe.probes.experiments.probing import mean_metric, probe
-    from depthprobe.probes.models.device import resolve_device
-    from depthprobe.probes.models.families import count_params
+    from depthprobe.probes.models.device import resolve_device, size_limit
     from depthprobe.probes.training.lm import LOG_COLUMNS, train_lm
 
     cfg = job.config
@@ -259,8 +246,9 @@ def _measure(job: TextJob, folder: Path, row: dict[str, Any]) -> dict[str, Any]:
     if job.corpus_digest is not None and corpus.digest != job.corpus_digest:
         raise ProbeError(f"--corpus {cfg.corpus} changed while the study ran; rerun the study with a new --out")
     lines = probe_inputs(corpus, cfg.probe_lines, cfg.context)  # the text probes read them in memory
-    model = job.build(corpus, device)
-    nonembed, embed = count_params(model)
+    with size_limit(cfg.max_params):
+        model = job.build(corpus, device)
+    nonembed, embed = families.count_params(model)
     lr, trials = pick_lr(job, corpus, job.tokens, device)
     init = probe(model, "kernels", folder / "runs" / "kernels-init", data=lines, max_len=cfg.context)
     run = train_lm(job.trainable(model), corpus, lm_config(cfg, job.tokens, lr, job.seed))
