@@ -14,7 +14,8 @@ from typer.testing import CliRunner
 
 from depthprobe.cli.main import app
 from depthprobe.probes.experiments.khop import predicted_depth
-from depthprobe.probes.experiments.laws import ROW_COLUMNS, control_width
+from depthprobe.probes.experiments.law_config import control_width
+from depthprobe.probes.experiments.laws import ROW_COLUMNS
 from depthprobe.probes.experiments.runner import study as law_study
 from depthprobe.probes.models.loading import load
 from tests.helpers import cli_error, law_table, plan, resolve

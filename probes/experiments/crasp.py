@@ -131,7 +131,7 @@ class CraspJob(LawJob):
 
     @property
     def k(self) -> int:
-        return int(self.level or 0)
+        return self.level or 0
 
     @property
     def name(self) -> str:
@@ -217,13 +217,13 @@ class Crasp(LawExperiment):
         from depthprobe.probes.training.sources import CRaspSource
 
         cfg = job.config
-        return CRaspSource(job.level, cfg.batch_size, cfg.nmin, cfg.nmax, job.seed)
+        return CRaspSource(job.level or 0, cfg.batch_size, cfg.nmin, cfg.nmax, job.seed)
 
     def eval_sets(self, job: LawJob, n: int) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
         """Per range (keyed by its upper end), from the evaluation seed space (probes.data.streams)."""
         from depthprobe.probes.data import crasp
 
-        return {hi: crasp.eval_batch(job.level, n, lo, hi, job.seed) for lo, hi in job.config.ranges}
+        return {hi: crasp.eval_batch(job.level or 0, n, lo, hi, job.seed) for lo, hi in job.config.ranges}
 
     def scores(self, job: LawJob, predict: Predict, sets: dict[int, Any]) -> dict[int, tuple[float, float]]:
         """Per range: (exact-match string accuracy, token accuracy)."""
@@ -241,7 +241,7 @@ class Crasp(LawExperiment):
         from depthprobe.probes.data import crasp
 
         cfg = job.config
-        return crasp.eval_batch(job.level, USAGE_SEQUENCES, cfg.nmax, cfg.nmax, job.seed)[0]
+        return crasp.eval_batch(job.level or 0, USAGE_SEQUENCES, cfg.nmax, cfg.nmax, job.seed)[0]
 
     def usage_keys(self, job: LawJob) -> set[Any]:
         """The training range and the solve range: the question is which blocks the member needs
@@ -262,7 +262,9 @@ class Crasp(LawExperiment):
         rows = []
         for lo, hi in job.config.ranges:
             majority = crasp.scores(sets[hi][1], sets[hi][1])["majority_accuracy"]
-            rows.append({"member": job.name, "min_length": max(lo, job.level), "max_length": hi, "majority": majority})
+            rows.append(
+                {"member": job.name, "min_length": max(lo, job.level or 0), "max_length": hi, "majority": majority}
+            )
         write_csv(folder / "ranges.csv", pd.DataFrame(rows))
 
     def tables(self, config: CraspConfig, members: pd.DataFrame, folder: Path) -> dict[str, pd.DataFrame]:

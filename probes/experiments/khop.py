@@ -124,13 +124,13 @@ def curve_gains(curves: pd.DataFrame, window: int = BUDGET_WINDOW) -> pd.DataFra
     import pandas as pd
 
     rows = []
-    for (member, k), curve in curves.groupby(["member", "k"], sort=False):
+    for (member, k), curve in curves.groupby(["member", "k"], sort=False) if not curves.empty else []:
         curve = curve.sort_values("step")
         last = curve.iloc[-1]
         early = curve[curve["step"] <= last["step"] - window]
         gain = float(last["accuracy"] - early.iloc[-1]["accuracy"]) if len(early) else None
         rows.append({"member": member, "k": k, "gain": gain})
-    return pd.DataFrame(rows, columns=["member", "k", "gain"]).astype({"gain": "Float64"})
+    return pd.DataFrame(rows, columns=["member", "k", "gain"]).astype({"k": "int64", "gain": "Float64"})
 
 
 def outcomes(acc: pd.DataFrame, curves: pd.DataFrame, threshold: float, gain: float = BUDGET_GAIN) -> pd.DataFrame:
@@ -141,18 +141,12 @@ def outcomes(acc: pd.DataFrame, curves: pd.DataFrame, threshold: float, gain: fl
     import numpy as np
 
     out = acc.drop(columns=["gain_last", "outcome"], errors="ignore")
-    gains = curve_gains(curves) if not curves.empty else pd_empty_gains()
+    gains = curve_gains(curves)
     out = out.merge(gains.rename(columns={"gain": "gain_last"}), on=["member", "k"], how="left")
     limited = (out["gain_last"] > gain).fillna(False).astype(bool)
     solved = out["accuracy"] >= threshold
     out["outcome"] = np.where(solved, "solved", np.where(limited, "budget-limited", "failed"))
     return out
-
-
-def pd_empty_gains() -> pd.DataFrame:
-    import pandas as pd
-
-    return pd.DataFrame({"member": [], "k": [], "gain": []}).astype({"k": int, "gain": "Float64"})
 
 
 def budget_limited(acc: pd.DataFrame, d_model: int, k: int, measured: Any, seeds: int) -> str:

@@ -35,7 +35,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 import pandas as pd
 import torch
@@ -70,9 +70,9 @@ class LawTask(Protocol):
     accuracy's), the depth-usage probe's inputs and keys, what it measures and writes besides
     accuracy, and what it checks after an update (a length curriculum)."""
 
-    name: str
-    key: str
-    second: str
+    name: ClassVar[str]
+    key: ClassVar[str]
+    second: ClassVar[str]
 
     def source(self, job: LawJob) -> BatchSource: ...
     def eval_sets(self, job: LawJob, n: int) -> dict[int, tuple[torch.Tensor, torch.Tensor]]: ...
@@ -265,9 +265,8 @@ def train_together(
         for i, member in enumerate(own):
             member.on_window(Window(w.step, (w.losses[i],), (w.lrs[i],), w.updates, w.seconds, w.elapsed))
 
-    def after_step(done: int) -> bool:
-        used = [member.after_step(done) for member in own]  # every member's, not the first that used its model
-        return any(used)
+    def after_step(done: int) -> bool:  # every member's, not only up to the first that used its model
+        return any([member.after_step(done) for member in own])
 
     run = train_batched(
         models,

@@ -23,17 +23,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from depthprobe.probes.base.errors import ProbeError
 from depthprobe.probes.experiments.batching import read_batch_members
-from depthprobe.probes.experiments.law_config import (
-    COMMON,
-    CPU_FLOPS,
-    ROW_COLUMNS,
-    USAGE_SEQUENCES,
-    LawConfig,
-    LawGroup,
-    LawJob,
-    control_width,
-    wide_control,
-)
+from depthprobe.probes.experiments.law_config import CPU_FLOPS, ROW_COLUMNS, USAGE_SEQUENCES, LawGroup, LawJob
 from depthprobe.probes.experiments.protocol import Experiment
 from depthprobe.probes.training.rates import device_label, estimate
 
@@ -122,11 +112,13 @@ class LawExperiment(Experiment):
         """Every member, seed-major: (per group) depth x width, then the control (with ``control``)."""
         jobs = []
         for g in self.groups(config):
-            shared = {"group": g.name, "level": g.level, "vocab": g.vocab, "context": g.context}
             for seed in range(config.seeds):
-                jobs += [self.Job(config, depth, d, seed, **shared) for d in config.d_models for depth in config.depths]
-                if config.control and g.control is not None:
-                    jobs.append(self.Job(config, *g.control, seed, control=True, **shared))
+                shapes = [(depth, d, False) for d in config.d_models for depth in config.depths]
+                shapes += [(*g.control, True)] if config.control and g.control is not None else []
+                jobs += [
+                    self.Job(config, depth, d, seed, control, g.name, g.level, g.vocab, g.context)
+                    for depth, d, control in shapes
+                ]
         return jobs
 
     def base_row(self, job: LawJob) -> dict[str, Any]:
@@ -170,11 +162,8 @@ class LawExperiment(Experiment):
             return super().plan_total(table, jobs)
         total = float(table["est_seconds"].sum()) / 60
         at_once = f"; with --jobs {jobs}: at least {total / jobs:.3g} min wall" if jobs > 1 else ""
-        return (
-            f"estimated training: {len(table)} members, at most {total:.3g} min one member at a time"
-            + at_once
-            + f"; {table['source'].iloc[0]}"
-        )
+        what = f"{len(table)} members, at most {total:.3g} min one member at a time"
+        return f"estimated training: {what}{at_once}; {table['source'].iloc[0]}"
 
     def batches(self, config: Any, jobs: list[LawJob], processes: int) -> list[Any]:
         """Members of one network shape (all but the seed) in batches of ``--batch-members``."""
@@ -302,15 +291,4 @@ def check_eval_sets(keys: int, config: Any, n_ctx: int, device: Any) -> None:
             )
 
 
-__all__ = [
-    "COMMON",
-    "ROW_COLUMNS",
-    "LawConfig",
-    "LawExperiment",
-    "LawGroup",
-    "LawJob",
-    "control_width",
-    "measured_depth",
-    "measured_depths",
-    "wide_control",
-]
+__all__ = ["ROW_COLUMNS", "LawExperiment", "measured_depth", "measured_depths"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pandas as pd
 
@@ -44,8 +44,8 @@ def write_report(exp: Experiment, cfg: Any, tables: dict[str, pd.DataFrame], fol
 def saved_config(exp: Experiment, saved: dict[str, Any]) -> Any:
     """The family's Config as ``study.json`` recorded it (lists back to tuples; fields added since
     it ran keep their defaults)."""
-    fields = {f.name for f in dataclasses.fields(exp.Config)}
-    return exp.Config(**{k: tuple(v) if isinstance(v, list) else v for k, v in saved["config"].items() if k in fields})
+    fields, cls = {f.name for f in dataclasses.fields(exp.Config)}, cast(Any, exp.Config)
+    return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in saved["config"].items() if k in fields})
 
 
 def render_folder(folder: Path) -> str:

@@ -15,14 +15,8 @@ from typing import Any
 
 from depthprobe.probes.base.errors import ProbeError
 from depthprobe.probes.base.options import ranged
-from depthprobe.probes.experiments.protocol import (
-    StudyConfig,
-    at_least,
-    check_field_ranges,
-    check_members,
-    distinct,
-    positive,
-)
+from depthprobe.probes.experiments import protocol
+from depthprobe.probes.experiments.protocol import at_least, check_field_ranges, check_members, distinct, positive
 
 BYTE_VOCAB = 257  # --vocab bytes: the 256 bytes and <|bos|>, no merges (data.corpus.MIN_VOCAB; not imported
 # here, so that `probe study --help` loads no torch: tests/test_study_protocols.py checks they agree)
@@ -33,7 +27,7 @@ MAX_PASSES = 4.0  # passes over the training split (Muennighoff et al. 2023: ~4 
 
 
 @dataclass(frozen=True)
-class TextConfig(StudyConfig):
+class TextConfig(protocol.StudyConfig):
     """A text study's common settings. ``depths``: the depths (levine: the shallow L of each pair
     (L, 2L)); ``max_passes``: the most passes over the training split a member may make (a study
     over it is refused); ``lrs``: one rate, or a grid each tried on ``lr_fraction`` of the budget."""
