@@ -5,8 +5,8 @@ A member (text, law or a plugin's) calls :func:`write_depth_usage` after trainin
 evaluation inputs (``depth_usage.csv``: the depth-usage task's tidy table with a ``member``
 column); a law member also calls :func:`write_skipped_accuracy` (``skipped_accuracy.csv``: the
 accuracy per task level, intact and with each single block skipped).
-Both are switched off by the Config field ``depth_usage`` (``--depth-usage false``; a Config
-without the field has them on). The runner gathers what the members wrote into study tables
+Both are switched off by the Config field ``depth_usage`` (every ``StudyConfig`` has it;
+``--depth-usage false``). The runner gathers what the members wrote into study tables
 (:func:`study_tables`) with the member's columns from members.csv, and draws them
 (:mod:`probes.render.study_depth`) after the family's sections.
 """
@@ -34,7 +34,7 @@ LAYER_METRICS = ("relative_contribution", "cosine", "skip_output", "skip_kl", "s
 
 def enabled(config: Any) -> bool:
     """Whether members of a study with ``config`` run the depth-usage probe (``depth_usage``)."""
-    return bool(getattr(config, "depth_usage", True))
+    return bool(config.depth_usage)
 
 
 def write_depth_usage(

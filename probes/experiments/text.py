@@ -160,7 +160,7 @@ class TextExperiment(Experiment):
                 "the validation text (the last 10% of --corpus) has no line of 3 or more words for the probes "
                 "(kernels, attention-stats); give a corpus of sentences or paragraphs, not one word a line"
             )
-        smallest = min(j.n_params(corpus.vocab) for j in jobs)
+        smallest = min(j.net_config(corpus.vocab).n_params() for j in jobs)
         if cfg.max_params is not None and smallest > cfg.max_params:
             raise ProbeError(
                 f"--max-params {cfg.max_params:,} is below every member (the smallest has {smallest:,} parameters); "

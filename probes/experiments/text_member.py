@@ -51,7 +51,7 @@ class TextJob:
         return f"{self.member.name}-s{self.seed}"
 
     def net_config(self, vocab: int) -> Any:
-        """The network's config (``n_params()`` counts it without building)."""
+        """The network's config (its ``n_params()``: the count --max-params sees, without building)."""
         return self.member.native(vocab, self.config.context, self.seed)
 
     def network(self, vocab: int, device: Any) -> Model:
@@ -94,10 +94,6 @@ class TextJob:
     def counted(self, vocab: int) -> tuple[int, int]:
         """(non-embedding, embedding) parameters: :meth:`sizes`, or the model built on the CPU and counted."""
         return self.sizes(vocab) or families.count_params(self.network(vocab, "cpu"))
-
-    def n_params(self, vocab: int) -> int:
-        """The parameter count, as --max-params sees it, without building the model."""
-        return int(self.net_config(vocab).n_params())
 
     def stamp(self, corpus: corpora.Corpus) -> dict[str, Any]:
         """What a saved checkpoint says it is."""
@@ -267,7 +263,7 @@ def measure(job: TextJob, folder: Path, row: dict[str, Any]) -> dict[str, Any]:
     )
     ker = probe(model, "kernels", folder / "runs" / "kernels", data=lines, max_len=cfg.context)
     att = probe(model, "attention-stats", folder / "runs" / "attention-stats", data=lines, max_len=cfg.context)
-    if member_depth.enabled(cfg):  # after every other measurement: nothing above depends on it
+    if cfg.depth_usage:  # after every other measurement: nothing above depends on it
         member_depth.write_depth_usage(model, lines, folder, job.name, max_len=cfg.context)
     row.update(job.size_columns(nonembed, embed))
     row.update(

@@ -56,7 +56,7 @@ def test_a_native_member_counts_itself_without_building():
     assert (job.member.depth, job.member.d_ff) == (2, 55)
     assert job.sizes(300) == (5998, 10112)
     assert job.counted(300) == (5998, 10112)
-    assert job.n_params(300) == 16110
+    assert job.net_config(300).n_params() == 16110  # the count --max-params sees
     assert count_params(job.network(300, "cpu")) == (5998, 10112)  # the built model agrees
 
 
@@ -66,7 +66,7 @@ def test_a_variant_member_is_counted_on_its_built_network():
     pre_ln, espa = spa_jobs()
     assert pre_ln.sizes(300) is None and espa.sizes(300) is None
     assert pre_ln.counted(300) == (2112, 9600) and espa.counted(300) == (2048, 9600)
-    assert (pre_ln.n_params(300), espa.n_params(300)) == (11712, 11648)
+    assert (pre_ln.net_config(300).n_params(), espa.net_config(300).n_params()) == (11712, 11648)
 
 
 def test_a_variant_member_builds_with_the_study_gamma():
