@@ -2,11 +2,15 @@
 
 A text family trains decoders of one equal-parameter family (``probes.models.families``) on a
 corpus (read, split and tokenized once: ``data/corpus.py``) and probes every member at init and
-after training. A family module gives its Config, presets, members (:meth:`TextExperiment.members`)
-and report section; this base gives the corpus checks (a context the corpus cannot fill, a
+after training. A family module gives its Config, its preset table, members
+(:meth:`TextExperiment.members`), report section and prediction (the paper's expectation, which the
+section states), and where its members are another network than the native decoder, their
+:attr:`~TextExperiment.Job` (a :class:`~.text_member.TextJob` that counts, builds, trains and saves
+itself: spa's ``VariantJob``); this base gives the corpus checks (a context the corpus cannot fill, a
 validation text without probe inputs, ``--max-params`` below every member, more than
 ``max_passes`` passes over the training split: refused before anything is written), the plan's
-costs (``plan.csv``), the member run (:mod:`.text_member`) and the probe curves of the report.
+costs (``plan.csv``), the member run (:mod:`.text_member`), the id columns of its depth tables, the
+note on its member table and the probe curves of the report.
 
 ``plan.csv``'s CPU minutes are the training FLOPs (Kaplan et al.'s 6 N + 6 L n_ctx d_attn per
 token, the learning-rate grid's trials included) divided by :attr:`TextExperiment.cpu_flops`,
@@ -82,7 +86,8 @@ class PassesRefused(ProbeError):
 
 
 class TextExperiment(Experiment):
-    """A text-study family; subclasses give Config, presets, costs, :meth:`members` and :meth:`section`."""
+    """A text-study family; subclasses give Config, presets and costs (one preset table), :meth:`members`,
+    :meth:`section` and :attr:`prediction` (and their :attr:`Job` where it is not a native decoder)."""
 
     columns: ClassVar[list[str]] = COLUMNS
     resumable: ClassVar[tuple[str, ...]] = ("device", "max_params", "max_passes")
