@@ -11,7 +11,7 @@ Each member takes full training steps (forward, backward, gradient clipping at 1
 groups, the warm-up/cosine learning rate) through the one loop, :func:`probes.training.loop.train_steps`,
 with the study member's optimiser (:func:`probes.training.lm.optimizer`; the law members of
 ``probes/experiments/law_member.py`` build it with the same builder, other betas, the same work) and
-logits (:func:`probes.training.lm.logits_fn`). Printed per member:
+logits (:func:`probes.training.lm.native`). Printed per member:
 
 - step GFLOP/s: counted FLOPs / step time. Counted (per token, forward): every matmul of a linear
   layer, ``2 * d_in * d_out`` (q, k, v, o, fc_in, fc_out per layer, the unembedding), and attention's
@@ -75,7 +75,7 @@ from depthprobe.probes.data import corpus as corpora
 from depthprobe.probes.data import khop
 from depthprobe.probes.models.loading import load
 from depthprobe.probes.models.model import NativeConfig
-from depthprobe.probes.training.lm import LMConfig, logits_fn, module, optimizer
+from depthprobe.probes.training.lm import LMConfig, native, optimizer
 from depthprobe.probes.training.loop import BatchSource, Steps, train_steps
 from depthprobe.probes.training.sources import CorpusSource, KHopSource
 
@@ -104,11 +104,12 @@ class Shape:
 
 def member_step(shape: Shape, source: BatchSource, seed_steps: int) -> Callable[[int], None]:
     """A closure taking ``n`` training steps of a freshly built member through ``train_steps``."""
-    native = NativeConfig(layers=shape.layers, d_model=shape.d, heads=shape.heads, d_mlp=shape.d_ff,
-                          d_vocab=shape.vocab, n_ctx=shape.t, attn_only=False)  # fmt: skip
-    model = load(native, device="cpu")
+    native_cfg = NativeConfig(layers=shape.layers, d_model=shape.d, heads=shape.heads, d_mlp=shape.d_ff,
+                              d_vocab=shape.vocab, n_ctx=shape.t, attn_only=False)  # fmt: skip
+    model = load(native_cfg, device="cpu")
     cfg = LMConfig(tokens=10**9, batch_size=shape.batch, context=shape.t)
-    net, forward, opt = module(model), logits_fn(model), optimizer(model, cfg)
+    trainable = native(model)
+    net, forward, opt = trainable.module, trainable.logits, optimizer(trainable, cfg)
     params = [p for p in net.parameters() if p.requires_grad]
     done = [0]
 

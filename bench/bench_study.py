@@ -30,7 +30,7 @@ from depthprobe.probes.data import corpus as corpora
 from depthprobe.probes.models.loading import load
 from depthprobe.probes.models.model import NativeConfig
 from depthprobe.probes.training.fast_forward import lm_loss
-from depthprobe.probes.training.lm import LMConfig, logits_fn, module, optimizer
+from depthprobe.probes.training.lm import LMConfig, native, optimizer
 
 
 class Block(nn.Module):
@@ -94,10 +94,10 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     corpus = corpora.load_corpus(None)
     cfg = LMConfig(tokens=10**9, batch_size=32, context=128)
-    native = NativeConfig(layers=args.layers, d_model=args.d_model, heads=args.heads, d_mlp=args.d_ff,
-                          d_vocab=corpus.vocab, n_ctx=cfg.context, attn_only=False)  # fmt: skip
-    member = load(native, device="cpu")
-    member.bridge.train()
+    native_cfg = NativeConfig(layers=args.layers, d_model=args.d_model, heads=args.heads, d_mlp=args.d_ff,
+                              d_vocab=corpus.vocab, n_ctx=cfg.context, attn_only=False)  # fmt: skip
+    member = native(load(native_cfg, device="cpu"))
+    member.module.train()
     torch.manual_seed(0)
     plain = Plain(args.layers, args.d_model, args.heads, args.d_ff, corpus.vocab, cfg.context)
     plain_opt = torch.optim.AdamW(
@@ -105,15 +105,15 @@ def main() -> None:
          {"params": [p for p in plain.parameters() if p.dim() < 2], "weight_decay": 0.0}],
         lr=cfg.lr, betas=cfg.betas,
     )  # fmt: skip
-    n_member = sum(p.numel() for p in module(member).parameters())
+    n_member = sum(p.numel() for p in member.module.parameters())
     n_plain = sum(p.numel() for p in plain.parameters())
     print(f"torch {torch.__version__}, {torch.get_num_threads()} thread(s); parameters: member {n_member}, "
           f"plain {n_plain}; {args.layers} layers, d_model {args.d_model}, d_ff {args.d_ff}, vocab {corpus.vocab}, "
           f"batch {cfg.batch_size} x {cfg.context} tokens")  # fmt: skip
-    member_params = [p for p in module(member).parameters() if p.requires_grad]
+    member_params = [p for p in member.module.parameters() if p.requires_grad]
     runners = {
         "plain PyTorch": stepper(plain, list(plain.parameters()), plain_opt, corpus, cfg),
-        "study member (probe study)": stepper(logits_fn(member), member_params, optimizer(member, cfg), corpus, cfg),
+        "study member (probe study)": stepper(member.logits, member_params, optimizer(member, cfg), corpus, cfg),
     }
     for run in runners.values():
         run(3)  # warm-up

@@ -44,7 +44,7 @@ def test_count_params_splits_n_params(cfg):
 def test_count_params_of_spa_models():
     for variant, extra in (("vanilla", 0), ("pre-ln", 2 * 32), ("value-skipinit", 2 * 4)):
         cfg = variants.SPAConfig(**variants.variant_config(variant, 3), width=32, heads=4, d_vocab=10, n_ctx=8)
-        nonembed, embed = F.count_params(variant_net.SPATransformer(cfg))
+        nonembed, embed = F.count_params(variant_net.VariantTransformer(cfg))
         assert embed == 2 * 10 * 32  # W_E and W_U
         assert nonembed == 3 * (4 * 32 * 32 + extra)
         assert nonembed + embed == cfg.n_params()

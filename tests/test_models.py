@@ -168,7 +168,7 @@ def test_models_too_big_for_the_machine_are_refused_before_building(monkeypatch,
 
 
 def test_parameter_counts_are_exact_and_max_params_refuses(tmp_path):
-    from depthprobe.probes.models.variant_net import SPATransformer
+    from depthprobe.probes.models.variant_net import VariantTransformer
     from depthprobe.probes.models.variants import SPAConfig
 
     for spec in (
@@ -181,7 +181,7 @@ def test_parameter_counts_are_exact_and_max_params_refuses(tmp_path):
         SPAConfig(attention="value-skipinit", mlp=False, norm="pre", depth=3, width=32, d_vocab=100, n_ctx=16),
         SPAConfig(attention="softmax", mlp=True, norm="pre", depth=3, width=32, d_vocab=100, n_ctx=16),
     ):
-        assert cfg.n_params() == sum(p.numel() for p in SPATransformer(cfg).parameters())
+        assert cfg.n_params() == sum(p.numel() for p in VariantTransformer(cfg).parameters())
     cli_error(
         ["run", "-m", "native:layers=2", "--max-params", "1000", *INDUCTION],
         "58,240 parameters, above --max-params 1,000",
@@ -293,21 +293,21 @@ def test_weights_digest_is_remembered_per_file_version(tmp_path, monkeypatch):
     weights = tmp_path / "model.safetensors"
     weights.write_bytes(b"weights v1")
     real = "sha256:" + hashlib.sha256(b"weights v1").hexdigest()
-    assert hub._hash_file(weights) == real
+    assert hub.hash_file(weights) == real
     store = tmp_path / "cache" / "weights-sha256.json"
     known = json.loads(store.read_text())
     assert list(known.values()) == [real.removeprefix("sha256:")]
     # the remembered digest is what a second run reads (made visible by planting another value)
     key = next(iter(known))
     store.write_text(json.dumps({key: "ab" * 32}))
-    assert hub._hash_file(weights) == "sha256:" + "ab" * 32
+    assert hub.hash_file(weights) == "sha256:" + "ab" * 32
     # the file changed (new size and time): hashed again
     weights.write_bytes(b"weights version 2")
     os.utime(weights, ns=(1, 1))
-    assert hub._hash_file(weights) == "sha256:" + hashlib.sha256(b"weights version 2").hexdigest()
+    assert hub.hash_file(weights) == "sha256:" + hashlib.sha256(b"weights version 2").hexdigest()
     # a damaged cache is ignored and rewritten
     store.write_text("{not json")
-    assert hub._hash_file(weights) == "sha256:" + hashlib.sha256(b"weights version 2").hexdigest()
+    assert hub.hash_file(weights) == "sha256:" + hashlib.sha256(b"weights version 2").hexdigest()
     assert len(json.loads(store.read_text())) == 1
 
 
@@ -319,7 +319,7 @@ def test_small_files_are_hashed_not_remembered_and_hub_blobs_are_named_by_digest
     monkeypatch.setenv("DEPTHPROBE_CACHE", str(tmp_path / "cache"))
     small = tmp_path / "model.safetensors"
     small.write_bytes(b"tiny")
-    assert hub._hash_file(small) == "sha256:" + hashlib.sha256(b"tiny").hexdigest()
+    assert hub.hash_file(small) == "sha256:" + hashlib.sha256(b"tiny").hexdigest()
     assert not (tmp_path / "cache").exists()
     # a Hugging Face cache snapshot links to blobs/<sha256>: the name is the digest
     digest = hashlib.sha256(b"hub weights").hexdigest()

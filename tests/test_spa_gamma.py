@@ -11,7 +11,6 @@ import pytest
 import torch
 
 from depthprobe.probes.base.errors import ProbeError
-from depthprobe.probes.experiments.protocol import get_experiment
 from depthprobe.probes.measures import kernels
 from depthprobe.probes.models import variant_net
 from tests.helpers import cli_error, plan, resolve
@@ -56,7 +55,7 @@ def test_study_member_builds_espa_with_its_gamma(gamma, share):
     the last layer's kernel at init has the share above (attention-only E-SPA is exact at any width)."""
     cfg = resolve("spa", "smoke", d_model=64, depths=(4,), variants=("e-spa",), gamma_last=gamma)
     (job,) = plan(cfg)
-    spa = get_experiment("spa").model_config(job, 512)
+    spa = job.net_config(512)
     assert spa.gamma_last == gamma and spa.attention == "e-spa"
     net = variant_net.build(spa, device="cpu").bridge
     q, _ = torch.linalg.qr(torch.randn(64, 64, generator=torch.Generator().manual_seed(0), dtype=torch.float64))

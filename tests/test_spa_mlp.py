@@ -10,7 +10,6 @@ from typer.testing import CliRunner
 from depthprobe.cli.main import app
 from depthprobe.probes.api.sweep import sweep
 from depthprobe.probes.base.errors import ProbeError
-from depthprobe.probes.experiments.protocol import get_experiment
 from depthprobe.probes.experiments.text_member import TextJob as Job
 from depthprobe.probes.measures import kernels, tat
 from depthprobe.probes.models import families, variant_net, variants
@@ -154,10 +153,8 @@ def test_study_config_mlp_option():
     plain = families.spa(width=32, depths=(4,), variants=("e-spa",))[0]
     tat_m = families.spa(width=32, depths=(4,), variants=("e-spa",), mlp="tat")[0]
     big = resolve("spa", "smoke", min_tokens=1)
-    assert get_experiment("spa").member_tokens(Job(plain, 0, big), 0) == big.tokens_for(4 * 32 * 32 * 4)  # unchanged
-    assert get_experiment("spa").member_tokens(Job(tat_m, 0, big), 0) == big.tokens_for(
-        12 * 32 * 32 * 4
-    )  # the MLPs too
+    assert Job(plain, 0, big).tokens == big.tokens_for(4 * 32 * 32 * 4)  # unchanged
+    assert Job(tat_m, 0, big).tokens == big.tokens_for(12 * 32 * 32 * 4)  # the MLPs too
 
 
 def test_cli_refuses_bad_mlp_before_work(tmp_path):

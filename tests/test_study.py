@@ -68,14 +68,14 @@ def test_smoke_study_writes_every_member_and_file(smoke):
 def test_member_checkpoint_reloads_with_its_tokenizer_and_loss(smoke):
     """The saved member is the trained model: reloading it gives the recorded validation loss."""
     from depthprobe.probes.data import corpus as corpora
-    from depthprobe.probes.training.lm import LMConfig, evaluate
+    from depthprobe.probes.training.lm import LMConfig, evaluate, native
 
     row = smoke.table.iloc[1]
     model = probes.load(str(smoke.folder / "members" / row.member / "checkpoint"))
     assert model.tokenizer is not None and model.info.n_layers == row.depth
     cfg = smoke.config
     corpus = corpora.load_corpus(cfg.corpus, vocab=cfg.vocab)
-    val = evaluate(model, corpus, LMConfig(tokens=1, batch_size=cfg.batch_size, context=cfg.context))
+    val = evaluate(native(model), corpus, LMConfig(tokens=1, batch_size=cfg.batch_size, context=cfg.context))
     assert math.isclose(val["val_loss"], row.val_loss, rel_tol=1e-5)
     ids = model.tokenizer("To be, or not to be", add_special_tokens=False)["input_ids"]
     assert model.tokenizer.decode(ids) == "To be, or not to be"
@@ -210,7 +210,7 @@ def test_spa_smoke_members_train_save_and_reload(tmp_path, corpus_file):
     """The spa family: skipless variants on text; their checkpoints reload through probes.load
     with the recorded validation loss."""
     from depthprobe.probes.data import corpus as corpora
-    from depthprobe.probes.training.lm import LMConfig, evaluate
+    from depthprobe.probes.training.lm import LMConfig, direct, evaluate
 
     s = study("spa", "smoke", out=tmp_path / "spa", corpus=str(corpus_file), echo=lambda line: None, **TINY)
     table = s.table
@@ -221,4 +221,4 @@ def test_spa_smoke_members_train_save_and_reload(tmp_path, corpus_file):
         model = probes.load(str(s.folder / "members" / row.member / "checkpoint"))
         assert model.info.source == "spa" and model.tokenizer is not None
         cfg = LMConfig(tokens=1, batch_size=s.config.batch_size, context=s.config.context)
-        assert math.isclose(evaluate(model, corpus, cfg)["val_loss"], row.val_loss, rel_tol=1e-5)
+        assert math.isclose(evaluate(direct(model), corpus, cfg)["val_loss"], row.val_loss, rel_tol=1e-5)

@@ -48,10 +48,12 @@ def _train(source: SyntheticSource, make_opt) -> dict[str, torch.Tensor]:
     params = parameters(model)
     plan = Steps(steps=STEPS, lr_at=cfg.lr_at, grad_clip=cfg.grad_clip, log_every=5)
     with torch.random.fork_rng():
-        train_steps(model.bridge, lm.logits_fn(model), source, make_opt(model, cfg), params, plan, device=model.device)
-    out = {name: p.detach().clone() for name, p in lm.module(model).named_parameters()}
+        train_steps(
+            model.bridge, lm.native(model).logits, source, make_opt(model, cfg), params, plan, device=model.device
+        )
+    out = {name: p.detach().clone() for name, p in lm.native(model).module.named_parameters()}
     with torch.no_grad():
-        out["logits"] = lm.logits_fn(model)(source.batch(10**6)[0])
+        out["logits"] = lm.native(model).logits(source.batch(10**6)[0])
     return out
 
 
@@ -69,7 +71,10 @@ def _source(cls=SyntheticSource) -> SyntheticSource:
 
 def _reference_adamw(model, cfg: lm.LMConfig) -> torch.optim.AdamW:
     """lm.optimizer's decay groups, stepped by AdamW's plain per-parameter loop."""
-    groups = [{"params": g["params"], "weight_decay": g["weight_decay"]} for g in lm.optimizer(model, cfg).param_groups]
+    groups = [
+        {"params": g["params"], "weight_decay": g["weight_decay"]}
+        for g in lm.optimizer(lm.native(model), cfg).param_groups
+    ]
     opt = torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, foreach=False)
     assert not any(g["fused"] for g in opt.param_groups)
     return opt
@@ -90,16 +95,16 @@ def test_lm_loss_equals_the_sliced_loss():
 
 def test_the_optimisers_are_fused_on_cpu():
     model = load(NATIVE, device="cpu")
-    opts = [lm.optimizer(model, lm.LMConfig(tokens=1)), make_optimizer(model, TrainConfig())]
+    opts = [lm.optimizer(lm.native(model), lm.LMConfig(tokens=1)), make_optimizer(model, TrainConfig())]
     assert all(g["fused"] for opt in opts for g in opt.param_groups)
     assert [g["weight_decay"] for g in opts[0].param_groups] == [0.1, 0.0]  # the decay groups stay
 
 
 def test_member_trained_fast_equals_the_reference_path():
-    fast = _train(_source(), lm.optimizer)
+    fast = _train(_source(), lambda model, cfg: lm.optimizer(lm.native(model), cfg))
     ref = _train(_source(SlicedLoss), _reference_adamw)
     _assert_same(fast, ref)
-    moved = _train(_source(), lambda model, cfg: torch.optim.SGD(lm.module(model).parameters(), lr=0.0))
+    moved = _train(_source(), lambda model, cfg: torch.optim.SGD(lm.native(model).module.parameters(), lr=0.0))
     assert any(not torch.equal(fast[n], moved[n]) for n in fast)  # training moved the weights
 
 

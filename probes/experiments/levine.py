@@ -9,8 +9,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
+from depthprobe.probes.experiments.protocol import Preset, preset_table
 from depthprobe.probes.experiments.text import TextExperiment
 from depthprobe.probes.experiments.text_config import COMMON, GPU_COST, TextConfig, check_budgets
+from depthprobe.probes.models import families
 
 if TYPE_CHECKING:
     from depthprobe.probes.models.family_member import Member
@@ -34,22 +36,34 @@ class Levine(TextExperiment):
     name = "levine"
     description = "depth pairs (L, 2L) at equal parameter budgets (Levine et al. 2020)"
     Config = LevineConfig
-    presets: ClassVar[dict[str, dict[str, Any]]] = {
-        "smoke": {**COMMON["smoke"], "depths": (1,), "budgets": (7000,)},
-        # tokens per parameter trimmed so that no member passes the built-in corpus more than 4 times
-        "cpu": {**COMMON["cpu"], "depths": (1, 2), "budgets": (25_000, 50_000, 100_000), "tokens_per_param": 16.0},
-        "gpu": {**COMMON["gpu"], "depths": (2, 4), "budgets": (50_000, 100_000, 200_000, 400_000, 800_000, 1_600_000)},
-    }
-    costs: ClassVar[dict[str, str]] = {
-        "smoke": "the pair (1,2) at 7k: two tiny members, 10-15 s on 2 CPU cores (the tests use it)",
-        "cpu": "pairs (1,2),(2,4) at 25k/50k/100k (16 tokens per parameter), at most 4 passes over the built-in "
-        "corpus: 12 min on 2 CPU cores with --seeds 2 (measured; the preset's one seed: about half)",
-        "gpu": f"pairs (2,4),(4,8) at 50k-1.6M, 3 seeds; {GPU_COST}",
-    }
+    prediction: ClassVar[str] = (
+        "Expected signature (Levine et al. 2020): deep minus shallow validation loss is about 0 at small "
+        "budgets and clearly negative at large ones, and the crossover budget grows with the pair's depth."
+    )
+    presets, costs = preset_table(
+        {
+            "smoke": Preset(
+                "the pair (1,2) at 7k: two tiny members, 10-15 s on 2 CPU cores (the tests use it)",
+                {**COMMON["smoke"], "depths": (1,), "budgets": (7000,)},
+            ),
+            # tokens per parameter trimmed so that no member passes the built-in corpus more than 4 times
+            "cpu": Preset(
+                "pairs (1,2),(2,4) at 25k/50k/100k (16 tokens per parameter), at most 4 passes over the built-in "
+                "corpus: 12 min on 2 CPU cores with --seeds 2 (measured; the preset's one seed: about half)",
+                {**COMMON["cpu"], "depths": (1, 2), "budgets": (25_000, 50_000, 100_000), "tokens_per_param": 16.0},
+            ),
+            "gpu": Preset(
+                f"pairs (2,4),(4,8) at 50k-1.6M, 3 seeds; {GPU_COST}",
+                {
+                    **COMMON["gpu"],
+                    "depths": (2, 4),
+                    "budgets": (50_000, 100_000, 200_000, 400_000, 800_000, 1_600_000),
+                },
+            ),
+        }
+    )
 
     def members(self, cfg: LevineConfig) -> list[Member]:
-        from depthprobe.probes.models import families
-
         pairs = [(d, 2 * d) for d in cfg.depths]
         return families.levine(
             cfg.budgets, pairs=pairs, d_head=cfg.d_head, match=cfg.match, vocab=cfg.vocab, context=cfg.context
@@ -58,7 +72,7 @@ class Levine(TextExperiment):
     def section(self, study: StudyData) -> str:
         from depthprobe.probes.render.study_sections import levine_section
 
-        return levine_section(study)
+        return levine_section(study, self.prediction)
 
     def group(self, study: StudyData, row: Any) -> str:
         """The kernel section's lines: one per budget (every levine member has one)."""

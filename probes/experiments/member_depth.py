@@ -5,8 +5,8 @@ A member (text, law or a plugin's) calls :func:`write_depth_usage` after trainin
 evaluation inputs (``depth_usage.csv``: the depth-usage task's tidy table with a ``member``
 column); a law member also calls :func:`write_skipped_accuracy` (``skipped_accuracy.csv``: the
 accuracy per task level, intact and with each single block skipped).
-Both are switched off by the Config field ``depth_usage`` (``--depth-usage false``; a Config
-without the field has them on). The runner gathers what the members wrote into study tables
+Both are switched off by the Config field ``depth_usage`` (every ``StudyConfig`` has it;
+``--depth-usage false``). The runner gathers what the members wrote into study tables
 (:func:`study_tables`) with the member's columns from members.csv, and draws them
 (:mod:`probes.render.study_depth`) after the family's sections.
 """
@@ -25,15 +25,16 @@ if TYPE_CHECKING:
 
 DEPTH_USAGE_CSV = "depth_usage.csv"
 SKIPPED_CSV = "skipped_accuracy.csv"
-# members.csv's columns that say what a member is (those a family has), copied onto the study tables
-ID_COLUMNS = ("variant", "group", "k", "depth", "d_model", "heads", "n_heads", "budget", "seed", "control")
+# members.csv's columns that say what a member is, for a caller that does not name its family's
+# (``Experiment.id_columns``): the union of every built-in family's, in this order
+_ALL_ID_COLUMNS = ("variant", "group", "k", "depth", "d_model", "heads", "n_heads", "budget", "seed", "control")
 # per block: the depth-usage metrics of the study table (one column each, where the members have them)
 LAYER_METRICS = ("relative_contribution", "cosine", "skip_output", "skip_kl", "skip_top1")
 
 
 def enabled(config: Any) -> bool:
     """Whether members of a study with ``config`` run the depth-usage probe (``depth_usage``)."""
-    return bool(getattr(config, "depth_usage", True))
+    return bool(config.depth_usage)
 
 
 def write_depth_usage(
@@ -61,25 +62,27 @@ def write_skipped_accuracy(
     write_csv(folder / SKIPPED_CSV, table.rename(columns={"level": key}))
 
 
-def study_tables(members: pd.DataFrame, folder: Path) -> dict[str, pd.DataFrame]:
+def study_tables(
+    members: pd.DataFrame, folder: Path, id_columns: Sequence[str] = _ALL_ID_COLUMNS
+) -> dict[str, pd.DataFrame]:
     """The study's depth tables from what its finished members wrote (none when none did):
-    ``depth_usage.csv`` (per member and block: the member's columns, ``layer`` and one column per
-    metric of :data:`LAYER_METRICS`) and ``skipped_accuracy.csv`` (the members' rows with their
-    columns)."""
+    ``depth_usage.csv`` (per member and block: the member's ``id_columns``, ``layer`` and one column
+    per metric of :data:`LAYER_METRICS`) and ``skipped_accuracy.csv`` (the members' rows with their
+    ``id_columns``)."""
     from depthprobe.probes.experiments.folder import gather
 
     out: dict[str, pd.DataFrame] = {}
     usage = gather(folder, members, DEPTH_USAGE_CSV)
     if not usage.empty:
-        out[DEPTH_USAGE_CSV] = per_layer(usage, members)
+        out[DEPTH_USAGE_CSV] = per_layer(usage, members, id_columns)
     skipped = gather(folder, members, SKIPPED_CSV)
     if not skipped.empty:
         skipped["skipped"] = skipped["skipped"].astype("Int64")
-        out[SKIPPED_CSV] = with_member_columns(skipped, members)
+        out[SKIPPED_CSV] = with_member_columns(skipped, members, id_columns)
     return out
 
 
-def per_layer(usage: pd.DataFrame, members: pd.DataFrame) -> pd.DataFrame:
+def per_layer(usage: pd.DataFrame, members: pd.DataFrame, id_columns: Sequence[str]) -> pd.DataFrame:
     """The tidy member tables -> one row per member and block, one column per metric."""
     rows = usage[usage["metric"].isin(LAYER_METRICS) & usage["later"].isna()]
     wide = rows.pivot_table(index=["member", "layer"], columns="metric", values="value", aggfunc="first", sort=False)
@@ -87,12 +90,12 @@ def per_layer(usage: pd.DataFrame, members: pd.DataFrame) -> pd.DataFrame:
     wide.columns.name = None
     wide["layer"] = wide["layer"].astype(int)
     metrics = [m for m in LAYER_METRICS if m in wide]
-    return with_member_columns(wide[["member", "layer", *metrics]], members)
+    return with_member_columns(wide[["member", "layer", *metrics]], members, id_columns)
 
 
-def with_member_columns(table: pd.DataFrame, members: pd.DataFrame) -> pd.DataFrame:
-    """``table`` with the members' identifying columns of members.csv after ``member``."""
-    cols = [c for c in ID_COLUMNS if c in members and c not in table and members[c].notna().any()]
+def with_member_columns(table: pd.DataFrame, members: pd.DataFrame, id_columns: Sequence[str]) -> pd.DataFrame:
+    """``table`` with the members' ``id_columns`` (those members.csv has) after ``member``."""
+    cols = [c for c in id_columns if c in members and c not in table and members[c].notna().any()]
     merged = table.merge(members[["member", *cols]], on="member", how="left")
     rest = [c for c in table.columns if c != "member"]
     return merged[["member", *cols, *rest]]

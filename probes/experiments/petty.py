@@ -10,9 +10,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from depthprobe.probes.base.errors import ProbeError
-from depthprobe.probes.experiments.protocol import at_least
+from depthprobe.probes.experiments.protocol import Preset, at_least, preset_table
 from depthprobe.probes.experiments.text import TextExperiment
 from depthprobe.probes.experiments.text_config import COMMON, GPU_COST, TextConfig, check_budgets
+from depthprobe.probes.models import families
 
 if TYPE_CHECKING:
     from depthprobe.probes.models.family_member import Member
@@ -41,27 +42,36 @@ class Petty(TextExperiment):
     name = "petty"
     description = "depths at one parameter budget (Petty et al. 2024; the LM loss only)"
     Config = PettyConfig
-    presets: ClassVar[dict[str, dict[str, Any]]] = {
-        "smoke": {**COMMON["smoke"], "depths": (1, 2), "budgets": (6000,), "d_model": 16},
-        "cpu": {
-            **COMMON["cpu"],
-            "depths": (1, 2, 3, 4, 6, 8),
-            "budgets": (200_000,),
-            "d_model": 64,
-            "tokens_per_param": 8.0,
-        },
-        "gpu": {**COMMON["gpu"], "depths": (1, 2, 3, 4, 6, 8), "budgets": (1_600_000,), "d_model": 256, "d_head": 32},
-    }
-    costs: ClassVar[dict[str, str]] = {
-        "smoke": "depths 1,2 at 6k: two tiny members, 5-10 s on 2 CPU cores (the tests use it)",
-        "cpu": "0.2M at depths 1,2,3,4,6,8 (8 tokens per parameter), with --seeds 2: 5.6 min with --jobs 2 on 2 idle "
-        "CPU cores, 10.6 CPU-minutes (measured; the preset's one seed: about half)",
-        "gpu": f"1.6M at depths 1-8; {GPU_COST}",
-    }
+    prediction: ClassVar[str] = (
+        "Petty et al. 2023's headline is compositional generalisation after fine-tuning; this study measures only "
+        "their secondary result, the language-model loss at equal parameters. Expected there: loss falls steeply "
+        "up to 3-4 layers, then flattens, then worsens once d_ff is well below d_model."
+    )
+    presets, costs = preset_table(
+        {
+            "smoke": Preset(
+                "depths 1,2 at 6k: two tiny members, 5-10 s on 2 CPU cores (the tests use it)",
+                {**COMMON["smoke"], "depths": (1, 2), "budgets": (6000,), "d_model": 16},
+            ),
+            "cpu": Preset(
+                "0.2M at depths 1,2,3,4,6,8 (8 tokens per parameter), with --seeds 2: 5.6 min with --jobs 2 on 2 idle "
+                "CPU cores, 10.6 CPU-minutes (measured; the preset's one seed: about half)",
+                {
+                    **COMMON["cpu"],
+                    "depths": (1, 2, 3, 4, 6, 8),
+                    "budgets": (200_000,),
+                    "d_model": 64,
+                    "tokens_per_param": 8.0,
+                },
+            ),
+            "gpu": Preset(
+                f"1.6M at depths 1-8; {GPU_COST}",
+                {**COMMON["gpu"], "depths": (1, 2, 3, 4, 6, 8), "budgets": (1_600_000,), "d_model": 256, "d_head": 32},
+            ),
+        }
+    )
 
     def members(self, cfg: PettyConfig) -> list[Member]:
-        from depthprobe.probes.models import families
-
         return families.petty(
             cfg.budgets[0],
             cfg.depths,
@@ -76,7 +86,7 @@ class Petty(TextExperiment):
     def section(self, study: StudyData) -> str:
         from depthprobe.probes.render.study_sections import petty_section
 
-        return petty_section(study)
+        return petty_section(study, self.prediction)
 
     def group(self, study: StudyData, row: Any) -> str:
         from depthprobe.probes.render.study_sections import petty_group

@@ -14,17 +14,19 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from depthprobe.probes.base.errors import ProbeError
-from depthprobe.probes.experiments.protocol import at_least
+from depthprobe.probes.experiments.protocol import Preset, at_least, preset_table
 from depthprobe.probes.experiments.text import TextExperiment
 from depthprobe.probes.experiments.text_config import COMMON, GPU_COST, TextConfig
+from depthprobe.probes.experiments.text_member import TextJob
+from depthprobe.probes.models import families
 
 if TYPE_CHECKING:
     from depthprobe.probes.data.corpus import Corpus
-    from depthprobe.probes.experiments.text_member import TextJob
     from depthprobe.probes.models.family_member import Member
     from depthprobe.probes.models.model import Model
     from depthprobe.probes.models.variants import SPAConfig
     from depthprobe.probes.render.study_data import StudyData
+    from depthprobe.probes.training.lm import Trainable
 
 GAMMA_LAST = 0.005  # He et al.'s E-SPA endpoint, SPAConfig's default (docs/study.md: where it comes from)
 # the cpu preset's: 1 - exp(-2 gamma_L) = 1 - rho_L = 0.2, the current token's share of the last layer's
@@ -71,38 +73,78 @@ class SpaConfig(TextConfig):
         )
 
 
+@dataclass(frozen=True)
+class VariantJob(TextJob):
+    """An spa member: the depth-study network (``models/variant_net.py``) with the study's
+    gamma_last, trained by calling it directly, saved with its tokenizer beside it."""
+
+    def net_config(self, vocab: int) -> SPAConfig:
+        """The member's SPAConfig with the study's gamma_last (it changes only E-SPA's attention)."""
+        spa = self.member.spa(vocab, self.config.context, self.seed)
+        return dataclasses.replace(spa, gamma_last=self.config.gamma_last)
+
+    def network(self, vocab: int, device: Any) -> Model:
+        from depthprobe.probes.models import variant_net
+
+        return variant_net.build(self.net_config(vocab), device=device, name=self.name)
+
+    def trainable(self, model: Model) -> Trainable:
+        from depthprobe.probes.training import lm
+
+        return lm.direct(model)
+
+    def save(self, model: Model, corpus: Corpus, folder: Path) -> None:
+        from depthprobe.probes.data import corpus as corpora
+        from depthprobe.probes.models import variant_net
+
+        variant_net.save_checkpoint(model, folder, self.stamp(corpus))
+        corpora.save_tokenizer(corpus.tokenizer, folder)
+
+    def sizes(self, vocab: int) -> None:
+        return None  # the variants differ in small per-layer parameters: counted on the built model
+
+
 class Spa(TextExperiment):
     name = "spa"
     description = "skipless variants at fixed width (He et al. 2023)"
     Config = SpaConfig
+    Job = VariantJob
     cpu_flops = 3.8e9  # the hookable network is slower per FLOP than the native decoder
-    presets: ClassVar[dict[str, dict[str, Any]]] = {
-        "smoke": {**COMMON["smoke"], "depths": (2,), "d_model": 16, "variants": ("pre-ln", "e-spa")},
-        # spa ranks variants only after a per-variant learning-rate grid and 2 seeds (He et al.'s claim is
-        # about trainability at a tuned rate); tokens trimmed to keep that affordable
-        "cpu": {
-            **COMMON["cpu"],
-            "depths": (4, 8),
-            "d_model": 64,
-            "tokens_per_param": 5.0,
-            "min_tokens": 500_000,
-            "lrs": (1e-3, 3e-3, 1e-2),
-            "seeds": 2,
-            "gamma_last": CPU_GAMMA_LAST,
-        },
-        "gpu": {**COMMON["gpu"], "depths": (8, 16, 32), "d_model": 256, "d_head": 32},
-    }
-    costs: ClassVar[dict[str, str]] = {
-        "smoke": "depth 2 at width 16, pre-ln and e-spa: two tiny members, 5-10 s on 2 CPU cores (the tests use it)",
-        "cpu": "width 64 at depths 4,8, five variants, learning-rate grid 1e-3,3e-3,1e-2 (each on 20% of the tokens), "
-        "2 seeds, 0.5-0.66M tokens per member (18.5M in all): 13 min with --jobs 2 on 2 CPU cores (measured; 24 "
-        "CPU-minutes); --dry-run's FLOPs and CPU minutes include the grid trials, not the probes",
-        "gpu": f"width 256 at depths 8,16,32; {GPU_COST}",
-    }
+    prediction: ClassVar[str] = (
+        "Expected (He et al. 2023): deep skipless vanilla trains far slower or not at all; E-SPA and U-SPA "
+        "train; standard pre-LN is still best at equal steps."
+    )
+    presets, costs = preset_table(
+        {
+            "smoke": Preset(
+                "depth 2 at width 16, pre-ln and e-spa: two tiny members, 5-10 s on 2 CPU cores (the tests use it)",
+                {**COMMON["smoke"], "depths": (2,), "d_model": 16, "variants": ("pre-ln", "e-spa")},
+            ),
+            # spa ranks variants only after a per-variant learning-rate grid and 2 seeds (He et al.'s claim is
+            # about trainability at a tuned rate); tokens trimmed to keep that affordable
+            "cpu": Preset(
+                "width 64 at depths 4,8, five variants, learning-rate grid 1e-3,3e-3,1e-2 (each on 20% of the "
+                "tokens), 2 seeds, 0.5-0.66M tokens per member (18.5M in all): 13 min with --jobs 2 on 2 CPU cores "
+                "(measured; 24 CPU-minutes); --dry-run's FLOPs and CPU minutes include the grid trials, not the probes",
+                {
+                    **COMMON["cpu"],
+                    "depths": (4, 8),
+                    "d_model": 64,
+                    "tokens_per_param": 5.0,
+                    "min_tokens": 500_000,
+                    "lrs": (1e-3, 3e-3, 1e-2),
+                    "seeds": 2,
+                    "gamma_last": CPU_GAMMA_LAST,
+                },
+            ),
+            "gpu": Preset(
+                f"width 256 at depths 8,16,32; {GPU_COST}",
+                {**COMMON["gpu"], "depths": (8, 16, 32), "d_model": 256, "d_head": 32},
+            ),
+        }
+    )
 
     def members(self, cfg: SpaConfig) -> list[Member]:
-        from depthprobe.probes.models import families
-
         return families.spa(
             width=cfg.d_model,
             depths=cfg.depths,
@@ -110,27 +152,6 @@ class Spa(TextExperiment):
             heads=max(1, cfg.d_model // cfg.d_head),
             mlp=cfg.mlp,
         )
-
-    def sizes(self, job: TextJob, vocab: int) -> tuple[int, int] | None:
-        return None  # the variants differ in small per-layer parameters: counted on the built model
-
-    @staticmethod
-    def model_config(job: TextJob, vocab: int) -> SPAConfig:
-        """The member's SPAConfig with the study's gamma_last (it changes only E-SPA's attention)."""
-        spa = job.member.spa(vocab, job.config.context, job.seed)
-        return dataclasses.replace(spa, gamma_last=job.config.gamma_last)
-
-    def member_params(self, job: TextJob, vocab: int) -> int:
-        return self.model_config(job, vocab).n_params()
-
-    def build(self, job: TextJob, corpus: Corpus, device: Any) -> Model:
-        from depthprobe.probes.data import corpus as corpora
-        from depthprobe.probes.models import variant_net
-
-        model = variant_net.build(self.model_config(job, corpus.vocab), device=device, name=job.name)
-        model.tokenizer = corpora.hf_tokenizer(corpus.tokenizer)
-        model.special_ids = frozenset({corpus.bos})
-        return model
 
     def facts(self, config: SpaConfig) -> list[str]:
         return [*super().facts(config), *([config.espa_fact()] if "e-spa" in config.variants else [])]
@@ -140,19 +161,10 @@ class Spa(TextExperiment):
             say(config.espa_fact())
         return super().prepare(config, jobs, say)
 
-    def save(self, model: Model, job: TextJob, corpus: Corpus, folder: Path) -> None:
-        from depthprobe.probes.data import corpus as corpora
-        from depthprobe.probes.models import variant_net
-
-        variant_net.save_checkpoint(
-            model, folder, {"study": {"member": job.name, "family": self.name, "corpus": corpus.label}}
-        )
-        corpora.save_tokenizer(corpus.tokenizer, folder)
-
     def section(self, study: StudyData) -> str:
         from depthprobe.probes.render.study_sections import spa_section
 
-        return spa_section(study)
+        return spa_section(study, self.prediction)
 
 
-__all__ = ["Spa", "SpaConfig"]
+__all__ = ["Spa", "SpaConfig", "VariantJob"]

@@ -2,11 +2,15 @@
 
 A text family trains decoders of one equal-parameter family (``probes.models.families``) on a
 corpus (read, split and tokenized once: ``data/corpus.py``) and probes every member at init and
-after training. A family module gives its Config, presets, members (:meth:`TextExperiment.members`)
-and report section; this base gives the corpus checks (a context the corpus cannot fill, a
+after training. A family module gives its Config, its preset table, members
+(:meth:`TextExperiment.members`), report section and prediction (the paper's expectation, which the
+section states), and where its members are another network than the native decoder, their
+:attr:`~TextExperiment.Job` (a :class:`~.text_member.TextJob` that counts, builds, trains and saves
+itself: spa's ``VariantJob``); this base gives the corpus checks (a context the corpus cannot fill, a
 validation text without probe inputs, ``--max-params`` below every member, more than
 ``max_passes`` passes over the training split: refused before anything is written), the plan's
-costs (``plan.csv``), the member run (:mod:`.text_member`) and the probe curves of the report.
+costs (``plan.csv``), the member run (:mod:`.text_member`), the id columns of its depth tables, the
+note on its member table and the probe curves of the report.
 
 ``plan.csv``'s CPU minutes are the training FLOPs (Kaplan et al.'s 6 N + 6 L n_ctx d_attn per
 token, the learning-rate grid's trials included) divided by :attr:`TextExperiment.cpu_flops`,
@@ -27,14 +31,13 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from depthprobe.probes.base.errors import ProbeError
 from depthprobe.probes.experiments.protocol import RUN_COLUMNS, Experiment
 from depthprobe.probes.experiments.text_config import parse_budgets, parse_vocab
+from depthprobe.probes.experiments.text_member import TextJob, cached_corpus, measure, probe_inputs, share_corpus
 
 if TYPE_CHECKING:
     import pandas as pd
 
     from depthprobe.probes.data.corpus import Corpus
-    from depthprobe.probes.experiments.text_member import TextJob
     from depthprobe.probes.models.family_member import Member
-    from depthprobe.probes.models.model import Model
     from depthprobe.probes.render.study_data import StudyData
 
 # a member's sizes, tokens and FLOPs (members.csv and plan.csv)
@@ -83,7 +86,8 @@ class PassesRefused(ProbeError):
 
 
 class TextExperiment(Experiment):
-    """A text-study family; subclasses give Config, presets, costs, :meth:`members` and :meth:`section`."""
+    """A text-study family; subclasses give Config, presets and costs (one preset table), :meth:`members`,
+    :meth:`section` and :attr:`prediction` (and their :attr:`Job` where it is not a native decoder)."""
 
     columns: ClassVar[list[str]] = COLUMNS
     resumable: ClassVar[tuple[str, ...]] = ("device", "max_params", "max_passes")
@@ -91,6 +95,14 @@ class TextExperiment(Experiment):
     # --budgets: levine's and petty's (another family refuses the option before any parser runs)
     parsers: ClassVar[dict[str, Callable[[str], Any]]] = {"vocab": parse_vocab, "budgets": parse_budgets}
     cpu_flops: ClassVar[float] = 3.3e10  # training FLOP/s of the reference machine for this family's members
+    Job: ClassVar[type[TextJob]] = TextJob  # the member: how it is counted, built, trained and saved
+    prediction: ClassVar[str]  # what the paper leads one to expect (the family's section says it)
+    id_columns: ClassVar[tuple[str, ...]] = ("variant", "depth", "d_model", "n_heads", "budget", "seed")
+    members_note: ClassVar[str] = (
+        "<p class='meta'>embed_share: the embedding part (token embedding, positions, unembedding) of each member's "
+        "parameters (params_total); budget_miss: how far the count --match names is from its budget; passes: passes "
+        "over the training split.</p>"
+    )
 
     # -- what a text family gives --------------------------------------------------------------
     def members(self, cfg: Any) -> list[Member]:
@@ -103,95 +115,34 @@ class TextExperiment(Experiment):
         """The label of a member's line in the kernel section."""
         return str(row.get("variant") or "?")
 
-    # -- members: built as native decoders (spa overrides) ----------------------------------------
-    def sizes(self, job: TextJob, vocab: int) -> tuple[int, int] | None:
-        """(non-embedding, embedding) parameters without building the model (None: only by building)."""
-        from depthprobe.probes.models import families
-
-        m = job.member
-        nonembed = families.nonembed_params(m.depth, m.d_model, m.d_attn, m.d_ff)
-        return nonembed, families.embed_params(m.d_model, vocab, job.config.context)
-
-    def member_params(self, job: TextJob, vocab: int) -> int:
-        """The member's parameter count, as --max-params sees it, without building the model."""
-        return job.member.native(vocab, job.config.context, job.seed).n_params()
-
-    def build(self, job: TextJob, corpus: Corpus, device: Any) -> Model:
-        """The member's model at init, with the corpus's tokenizer attached."""
-        from depthprobe.probes.data import corpus as corpora
-        from depthprobe.probes.models.loading import load
-
-        model = load(job.member.native(corpus.vocab, job.config.context, job.seed), device=device)
-        model.info = dataclasses.replace(model.info, name=job.name)
-        model.tokenizer = corpora.hf_tokenizer(corpus.tokenizer)
-        model.special_ids = frozenset({corpus.bos})
-        return model
-
-    def save(self, model: Model, job: TextJob, corpus: Corpus, folder: Path) -> None:
-        from depthprobe.probes.data import corpus as corpora
-        from depthprobe.probes.models.checkpoints import save_checkpoint
-
-        extra = {"study": {"member": job.name, "family": self.name, "corpus": corpus.label}}
-        save_checkpoint(model, folder, extra, write_more=lambda f: corpora.save_tokenizer(corpus.tokenizer, f))
-
-    def member_tokens(self, job: TextJob, nonembed: int) -> int:
-        """Tokens for the member's budget (the same for every member sharing it); without a budget
-        (spa), for the weight matrices every variant shares, (4 width + 2 d_ff) * width * depth."""
-        m = job.member
-        shared = (4 * m.d_model + 2 * m.d_ff) * m.d_model * m.depth
-        return int(job.config.tokens_for(m.budget if m.budget is not None else shared))
-
-    @staticmethod
-    def size_columns(member: Member, nonembed: int, embed: int) -> dict[str, Any]:
-        """params_* columns, the embedding share and (with a budget) how far the count misses it."""
-        total = nonembed + embed
-        out: dict[str, Any] = {
-            "params_nonembed": nonembed,
-            "params_embed": embed,
-            "params_total": total,
-            "embed_share": embed / total,
-        }
-        if member.budget is not None:
-            counted = total if member.match == "total" else nonembed
-            out.update(match=member.match, budget_miss=(counted - member.budget) / member.budget)
-        return out
-
     # -- the protocol --------------------------------------------------------------------------
     def plan(self, config: Any) -> list[TextJob]:
         """Every member of the study times every seed, in a fixed order (seed-major)."""
-        from depthprobe.probes.experiments.text_member import TextJob
-
         members = self.members(config)
-        return [TextJob(m, s, config) for s in range(config.seeds) for m in members]
+        return [self.Job(m, s, config) for s in range(config.seeds) for m in members]
 
     def base_row(self, job: TextJob) -> dict[str, Any]:
         """The member's shape columns (sizes at the configured vocabulary; a trained member's row
         replaces them with the counts of the built model)."""
         row = super().base_row(job)
         row.update({c: getattr(job.member, c) for c in ("variant", *SHAPES, "budget")}, seed=job.seed)
-        sizes = self.sizes(job, job.config.vocab)
+        sizes = job.sizes(job.config.vocab)
         if sizes is not None:
-            row.update(self.size_columns(job.member, *sizes))
+            row.update(job.size_columns(*sizes))
         return row
 
     def measure(self, job: TextJob, folder: Path, row: dict[str, Any]) -> dict[str, Any]:
-        from depthprobe.probes.experiments import text_member
-        from depthprobe.probes.models.device import size_limit
-
-        with size_limit(job.config.max_params):
-            return text_member.measure(self, job, folder, row)
+        return measure(job, folder, row)
 
     def line(self, row: dict[str, Any]) -> str:
         return f"val_loss {row['val_loss']:.4f} nats/token ({row['val_bpb']:.4f} bits/byte), {row['wall_s']:.0f} s"
 
     def prepare(self, config: Any, jobs: list[TextJob], say: Callable[[str], None]) -> Corpus:
         """Read the corpus once and refuse what would fail every member (before anything is written)."""
-        from depthprobe.probes.experiments.text_member import cached_corpus
-
         corpus = cached_corpus(config)  # a bad corpus fails here (the tokenizer is trained once, then cached)
         self.check_corpus(config, corpus, jobs)
-        worst = max(jobs, key=lambda j: self.member_tokens(j, 0))
-        tokens, train = self.member_tokens(worst, 0), int(corpus.train_ids.numel())
+        worst = max(jobs, key=lambda j: j.tokens)
+        tokens, train = worst.tokens, int(corpus.train_ids.numel())
         if tokens / train > config.max_passes:
             need = math.ceil(tokens / config.max_passes)
             raise PassesRefused(
@@ -206,7 +157,6 @@ class TextExperiment(Experiment):
 
     def check_corpus(self, cfg: Any, corpus: Corpus, jobs: list[TextJob]) -> None:
         from depthprobe.probes.data import corpus as corpora
-        from depthprobe.probes.experiments.text_member import probe_inputs
 
         corpora.train_batch(corpus.train_ids, 0, 0, 1, cfg.context)
         corpora.val_windows(corpus.val_ids, cfg.context, corpus.bos, limit=1)
@@ -215,7 +165,7 @@ class TextExperiment(Experiment):
                 "the validation text (the last 10% of --corpus) has no line of 3 or more words for the probes "
                 "(kernels, attention-stats); give a corpus of sentences or paragraphs, not one word a line"
             )
-        smallest = min(self.member_params(j, corpus.vocab) for j in jobs)
+        smallest = min(j.net_config(corpus.vocab).n_params() for j in jobs)
         if cfg.max_params is not None and smallest > cfg.max_params:
             raise ProbeError(
                 f"--max-params {cfg.max_params:,} is below every member (the smallest has {smallest:,} parameters); "
@@ -223,8 +173,6 @@ class TextExperiment(Experiment):
             )
 
     def setup(self, config: Any, context: Corpus) -> Callable[[], None]:
-        from depthprobe.probes.experiments.text_member import share_corpus
-
         return share_corpus(config, context)
 
     def bind(self, job: TextJob, context: Corpus, dest: str | None) -> TextJob:
@@ -264,18 +212,11 @@ class TextExperiment(Experiment):
 
     def plan_row(self, config: Any, job: TextJob, context: Corpus) -> dict[str, Any]:
         """One member's plan: its shape and sizes at the corpus's vocabulary, tokens, passes, cost."""
-        from depthprobe.probes.models import families
-
-        m = job.member
-        sizes = self.sizes(job, context.vocab)
-        if sizes is None:  # built once to count (spa's variants differ in small per-layer parameters)
-            sizes = families.count_params(m.build(context.vocab, config.context, job.seed, device="cpu"))
-        nonembed, embed = sizes
-        row = {**self.base_row(job), **self.size_columns(m, nonembed, embed)}
-        tokens = self.member_tokens(job, nonembed)
+        nonembed, embed = job.counted(context.vocab)
+        row = {**self.base_row(job), **job.size_columns(nonembed, embed)}
+        tokens = job.tokens
         grid = len(config.lrs) * config.lr_fraction * tokens if len(config.lrs) > 1 else 0.0
-        per_token = families.flops_per_token(nonembed, m.d_model * context.vocab, m.depth, m.d_attn, config.context)
-        flops = (tokens + grid) * per_token
+        flops = job.flops(tokens + grid, nonembed, context.vocab)
         row.update(
             tokens=tokens,
             passes=tokens / int(context.train_ids.numel()),

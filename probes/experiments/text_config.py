@@ -32,12 +32,9 @@ class TextConfig(protocol.StudyConfig):
     (L, 2L)); ``max_passes``: the most passes over the training split a member may make (a study
     over it is refused); ``lrs``: one rate, or a grid each tried on ``lr_fraction`` of the budget."""
 
-    preset: str = "smoke"
     corpus: str | None = None  # None: the built-in Tiny Shakespeare
     vocab: int = ranged(1024, min=1, max=MAX_VOCAB)  # BYTE_VOCAB (257): byte-level, no merges
-    depths: tuple[int, ...] = (1, 2)
     d_head: int = ranged(16, min=1, max=4096)
-    seeds: int = 1
     tokens_per_param: float = 20.0  # training tokens per non-embedding parameter of the budget
     min_tokens: int = 200_000  # the floor under tokens_per_param * budget
     max_passes: float = MAX_PASSES
@@ -47,9 +44,7 @@ class TextConfig(protocol.StudyConfig):
     context: int = 128
     probe_lines: int = ranged(200, min=1, max=MAX_PROBE_ITEMS)  # validation lines for attention-stats
     icl_windows: int = ranged(32, min=1, max=MAX_PROBE_ITEMS)  # validation windows for the ICL score
-    device: str | None = None
     max_params: int | None = None  # refuse members with more parameters than this (they fail, the rest go on)
-    depth_usage: bool = True  # each member's depth_usage.csv after training (experiments/member_depth.py)
 
     def __post_init__(self) -> None:
         check_field_ranges(self)  # the ranged() fields, a family's own included

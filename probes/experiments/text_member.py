@@ -1,15 +1,18 @@
 """One member of a text study (levine, petty, spa), as an independent job: build, probe at init,
 train, evaluate, probe.
 
-:func:`measure` is a pure function of its :class:`TextJob` (the same job gives the same
+:class:`TextJob` is the member: it counts, builds, trains and saves itself (a native decoder; spa's
+members subclass it). :func:`measure` is a pure function of its job (the same job gives the same
 numbers on any machine with the same device kind). With ``TextJob.dest`` (the local backend) the
 member writes its folder there itself, atomically; without it (a Ray task) it returns its files as
 bytes. A probe run keeps its tables, not an HTML report. A member that fails raises; the runner
-records it as ``failed`` with its error.
+records it as ``failed`` with its error. Importing this module imports no torch (a family module
+subclasses :class:`TextJob` and ``probe study --help`` imports the family modules).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -17,24 +20,26 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import pandas as pd
-
 from depthprobe.probes.base.artifacts import write_csv
 from depthprobe.probes.base.errors import ProbeError
-from depthprobe.probes.data import corpus as corpora
-from depthprobe.probes.data.memory import Text
 from depthprobe.probes.experiments import member_depth
-from depthprobe.probes.experiments.probing import mean_metric, probe
-from depthprobe.probes.models import families, family_member
-from depthprobe.probes.models.device import resolve_device
-from depthprobe.probes.training.lm import LOG_COLUMNS, LMConfig, train_lm
+from depthprobe.probes.models import families
 
 if TYPE_CHECKING:
-    from depthprobe.probes.experiments.text import TextExperiment
+    from depthprobe.probes.data import corpus as corpora
+    from depthprobe.probes.models import family_member
+    from depthprobe.probes.models.model import Model
+    from depthprobe.probes.training.lm import LMConfig, Trainable
+
+CorpusKey = tuple[str | None, int, tuple[tuple[str, int, int], ...]]
 
 
 @dataclass(frozen=True)
 class TextJob:
+    """One member of a text study: its shape, seed and the study's settings. It counts, builds,
+    trains and saves itself as a native decoder; a family whose members are another network gives
+    a subclass (spa's :class:`~.spa.VariantJob`)."""
+
     member: family_member.Member
     seed: int
     config: Any
@@ -45,27 +50,110 @@ class TextJob:
     def name(self) -> str:
         return f"{self.member.name}-s{self.seed}"
 
+    def net_config(self, vocab: int) -> Any:
+        """The network's config (its ``n_params()``: the count --max-params sees, without building)."""
+        return self.member.native(vocab, self.config.context, self.seed)
 
-_CORPORA: dict[tuple[str | None, int, tuple[tuple[str, int, int], ...]], corpora.Corpus] = {}
+    def network(self, vocab: int, device: Any) -> Model:
+        """The member's model at init, named after the member (no tokenizer)."""
+        from depthprobe.probes.models.loading import load
+
+        model = load(self.net_config(vocab), device=device)
+        model.info = dataclasses.replace(model.info, name=self.name)
+        return model
+
+    def trainable(self, model: Model) -> Trainable:
+        """How the training loop drives the model (training/lm.py)."""
+        from depthprobe.probes.training import lm
+
+        return lm.native(model)
+
+    def save(self, model: Model, corpus: corpora.Corpus, folder: Path) -> None:
+        """The trained member with its tokenizer, reloadable with ``probes.load(folder)``."""
+        from depthprobe.probes.data import corpus as corpora
+        from depthprobe.probes.models.checkpoints import save_checkpoint
+
+        save_checkpoint(model, folder, self.stamp(corpus), write_more=partial(corpora.save_tokenizer, corpus.tokenizer))
+
+    def sizes(self, vocab: int) -> tuple[int, int] | None:
+        """(non-embedding, embedding) parameters without building the model (None: only by building)."""
+        m = self.member
+        nonembed = families.nonembed_params(m.depth, m.d_model, m.d_attn, m.d_ff)
+        return nonembed, families.embed_params(m.d_model, vocab, self.config.context)
+
+    # -- the same for every network ------------------------------------------------------------
+    def build(self, corpus: corpora.Corpus, device: Any) -> Model:
+        """The member's model at init, with the corpus's tokenizer attached."""
+        from depthprobe.probes.data import corpus as corpora
+
+        model = self.network(corpus.vocab, device)
+        model.tokenizer = corpora.hf_tokenizer(corpus.tokenizer)
+        model.special_ids = frozenset({corpus.bos})
+        return model
+
+    def counted(self, vocab: int) -> tuple[int, int]:
+        """(non-embedding, embedding) parameters: :meth:`sizes`, or the model built on the CPU and counted."""
+        return self.sizes(vocab) or families.count_params(self.network(vocab, "cpu"))
+
+    def stamp(self, corpus: corpora.Corpus) -> dict[str, Any]:
+        """What a saved checkpoint says it is."""
+        return {"study": {"member": self.name, "family": self.member.family, "corpus": corpus.label}}
+
+    @property
+    def tokens(self) -> int:
+        """Training tokens for the member's budget (the same for every member sharing it); without a
+        budget (spa), for the weight matrices every variant shares, (4 width + 2 d_ff) * width * depth."""
+        m = self.member
+        shared = (4 * m.d_model + 2 * m.d_ff) * m.d_model * m.depth
+        return int(self.config.tokens_for(m.budget if m.budget is not None else shared))
+
+    def flops(self, tokens: float, nonembed: int, vocab: int) -> float:
+        """Training FLOPs of ``tokens`` (Kaplan et al.'s 6 N + 6 L n_ctx d_attn per token)."""
+        m = self.member
+        return tokens * families.flops_per_token(nonembed, m.d_model * vocab, m.depth, m.d_attn, self.config.context)
+
+    def size_columns(self, nonembed: int, embed: int) -> dict[str, Any]:
+        """params_* columns, the embedding share and (with a budget) how far the count misses it."""
+        m, total = self.member, nonembed + embed
+        out: dict[str, Any] = {
+            "params_nonembed": nonembed,
+            "params_embed": embed,
+            "params_total": total,
+            "embed_share": embed / total,
+        }
+        if m.budget is not None:
+            counted = total if m.match == "total" else nonembed
+            out.update(match=m.match, budget_miss=(counted - m.budget) / m.budget)
+        return out
+
+
+_CORPORA: dict[CorpusKey, corpora.Corpus] = {}
+
+
+def _corpus_key(cfg: Any) -> CorpusKey:
+    from depthprobe.probes.data.corpus import corpus_stamp
+
+    return (cfg.corpus, cfg.vocab, corpus_stamp(cfg.corpus))
 
 
 def cached_corpus(cfg: Any) -> corpora.Corpus:
     """The study's corpus, read and tokenized once per process while its files stay the same (the
     tokenizer is cached on disk): a file edited, added or removed gives a new corpus; a pipe is read once."""
-    key = (cfg.corpus, cfg.vocab, corpora.corpus_stamp(cfg.corpus))
+    from depthprobe.probes.data.corpus import load_corpus
+
+    key = _corpus_key(cfg)
     if key not in _CORPORA:
-        _CORPORA.clear()
-        _CORPORA[key] = corpora.load_corpus(cfg.corpus, vocab=cfg.vocab)
+        _keep_corpus(key, load_corpus(cfg.corpus, vocab=cfg.vocab))
     return _CORPORA[key]
 
 
 def share_corpus(cfg: Any, corpus: corpora.Corpus) -> Callable[[], None]:
     """A picklable setup for a member process: it holds the corpus the driver read (and checked),
     so the process neither reads nor tokenizes it again (and a pipe, readable once, serves too)."""
-    return partial(_keep_corpus, (cfg.corpus, cfg.vocab, corpora.corpus_stamp(cfg.corpus)), corpus)
+    return partial(_keep_corpus, _corpus_key(cfg), corpus)
 
 
-def _keep_corpus(key: tuple[str | None, int, tuple[tuple[str, int, int], ...]], corpus: corpora.Corpus) -> None:
+def _keep_corpus(key: CorpusKey, corpus: corpora.Corpus) -> None:
     _CORPORA.clear()
     _CORPORA[key] = corpus
 
@@ -110,22 +198,24 @@ def _cut(corpus: corpora.Corpus, words: list[str], limit: int) -> list[str]:
 
 
 def lm_config(cfg: Any, tokens: int, lr: float, seed: int) -> LMConfig:
+    from depthprobe.probes.training.lm import LMConfig
+
     return LMConfig(tokens=tokens, batch_size=cfg.batch_size, context=cfg.context, lr=lr, seed=seed)
 
 
-def pick_lr(
-    exp: TextExperiment, job: TextJob, corpus: corpora.Corpus, tokens: int, device: Any
-) -> tuple[float, list[dict[str, Any]]]:
+def pick_lr(job: TextJob, corpus: corpora.Corpus, tokens: int, device: Any) -> tuple[float, list[dict[str, Any]]]:
     """The grid's best learning rate, each tried from the same init on lr_fraction of the budget."""
+    from depthprobe.probes.training.lm import train_lm
+
     cfg = job.config
     if len(cfg.lrs) == 1:
         return cfg.lrs[0], []
     short = max(cfg.batch_size * cfg.context, round(tokens * cfg.lr_fraction))
     trials = []
     for lr in cfg.lrs:
-        model = exp.build(job, corpus, device)
+        model = job.build(corpus, device)
         try:
-            val = train_lm(model, corpus, lm_config(cfg, short, lr, job.seed)).val["val_loss"]
+            val = train_lm(job.trainable(model), corpus, lm_config(cfg, short, lr, job.seed)).val["val_loss"]
         except ProbeError:
             val = math.inf  # diverged at this rate
         trials.append({"lr": lr, "tokens": short, "val_loss": val})
@@ -135,25 +225,33 @@ def pick_lr(
     return best["lr"], trials
 
 
-def measure(exp: TextExperiment, job: TextJob, folder: Path, row: dict[str, Any]) -> dict[str, Any]:
-    """Build, probe, train and probe the member, writing its files (checkpoint, loss.csv, runs/)
-    into ``folder`` and its results into ``row``; returns its corpus for member.json."""
+def measure(job: TextJob, folder: Path, row: dict[str, Any]) -> dict[str, Any]:
+    """Build, probe, train and probe the member (refused above --max-params), writing its files
+    (checkpoint, loss.csv, runs/) into ``folder`` and its results into ``row``; returns its corpus
+    for member.json."""
+    import pandas as pd
+
+    from depthprobe.probes.data.memory import Text
+    from depthprobe.probes.experiments.probing import mean_metric, probe
+    from depthprobe.probes.models.device import resolve_device, size_limit
+    from depthprobe.probes.training.lm import LOG_COLUMNS, train_lm
+
     cfg = job.config
     device = resolve_device(cfg.device)
     corpus = cached_corpus(cfg)
     if job.corpus_digest is not None and corpus.digest != job.corpus_digest:
         raise ProbeError(f"--corpus {cfg.corpus} changed while the study ran; rerun the study with a new --out")
     lines = probe_inputs(corpus, cfg.probe_lines, cfg.context)  # the text probes read them in memory
-    model = exp.build(job, corpus, device)
+    with size_limit(cfg.max_params):
+        model = job.build(corpus, device)
     nonembed, embed = families.count_params(model)
-    tokens = exp.member_tokens(job, nonembed)
-    lr, trials = pick_lr(exp, job, corpus, tokens, device)
+    lr, trials = pick_lr(job, corpus, job.tokens, device)
     init = probe(model, "kernels", folder / "runs" / "kernels-init", data=lines, max_len=cfg.context)
-    run = train_lm(model, corpus, lm_config(cfg, tokens, lr, job.seed))
+    run = train_lm(job.trainable(model), corpus, lm_config(cfg, job.tokens, lr, job.seed))
     write_csv(folder / "loss.csv", pd.DataFrame(run.log, columns=LOG_COLUMNS))
     if trials:
         write_csv(folder / "lr_grid.csv", pd.DataFrame(trials))
-    exp.save(model, job, corpus, folder / "checkpoint")
+    job.save(model, corpus, folder / "checkpoint")
     ind = probe(
         model,
         "induction",
@@ -165,15 +263,14 @@ def measure(exp: TextExperiment, job: TextJob, folder: Path, row: dict[str, Any]
     )
     ker = probe(model, "kernels", folder / "runs" / "kernels", data=lines, max_len=cfg.context)
     att = probe(model, "attention-stats", folder / "runs" / "attention-stats", data=lines, max_len=cfg.context)
-    if member_depth.enabled(cfg):  # after every other measurement: nothing above depends on it
+    if cfg.depth_usage:  # after every other measurement: nothing above depends on it
         member_depth.write_depth_usage(model, lines, folder, job.name, max_len=cfg.context)
-    m = job.member
-    row.update(exp.size_columns(m, nonembed, embed))
+    row.update(job.size_columns(nonembed, embed))
     row.update(
         tokens=run.tokens,
         passes=run.tokens / corpus.train_ids.numel(),
         lr=lr,
-        flops=run.tokens * families.flops_per_token(nonembed, m.d_model * corpus.vocab, m.depth, m.d_attn, cfg.context),
+        flops=job.flops(run.tokens, nonembed, corpus.vocab),
         val_loss=run.val["val_loss"],
         val_bpb=run.val["val_bpb"],
         induction_best=ind.headline.get("best_induction_score"),

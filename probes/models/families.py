@@ -47,7 +47,7 @@ LEVINE_TOLERANCE = 0.05  # levine members, on the 12 L d^2 line, within 5% (thei
 LEVINE_RATIO = (3, 5)  # levine's d_ff / d_model range (Levine et al.: 4)
 LEVINE_MIN_HEADS = 2
 
-# top-level parameter names: the native model (TransformerLens NativeModel) and SPATransformer
+# top-level parameter names: the native model (TransformerLens NativeModel) and VariantTransformer
 EMBEDDING = frozenset({"tok_embed", "pos", "head", "W_E", "W_U"})
 NON_EMBEDDING = frozenset({"layers", "ln_out", "blocks"})
 
@@ -59,7 +59,7 @@ def count_params(model: Any) -> tuple[int, int]:
     """(non-embedding, embedding) parameter counts of a built model, each tensor once.
 
     ``model``: a :class:`Model`, a TransformerBridge over a native model, the native model itself
-    or an :class:`~probes.models.variant_net.SPATransformer`. Embedding: token embedding, positional
+    or an :class:`~probes.models.variant_net.VariantTransformer`. Embedding: token embedding, positional
     embedding, unembedding and its bias (tok_embed, pos, head; W_E, W_U). Non-embedding: the
     blocks and the final norm (layers, ln_out; blocks)."""
     module = getattr(model, "bridge", model)

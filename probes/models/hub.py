@@ -31,7 +31,7 @@ HASH_CACHE_MIN_BYTES = 32 << 20  # smaller weights files hash in well under 0.1 
 HASH_CACHE_ENTRIES = 256  # the most recently hashed files the cache keeps
 
 
-def _hash_file(path: Path) -> str:
+def hash_file(path: Path) -> str:
     """``sha256:HEX`` of a weights file, which a run's manifest records.
 
     Hashing reads the whole file (about 1 s per GB), so it is done once per file version:
@@ -85,7 +85,7 @@ def _write_hash_cache(store: Path, known: dict[str, str]) -> None:
 def _weights_id(directory: Path) -> str:
     for name in ("model.safetensors", "pytorch_model.bin"):
         if (directory / name).exists():
-            return _hash_file(directory / name)
+            return hash_file(directory / name)
     if directory.parent.name == "snapshots":  # HF cache snapshot directory
         return "revision:" + directory.name
     return "unknown"

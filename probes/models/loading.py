@@ -39,11 +39,11 @@ from depthprobe.probes.models.checkpoints import (
 )
 from depthprobe.probes.models.device import allocation_errors, check_size, native_bytes, resolve_device
 from depthprobe.probes.models.hub import (
-    _hash_file,
     _hub_reachable,
     _offline_error,
     _weights_id,
     cached_snapshot,
+    hash_file,
     minilm_path,
 )
 from depthprobe.probes.models.model import Model, ModelInfo, NativeConfig
@@ -365,7 +365,7 @@ def load_checkpoint(
             f"{weights} is not a readable safetensors file ({str(exc).splitlines()[0]}); "
             "the file is truncated or corrupt: restore it or re-save with probe train"
         ) from None
-    model = _load_native(cfg, name or str(d), dev, dtype, weights=_hash_file(weights))
+    model = _load_native(cfg, name or str(d), dev, dtype, weights=hash_file(weights))
     expected = {k: tuple(v.shape) for k, v in model.bridge.state_dict().items()}
     _check_shapes(expected, found, config, weights)
     try:

@@ -234,7 +234,7 @@ class Block(nn.Module):
         return self.hook_resid_post(x)
 
 
-class SPATransformer(HookedRootModule):
+class VariantTransformer(HookedRootModule):
     """The model; ``forward(input, attention_mask=None, return_type=None)`` like a bridge."""
 
     def __init__(self, cfg: SPAConfig) -> None:
@@ -351,11 +351,11 @@ def build(cfg: SPAConfig | str, device: str | torch.device | None = None, name: 
         cfg = SPAConfig.parse(cfg)
     dev = device if isinstance(device, torch.device) else resolve_device(device)
     cfg.check_size(device=dev)
-    net = SPATransformer(cfg).to(dev).eval()
+    net = VariantTransformer(cfg).to(dev).eval()
     return wrap(net, name or cfg.spec(), f"random-init:seed={cfg.seed}", dev)
 
 
-def wrap(net: SPATransformer, name: str = "spa", weights: str = "", device: torch.device | None = None) -> Model:
+def wrap(net: VariantTransformer, name: str = "spa", weights: str = "", device: torch.device | None = None) -> Model:
     """``net`` as a :class:`probes.models.model.Model` (tokenizer None); ``device`` defaults to
     the device of its weights."""
     cfg = net.cfg
@@ -412,7 +412,7 @@ def load_checkpoint(folder: str | Path, device: torch.device, name: str | None =
     from safetensors.torch import load_file
 
     from depthprobe.probes.models.checkpoints import CHECKPOINT_WEIGHTS, checkpoint_meta
-    from depthprobe.probes.models.hub import _hash_file
+    from depthprobe.probes.models.hub import hash_file
 
     d = Path(folder)
     cfg = SPAConfig.parse(str(checkpoint_meta(d).get("spa", "")))
@@ -424,9 +424,9 @@ def load_checkpoint(folder: str | Path, device: torch.device, name: str | None =
             f"{weights} is not a readable safetensors file ({str(exc).splitlines()[0]}); restore it or retrain"
         ) from None
     cfg.check_size(device=device)
-    net = SPATransformer(cfg)
+    net = VariantTransformer(cfg)
     try:
         net.load_state_dict(state)
     except RuntimeError as exc:
         raise ProbeError(f"{weights} does not match its spec {cfg.spec()}: {str(exc).splitlines()[0]}") from None
-    return wrap(net.to(device).eval(), name or str(d), _hash_file(weights), device)
+    return wrap(net.to(device).eval(), name or str(d), hash_file(weights), device)

@@ -80,7 +80,7 @@ class SPAConfig:
         return DTYPES[self.dtype]
 
     def n_params(self) -> int:
-        """Parameter count of :class:`SPATransformer` for this config."""
+        """Parameter count of :class:`VariantTransformer` for this config."""
         d, d_mlp = self.width, self.d_mlp or 4 * self.width
         ln = 2 * d if self.norm != "none" else 0
         block = 4 * d * d + ln + (2 * self.heads if self.attention == "value-skipinit" else 0)

@@ -3,8 +3,9 @@
 The frame is the same for every family: a header (family, preset, members ok/failed and the
 family's facts; an absolute path shortened to its last part), the failed members with their error
 (left out of every plot), the family's sections (``Experiment.page``, drawn from the study's
-tables), the member table (``members.csv``) and the settings (``study.json``'s config). A study
-without a finished member shows a note instead of the family's sections. The page reports; it asserts nothing.
+tables), the member table (``members.csv``, after the family's note on its columns) and the
+settings (``study.json``'s config). A study without a finished member shows a note instead of the
+family's sections. The page reports; it asserts nothing.
 """
 
 from __future__ import annotations
@@ -24,22 +25,16 @@ MEMBERS_STYLE = (
     ".members table.data td, .members table.data th { white-space: nowrap; } "
     ".members table.data td:last-child { white-space: normal; min-width: 24em; }"
 )
-MEMBERS_NOTE = (
-    "<p class='meta'>embed_share: the embedding part (token embedding, positions, unembedding) of each member's "
-    "parameters (params_total); budget_miss: how far the count --match names is from its budget; passes: passes "
-    "over the training split.</p>"
-)
 
 
-def members_table(t: pd.DataFrame) -> str:
-    """members.csv as a table, numbers formatted (whole numbers without decimals); columns without a
-    value in any row are left out."""
+def members_table(t: pd.DataFrame, note: str = "") -> str:
+    """members.csv as a table, numbers formatted (whole numbers without decimals), after the
+    family's ``note`` (HTML) on its columns; columns without a value in any row are left out."""
     cols = [
         c for c in t.columns if c in ("member", "status") or (t[c].notna() & t[c].astype(str).str.strip().ne("")).any()
     ]
     whole = whole_columns(t)
     records = [{c: cell_text(c, r[c], c in whole) for c in cols} for r in t.to_dict("records")]
-    note = MEMBERS_NOTE if "embed_share" in cols else ""
     return f"<style>{MEMBERS_STYLE}</style>{note}<div class='members'>{html_table(records, cols)}</div>"
 
 
@@ -58,9 +53,10 @@ def study_page(
     sections: Sequence[str],
     config: Mapping[str, Any],
     facts: Sequence[str] = (),
+    members_note: str = "",
 ) -> str:
-    """The study's report page (self-contained, offline) from its members, its family's sections
-    and its settings."""
+    """The study's report page (self-contained, offline) from its members, its family's sections,
+    its family's note on the member table and its settings."""
     status = members["status"].fillna("").astype(str).str.strip()
     ok, failed = members[status == "ok"], members[status != "ok"]
     title = f"depthprobe study: {family}"
@@ -81,7 +77,7 @@ def study_page(
         )
     else:
         parts += list(sections)
-    parts.append("<h2>Members</h2>" + members_table(members))
+    parts.append("<h2>Members</h2>" + members_table(members, members_note))
     settings = json.dumps(dict(config), indent=2, ensure_ascii=False, default=str)
     parts.append(
         f"<h2>Study settings</h2><details><summary>study.json config</summary><pre>{esc(settings)}</pre></details>"

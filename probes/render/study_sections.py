@@ -34,26 +34,7 @@ from depthprobe.probes.render.study_data import (
 )
 
 SPREAD = "error bars: min to max over seeds"
-EXPECTED = {
-    "levine": (
-        "Expected signature (Levine et al. 2020): deep minus shallow validation loss is about 0 at small "
-        "budgets and clearly negative at large ones, and the crossover budget grows with the pair's depth. "
-        "This page reports what the study measured; it does not test the expectation."
-    ),
-    "petty": (
-        "Petty et al. 2023's headline is compositional generalisation after fine-tuning; this study measures only "
-        "their secondary result, the language-model loss at equal parameters. Expected there: loss falls steeply "
-        "up to 3-4 layers, then flattens, then worsens once d_ff is well below d_model. This page reports what "
-        "the study measured; it does not test the expectation."
-    ),
-    "spa": (
-        "Expected (He et al. 2023): deep skipless vanilla trains far slower or not at all; E-SPA and U-SPA "
-        "train; standard pre-LN is still best at equal steps. This page reports what the study measured; "
-        "it does not test the expectation."
-    ),
-}
-
-
+UNTESTED = "This page reports what the study measured; it does not test the expectation."
 # ----------------------------------------------------------------------------------------------
 # figures
 # ----------------------------------------------------------------------------------------------
@@ -95,7 +76,7 @@ def _budget_figure(lines: list[Series], ticks: list[tuple[float, str]], **chart:
 # ----------------------------------------------------------------------------------------------
 
 
-def levine_section(study: StudyData) -> str:
+def levine_section(study: StudyData, prediction: str) -> str:
     ok = study.ok.assign(budget=num(study.ok, "budget"), depth=num(study.ok, "depth"))
     agg = seed_spread(ok, ["depth", "budget"], "val_loss")
     ticks = [(b, budget_text(b)) for b in sorted(set(agg["budget"].astype(float)))]
@@ -107,7 +88,7 @@ def levine_section(study: StudyData) -> str:
         "parameter count (members match it within 5%; each miss is budget_miss in members.csv).</p>",
         _budget_figure(lines, ticks, title="validation loss vs budget", y_label=y_label),
         "<h2>Deep minus shallow</h2>",
-        f"<p class='meta'>{esc(EXPECTED['levine'])}</p>",
+        f"<p class='meta'>{esc(prediction)} {UNTESTED}</p>",
     ]
     diffs = levine_differences(study)
     if diffs.empty:
@@ -157,13 +138,13 @@ def petty_group(study: StudyData, row: pd.Series) -> str:
     return f"budget {budget_text(row['budget'])}, shrink {study.config['shrink']}"
 
 
-def petty_section(study: StudyData) -> str:
+def petty_section(study: StudyData, prediction: str) -> str:
     ok = study.ok.assign(depth=num(study.ok, "depth"), d_ff=num(study.ok, "d_ff"), d_model=num(study.ok, "d_model"))
     group = petty_group(study, ok.iloc[0])  # one line: a petty study has one budget and one --shrink
     ticks = _depth_ticks(ok)
     parts = [
         "<h2>Validation loss vs depth</h2>",
-        f"<p class='meta'>{esc(EXPECTED['petty'])}</p>",
+        f"<p class='meta'>{esc(prediction)} {UNTESTED}</p>",
         f"<p class='meta'>One line per budget and shrink mode; mean over seeds, {SPREAD}.</p>",
         _loss_vs_depth([_series(group, seed_spread(ok, ["depth"], "val_loss"), "depth")], ticks),
     ]
@@ -187,14 +168,14 @@ def petty_section(study: StudyData) -> str:
     return "\n".join(parts)
 
 
-def spa_section(study: StudyData) -> str:
+def spa_section(study: StudyData, prediction: str) -> str:
     ok = study.ok.assign(depth=num(study.ok, "depth"))  # every spa member has a variant (its row, even failed)
     curves, notes = read_losses(study, list(ok["member"]))
     variants = list(dict.fromkeys(ok["variant"]))
     color = {v: PALETTE[k % len(PALETTE)] for k, v in enumerate(variants)}
     parts = [
         "<h2>Training loss curves</h2>",
-        f"<p class='meta'>{esc(EXPECTED['spa'])}</p>",
+        f"<p class='meta'>{esc(prediction)} {UNTESTED}</p>",
         "<p class='meta'>One plot per depth, one line per variant: training loss (loss.csv) at each step, "
         f"mean over the seeds that logged that step; long curves are thinned to {MAX_CURVE_POINTS} points.</p>",
     ]

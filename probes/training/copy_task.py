@@ -1,4 +1,4 @@
-"""Training a depth-study network (:class:`~probes.models.variant_net.SPATransformer`) on the copy
+"""Training a depth-study network (:class:`~probes.models.variant_net.VariantTransformer`) on the copy
 task, for the kernels sweep's trained kernels: Adam on the repeated half's next-token loss,
 gradient norm clipped at 1, through the one training loop."""
 

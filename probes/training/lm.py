@@ -7,11 +7,13 @@ the same seed see the same tokens in the same order. AdamW (weight decay on matr
 biases, norm gains or the SPA skip gains) with a linear warm-up and cosine decay to
 ``min_lr_ratio`` of the peak, gradient clipping at norm 1.
 
-Two model kinds train here: native TransformerBridge decoders, through the fast path of
-:func:`depthprobe.probes.training.fast_forward.fast_logits` (the bridge's own parameters, without its
-per-hook Python overhead), and the SPA family's :class:`~depthprobe.probes.models.variant_net.SPATransformer`
-(called directly). A loss that is not finite stops the run with a one-line error: the member is
-recorded as failed (deep skipless networks can diverge) while the others go on.
+The loop trains a :class:`Trainable`, which the member's job supplies (experiments/text_member.py):
+a native TransformerBridge decoder through the fast path of
+:func:`depthprobe.probes.training.fast_forward.fast_logits` (:func:`native`: the bridge's own
+parameters, without its per-hook Python overhead), or a network that is its own module, such as
+:class:`~depthprobe.probes.models.variant_net.VariantTransformer` (:func:`direct`: called directly).
+A loss that is not finite stops the run with a one-line error: the member is recorded as failed
+(deep skipless networks can diverge) while the others go on.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import torch
@@ -96,23 +99,30 @@ class LMRun:
         return self.tokens / self.seconds if self.seconds > 0 else math.nan
 
 
-def logits_fn(model: Model) -> Callable[[torch.Tensor], torch.Tensor]:
-    """tokens [batch, pos] -> logits [batch, pos, vocab] for training and validation."""
-    if model.info.source == "spa":
-        net = model.bridge
-        return lambda tokens: net(tokens, return_type="logits")
+@dataclass(frozen=True)
+class Trainable:
+    """A model as the loop trains it: ``module`` holds the trainable parameters and ``logits`` maps
+    tokens [batch, pos] to logits [batch, pos, vocab] (:func:`native` or :func:`direct`)."""
+
+    model: Model
+    module: torch.nn.Module
+    logits: Callable[[torch.Tensor], torch.Tensor]
+
+
+def native(model: Model) -> Trainable:
+    """A native decoder, through the fast path over the bridge's own parameters."""
     if model.info.native is None:
-        raise ProbeError(f"model {model.name!r} is not a native or spa model; only those train here")
-    return lambda tokens: fast_logits(model, tokens)
+        raise ProbeError(f"model {model.name!r} is not a native model; train a network of its own with lm.direct")
+    return Trainable(model, model.bridge.original_model, partial(fast_logits, model))
 
 
-def module(model: Model) -> torch.nn.Module:
-    """The nn.Module holding the trainable parameters."""
-    return model.bridge if model.info.source == "spa" else model.bridge.original_model
+def direct(model: Model) -> Trainable:
+    """A network that is its own module (``model.bridge``, e.g. the depth-study network), called directly."""
+    return Trainable(model, model.bridge, partial(model.bridge, return_type="logits"))
 
 
-def optimizer(model: Model, cfg: LMConfig) -> torch.optim.AdamW:
-    return decay_adamw(module(model), lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
+def optimizer(net: Trainable, cfg: LMConfig) -> torch.optim.AdamW:
+    return decay_adamw(net.module, lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
 
 
 def decay_adamw(
@@ -132,43 +142,42 @@ def decay_adamw(
     return adamw(groups, lr=lr, betas=betas)
 
 
-def evaluate(model: Model, corpus: corpora.Corpus, cfg: LMConfig, limit: int | None = None) -> dict[str, float]:
+def evaluate(net: Trainable, corpus: corpora.Corpus, cfg: LMConfig, limit: int | None = None) -> dict[str, float]:
     """Validation loss (nats per token) and bits per byte over ``limit`` windows (None: all)."""
-    net = module(model)
-    was_training = net.training
-    net.eval()
+    was_training = net.module.training
+    net.module.eval()
     try:
         return corpora.evaluate(
-            logits_fn(model), corpus, cfg.context, batch=cfg.batch_size, limit=limit, device=model.device
+            net.logits, corpus, cfg.context, batch=cfg.batch_size, limit=limit, device=net.model.device
         )
     finally:
-        net.train(was_training)
+        net.module.train(was_training)
 
 
 def train_lm(
-    model: Model, corpus: corpora.Corpus, cfg: LMConfig, progress: Callable[[int, int], None] | None = None
+    net: Trainable, corpus: corpora.Corpus, cfg: LMConfig, progress: Callable[[int, int], None] | None = None
 ) -> LMRun:
-    """Train ``model`` in place for ``cfg.steps`` steps; returns the log and the final validation.
+    """Train ``net`` in place for ``cfg.steps`` steps; returns the log and the final validation.
 
     ``progress(done, total)`` is called after every step (for a progress bar)."""
+    model = net.model
     if cfg.context > model.info.max_len:
         raise ProbeError(f"--context {cfg.context} exceeds the model's context {model.info.max_len}")
     with torch_threads(cfg.threads if model.device.type == "cpu" else None):
-        return _loop(model, corpus, cfg, progress)
+        return _loop(net, corpus, cfg, progress)
 
 
 def _eval_steps(cfg: LMConfig) -> set[int]:
     return {round(cfg.steps * (i + 1) / (cfg.evals + 1)) for i in range(cfg.evals)} - {0, cfg.steps}
 
 
-def _loop(model: Model, corpus: corpora.Corpus, cfg: LMConfig, progress: Callable[[int, int], None] | None) -> LMRun:
-    net = module(model)
+def _loop(net: Trainable, corpus: corpora.Corpus, cfg: LMConfig, progress: Callable[[int, int], None] | None) -> LMRun:
     run = LMRun()
     evals = _eval_steps(cfg)
     per_step = cfg.batch_size * cfg.context
 
     def on_window(w: Window) -> None:
-        val = evaluate(model, corpus, cfg, cfg.eval_windows)["val_loss"] if w.step in evals else math.nan
+        val = evaluate(net, corpus, cfg, cfg.eval_windows)["val_loss"] if w.step in evals else math.nan
         run.log.append(
             {
                 "step": w.step,
@@ -194,20 +203,20 @@ def _loop(model: Model, corpus: corpora.Corpus, cfg: LMConfig, progress: Callabl
         check_finite=True,
     )
     source = CorpusSource(corpus, cfg.seed, cfg.batch_size, cfg.context)
-    params = [p for p in net.parameters() if p.requires_grad]
+    params = [p for p in net.module.parameters() if p.requires_grad]
     loop = train_steps(
-        net,
-        logits_fn(model),
+        net.module,
+        net.logits,
         source,
-        optimizer(model, cfg),
+        optimizer(net, cfg),
         params,
         plan,
-        device=model.device,
+        device=net.model.device,
         on_window=on_window,
         after_step=after_step,
     )
     run.seconds = loop.seconds
     run.tokens = cfg.steps * per_step
-    run.val = evaluate(model, corpus, cfg)
+    run.val = evaluate(net, corpus, cfg)
     run.log[-1]["val_loss"] = run.val["val_loss"]
     return run

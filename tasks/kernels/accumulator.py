@@ -117,7 +117,7 @@ def theory_rows(sigmas: torch.Tensor | None) -> dict[str, np.ndarray]:
     return with_contraction({m: np.array([p[m] for p in per]) for m in per[0]})
 
 
-def measure(net: variant_net.SPATransformer, ids: torch.Tensor) -> Accumulator:
+def measure(net: variant_net.VariantTransformer, ids: torch.Tensor) -> Accumulator:
     """One pass over ids [B, T]; metrics folded in per layer as each residual is produced."""
     cfg = net.cfg
     model = variant_net.wrap(net)

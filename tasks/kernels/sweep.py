@@ -156,7 +156,7 @@ class KernelSweep(Sweep):
             print(f"kernels sweep: {job.variant} depth {job.depth}", file=sys.stderr, flush=True)
         with torch_threads(o.threads):
             ids = variant_net.random_tokens(o.samples, o.seq_len, max(4096, o.seq_len), job.seed).to(dev)
-            net = variant_net.SPATransformer(job.cfg).to(dev)
+            net = variant_net.VariantTransformer(job.cfg).to(dev)
             losses = train_copy(net, o.steps, o.seq_len, o.train_batch, o.lr, job.seed)
             acc = measure(net.eval(), ids)
             rec = self._record(job.variant, job.depth, job.cfg, acc, o, losses)
