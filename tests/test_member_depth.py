@@ -171,7 +171,7 @@ class PluginFamily(Experiment):
 
     def measure(self, job: PluginJob, folder: Path, row: dict[str, Any]) -> dict[str, Any]:
         model = probes.load(f"native:layers={job.depth},d_model=16,heads=2,d_vocab=12,n_ctx=8,seed=0", device="cpu")
-        if member_depth.enabled(job.config):
+        if job.config.depth_usage:
             ids = torch.randint(0, 12, (4, 8), generator=torch.Generator().manual_seed(0))
             member_depth.write_depth_usage(model, ids, folder, job.name)
         row["device"] = "cpu"

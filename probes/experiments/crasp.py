@@ -152,6 +152,7 @@ class Crasp(LawExperiment):
     second = "token_accuracy"
     extra_tables = ("ranges.csv",)
     member_columns = ("k",)
+    id_columns = ("group", "k", "depth", "d_model", "heads", "seed", "control")
     law_columns = LAW_COLUMNS
     prediction = (
         "Prediction (Yang, Cadilhac and Chiang 2025, 'Knee-Deep in C-RASP'): fixed-precision transformers without "

@@ -220,7 +220,7 @@ def finish(
     save_checkpoint(model, folder / "checkpoint", {"law_study": {"member": job.name, "family": exp.name}})
     exp.probe(job, model, folder)
     exp.training_files(job, source, folder)
-    if member_depth.enabled(job.config):  # after every other measurement: nothing above depends on it
+    if job.config.depth_usage:  # after every other measurement: nothing above depends on it
         depth_files(exp, job, model, sets, folder)
     row.update(params=nonembed + embed, params_nonembed=nonembed, train_s=seconds, batch=batch)
     row.update(

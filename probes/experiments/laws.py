@@ -49,6 +49,7 @@ class LawExperiment(Experiment):
     extra_tables: ClassVar[tuple[str, ...]] = ()  # member tables gathered besides accuracy and curves
     prediction: ClassVar[str] = ""  # the prediction, for the page
     member_columns: ClassVar[tuple[str, ...]] = ()  # members.csv's columns copied onto accuracy.csv
+    id_columns: ClassVar[tuple[str, ...]] = ("group", "depth", "d_model", "heads", "seed", "control")
     law_columns: ClassVar[list[str]]  # law.csv's columns (its header when no member finished)
 
     # -- what a law family gives ---------------------------------------------------------------

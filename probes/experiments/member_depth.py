@@ -25,16 +25,8 @@ if TYPE_CHECKING:
 
 DEPTH_USAGE_CSV = "depth_usage.csv"
 SKIPPED_CSV = "skipped_accuracy.csv"
-# members.csv's columns that say what a member is, for a caller that does not name its family's
-# (``Experiment.id_columns``): the union of every built-in family's, in this order
-_ALL_ID_COLUMNS = ("variant", "group", "k", "depth", "d_model", "heads", "n_heads", "budget", "seed", "control")
 # per block: the depth-usage metrics of the study table (one column each, where the members have them)
 LAYER_METRICS = ("relative_contribution", "cosine", "skip_output", "skip_kl", "skip_top1")
-
-
-def enabled(config: Any) -> bool:
-    """Whether members of a study with ``config`` run the depth-usage probe (``depth_usage``)."""
-    return bool(config.depth_usage)
 
 
 def write_depth_usage(
@@ -62,9 +54,7 @@ def write_skipped_accuracy(
     write_csv(folder / SKIPPED_CSV, table.rename(columns={"level": key}))
 
 
-def study_tables(
-    members: pd.DataFrame, folder: Path, id_columns: Sequence[str] = _ALL_ID_COLUMNS
-) -> dict[str, pd.DataFrame]:
+def study_tables(members: pd.DataFrame, folder: Path, id_columns: Sequence[str]) -> dict[str, pd.DataFrame]:
     """The study's depth tables from what its finished members wrote (none when none did):
     ``depth_usage.csv`` (per member and block: the member's ``id_columns``, ``layer`` and one column
     per metric of :data:`LAYER_METRICS`) and ``skipped_accuracy.csv`` (the members' rows with their
@@ -104,7 +94,6 @@ def with_member_columns(table: pd.DataFrame, members: pd.DataFrame, id_columns: 
 __all__ = [
     "DEPTH_USAGE_CSV",
     "SKIPPED_CSV",
-    "enabled",
     "study_tables",
     "write_depth_usage",
     "write_skipped_accuracy",

@@ -87,6 +87,8 @@ class Experiment:
     resumable: ClassVar[tuple[str, ...]] = ("device",)  # settings a rerun may change (results do not depend on them)
     aliases: ClassVar[dict[str, str]] = {}  # option name -> Config field (``lr`` -> ``lrs``)
     parsers: ClassVar[dict[str, Callable[[str], Any]]] = {}  # field -> reader of its text form (``50k``)
+    id_columns: ClassVar[tuple[str, ...]] = ("depth", "seed")  # members.csv's columns copied onto the depth tables
+    members_note: ClassVar[str] = ""  # HTML the report shows above its member table (what the columns mean)
 
     # -- what a family must say ----------------------------------------------------------------
     def plan(self, config: Any) -> list[Any]:

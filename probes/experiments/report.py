@@ -18,7 +18,8 @@ def render(exp: Experiment, cfg: Any, tables: dict[str, pd.DataFrame], folder: P
     members = tables[MEMBERS_CSV]
     finished = bool((members["status"] == "ok").any()) if len(members) else False
     sections = [*exp.page(cfg, tables, folder), *depth_sections(exp, cfg, tables)] if finished else []
-    return study_page(exp.name, cfg.preset, members, sections, dataclasses.asdict(cfg), exp.facts(cfg))
+    config = dataclasses.asdict(cfg)
+    return study_page(exp.name, cfg.preset, members, sections, config, exp.facts(cfg), exp.members_note)
 
 
 def depth_sections(exp: Experiment, cfg: Any, tables: dict[str, pd.DataFrame]) -> list[str]:

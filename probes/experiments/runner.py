@@ -268,7 +268,7 @@ def write_tables(exp: Experiment, cfg: Any, folder: Path) -> dict[str, pd.DataFr
     from depthprobe.probes.experiments.member_depth import study_tables
 
     members = write_members(exp, folder)
-    tables = {**study_tables(members, folder), **exp.tables(cfg, members, folder)}
+    tables = {**study_tables(members, folder, exp.id_columns), **exp.tables(cfg, members, folder)}
     for name, table in tables.items():
         folders.write_table(folder, name, table)
     return {folders.MEMBERS_CSV: members, **tables}
