@@ -43,6 +43,7 @@ _NAMES: dict[str, str] = {
     "forward": "hooks.capture:forward",
     "generate": "hooks.steering:generate",
     "get_task": "engine.task:get_task",
+    "grad_edit": "hooks.backward:grad_edit",
     "load": "models.loading:load",
     "load_checkpoint": "models.loading:load_checkpoint",
     "load_sae": "models.sae:load_sae",
@@ -63,6 +64,7 @@ _NAMES: dict[str, str] = {
     "sweep": "api.sweep:sweep",
     "task_names": "engine.task:task_names",
     "tidy": "engine.task:tidy",
+    "top_activations": "api.top_activations:top_activations",
     "train": "api.train:train",
     "view": "api.viz:view",
     "word_attention": "data.align:word_attention",
@@ -92,6 +94,7 @@ if TYPE_CHECKING:  # what static checkers and IDEs see; never run
     from depthprobe.probes.api.compare import compare
     from depthprobe.probes.api.run import Result, run
     from depthprobe.probes.api.sweep import sweep
+    from depthprobe.probes.api.top_activations import top_activations
     from depthprobe.probes.api.train import train
     from depthprobe.probes.api.viz import view
     from depthprobe.probes.base.errors import Diverged, ProbeError
@@ -113,6 +116,7 @@ if TYPE_CHECKING:  # what static checkers and IDEs see; never run
     from depthprobe.probes.experiments.protocol import Experiment, MemberOutput, register_experiment
     from depthprobe.probes.experiments.runner import Study, study
     from depthprobe.probes.hooks.attribution import attribute
+    from depthprobe.probes.hooks.backward import grad_edit
     from depthprobe.probes.hooks.cache import Cache, run_with_cache
     from depthprobe.probes.hooks.capture import capture, forward, resolve_names
     from depthprobe.probes.hooks.depth import skip_layers
