@@ -37,9 +37,11 @@ _NAMES: dict[str, str] = {
     "attach_sae": "hooks.sae:attach_sae",
     "attribute": "hooks.attribution:attribute",
     "capture": "hooks.capture:capture",
+    "circuit": "hooks.circuit:circuit",
     "compare": "api.compare:compare",
     "direct_logit_attribution": "hooks.lens:direct_logit_attribution",
     "encode_words": "data.align:encode_words",
+    "faithfulness": "hooks.circuit:faithfulness",
     "forward": "hooks.capture:forward",
     "generate": "hooks.steering:generate",
     "get_task": "engine.task:get_task",
@@ -49,6 +51,7 @@ _NAMES: dict[str, str] = {
     "load_sae": "models.sae:load_sae",
     "logit_lens": "hooks.lens:logit_lens",
     "patch": "hooks.interventions:patch",
+    "prune": "hooks.circuit:prune",
     "ranged": "base.options:ranged",
     "register": "engine.task:register",
     "register_experiment": "experiments.protocol:register_experiment",
@@ -119,6 +122,7 @@ if TYPE_CHECKING:  # what static checkers and IDEs see; never run
     from depthprobe.probes.hooks.backward import grad_edit
     from depthprobe.probes.hooks.cache import Cache, run_with_cache
     from depthprobe.probes.hooks.capture import capture, forward, resolve_names
+    from depthprobe.probes.hooks.circuit import circuit, faithfulness, prune
     from depthprobe.probes.hooks.depth import skip_layers
     from depthprobe.probes.hooks.interventions import ablate_heads, patch
     from depthprobe.probes.hooks.lens import direct_logit_attribution, logit_lens
