@@ -74,7 +74,7 @@ def _latent_acts(
 
 
 def _labels(model: Model, ids: list[int]) -> list[str]:
-    return [str(i) for i in ids] if model.tokenizer is None else piece_labels(model.tokenizer, ids)
+    return [f" {i}" for i in ids] if model.tokenizer is None else piece_labels(model.tokenizer, ids)
 
 
 def top_activations(

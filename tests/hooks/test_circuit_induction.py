@@ -102,7 +102,7 @@ def test_the_trained_notebook_model(tmp_path):
     _, cache = probes.run_with_cache(model, clean, names="blocks.0.attn.hook_pattern")
     prev = cache["blocks.0.attn.hook_pattern"].diagonal(-1, -2, -1).mean((0, 2))  # [head]
     table = probes.circuit(model, clean, corrupt, metric, "patch")
-    heads = table[table["sender"].str.contains("-") & (table["sender"] != "embed")]
+    heads = table[table["sender"].str.fullmatch(r"\d+-\d+") & table["receiver"].str.contains(".", regex=False)]
     strongest = heads.iloc[0]
     assert strongest["receiver"].endswith(".k") and prev[int(strongest["sender"].split("-")[1])] > 0.5
     assert table.index[table["sender"] == strongest["sender"]][0] < 5

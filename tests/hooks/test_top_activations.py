@@ -37,7 +37,7 @@ def test_native_top_k_equal_the_hand_ranking():
     assert top.table["activation"].to_list() == pytest.approx(values.tolist(), abs=1e-5)
     assert list(zip(top.table["example"], top.table["position"], strict=True)) == [divmod(int(i), 9) for i in where]
     first = top.table.iloc[0]
-    assert first["token"] == str(int(ids[first["example"], first["position"]]))
+    assert first["token"] == f" {int(ids[first['example'], first['position']])}"  # ids, spaced
     assert f"[[{first['token']}]]" in first["context"]
     assert top.table["rank"].to_list() == [0, 1, 2, 3, 4]
     html = top.view.page
