@@ -18,7 +18,7 @@ scores (the gradient at its output), for ``patch`` the pass with all its edges r
 ``model, task, sender, receiver, metric, score`` (``receiver`` empty for nodes), ordered by
 ``|score|``, largest first; a per-example metric adds ``se`` and ``n`` and takes the statistics
 of :class:`~.stats.Stats` (``ci``, ``n_boot``, ``permutation``: the p-value of the score against 0).
-:func:`~.circuit_faithfulness.faithfulness` and ``prune`` keep the top of this table.
+:func:`faithfulness` and :func:`prune` (below) keep the top of this table.
 """
 
 from __future__ import annotations
@@ -107,7 +107,9 @@ def metric_of(
     return measure(p.name, metric, logits)
 
 
-def _gradients(model: Model, p: Pair, metric: Callable, steps: int, ref: dict[Node, torch.Tensor], clean: dict) -> dict:
+def _gradients(
+    model: Model, p: Pair, metric: Callable, steps: int, ref: dict[Node, torch.Tensor], clean: dict[Node, torch.Tensor]
+) -> tuple[bool, dict[str, torch.Tensor]]:
     """Each receiver's input gradient, averaged over the path from the corrupted embeddings (k/steps)."""
     ids, mask = p.clean
     embed = p.graph.senders[0]
@@ -135,7 +137,7 @@ def _gradients(model: Model, p: Pair, metric: Callable, steps: int, ref: dict[No
             g = torch.zeros_like(acts[h]) if g is None else g.detach()
             total[h] = total[h] + g if h in total else g
     per_example = out.numel() == ids.shape[0] and out.dim() == 1
-    return {"per_example": per_example, **{h: t / steps for h, t in total.items()}}
+    return per_example, {h: t / steps for h, t in total.items()}
 
 
 def _edge_scores(model: Model, p: Pair, cfg: CircuitConfig, metric: Callable) -> dict[Edge, torch.Tensor]:
@@ -143,12 +145,12 @@ def _edge_scores(model: Model, p: Pair, cfg: CircuitConfig, metric: Callable) ->
     if cfg.method == "patch":
         base = metric_of(model, p, metric, set(), ref)
         return {e: base - metric_of(model, p, metric, {e}, ref) for e in p.graph.edges}
-    grads = _gradients(model, p, metric, 1 if cfg.method == "eap" else cfg.ig_steps, ref, clean)
+    per_example, grads = _gradients(model, p, metric, 1 if cfg.method == "eap" else cfg.ig_steps, ref, clean)
     scores = {}
     for s, r in p.graph.edges:
         g = grads[r.hook] if r.head is None else grads[r.hook][:, :, r.head]
         per = ((clean[s] - ref[s]).to(g.dtype) * g).flatten(1).sum(1).to(torch.float64).cpu()
-        scores[(s, r)] = per if grads["per_example"] else per.sum()
+        scores[(s, r)] = per if per_example else per.sum()
     return scores
 
 
