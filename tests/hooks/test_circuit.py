@@ -86,8 +86,8 @@ def test_edges_into_the_logits_score_as_computed_by_hand_without_a_final_norm():
             z = c[names[1 + layer]][:, -1, head] - x[names[1 + layer]][:, -1, head]
             by_hand[f"{layer}-{head}"] = z @ w_o[layer, head] @ w_u
     for sender, want in by_hand.items():
-        assert eap[(sender, "logits")] == pytest.approx(float(want.mean()), abs=1e-4)
-        assert patched[(sender, "logits")] == pytest.approx(float(want.mean()), abs=1e-4)
+        assert eap[(sender, "logits")] == pytest.approx(float(want.detach().mean()), abs=1e-4)
+        assert patched[(sender, "logits")] == pytest.approx(float(want.detach().mean()), abs=1e-4)
 
 
 def test_eap_ig_input_node_tends_to_clean_minus_corrupt():
