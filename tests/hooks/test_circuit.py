@@ -66,6 +66,9 @@ def test_on_a_gpt2_bridge(tiny_gpt2):
     with torch.no_grad():
         assert f.attrs["clean"] == pytest.approx(float(diff(tiny_gpt2.bridge(ids)).mean()), abs=1e-4)
         assert f.attrs["empty"] == pytest.approx(float(diff(tiny_gpt2.bridge(corrupt)).mean()), abs=1e-4)
+    whole = f.attrs["clean"] - f.attrs["empty"]  # EAP-IG's held embeddings reach the split inputs here too
+    nodes = probes.circuit(tiny_gpt2, ids, corrupt, diff, "eap-ig", "node", ig_steps=32).set_index("sender")
+    assert nodes.loc["embed", "score"] == pytest.approx(whole, rel=0.1)  # measured 6.7% off at 32 steps
 
 
 def test_edges_into_the_logits_score_as_computed_by_hand_without_a_final_norm():
