@@ -37,17 +37,21 @@ _NAMES: dict[str, str] = {
     "attach_sae": "hooks.sae:attach_sae",
     "attribute": "hooks.attribution:attribute",
     "capture": "hooks.capture:capture",
+    "circuit": "hooks.circuit:circuit",
     "compare": "api.compare:compare",
     "direct_logit_attribution": "hooks.lens:direct_logit_attribution",
     "encode_words": "data.align:encode_words",
+    "faithfulness": "hooks.circuit:faithfulness",
     "forward": "hooks.capture:forward",
     "generate": "hooks.steering:generate",
     "get_task": "engine.task:get_task",
+    "grad_edit": "hooks.backward:grad_edit",
     "load": "models.loading:load",
     "load_checkpoint": "models.loading:load_checkpoint",
     "load_sae": "models.sae:load_sae",
     "logit_lens": "hooks.lens:logit_lens",
     "patch": "hooks.interventions:patch",
+    "prune": "hooks.circuit:prune",
     "ranged": "base.options:ranged",
     "register": "engine.task:register",
     "register_experiment": "experiments.protocol:register_experiment",
@@ -63,6 +67,7 @@ _NAMES: dict[str, str] = {
     "sweep": "api.sweep:sweep",
     "task_names": "engine.task:task_names",
     "tidy": "engine.task:tidy",
+    "top_activations": "api.top_activations:top_activations",
     "train": "api.train:train",
     "view": "api.viz:view",
     "word_attention": "data.align:word_attention",
@@ -92,6 +97,7 @@ if TYPE_CHECKING:  # what static checkers and IDEs see; never run
     from depthprobe.probes.api.compare import compare
     from depthprobe.probes.api.run import Result, run
     from depthprobe.probes.api.sweep import sweep
+    from depthprobe.probes.api.top_activations import top_activations
     from depthprobe.probes.api.train import train
     from depthprobe.probes.api.viz import view
     from depthprobe.probes.base.errors import Diverged, ProbeError
@@ -113,8 +119,10 @@ if TYPE_CHECKING:  # what static checkers and IDEs see; never run
     from depthprobe.probes.experiments.protocol import Experiment, MemberOutput, register_experiment
     from depthprobe.probes.experiments.runner import Study, study
     from depthprobe.probes.hooks.attribution import attribute
+    from depthprobe.probes.hooks.backward import grad_edit
     from depthprobe.probes.hooks.cache import Cache, run_with_cache
     from depthprobe.probes.hooks.capture import capture, forward, resolve_names
+    from depthprobe.probes.hooks.circuit import circuit, faithfulness, prune
     from depthprobe.probes.hooks.depth import skip_layers
     from depthprobe.probes.hooks.interventions import ablate_heads, patch
     from depthprobe.probes.hooks.lens import direct_logit_attribution, logit_lens

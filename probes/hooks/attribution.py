@@ -30,7 +30,7 @@ from depthprobe.probes.hooks.capture import capture
 from depthprobe.probes.hooks.grains import Per, layout
 from depthprobe.probes.hooks.patching import Plan, each_slot, plan, sweep
 from depthprobe.probes.hooks.spot_check import spot_check
-from depthprobe.probes.hooks.stats import Metrics, Values, call, measure
+from depthprobe.probes.hooks.stats import Metrics, Stats, Values, call, measure
 from depthprobe.probes.models.model import Model
 
 
@@ -47,11 +47,16 @@ def attribute(
     per_example: bool = False,
     batch_size: int | None = None,
     progress: bool = False,
+    ci: float | None = None,
+    n_boot: int = 1000,
+    permutation: int = 0,
+    seed: int = 0,
     ig_steps: int = 1,
     check: int = 3,
 ) -> pd.DataFrame:
     """The table :func:`patch` gives (same hooks, ``per``, ``positions``, metrics, ``per_example``,
-    ``batch_size`` and ``progress``), from two passes and a backward pass per metric instead of
+    ``batch_size``, ``progress`` and statistics, ``ci``, ``n_boot``, ``permutation``, ``seed``), from
+    two passes and a backward pass per metric instead of
     one pass per slot; ``ig_steps`` > 1 integrates the gradient along the path from the corrupted
     to the clean activation (see the module notes). A per-example metric gets per-example estimates.
     ``check`` slots, those with the largest estimated effect, are patched too: an estimate off by
@@ -60,6 +65,7 @@ def attribute(
     for arg, value, low in (("ig_steps", ig_steps, 1), ("check", check, 0)):
         if isinstance(value, bool) or not isinstance(value, int) or value < low:
             raise ProbeError(f"{arg} must be an integer of at least {low}, got {value!r}")
+    stats = Stats(ci, n_boot, permutation, seed).check(per_example)
     p = plan(model, clean, corrupt, hooks, metric, per, positions)
     df = sweep(
         model,
@@ -71,6 +77,7 @@ def attribute(
         batch_size=batch_size,
         progress=progress,
         label="attribution batches",
+        stats=stats,
     )
     if check:
         df.attrs["checked"] = spot_check(model, p, df, metric, check, batch_size)

@@ -23,7 +23,7 @@ from depthprobe.probes.hooks.capture import HookFn, capture, forward
 from depthprobe.probes.hooks.grains import Per, layout
 from depthprobe.probes.hooks.inputs import inputs
 from depthprobe.probes.hooks.patching import Plan, each_slot, plan, sweep
-from depthprobe.probes.hooks.stats import Metrics, Values
+from depthprobe.probes.hooks.stats import Metrics, Stats, Values
 from depthprobe.probes.models.model import Model
 
 Head = tuple[int, int]
@@ -153,6 +153,10 @@ def patch(
     per_example: bool = False,
     batch_size: int | None = None,
     progress: bool = False,
+    ci: float | None = None,
+    n_boot: int = 1000,
+    permutation: int = 0,
+    seed: int = 0,
 ) -> pd.DataFrame:
     """Activation patching: the corrupted input, with one slot of one clean activation written in.
 
@@ -163,9 +167,12 @@ def patch(
     ``metric(logits)`` (logits as :func:`run_with_cache` gives them: final hidden states for
     encoders without an LM head) gives a number, or one per example (then the table has the mean,
     ``se`` and ``n``, or with ``per_example`` a row per example); a dict of them measures each
-    (see :mod:`.stats`). ``batch_size`` runs the examples in batches, ``progress`` shows a bar.
+    (see :mod:`.stats`; ``ci``, ``n_boot``, ``permutation`` and ``seed`` add bootstrap intervals and
+    permutation p-values, :class:`~.stats.Stats`). ``batch_size`` runs the examples in batches,
+    ``progress`` shows a bar.
     Returns the tidy table of :mod:`.patching` (one row per hook x slot x metric, the metric of the
     patched run); the clean and corrupted values are in ``df.attrs``."""
+    stats = Stats(ci, n_boot, permutation, seed).check(per_example)
     p = plan(model, clean, corrupt, hooks, metric, per, positions)
 
     def run_batch(part: slice, got: Values, order: dict[Any, None]) -> None:
@@ -182,6 +189,7 @@ def patch(
         batch_size=batch_size,
         progress=progress,
         label="patching batches",
+        stats=stats,
     )
 
 

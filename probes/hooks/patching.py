@@ -19,7 +19,7 @@ from depthprobe.probes.hooks import eager_attention
 from depthprobe.probes.hooks.capture import resolve_names
 from depthprobe.probes.hooks.grains import Per, Slot, check_positions, grain, layer_and_hook, layout, slots
 from depthprobe.probes.hooks.inputs import inputs
-from depthprobe.probes.hooks.stats import Metrics, Values, bar, chunks, metric_fns
+from depthprobe.probes.hooks.stats import Metrics, Stats, Values, bar, chunks, metric_fns
 from depthprobe.probes.models.model import Model
 
 COLUMNS = ["model", "task", "layer", "head", "position", "hook", "metric", "value"]
@@ -107,9 +107,9 @@ def row(model: Model, task: str, metric: Metric, name: str, slot: Slot, v: float
 
 def table(rows: list[dict[str, Any]], clean: Any, corrupt: Any) -> pd.DataFrame:
     """The tidy table; per-example metrics add ``se`` and ``n`` (or ``example``) columns."""
-    extra = [c for c in ("key", "latent", "example", "se", "n") if any(c in r for r in rows)]
+    extra = [c for c in ("key", "latent", "example", "se", "n", "ci_low", "ci_high", "p") if any(c in r for r in rows)]
     df = pd.DataFrame(rows, columns=COLUMNS + extra)
-    for col in ("layer", "head", "position", *(c for c in extra if c != "se")):
+    for col in ("layer", "head", "position", *(c for c in extra if c in ("key", "latent", "example", "n"))):
         df[col] = df[col].astype("Int64")
     df.attrs.update(clean=clean, corrupt=corrupt)
     return df
@@ -129,11 +129,12 @@ def sweep(
     batch_size: int | None,
     progress: bool,
     label: str,
+    stats: Stats | None = None,
 ) -> pd.DataFrame:
     """Run ``run_batch(part, values, order)`` over the plan's examples in batches (a bar with
     ``progress``) and return the tidy table of every (hook, slot) in the order run: the one loop
     of patching and attribution."""
-    got = Values(metric_fns(metric), batch_size is not None)
+    got = Values(metric_fns(metric), batch_size is not None, stats)
     order: dict[Any, None] = {}  # (hook, slot) in the order run
     parts = chunks(p.clean[0].shape[0], batch_size)
     shown = bar(progress, len(parts), label)

@@ -9,6 +9,13 @@ metric of every patched run, in one sweep (the ``metric`` column names it). With
 the examples run in batches (a metric must then give one value per example, so that batches join
 exactly); a metric with two arguments, ``fn(logits, index)``, gets the batch's slice of the
 dataset, to read its own targets (``targets[index]``).
+
+:class:`Stats` adds what a reviewer asks of a per-example metric's rows: ``ci=0.95`` a percentile
+bootstrap interval of the row's mean over examples (``ci_low``, ``ci_high``: ``n_boot`` resamples of
+the examples, the same resamples for every row), and ``permutation=N`` the p-value of the row's
+effect, ``value - corrupt`` per example, against no effect (``p``: a paired permutation test, each
+example's difference flipped in sign at random N times; ``(1 + #{|null mean| >= |mean|}) / (1 + N)``),
+both seeded by ``seed``.
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ from __future__ import annotations
 import inspect
 import math
 from collections.abc import Callable, Hashable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -73,12 +81,82 @@ def measure(name: str, fn: Metric, logits: torch.Tensor, index: slice | None = N
     )
 
 
+@dataclass(frozen=True)
+class Stats:
+    """Bootstrap intervals (``ci``, ``n_boot``) and permutation p-values (``permutation``) of
+    per-example rows, seeded by ``seed``; checked on construction, before any pass."""
+
+    ci: float | None = None
+    n_boot: int = 1000
+    permutation: int = 0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        ci = self.ci
+        if ci is not None and (isinstance(ci, bool) or not isinstance(ci, int | float) or not 0 < ci < 1):
+            raise ProbeError(f"ci must be a coverage between 0 and 1 (e.g. ci=0.95) or None, got {ci!r}")
+        for arg, value, low in (("n_boot", self.n_boot, 10), ("permutation", self.permutation, 0)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ProbeError(f"{arg} must be an integer of at least {low}, got {value!r}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
+            raise ProbeError(f"seed must be an integer, got {self.seed!r}")
+
+    @property
+    def wanted(self) -> bool:
+        return self.ci is not None or self.permutation > 0
+
+    def check(self, per_example: bool) -> Stats | None:
+        """Itself when asked for (refused beside ``per_example``, whose rows are the examples), else None."""
+        if self.wanted and per_example:
+            raise ProbeError("ci and permutation summarise the examples' rows; drop per_example=True to get them")
+        return self if self.wanted else None
+
+    def generator(self) -> torch.Generator:
+        return torch.Generator().manual_seed(self.seed)
+
+    def interval(self, v: torch.Tensor) -> tuple[float, float]:
+        """The percentile bootstrap interval of the mean of ``v`` [n]."""
+        assert self.ci is not None
+        idx = torch.randint(0, len(v), (self.n_boot, len(v)), generator=self.generator())
+        means = v[idx].mean(1)
+        tail = (1 - self.ci) / 2
+        low, high = torch.quantile(means, torch.tensor([tail, 1 - tail], dtype=means.dtype))
+        return float(low), float(high)
+
+    def p_value(self, diff: torch.Tensor) -> float:
+        """The paired permutation (sign-flip) p-value of mean(``diff``) [n] against zero."""
+        signs = torch.randint(0, 2, (self.permutation, len(diff)), generator=self.generator()) * 2 - 1
+        null = (signs.to(diff.dtype) * diff).mean(1).abs()
+        observed = float(diff.mean().abs())
+        hits = int((null >= observed * (1 - 1e-12)).sum())
+        return (1 + hits) / (1 + self.permutation)
+
+    def columns(self, v: torch.Tensor, base: torch.Tensor | None) -> dict[str, float]:
+        """``ci_low``/``ci_high`` and ``p`` for one row's per-example values ``v`` (``base``: the
+        corrupted run's, the permutation's no-effect reference)."""
+        out: dict[str, float] = {}
+        if self.ci is not None:
+            out["ci_low"], out["ci_high"] = self.interval(v)
+        if self.permutation:
+            if base is None or base.shape != v.shape:
+                raise ProbeError("permutation needs the corrupted run's metric per example; return a [batch] tensor")
+            out["p"] = self.p_value(v - base)
+        return out
+
+
+def per_example_only(name: str) -> ProbeError:
+    return ProbeError(
+        f"ci and permutation need metric {name!r} to give one value per example (a [batch] tensor), "
+        "e.g. return logits[:, -1, a] - logits[:, -1, b]"
+    )
+
+
 class Values:
     """Metric values per key (a run: "clean", "corrupt", or a hook and slot) and metric name,
     gathered over batches."""
 
-    def __init__(self, fns: dict[str, Metric], batched: bool) -> None:
-        self.fns, self.batched = fns, batched
+    def __init__(self, fns: dict[str, Metric], batched: bool, stats: Stats | None = None) -> None:
+        self.fns, self.batched, self.stats = fns, batched, stats
         self.got: dict[tuple[Hashable, str], list[torch.Tensor]] = {}
 
     def add(self, key: Hashable, logits: torch.Tensor, index: slice | None = None) -> None:
@@ -119,13 +197,19 @@ class Values:
             v = self.of(key, name)
             row = {**base, "metric": name}
             if v.dim() == 0:
+                if self.stats is not None:
+                    raise per_example_only(name)
                 out.append({**row, "value": float(v)})
             elif per_example:
                 out.extend({**row, "example": i, "value": float(x)} for i, x in enumerate(v))
             else:
                 se = float(v.std() / math.sqrt(len(v))) if len(v) > 1 else math.nan
-                out.append({**row, "value": float(v.mean()), "se": se, "n": len(v)})
+                extra = {} if self.stats is None else self.stats.columns(v, self._base(name))
+                out.append({**row, "value": float(v.mean()), "se": se, "n": len(v), **extra})
         return out
+
+    def _base(self, name: str) -> torch.Tensor | None:
+        return self.of("corrupt", name) if ("corrupt", name) in self.got else None
 
     def attrs(self, key: Hashable) -> float | dict[str, float]:
         """The mean value of a run (clean, corrupt): a number for one metric, else by name."""

@@ -6,8 +6,10 @@
   input is refused): [d_model].
 - :func:`steer`: the edit that adds ``scale * vector`` at every position (or at ``positions``).
 - :func:`generate`: TransformerLens's ``generate`` on the bridge with ``edits`` (hook name ->
-  function, as :func:`~.capture.capture` takes them) in force for every step, removed after.
-  Causal language models only; its keyword arguments are checked (an unknown one is refused,
+  function, as :func:`~.capture.capture` takes them) in force for every step (or, with
+  ``edit_steps``, at the chosen steps only: step 0 is the pass that gives the first new token; with
+  the KV cache, step s > 0 runs the one new position), removed after. Causal language models
+  only; its keyword arguments are checked (an unknown one is refused,
   naming close matches).
 """
 
@@ -150,21 +152,68 @@ def _check_length(model: Model, prompt: Any, max_new_tokens: int) -> Any:
     return prompt
 
 
+def _check_steps(edits: Any, edit_steps: Any, max_new_tokens: int) -> set[int] | None:
+    if edit_steps is None:
+        return None
+    if not edits:
+        raise ProbeError("edit_steps chooses when edits= apply; give edits= too (hook name -> function)")
+    if isinstance(edit_steps, str | bytes) or not isinstance(edit_steps, Sequence):
+        raise ProbeError(f"edit_steps must be a list of step numbers (0 is the first new token), got {edit_steps!r}")
+    if not all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i < max_new_tokens for i in edit_steps):
+        raise ProbeError(
+            f"edit_steps must be step numbers from 0 to max_new_tokens - 1 = {max_new_tokens - 1}, "
+            f"got {list(edit_steps)!r}"
+        )
+    return set(edit_steps)
+
+
+def _at_steps(model: Model, edits: Mapping[str, HookFn], steps: set[int] | None) -> dict[str, HookFn]:
+    """The edits by hook name, each applied only at ``steps`` (every step when None): a hook point
+    fires once per forward pass, so its n-th call is step n."""
+    if steps is None:
+        return dict(edits)
+    out: dict[str, HookFn] = {}
+    for pattern, fn in edits.items():
+        if not callable(fn):
+            raise ProbeError(f"the value for {pattern!r} must be a function fn(tensor, hook), got {type(fn).__name__}")
+        for name in resolve_names(model, pattern):
+            out[name] = _stepped(fn, steps)
+    return out
+
+
+def _stepped(fn: HookFn, steps: set[int]) -> HookFn:
+    calls = [0]
+
+    def edit(t: torch.Tensor, hook: Any) -> torch.Tensor | None:
+        step, calls[0] = calls[0], calls[0] + 1
+        return fn(t, hook) if step in steps else None
+
+    return edit
+
+
 def generate(
-    model: Model, prompt: Any, edits: Mapping[str, HookFn] | None = None, max_new_tokens: int = 20, **kwargs: Any
+    model: Model,
+    prompt: Any,
+    edits: Mapping[str, HookFn] | None = None,
+    max_new_tokens: int = 20,
+    *,
+    edit_steps: Sequence[int] | None = None,
+    **kwargs: Any,
 ) -> Any:
     """Greedy (by default) generation from ``prompt`` (a text, or token ids [batch, pos]) with
     ``edits`` in force; extra keyword arguments go to TransformerLens's ``generate`` (``do_sample``,
     ``temperature``, ``top_k``, ``top_p``, ``stop_at_eos``, ``use_past_kv_cache``, ...; an unknown
-    one is refused). A causal language model only: an encoder (minilm) is refused."""
+    one is refused). ``edit_steps`` (a list of step numbers, 0 the pass giving the first new token)
+    applies the edits at those steps only. A causal language model only: an encoder (minilm) is refused."""
     _check_generate(model, max_new_tokens, kwargs)
     if edits is not None and not isinstance(edits, Mapping):
         raise ProbeError("edits must be a dict of hook name -> function, e.g. {'blocks.1.hook_resid_post': steer(v)}")
+    steps = _check_steps(edits, edit_steps, max_new_tokens)
     prompt = _check_length(model, prompt, max_new_tokens)
     kwargs.setdefault("do_sample", False)
     kwargs.setdefault("verbose", False)
     if model.tokenizer is None:
         kwargs.setdefault("stop_at_eos", False)  # no end-of-text token to stop at
-    scope = capture(model, dict(edits), store=False) if edits else contextlib.nullcontext()
+    scope = capture(model, _at_steps(model, edits, steps), store=False) if edits else contextlib.nullcontext()
     with torch.no_grad(), scope:
         return model.bridge.generate(prompt, max_new_tokens=max_new_tokens, **kwargs)

@@ -13,7 +13,12 @@ safetensors is needed:
 - latents from ``pre = x' @ W_enc + b_enc``: "standard" relu(pre); "jumprelu" relu(pre) where
   pre > threshold, else 0; "topk" relu of the k largest entries of pre, 0 elsewhere (with
   ``rescale_acts_by_decoder_norm``, pre times each latent's ``|W_dec row|`` before the top k, and the
-  latents divided by it again before decoding);
+  latents divided by it again before decoding); "batchtopk" as sae-lens runs it at inference, a
+  JumpReLU whose threshold is the trained ``topk_threshold`` (one number for every latent, or the
+  ``threshold`` [d_sae] of a file saved for inference; ``rescale_acts_by_decoder_norm`` as for topk);
+  "gated" (``b_gate``, ``r_mag``, ``b_mag`` instead of ``b_enc``) relu(x' @ (W_enc * exp(r_mag)) +
+  b_mag) where x' @ W_enc + b_gate > 0, else 0 (the magnitude path is ``hook_sae_acts_pre``).
+  Transcoders (``hook_name_out``: they write another hook than they read) are refused;
 - reconstruction ``latents @ W_dec + b_dec``, the normalisation undone, the shape restored.
 
 Weights are read as float32 whatever the file holds (bf16, fp16), and attached in the model's
@@ -60,7 +65,7 @@ class SAEConfig:
     d_in: int
     d_sae: int
     hook_name: str | None = None
-    architecture: Literal["standard", "jumprelu", "topk"] = "standard"
+    architecture: Literal["standard", "jumprelu", "topk", "batchtopk", "gated"] = "standard"
     k: int | None = None  # topk only
     apply_b_dec_to_input: bool = True
     normalize_activations: Literal["none", "constant_norm_rescale", "layer_norm"] = "none"
@@ -73,9 +78,9 @@ class SAEConfig:
         check_choices(self, "SAE config")
         if self.architecture == "topk" and not (isinstance(self.k, int) and 0 < self.k <= self.d_sae):
             raise ProbeError(f"a topk SAE needs k between 1 and d_sae={self.d_sae}, got k={self.k!r} (cfg.json 'k')")
-        if self.rescale_acts_by_decoder_norm and self.architecture != "topk":
+        if self.rescale_acts_by_decoder_norm and self.architecture not in ("topk", "batchtopk"):
             raise ProbeError(
-                f"rescale_acts_by_decoder_norm is read for topk SAEs only, not {self.architecture}; "
+                f"rescale_acts_by_decoder_norm is read for topk and batchtopk SAEs only, not {self.architecture}; "
                 "fold the decoder norms into the weights and set it to false"
             )
 
@@ -93,7 +98,10 @@ class SAE(nn.Module):
     b_enc: torch.Tensor  # [d_sae]
     W_dec: torch.Tensor  # [d_sae, d_in]
     b_dec: torch.Tensor  # [d_in]
-    threshold: torch.Tensor  # [d_sae], jumprelu only
+    threshold: torch.Tensor  # [d_sae], jumprelu and batchtopk only
+    b_gate: torch.Tensor  # [d_sae], gated only (and r_mag, b_mag; no b_enc)
+    r_mag: torch.Tensor
+    b_mag: torch.Tensor
     scaling_factor: torch.Tensor  # [d_sae], sae-lens before 6 (finetuning_scaling_factor), when not all ones
     hook_sae_input: Any  # TransformerLens HookPoints
     hook_sae_acts_pre: Any
@@ -108,7 +116,7 @@ class SAE(nn.Module):
         super().__init__()
         self.cfg = cfg
         _check_tensors(cfg, tensors)
-        for name in ("W_enc", "b_enc", "W_dec", "b_dec", "threshold", "scaling_factor"):
+        for name in ("W_enc", "b_enc", "W_dec", "b_dec", "threshold", "scaling_factor", "b_gate", "r_mag", "b_mag"):
             if name in tensors:  # float32 whatever the file held; attach_sae moves it to the model's precision
                 self.register_buffer(name, tensors[name].detach().to(torch.float32, copy=True))
         for name in HOOKS:
@@ -141,11 +149,18 @@ class SAE(nn.Module):
             top = pre.topk(int(self.cfg.k or 0), dim=-1)
             return torch.zeros_like(pre).scatter(-1, top.indices, top.values.relu())
         acts = pre.relu()
-        return acts * (pre > self.threshold).to(acts.dtype) if self.cfg.architecture == "jumprelu" else acts
+        jump = self.cfg.architecture in ("jumprelu", "batchtopk")
+        return acts * (pre > self.threshold).to(acts.dtype) if jump else acts
 
     def encode(self, x: torch.Tensor, hooked: bool = True) -> tuple[torch.Tensor, Any]:
         """Latents [..., d_sae] of ``x`` (the hook's activation), and the normalisation to undo."""
         sae_in, undo = self._in(x, hooked)
+        if self.cfg.architecture == "gated":  # sae-lens's GatedSAE: a gate and a magnitude path
+            gate = (sae_in @ self.W_enc + self.b_gate > 0).to(sae_in.dtype)
+            magnitude = sae_in @ (self.W_enc * self.r_mag.exp()) + self.b_mag
+            magnitude = self.hook_sae_acts_pre(magnitude) if hooked else magnitude
+            acts = gate * magnitude.relu()
+            return (self.hook_sae_acts_post(acts) if hooked else acts), undo
         pre = sae_in @ self.W_enc + self.b_enc
         pre = self.hook_sae_acts_pre(pre) if hooked else pre
         if self.cfg.rescale_acts_by_decoder_norm:  # sae-lens's TopKSAE: after the pre hook, before top-k
@@ -179,8 +194,18 @@ class SAE(nn.Module):
 
 def _check_tensors(cfg: SAEConfig, tensors: dict[str, torch.Tensor]) -> None:
     want = {"W_enc": (cfg.d_in, cfg.d_sae), "b_enc": (cfg.d_sae,), "W_dec": (cfg.d_sae, cfg.d_in), "b_dec": (cfg.d_in,)}
-    if cfg.architecture == "jumprelu":
+    if cfg.architecture == "batchtopk" and "threshold" not in tensors:
+        if "topk_threshold" not in tensors:
+            raise ProbeError(
+                "a batchtopk SAE runs as a JumpReLU with its trained 'topk_threshold' (or a 'threshold' [d_sae]); "
+                "neither is in the weights: save the SAE with its threshold"
+            )
+        tensors["threshold"] = torch.ones(cfg.d_sae) * tensors.pop("topk_threshold").reshape(-1)[0].float()
+    if cfg.architecture in ("jumprelu", "batchtopk"):
         want["threshold"] = (cfg.d_sae,)
+    if cfg.architecture == "gated":
+        del want["b_enc"]
+        want |= {"b_gate": (cfg.d_sae,), "r_mag": (cfg.d_sae,), "b_mag": (cfg.d_sae,)}
     if "scaling_factor" in tensors:
         want["scaling_factor"] = (cfg.d_sae,)
     for name, shape in want.items():
@@ -257,16 +282,28 @@ def _hook(raw: dict[str, Any]) -> str | None:
     return hook
 
 
+def _refuse_transcoder(raw: dict[str, Any]) -> None:
+    """A transcoder reads one hook and writes another (``hook_name_out``, ``d_out``): one line."""
+    arch = raw.get("architecture")
+    for key in ("hook_name_out", "d_out"):
+        if raw.get(key) is not None or (isinstance(arch, str) and arch.endswith("transcoder")):
+            raise ProbeError(
+                f"the SAE config's {key!r} (architecture {_show(arch)}) makes it a transcoder, which writes another "
+                "hook than it reads; attach_sae splices an SAE into one hook: load a plain SAE"
+            )
+
+
 def config_from_dict(raw: dict[str, Any]) -> SAEConfig:
     """sae-lens's cfg.json (6.x, or older: ``hook_point``, ``activation_fn_str``) -> SAEConfig.
     Every field is type-checked: a malformed config is one line naming the key."""
     raw = _dict(raw, "config")
     hook = _hook(raw)
     text = "a string"
+    _refuse_transcoder(raw)
     activation = _typed(raw, "activation_fn_str", str, text) or _typed(raw, "activation_fn", str, text) or "relu"
     arch = "topk" if activation == "topk" else _typed(raw, "architecture", str, text, "standard")
     kwargs = _dict(raw.get("activation_fn_kwargs") or {}, "activation_fn_kwargs")
-    k = _typed(raw, "k", int, "an integer") or _typed(kwargs, "k", int, "an integer")
+    k = None if arch == "batchtopk" else _typed(raw, "k", int, "an integer") or _typed(kwargs, "k", int, "an integer")
     norm = _typed(raw, "normalize_activations", (str, bool), text)
     norm = "none" if norm in (None, False) else "expected_average_only_in" if norm is True else norm
     for key in ("d_in", "d_sae"):
@@ -342,7 +379,7 @@ def save_sae(sae: SAE, folder: str | Path) -> Path:
         "architecture": c.architecture,
         **(
             {"k": c.k, "rescale_acts_by_decoder_norm": c.rescale_acts_by_decoder_norm}
-            if c.architecture == "topk"
+            if c.architecture in ("topk", "batchtopk")
             else {}
         ),
     }
