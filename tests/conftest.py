@@ -128,7 +128,7 @@ def shared_data() -> Path:
 @pytest.fixture(scope="session")
 def tiny_family_dir(tmp_path_factory):
     """family name -> folder of its tiny random model (built once per session, on first use)."""
-    from tiny_families import build
+    from tests.tiny_families import build
 
     root = tmp_path_factory.mktemp("families")
     built: dict[str, Path] = {}
