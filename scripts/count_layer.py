@@ -69,7 +69,7 @@ NEW_FEATURES = [
 
 # What later issues added inside the layer's shared files (functions, methods, classes: path,
 # qualified name, issue); none of it existed in the three old systems at BEFORE (checked by
-# tests/test_count_layer.py: no such name at BEFORE).
+# tests/scripts/test_count_layer.py: no such name at BEFORE).
 FEATURE_PARTS = [
     ("probes/experiments/folder.py", "locked", "#38: one run per study folder"),
     ("probes/experiments/protocol.py", "Experiment.batches", "#36: batched members"),

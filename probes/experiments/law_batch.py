@@ -8,7 +8,7 @@ evaluations, its family's check after each update: a length curriculum moves on 
 evaluates, probes and writes each member alone (:func:`.law_member.finish` in
 :func:`.folder.measure_member`, as a member alone ends: its own folder, files
 and row, ``batch`` saying how many trained together). The result is each member's result alone up
-to float rounding (tests/test_law_batch.py).
+to float rounding (tests/experiments/test_law_batch.py).
 
 Failures: a member that diverges stops the batch (its name in the error); the batch then raises,
 so the job map retries it and records every member of it failed with that line (rerun with

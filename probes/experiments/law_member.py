@@ -50,7 +50,7 @@ _SKIP: dict[str, tuple[int, ...]] = {"blocks": ()}  # inside skipping(): the blo
 def skipping(block: int | None) -> Iterator[None]:
     """Within the block, :func:`member_logits` skips ``block`` (its output is its input; ``None``:
     none), the same function as the bridge under ``probes.skip_layers``
-    (tests/test_depth_usage_members.py)."""
+    (tests/api/test_depth_usage_members.py)."""
     before = _SKIP["blocks"]
     _SKIP["blocks"] = () if block is None else (block,)
     try:

@@ -15,7 +15,7 @@ def test_duplicates_refused_and_typos_suggested():
     reg = Registry("widget")
     reg.register_class(Thing)
     assert isinstance(reg.get("attention-stats"), Thing) and reg.names() == ["attention-stats"]
-    reg.register_class(Thing)  # the same module again (a re-run cell) replaces; tests/test_plugins.py
+    reg.register_class(Thing)  # the same module again (a re-run cell) replaces; tests/engine/test_plugins.py
     with pytest.raises(ValueError, match="already registered"):
         reg.register_class(type("Thing", (), {"name": "attention-stats", "__module__": "elsewhere"}))
     with pytest.raises(ProbeError, match="unknown widget 'atention-stats' \\(did you mean 'attention-stats'\\?\\)"):

@@ -81,7 +81,7 @@ def test_a_member_failing_in_this_process_goes_through_the_one_retry_loop(tmp_pa
 
 def test_a_failed_member_exits_3_like_a_study(tmp_path):
     """#47: a member that fails after the input was accepted (here it cannot write its model; a
-    killed member process is the same path: tests/test_job_processes.py) is exit 3, not 2."""
+    killed member process is the same path: tests/engine/test_job_processes.py) is exit 3, not 2."""
     blocker = tmp_path / "models"
     blocker.write_text("a file where the sweep wants a folder")
     options = [a for k, v in INDUCTION.items() for a in ("-O", f"{k}={v}")]

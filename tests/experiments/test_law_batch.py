@@ -4,7 +4,7 @@ same studies with every member alone.
 Known answer: the tables of the two runs. Tolerances: accuracies, learning curves, the law table
 and the groups' curriculum moves identical (argmax predictions; measured identical on this CPU);
 window losses (each member's loss.csv) and the hop-attention table within 1e-4 (batched matrix
-products sum in another order: tests/test_batched.py; measured at most 1e-8 on hops.csv). Also:
+products sum in another order: tests/training/test_batched.py; measured at most 1e-8 on hops.csv). Also:
 ``--jobs 2`` with batches, a diverging member failing its batch (each member's row says so),
 a damaged member of a batched study trained again alone. crasp's depth-usage table within 1e-4
 too (measured 1.3e-7)."""

@@ -175,7 +175,7 @@ def test_attribution_has_patchs_table_and_is_exact_for_a_linear_metric(native):
     a = attribute(native, CLEAN, CORRUPT, logit_diff, hooks="blocks.*.attn.hook_z")
     assert list(a.columns) == list(p.columns) and len(a) == len(p)
     assert {k: a.attrs[k] for k in ("clean", "corrupt")} == pytest.approx(p.attrs)
-    assert len(a.attrs["checked"]) == 3  # the spot check's patched slots (tests/test_attribution_ig.py)
+    assert len(a.attrs["checked"]) == 3  # the spot check's patched slots (tests/hooks/test_attribution_ig.py)
     # the logits are linear in the final layer norm's output: there the approximation is exact
     lin = attribute(native, CLEAN, CORRUPT, logit_diff, hooks="ln_final.hook_out", positions=[4])
     exact = patch(native, CLEAN, CORRUPT, hooks="ln_final.hook_out", positions=[4], metric=logit_diff)

@@ -83,7 +83,7 @@ def test_plans_are_realisable_by_softmax_attention(kind, depth):
 
 def test_built_network_follows_the_recursion_within_the_attention_only_tolerance():
     """The attention-only variants meet |measured - theory| < 0.1 (mean cosine) and
-    max |C - target| < 0.1 at width 64, 4 samples (tests/test_kernels.py: U-SPA 0.093); the TAT
+    max |C - target| < 0.1 at width 64, 4 samples (tests/tasks/test_kernels.py: U-SPA 0.093); the TAT
     variants meet the same bounds at width 256 (U-SPA 0.05, 0.06). Their MLPs are nonlinear, so
     finite width costs more: at width 64 U-SPA's gaps are 0.10 and 0.16, at width 128 its
     max |C - target| is 0.105; the mean-cosine gap falls to 0.004 at width 512."""

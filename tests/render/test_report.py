@@ -1,6 +1,6 @@
 """Reports and attention pages without a browser: escaping, encoding, panels, size, CLI, API.
 
-(tests/test_browser.py renders the same pages in headless chromium.)"""
+(tests/render/test_browser.py renders the same pages in headless chromium.)"""
 
 from __future__ import annotations
 
