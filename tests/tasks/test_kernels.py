@@ -548,3 +548,17 @@ def test_cli_dtype_dong_and_refusals(tmp_path):
     line = cli_error(["sweep", "--task", "kernels", "--depths", "1", "--variants", "e-spa", "--mlp"])
     assert "TAT-style leaky-ReLU" in line and "--attn-only" in line
     assert "TAT-style" in cli_error(["run", "--model", "spa:variant=u-spa,mlp=true", "--task", "kernels"])
+
+
+def test_the_sweeps_variants_are_the_literal_choices_and_others_are_one_line():
+    """The sweep's ``variants`` hold ``VariantName``s: the Literal names every preset, in order, and
+    a name outside it is refused before any model is built."""
+    from typing import get_args
+
+    from depthprobe.tasks.kernels.sweep import SweepOptions, sweep_configs
+
+    assert get_args(variants.VariantName) == tuple(variants.VARIANTS)
+    with pytest.raises(
+        ProbeError, match=r"unknown variant 'e-sap' \(did you mean 'e-spa'.*; choose from vanilla, skip"
+    ):
+        sweep_configs((2,), SweepOptions(variants=("e-sap",)), seed=0)  # type: ignore[arg-type]
