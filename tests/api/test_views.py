@@ -109,7 +109,7 @@ def test_views_are_light_in_a_notebook(native, monkeypatch):
     """#35.4: one-line reprs; the circuitsvis bundle goes with the first display only."""
     from depthprobe.probes.render import html as page_html
 
-    monkeypatch.setitem(page_html._NOTEBOOK, "bundle_shown", False)
+    monkeypatch.setitem(page_html._NOTEBOOK, "carrier", None)
     bundle = page_html.bundle_js()
     first, second = probes.view(native, [3, 1, 4], layers=[0]), probes.view(native, [2, 7], layers=[1])
     assert len(repr(first)) < 2000 and "\n" not in repr(first) and "<" not in repr(first)
@@ -138,6 +138,49 @@ def test_a_notebook_with_two_views_and_a_result_is_under_2_mb(tmp_path):
     outputs = [o for c in nb.cells for o in c.outputs]
     assert sum("text/html" in o.get("data", {}) for o in outputs) == 3
     assert path.stat().st_size < 2e6, path.stat().st_size  # before: 4.5 MB (the bundle three times, a page twice)
+
+
+def _run_cell(kc, code: str, cell_id: str) -> str:
+    """Execute ``code`` in the kernel as a front end runs the cell ``cell_id`` (the id in the request's
+    metadata, as JupyterLab and Notebook 7 send it); the HTML it displayed, unescaped."""
+    msg = kc.session.msg(
+        "execute_request", {"code": code, "silent": False, "store_history": True}, metadata={"cellId": cell_id}
+    )
+    kc.shell_channel.send(msg)
+    shown = []
+    while True:
+        out = kc.get_iopub_msg(timeout=120)
+        if out["parent_header"].get("msg_id") != msg["header"]["msg_id"]:
+            continue
+        kind, content = out["msg_type"], out["content"]
+        assert kind != "error", "\n".join(content["traceback"])
+        if kind in ("display_data", "execute_result"):
+            shown.append(content["data"].get("text/html", ""))
+        if kind == "status" and content["execution_state"] == "idle":
+            return html.unescape("".join(shown))
+
+
+def test_a_rerun_of_the_cell_that_carried_the_bundle_carries_it_again():
+    """#46 D5: the bundle leaves the notebook with the output of the cell that carried it when that
+    cell runs again, so the re-run carries it again (before: no saved output held it and every view
+    failed on reload); a view in another cell borrows it, and once the carrier's cell runs without
+    a view, the next view carries it. In a real Jupyter kernel, cells named by id."""
+    manager = pytest.importorskip("jupyter_client.manager")
+    km, kc = manager.start_new_kernel(kernel_name="python3")
+    try:
+        setup = "import torch\nfrom depthprobe import probes\np = torch.softmax(torch.randn(1, 2, 3, 3), -1)"
+        _run_cell(kc, setup, "setup")
+        BUNDLE = "<script id='dp-bundle'>"  # the page's own copy (the loader names the id too)
+        view = "probes.view(['a', 'b', 'c'], p)"
+        assert BUNDLE in _run_cell(kc, view, "first")
+        assert "dp-views-data" in _run_cell(kc, view, "second") and BUNDLE not in _run_cell(kc, view, "second")
+        assert BUNDLE in _run_cell(kc, view, "first")  # the re-run: its old output is gone
+        assert BUNDLE not in _run_cell(kc, view, "second")
+        _run_cell(kc, "p.shape", "first")  # the carrier edited to show no view: its bundle is gone
+        assert BUNDLE in _run_cell(kc, view, "second")
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)
 
 
 def test_views_of_a_cache_or_any_pattern(native):

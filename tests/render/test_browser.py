@@ -511,7 +511,7 @@ def test_a_notebook_view_borrows_the_bundle_from_an_earlier_one(browser, tmp_pat
     from depthprobe import probes
     from depthprobe.probes.render import html as page_html
 
-    monkeypatch.setitem(page_html._NOTEBOOK, "bundle_shown", False)
+    monkeypatch.setitem(page_html._NOTEBOOK, "carrier", None)
     model = probes.load("native:layers=2,d_model=16,heads=2,d_vocab=12,n_ctx=16", device="cpu")
     first, second = probes.view(model, [1, 2, 3, 4], layers=[0]), probes.view(model, [4, 3, 2], layers=[1])
     outputs = [first._repr_html_(), second._repr_html_()]
