@@ -118,6 +118,19 @@ def minilm():
     return load("minilm", device="cpu")
 
 
+PLAYS = REPO / "tasks" / "data" / "tinyshakespeare.txt"
+
+
+@pytest.fixture(scope="session")
+def tiny_corpus(tmp_path_factory) -> Path:
+    """The tests' tiny local corpus: the first 60,000 characters (about 60 KB) of the built-in plays
+    (tasks/data/tinyshakespeare.txt) as ``corpus/plays.txt``, written once per session. Shared: a
+    test that changes it, or adds to its folder, works on a copy."""
+    path = tmp_path_factory.mktemp("corpus") / "plays.txt"
+    path.write_text(PLAYS.read_text(encoding="utf-8")[:60_000], encoding="utf-8")
+    return path
+
+
 @pytest.fixture
 def shared_data() -> Path:
     if not SHARED_DATA.exists():

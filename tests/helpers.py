@@ -30,6 +30,16 @@ def cli_error(args: Sequence[Any], *fragments: str, code: int = 2) -> str:
     return one_line_error(CliRunner().invoke(app, [str(a) for a in args]), *fragments, code=code)
 
 
+TOY_FAMILY = str(Path(__file__).resolve().parent / "fixtures" / "toy_family.py")  # docs/architecture.md's example
+
+
+def toy_study(out: Path, *more: str) -> Any:
+    """``probe study --plugin tests/fixtures/toy_family.py --family toy --out OUT MORE...`` through typer's runner."""
+    from depthprobe.cli.main import app
+
+    return CliRunner().invoke(app, ["study", "--plugin", TOY_FAMILY, "--family", "toy", "--out", str(out), *more])
+
+
 def run_python(code: str, cwd: Path | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
     """``code`` run by this interpreter in a fresh process (a clean ``sys.modules``), output captured."""
     return subprocess.run([sys.executable, "-c", code], cwd=cwd, capture_output=True, text=True, timeout=timeout)

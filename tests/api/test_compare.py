@@ -3,6 +3,7 @@ answers, real runs of tiny models, and the CLI's one-line errors)."""
 
 import json
 import math
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -12,7 +13,7 @@ from depthprobe.cli.main import app
 from depthprobe.probes import ProbeError, compare
 from depthprobe.probes.api.compare import peaks, save
 from depthprobe.probes.render.html import esc
-from tests.helpers import one_line_error
+from tests.helpers import cli_error, one_line_error
 
 runner = CliRunner()
 
@@ -357,3 +358,23 @@ def test_study_member_checkpoints_are_labelled_by_member_name():
     assert _short("artifacts/studies/s/members/petty-d_ff-b0200k-L04-s0/checkpoint") == "petty-d_ff-b0200k-L04-s0"
     assert _short("artifacts/models/induction-2l") == "induction-2l"
     assert _short("checkpoint") == "checkpoint"
+
+
+def _run_folder(path: Path, n_layers: int, rows: str) -> Path:
+    path.mkdir(parents=True)
+    manifest = {
+        "config": {"task": "induction"},
+        "model": {"name": path.name, "n_layers": n_layers, "d_model": 32, "n_heads": 2},
+    }
+    (path / "manifest.json").write_text(json.dumps(manifest))
+    (path / "scores.csv").write_text("model,task,layer,head,metric,value\n" + rows)
+    return path
+
+
+def test_compare_refuses_a_run_with_a_header_only_scores_csv(tmp_path):
+    rows = "".join(f"m,induction,{la},{h},prefix_score,{0.1 * la + h}\n" for la in range(2) for h in range(2))
+    _run_folder(tmp_path / "study" / "a", 2, rows)
+    empty = _run_folder(tmp_path / "study" / "b", 4, "")
+    line = cli_error(["compare", tmp_path / "study", "--out", tmp_path / "c"], "scores.csv", "no rows")
+    assert str(empty / "scores.csv") in line, line
+    assert not (tmp_path / "c").exists()

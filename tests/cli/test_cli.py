@@ -1,6 +1,9 @@
 """The `probe` CLI through typer's runner: success, and one clear line + exit 2 for bad input."""
 
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 from typer.testing import CliRunner
@@ -188,3 +191,41 @@ def test_a_mistyped_task_or_model_is_refused_before_torch_is_imported(tmp_path, 
     assert first == "2 False", res.stdout + res.stderr
     assert line.startswith("error: ") and says in line, line
     assert not (tmp_path / "r").exists()
+
+
+def test_leave_runs_atexit_handlers_joins_threads_and_flushes():
+    proc = run_python(
+        "import atexit, threading\n"
+        "from depthprobe.cli.main import leave\n"
+        "atexit.register(lambda: print('atexit ran', flush=False))\n"
+        "done = []\n"
+        "work = lambda: [threading.Event().wait(0.2), done.append(1), print('thread', len(done))]\n"
+        "t = threading.Thread(target=work)\n"
+        "t.start()\n"
+        "print('unflushed', end='')\n"
+        "leave(3)\n",
+        timeout=120,
+    )
+    assert proc.returncode == 3
+    assert proc.stdout == "unflushedthread 1\natexit ran\n"
+
+
+def test_exit_code_maps_like_the_interpreter():
+    from depthprobe.cli.main import exit_code
+
+    assert exit_code(None) == 0
+    assert exit_code(2) == 2
+    assert exit_code(256 + 130) == 130
+    assert exit_code("bad") == 1
+
+
+def test_console_script_exit_status_and_output(tmp_path):
+    probe = os.path.join(os.path.dirname(sys.executable), "probe")
+    ok = subprocess.run([probe, "list", "tasks"], capture_output=True, text=True, timeout=300)
+    assert ok.returncode == 0 and "attention-stats" in ok.stdout
+    bad = subprocess.run([probe, "run", "--task", "syntx"], capture_output=True, text=True, timeout=300)
+    assert bad.returncode == 2
+    assert bad.stderr.strip().splitlines() == [
+        "error: unknown task 'syntx' (did you mean 'syntax'?); choose from: "
+        "ablation, attention-stats, coref, depth-usage, hop-attention, induction, kernels, syntax"
+    ]

@@ -15,7 +15,6 @@ from depthprobe.probes.base.errors import ProbeError
 from depthprobe.probes.engine.distributed import JobResult, map_jobs
 from depthprobe.probes.experiments.runner import study
 
-SHAKESPEARE = Path(__file__).resolve().parents[2] / "tasks" / "data" / "tinyshakespeare.txt"
 TINY = {"vocab": 300, "min_tokens": 40960, "tokens_per_param": 1.0, "context": 32, "batch_size": 8,
         "probe_lines": 10, "icl_windows": 2}  # fmt: skip
 TIMED = {"wall_s", "tokens_per_s"}  # the only columns of study.csv that may differ between runs
@@ -76,10 +75,9 @@ def test_jobs_must_be_positive_and_local():
 
 
 @pytest.fixture(scope="module")
-def two_studies(tmp_path_factory):
+def two_studies(tmp_path_factory, tiny_corpus):
     root = tmp_path_factory.mktemp("jobs")
-    corpus = root / "plays.txt"
-    corpus.write_text(SHAKESPEARE.read_text(encoding="utf-8")[:60_000], encoding="utf-8")
+    corpus = tiny_corpus
     os.environ["DEPTHPROBE_CACHE"] = str(root / "cache")
     one = study("levine", "smoke", out=root / "one", corpus=str(corpus), jobs=1, echo=lambda _: None, **TINY)
     two = study("levine", "smoke", out=root / "two", corpus=str(corpus), jobs=2, echo=lambda _: None, **TINY)
@@ -136,13 +134,13 @@ def test_members_keep_tables_without_a_report_each_and_the_study_draws_them(two_
     assert "levine-b0007k-L01-s0" in page and "levine-b0007k-L02-s0" in page
 
 
-def test_member_processes_reuse_a_pipe_corpus_the_driver_read(tmp_path):
+def test_member_processes_reuse_a_pipe_corpus_the_driver_read(tmp_path, tiny_corpus):
     """A pipe can be read once: the member processes get the driver's corpus, not the pipe."""
     import threading
 
     fifo = tmp_path / "corpus.fifo"
     os.mkfifo(fifo)
-    text = SHAKESPEARE.read_text(encoding="utf-8")[:60_000]
+    text = tiny_corpus.read_text(encoding="utf-8")
     writer = threading.Thread(target=lambda: fifo.write_text(text, encoding="utf-8"), daemon=True)
     writer.start()
     os.environ["DEPTHPROBE_CACHE"] = str(tmp_path / "cache")

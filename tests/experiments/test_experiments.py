@@ -16,15 +16,13 @@ from depthprobe.probes.base.errors import ProbeError
 from depthprobe.probes.engine.plugins import load_plugin
 from depthprobe.probes.experiments.khop import predicted_depth
 from depthprobe.probes.experiments.protocol import EXPERIMENTS
+from tests.helpers import TOY_FAMILY, toy_study
 
-TOY = str(Path(__file__).parents[1] / "fixtures" / "toy_family.py")
 runner = CliRunner()
 
 
 def toy(out: Path, *more: str) -> object:
-    return runner.invoke(
-        app, ["study", "--plugin", TOY, "--family", "toy", "--preset", "smoke", "--out", str(out), *more]
-    )
+    return toy_study(out, "--preset", "smoke", *more)
 
 
 def test_toy_family_runs_resumes_and_reports(tmp_path):
@@ -69,7 +67,7 @@ def test_toy_dry_run_and_jobs_2_equal_jobs_1(tmp_path):
 
 
 def test_toy_through_the_python_api(tmp_path):
-    load_plugin(TOY)
+    load_plugin(TOY_FAMILY)
     study = probes.study("toy", "smoke", out=tmp_path / "api", depths=(2, 4), shape="flat", echo=lambda line: None)
     assert study["by_depth.csv"]["loss"].tolist() == [1.0, 1.0]
     with pytest.raises(ProbeError, match=r"unknown shape 'flatt' \(did you mean 'flat'\?\)"):

@@ -21,16 +21,10 @@ from depthprobe.probes.experiments.protocol import EXPERIMENTS, Experiment, get_
 from depthprobe.probes.experiments.runner import study
 from tests.helpers import plan, resolve
 
-SHAKESPEARE = Path(__file__).resolve().parents[2] / "tasks" / "data" / "tinyshakespeare.txt"
 TINY = {"vocab": 300, "min_tokens": 4096, "tokens_per_param": 0.1, "context": 32, "batch_size": 8,
         "probe_lines": 10, "icl_windows": 2}  # fmt: skip
 TASK_COLUMNS = ["member", "model", "task", "layer", "head", "metric", "value", "skipped", "later"]
 LAYER_METRICS = ["relative_contribution", "cosine", "skip_output", "skip_kl", "skip_top1"]
-
-
-@pytest.fixture(autouse=True)
-def _cache(tmp_path_factory, monkeypatch):
-    monkeypatch.setenv("DEPTHPROBE_CACHE", str(tmp_path_factory.getbasetemp() / "cache"))
 
 
 @pytest.fixture(scope="module")
@@ -100,17 +94,9 @@ def test_crasp_skipped_accuracy_per_length_range(tmp_path):
     assert set(usage["member"]) == set(s.table["member"])
 
 
-@pytest.fixture
-def plays(tmp_path) -> Path:
-    path = tmp_path / "corpus" / "plays.txt"
-    path.parent.mkdir()
-    path.write_text(SHAKESPEARE.read_text(encoding="utf-8")[:20_000], encoding="utf-8")
-    return path
-
-
-def test_text_members_and_resume(tmp_path, plays):
+def test_text_members_and_resume(tmp_path, tiny_corpus):
     lines: list[str] = []
-    first = study("levine", "smoke", out=tmp_path / "l", corpus=str(plays), echo=lines.append, **TINY)
+    first = study("levine", "smoke", out=tmp_path / "l", corpus=str(tiny_corpus), echo=lines.append, **TINY)
     folder = first.folder
     members = first.table
     for m in members["member"]:
@@ -125,7 +111,7 @@ def test_text_members_and_resume(tmp_path, plays):
     mine = table[table.member == members["member"][0]].set_index("layer")["relative_contribution"]
     assert mine.tolist() == pytest.approx(rel.tolist(), abs=0)
     lines.clear()
-    again = study("levine", "smoke", out=folder, corpus=str(plays), echo=lines.append, **TINY)
+    again = study("levine", "smoke", out=folder, corpus=str(tiny_corpus), echo=lines.append, **TINY)
     assert any("2 finished member(s) kept" in line for line in lines)
     pd.testing.assert_frame_equal(pd.read_csv(again.folder / "depth_usage.csv"), table)
 

@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pandas as pd
 import pytest
 
 from depthprobe.probes.experiments.runner import study
 
-SHAKESPEARE = Path(__file__).resolve().parents[2] / "tasks" / "data" / "tinyshakespeare.txt"
 TINY = {"vocab": 300, "min_tokens": 16384, "tokens_per_param": 1.0, "context": 32, "batch_size": 8,
         "probe_lines": 10, "icl_windows": 2}  # fmt: skip
 NUMBERS = ["params_nonembed", "params_embed", "tokens", "flops", "val_loss", "val_bpb", "induction_best",
@@ -27,11 +24,9 @@ def ray_instance():
     ray.shutdown()
 
 
-def test_study_on_ray_equals_local_and_isolates_a_failure(tmp_path, monkeypatch, ray_instance):
+def test_study_on_ray_equals_local_and_isolates_a_failure(tmp_path, monkeypatch, ray_instance, tiny_corpus):
     monkeypatch.setenv("DEPTHPROBE_CACHE", str(tmp_path / "cache"))
-    corpus = tmp_path / "plays.txt"
-    corpus.write_text(SHAKESPEARE.read_text(encoding="utf-8")[:60_000], encoding="utf-8")
-    common = {"corpus": str(corpus), "echo": lambda line: None, "max_params": 20_000, **TINY}
+    common = {"corpus": str(tiny_corpus), "echo": lambda line: None, "max_params": 20_000, **TINY}
     local = study("levine", "smoke", out=tmp_path / "local", **common).table.set_index("member")
     remote = study("levine", "smoke", out=tmp_path / "ray", backend="ray", address="auto", retries=1,
                    **common).table.set_index("member")  # fmt: skip

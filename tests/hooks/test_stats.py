@@ -1,6 +1,7 @@
-"""#35.2: several metrics in one sweep, per-example values with standard errors, batches and a
-progress bar for patch, attribute and run_with_cache. Known answers: a batched sweep equals the
-unbatched one, each metric of a joint sweep equals its own sweep, the mean and se are numpy's."""
+"""Sweep statistics (probes/hooks/stats.py): several metrics in one sweep, per-example values with
+standard errors, batches and a progress bar for patch, attribute and run_with_cache. Known
+answers: a batched sweep equals the unbatched one, each metric of a joint sweep equals its own
+sweep, the mean and se are numpy's."""
 
 from __future__ import annotations
 
@@ -88,8 +89,8 @@ def test_run_with_cache_in_batches_equals_one_batch(pair):
 
 
 def test_destination_by_source_grain_for_attention_maps(pair):
-    """#35.6: per='head_query_key' patches one (head, query, key) entry of a map; attribution's
-    estimates over a query's keys add up to its per='head_position' estimate (linearity)."""
+    """The destination-by-source grain: per='head_query_key' patches one (head, query, key) entry
+    of a map; attribution's estimates over a query's keys add up to its per='head_position' estimate (linearity)."""
     model, clean, corrupt = pair
     clean, corrupt = clean[:1], corrupt[:1]
     hook = "blocks.1.attn.hook_pattern"

@@ -1,4 +1,5 @@
-"""#35.7 (part): a steering vector from contrast pairs, an edit adding it, generation with scoped edits."""
+"""Steering (probes/hooks/steering.py): a steering vector from contrast pairs, an edit adding it,
+generation with scoped edits."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Report layout (#35.10): legend entries never overlap (compare and study charts, measured in
+"""Report layout: legend entries never overlap (compare and study charts, measured in
 headless chromium from the glyphs drawn), wide tables scroll inside their own box so a page is no
 wider than a 1400 px window, and a law page says why a measured depth is blank."""
 

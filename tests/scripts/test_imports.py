@@ -1,6 +1,11 @@
 """Imports run one way between folders (floors, scripts/check_imports.py), and the core resolves tasks by name only."""
 
 import importlib.util
+import json
+import os
+import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -155,3 +160,23 @@ def test_the_facade_resolves_every_name_it_lists():
     res = run_python(code)
     assert res.returncode == 0, res.stderr
     assert res.stdout.split() == ["[]", "depthprobe.probes.api.run", "depthprobe.probes.base.errors"]
+
+
+def test_attention_stats_run_loads_neither_spacy_nor_matplotlib(tiny_bert_dir, tmp_path):
+    """A whole `probe run --task attention-stats` in a fresh interpreter, report included."""
+    code = (
+        "import json, sys\n"
+        "from depthprobe.cli.main import app\n"
+        f"app(['run', '--model', {str(tiny_bert_dir)!r}, '--task', 'attention-stats', '--limit', '2',"
+        f" '--device', 'cpu', '--out', {str(tmp_path / 'run')!r}], standalone_mode=False)\n"
+        "roots = ('spacy', 'matplotlib', 'depthprobe')\n"
+        "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in roots)))\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=os.environ.copy(), timeout=600
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    loaded = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert "depthprobe.probes.render.report" in loaded  # the run really wrote its report
+    assert [m for m in loaded if re.match(r"(spacy|matplotlib)(\.|$)", m)] == []
+    assert (tmp_path / "run" / "report.html").read_text(encoding="utf-8").count("<figure class='heatmap'>") == 7

@@ -1,6 +1,7 @@
-"""Issue #38's study defects fixed in the one runner: a study folder held by one run at a time
-(item 1), law settings refused up front with nothing written (item 6), bounded planning (item 2),
-and no law control equal to a member (item 11)."""
+"""The one study runner (probes/experiments/runner.py, folder.py): a study folder held by one run
+at a time (the lock never followed; folder, lock and disk failures one line each), law settings
+refused up front with nothing written, bounded planning, no law control equal to a member, and
+--dry-run's total for every family."""
 
 from __future__ import annotations
 
@@ -18,14 +19,9 @@ from typer.testing import CliRunner
 
 from depthprobe.cli.main import app
 from depthprobe.probes.experiments.folder import LOCK
-from tests.helpers import plan, resolve
+from tests.helpers import plan, resolve, toy_study
 
-TOY = str(Path(__file__).parents[1] / "fixtures" / "toy_family.py")
 runner = CliRunner()
-
-
-def toy(out: Path, *more: str):
-    return runner.invoke(app, ["study", "--plugin", TOY, "--family", "toy", "--out", str(out), *more])
 
 
 HOLD = (
@@ -35,20 +31,20 @@ HOLD = (
 
 
 def test_a_folder_held_by_a_live_run_is_refused_and_left_alone(tmp_path):
-    assert toy(tmp_path / "s").exit_code == 0
+    assert toy_study(tmp_path / "s").exit_code == 0
     before = (tmp_path / "s" / "members.csv").read_text()
     holder = subprocess.Popen(
         [sys.executable, "-c", HOLD, str(tmp_path / "s" / LOCK)], stdout=subprocess.PIPE, text=True
     )
     try:
         assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
-        res = toy(tmp_path / "s")
+        res = toy_study(tmp_path / "s")
         assert res.exit_code == 2 and f"in use by another probe study (pid {holder.pid})" in res.output
         assert (tmp_path / "s" / "members.csv").read_text() == before
     finally:
         holder.kill()
         holder.wait()
-    res = toy(tmp_path / "s")  # the holder is gone: its lock went with it (a killed run leaves none)
+    res = toy_study(tmp_path / "s")  # the holder is gone: its lock went with it (a killed run leaves none)
     assert res.exit_code == 0, res.output
     assert not (tmp_path / "s" / LOCK).exists()
 
@@ -57,7 +53,7 @@ def test_a_lock_file_left_behind_holds_nothing(tmp_path):
     """A lock file without a live holder (a copied folder, an old version's file) is no lock."""
     (tmp_path / "s").mkdir()
     (tmp_path / "s" / LOCK).write_text("12345\n")
-    res = toy(tmp_path / "s")
+    res = toy_study(tmp_path / "s")
     assert res.exit_code == 0, res.output
     assert not (tmp_path / "s" / LOCK).exists()
     assert len(pd.read_csv(tmp_path / "s" / "members.csv")) == 3
@@ -136,7 +132,7 @@ def test_a_ray_cluster_that_refuses_the_run_at_join_time_leaves_no_folder(tmp_pa
     assert not out.exists()
 
 
-# -- #47 N1 and N5: the lock is never followed; folder, lock and disk failures are one line each ------------
+# -- the lock is never followed; folder, lock and disk failures are one line each ------------
 
 
 def one_line_refusal(res, fragment: str) -> None:
@@ -149,7 +145,7 @@ def test_a_lock_that_is_a_symlink_to_a_file_leaves_the_file_as_it_was(tmp_path):
     victim.write_text("precious\n")
     (tmp_path / "s").mkdir()
     (tmp_path / "s" / LOCK).symlink_to(victim)
-    one_line_refusal(toy(tmp_path / "s"), "is a symbolic link")
+    one_line_refusal(toy_study(tmp_path / "s"), "is a symbolic link")
     assert victim.read_text() == "precious\n"
     assert (tmp_path / "s" / LOCK).is_symlink() and sorted(p.name for p in (tmp_path / "s").iterdir()) == [LOCK]
 
@@ -159,7 +155,7 @@ def test_a_dangling_lock_symlink_creates_no_target(tmp_path):
     (tmp_path / "elsewhere").mkdir()
     (tmp_path / "s").mkdir()
     (tmp_path / "s" / LOCK).symlink_to(target)
-    one_line_refusal(toy(tmp_path / "s"), "is a symbolic link")
+    one_line_refusal(toy_study(tmp_path / "s"), "is a symbolic link")
     assert not os.path.lexists(target)
 
 
@@ -168,17 +164,17 @@ def test_a_lock_hard_linked_to_another_file_is_refused(tmp_path):
     victim.write_text("1\n")
     (tmp_path / "s").mkdir()
     os.link(victim, tmp_path / "s" / LOCK)
-    one_line_refusal(toy(tmp_path / "s"), "hard links")
+    one_line_refusal(toy_study(tmp_path / "s"), "hard links")
     assert victim.read_text() == "1\n"
 
 
 @pytest.mark.parametrize("kind", ["folder", "fifo"])
 def test_a_lock_that_is_a_folder_or_a_fifo_is_one_line(tmp_path, kind):
-    assert toy(tmp_path / "s").exit_code == 0
+    assert toy_study(tmp_path / "s").exit_code == 0
     before = (tmp_path / "s" / "members.csv").read_text()
     lock = tmp_path / "s" / LOCK
     lock.mkdir() if kind == "folder" else os.mkfifo(lock)
-    one_line_refusal(toy(tmp_path / "s"), "is not a regular file")
+    one_line_refusal(toy_study(tmp_path / "s"), "is not a regular file")
     assert (tmp_path / "s" / "members.csv").read_text() == before
     assert lock.is_dir() if kind == "folder" else stat.S_ISFIFO(lock.lstat().st_mode)
 
@@ -192,7 +188,7 @@ def test_enolck_is_one_line_and_leaves_no_folder(tmp_path, monkeypatch):
         raise OSError(errno.ENOLCK, "No locks available")
 
     monkeypatch.setattr(fcntl, "flock", no_locks)
-    one_line_refusal(toy(tmp_path / "s"), "cannot lock files (ENOLCK")
+    one_line_refusal(toy_study(tmp_path / "s"), "cannot lock files (ENOLCK")
     assert not (tmp_path / "s").exists()
 
 
@@ -219,15 +215,15 @@ def fill(disk: Path) -> Path:
 
 def test_a_full_disk_before_the_study_is_one_line_and_leaves_nothing(tiny_disk):
     fill(tiny_disk)
-    one_line_refusal(toy(tiny_disk / "s"), "the disk holding it is full")
+    one_line_refusal(toy_study(tiny_disk / "s"), "the disk holding it is full")
     assert sorted(p.name for p in tiny_disk.iterdir()) == ["filler"]
 
 
 def test_an_existing_study_on_a_read_only_disk_is_one_line_and_untouched(tiny_disk):
-    assert toy(tiny_disk / "s", "--depths", "1,2").exit_code == 0
+    assert toy_study(tiny_disk / "s", "--depths", "1,2").exit_code == 0
     before = {p: p.read_bytes() for p in (tiny_disk / "s").rglob("*") if p.is_file()}
     subprocess.run(["mount", "-o", "remount,ro", str(tiny_disk)], check=True)
-    one_line_refusal(toy(tiny_disk / "s", "--depths", "1,2"), "cannot create files in")
+    one_line_refusal(toy_study(tiny_disk / "s", "--depths", "1,2"), "cannot create files in")
     assert {p: p.read_bytes() for p in (tiny_disk / "s").rglob("*") if p.is_file()} == before
 
 
@@ -304,7 +300,7 @@ def test_a_disk_that_fills_while_the_tables_are_written_is_one_line_and_loses_no
     assert res.exit_code == 0 and "3 finished member(s) kept" in res.output, res.output
 
 
-# -- #47 N9: --dry-run's total, for every family and --jobs ------------------------------------------------
+# -- --dry-run's total, for every family and --jobs ------------------------------------------------
 
 
 @pytest.mark.parametrize(("family", "jobs"), [("levine", 1), ("spa", 2), ("khop", 1), ("crasp", 3)])

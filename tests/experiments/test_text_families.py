@@ -1,10 +1,9 @@
-"""Study protocols (issue 25): levine on the 12 L d^2 line, embeddings counted and matched, the
+"""The text families' protocols (levine, petty): levine on the 12 L d^2 line, embeddings counted and matched, the
 pass limit over the training split, petty's depths and d_ff/d_model, and the --dry-run plan."""
 
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -20,21 +19,8 @@ from depthprobe.probes.experiments.text_config import BYTE_VOCAB, parse_vocab
 from depthprobe.probes.models import families
 from tests.helpers import cli_error, plan, resolve
 
-SHAKESPEARE = Path(__file__).resolve().parents[2] / "tasks" / "data" / "tinyshakespeare.txt"
 TINY = {"vocab": 300, "min_tokens": 8192, "tokens_per_param": 1.0, "context": 32, "batch_size": 8,
         "probe_lines": 10, "icl_windows": 2}  # fmt: skip
-
-
-@pytest.fixture(scope="module")
-def plays(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("corpus") / "plays.txt"
-    path.write_text(SHAKESPEARE.read_text(encoding="utf-8")[:60_000], encoding="utf-8")
-    return path
-
-
-@pytest.fixture(autouse=True)
-def _cache(tmp_path_factory, monkeypatch):
-    monkeypatch.setenv("DEPTHPROBE_CACHE", str(tmp_path_factory.getbasetemp() / "cache"))
 
 
 # ---------------------------------------------------------------- levine on Levine's line
@@ -92,17 +78,17 @@ def test_match_total_counts_embeddings():
         resolve("spa", "smoke", match="total")
 
 
-def test_byte_vocab_is_256_bytes_and_bos(plays, tmp_path):
+def test_byte_vocab_is_256_bytes_and_bos(tiny_corpus, tmp_path):
     assert parse_vocab("bytes") == BYTE_VOCAB == corpora.MIN_VOCAB == 257 and parse_vocab("1024") == 1024
     with pytest.raises(ProbeError, match="or bytes"):
         parse_vocab("big")
-    corpus = corpora.load_corpus(plays, vocab=BYTE_VOCAB, cache_dir=tmp_path)
-    train_text, _ = corpora.split_text(plays.read_text(encoding="utf-8"))
+    corpus = corpora.load_corpus(tiny_corpus, vocab=BYTE_VOCAB, cache_dir=tmp_path)
+    train_text, _ = corpora.split_text(tiny_corpus.read_text(encoding="utf-8"))
     assert corpus.vocab == 257 and corpus.train_ids.numel() == len(train_text.encode("utf-8"))
 
 
-def test_study_csv_has_totals_shares_and_ratios(plays, tmp_path):
-    s = study("petty", "smoke", out=tmp_path / "p", corpus=str(plays), echo=lambda line: None,
+def test_study_csv_has_totals_shares_and_ratios(tiny_corpus, tmp_path):
+    s = study("petty", "smoke", out=tmp_path / "p", corpus=str(tiny_corpus), echo=lambda line: None,
               **{**TINY, "vocab": BYTE_VOCAB})  # fmt: skip
     t = pd.read_csv(s.folder / "members.csv")
     assert {"params_total", "embed_share", "d_ff_ratio", "budget_miss", "passes"} <= set(t.columns) <= set(COLUMNS)
@@ -126,9 +112,9 @@ def test_presets_respect_the_pass_limit_on_the_builtin_corpus():
             assert tokens / 411_268 <= cfg.max_passes, job.name
 
 
-def test_too_many_passes_is_refused_before_anything_is_written(tmp_path):
+def test_too_many_passes_is_refused_before_anything_is_written(tmp_path, tiny_corpus):
     tiny = tmp_path / "tiny.txt"
-    tiny.write_text(SHAKESPEARE.read_text(encoding="utf-8")[:20_000], encoding="utf-8")
+    tiny.write_text(tiny_corpus.read_text(encoding="utf-8")[:20_000], encoding="utf-8")
     out = tmp_path / "study"
     args = ["study", "--family", "levine", "--corpus", tiny, "--vocab", "300", "--context", "32", "--out", out]
     line = cli_error(args, "passes over the", "--max-passes 4", "larger --corpus")
@@ -138,9 +124,9 @@ def test_too_many_passes_is_refused_before_anything_is_written(tmp_path):
     assert not out.exists()
 
 
-def test_study_prints_its_passes(plays, tmp_path):
+def test_study_prints_its_passes(tiny_corpus, tmp_path):
     lines: list[str] = []
-    s = study("levine", "smoke", out=tmp_path / "l", corpus=str(plays), echo=lines.append, **TINY)
+    s = study("levine", "smoke", out=tmp_path / "l", corpus=str(tiny_corpus), echo=lines.append, **TINY)
     t = s.table
     said = [ln for ln in lines if ln.startswith("passes over the training split")]
     assert len(said) == 1 and f"{t.passes.max():.2f}" in said[0]
@@ -150,7 +136,7 @@ def test_study_prints_its_passes(plays, tmp_path):
     for key in ("match", "max_passes"):
         del saved["config"][key]
     meta.write_text(json.dumps(saved))
-    again = study("levine", "smoke", out=s.folder, corpus=str(plays), echo=lines.append, **TINY)
+    again = study("levine", "smoke", out=s.folder, corpus=str(tiny_corpus), echo=lines.append, **TINY)
     assert list(again.table.wall_s) == list(t.wall_s)  # nothing trained again
 
 
@@ -166,15 +152,15 @@ def test_petty_cpu_depths_include_3_and_6():
 # ---------------------------------------------------------------- dry run
 
 
-def test_dry_run_writes_the_plan_and_trains_nothing(plays, tmp_path):
+def test_dry_run_writes_the_plan_and_trains_nothing(tiny_corpus, tmp_path):
     out = tmp_path / "plan"
-    result = CliRunner().invoke(app, ["study", "--family", "levine", "--preset", "cpu", "--corpus", str(plays),
+    result = CliRunner().invoke(app, ["study", "--family", "levine", "--preset", "cpu", "--corpus", str(tiny_corpus),
                                       "--vocab", "300", "--dry-run", "--out", str(out)])  # fmt: skip
     assert result.exit_code == 0, result.output
     assert sorted(p.name for p in out.iterdir()) == ["plan.csv"]
     plan_csv = pd.read_csv(out / "plan.csv")
     assert len(plan_csv) == 9 and "a run would be refused" in result.output  # 2M tokens on 60 KB
-    corpus = corpora.load_corpus(plays, vocab=300)
+    corpus = corpora.load_corpus(tiny_corpus, vocab=300)
     row = plan_csv.set_index("member").loc["levine-b0025k-L04-s0"]
     assert (row.d_model, row.n_heads, row.d_head, row.d_ff) == (24, 3, 8, 76)
     assert row.params_embed == 24 * (2 * corpus.vocab + 128) and row.tokens == 1_003_520
@@ -182,7 +168,7 @@ def test_dry_run_writes_the_plan_and_trains_nothing(plays, tmp_path):
     per_token = families.flops_per_token(row.params_nonembed, 24 * corpus.vocab, 4, 24, 128)
     assert row.flops == pytest.approx(1_003_520 * per_token) and row.cpu_minutes > 0
     # a study may then run in the same folder
-    s = study("levine", "smoke", out=out, corpus=str(plays), echo=lambda line: None, **TINY)
+    s = study("levine", "smoke", out=out, corpus=str(tiny_corpus), echo=lambda line: None, **TINY)
     assert (s.table.status == "ok").all()
 
 

@@ -1,6 +1,7 @@
-"""The research API (issues 26 and 27): errors before any pass, patching at every grain against
-TransformerLens's own patching, gradients on every hook, attribution patching, TransformerLens's
-cache verbs, the loss, and one thread per model while a capture is open."""
+"""Patching and its neighbours (probes/hooks/patching.py, attribution.py, cache.py, loss.py,
+lens.py): errors before any pass, patching at every grain against TransformerLens's own patching,
+gradients on every hook, attribution patching, TransformerLens's cache verbs, the loss, and one
+thread per model while a capture is open."""
 
 import threading
 
