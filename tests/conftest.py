@@ -152,3 +152,13 @@ def tiny_family_dir(tmp_path_factory):
         return built[family]
 
     return get
+
+
+@pytest.fixture(scope="module")
+def ray_instance():
+    """A real local Ray instance (2 CPUs), for the tests of one module."""
+    import ray
+
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield ray
+    ray.shutdown()

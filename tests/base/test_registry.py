@@ -4,7 +4,7 @@ import pytest
 
 from depthprobe.probes import ProbeError
 from depthprobe.probes.base.registry import Registry
-from tests.helpers import run_python
+from tests.helpers import CountTokens, ReadsNothing, run_python
 
 
 class Thing:
@@ -78,27 +78,14 @@ def test_a_users_task_registers_and_runs_and_cannot_take_a_library_name(tmp_path
     from depthprobe import probes
     from depthprobe.probes.engine.task import TASKS, Output, Task
 
-    class Twice(Task):
+    class Twice(CountTokens, Task):
         name = "user-twice"
         description = "counts examples"
-        needs_text = False
-
-        def load(self, model, ctx):
-            return probes.Examples([[1, 2, 3], [4, 5]])
-
-        def hook_names(self, model, ctx):
-            return ["blocks.0.hook_resid_post"]
-
-        def start(self, model, ctx, examples):
-            return {"n": 0}
-
-        def accumulate(self, state, batch, acts):
-            state["n"] += int(batch.attention_mask.sum())
 
         def finalize(self, state, ctx):
             import pandas as pd
 
-            return Output(scores=pd.DataFrame(), summary=pd.DataFrame([{"tokens": state["n"]}]))
+            return Output(scores=pd.DataFrame(), summary=pd.DataFrame([{"tokens": state[0]}]))
 
     probes.register(Twice)
     try:
@@ -119,21 +106,9 @@ def test_a_task_missing_a_required_method_cannot_be_registered():
     from depthprobe import probes
     from depthprobe.probes.engine.task import TASKS, Task
 
-    class NoFinish(Task[None, int]):
+    class NoFinish(ReadsNothing, Task[None, int]):
         name = "user-no-finish"
         description = "forgets finalize"
-
-        def load(self, model, ctx):
-            return probes.Examples([[1, 2]])
-
-        def hook_names(self, model, ctx):
-            return []
-
-        def start(self, model, ctx, examples):
-            return 0
-
-        def accumulate(self, state, batch, acts):
-            pass
 
     with pytest.raises(TypeError, match=r"abstract method.*finalize"):
         probes.register(NoFinish)
@@ -152,22 +127,9 @@ def test_a_users_typed_task_gets_its_options_from_the_base():
     class Opts:
         scale: int = 1
 
-    class Scaled(Task[Opts, list[int]]):
+    class Scaled(CountTokens, Task[Opts, list[int]]):
         name = "user-scaled"
         description = "counts tokens, times scale"
-        needs_text = False
-
-        def load(self, model, ctx):
-            return probes.Examples([[1, 2, 3], [4, 5]])
-
-        def hook_names(self, model, ctx):
-            return ["blocks.0.hook_resid_post"]
-
-        def start(self, model, ctx, examples):
-            return [0]
-
-        def accumulate(self, state, batch, acts):
-            state[0] += int(batch.attention_mask.sum())
 
         def finalize(self, state, ctx):
             return Output(scores=pd.DataFrame(), summary=pd.DataFrame([{"tokens": state[0] * ctx.options.scale}]))

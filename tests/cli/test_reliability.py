@@ -15,7 +15,7 @@ import pytest
 from typer.testing import CliRunner
 
 from depthprobe.cli.main import app
-from tests.helpers import one_line_error
+from tests.helpers import one_line_error, tmpfs
 
 REPO = Path(__file__).resolve().parents[2]
 SAMPLE_CONLLU = REPO / "tasks" / "data" / "sample_syntax.conllu"
@@ -33,28 +33,14 @@ def leftovers(folder: Path) -> list[str]:
 @pytest.fixture
 def tiny_fs(tmp_path):
     """A real 64 KiB file system (tmpfs), to fill up; skipped where mounting is not allowed."""
-    mnt = tmp_path / "tiny"
-    mnt.mkdir()
-    if (
-        subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mnt)], capture_output=True).returncode
-        != 0
-    ):
-        pytest.skip("cannot mount a tmpfs here (needs root)")
-    yield mnt
-    subprocess.run(["umount", str(mnt)], check=True)
+    with tmpfs(tmp_path / "tiny", "size=64k") as mnt:
+        yield mnt
 
 
 @pytest.fixture
 def read_only_dir(tmp_path):
-    mnt = tmp_path / "ro"
-    mnt.mkdir()
-    if (
-        subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=16k", "tmpfs", str(mnt)], capture_output=True).returncode
-        != 0
-    ):
-        pytest.skip("cannot mount a tmpfs here (needs root)")
-    yield mnt
-    subprocess.run(["umount", str(mnt)], check=True)
+    with tmpfs(tmp_path / "ro", "ro,size=16k") as mnt:
+        yield mnt
 
 
 # ---------------------------------------------------------------- output locations, before any work

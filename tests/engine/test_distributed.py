@@ -24,7 +24,7 @@ from depthprobe.probes.engine.task import Context, Examples, NoOptions, Output, 
 from depthprobe.probes.models import variant_net, variants
 from depthprobe.probes.models.loading import load
 from depthprobe.probes.models.model import NativeConfig
-from tests.helpers import run_python
+from tests.helpers import ReadsNothing, run_python
 
 REPO = Path(__file__).resolve().parents[2]
 # Sharded and local runs do the same float32 work per batch (workers run the driver's torch thread
@@ -170,21 +170,9 @@ def test_merge_ablation_keeps_the_one_plan():
 
 
 def test_a_task_without_merge_refuses_to_shard():
-    class Plain(Task[None, int]):
+    class Plain(ReadsNothing, Task[None, int]):
         name = "plain"
         description = "no merge"
-
-        def load(self, model, ctx):
-            return probes.Examples([[1, 2]])
-
-        def hook_names(self, model, ctx):
-            return []
-
-        def start(self, model, ctx, examples):
-            return 0
-
-        def accumulate(self, state, batch, acts):
-            pass
 
         def finalize(self, state, ctx):
             return Output(pd.DataFrame(), pd.DataFrame())

@@ -111,6 +111,7 @@ def _untimed(path: Path) -> object:
     return RANDOM.sub(b"*", path.read_bytes())
 
 
+@pytest.mark.study
 def test_study_with_two_jobs_equals_one_job_exactly(two_studies):
     one, two = two_studies
     a, b = pd.read_csv(one / "members.csv"), pd.read_csv(two / "members.csv")
@@ -122,6 +123,7 @@ def test_study_with_two_jobs_equals_one_job_exactly(two_studies):
         assert _untimed(fa[rel]) == _untimed(fb[rel]), rel
 
 
+@pytest.mark.study
 def test_members_keep_tables_without_a_report_each_and_the_study_draws_them(two_studies):
     one, _ = two_studies
     members = one / "members"
@@ -134,6 +136,7 @@ def test_members_keep_tables_without_a_report_each_and_the_study_draws_them(two_
     assert "levine-b0007k-L01-s0" in page and "levine-b0007k-L02-s0" in page
 
 
+@pytest.mark.study
 def test_member_processes_reuse_a_pipe_corpus_the_driver_read(tmp_path, tiny_corpus):
     """A pipe can be read once: the member processes get the driver's corpus, not the pipe."""
     import threading

@@ -105,15 +105,6 @@ def test_cli_sweep_unreachable_address(tmp_path):
 # ----------------------------------------------------------------------------- on a real local Ray instance
 
 
-@pytest.fixture(scope="module")
-def ray_instance():
-    import ray
-
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield ray
-    ray.shutdown()
-
-
 @pytest.mark.slow
 def test_kernels_sweep_on_ray_equals_local(tmp_path, ray_instance):
     local = sweep("kernels", (1, 2), seed=5, **KERNELS)

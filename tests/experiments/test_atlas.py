@@ -114,6 +114,7 @@ def test_bad_input_is_refused_before_anything_runs(tmp_path):
     assert sorted(p.name for p in other.iterdir()) == ["notes.txt"]
 
 
+@pytest.mark.study
 @pytest.mark.slow
 def test_atlas_end_to_end_at_smoke_scale_resumes(tmp_path, browser):  # noqa: F811
     """Every finding runs (minilm included), atlas.csv has its columns and rows, the page its

@@ -21,6 +21,7 @@ def smoke(tmp_path_factory):
     return run_study("crasp", "smoke", out=tmp_path_factory.mktemp("crasp") / "smoke", echo=lambda _: None)
 
 
+@pytest.mark.study
 def test_smoke_writes_every_table(smoke):
     out = smoke.folder
     for name in ("members.csv", "accuracy.csv", "law.csv", "depths.csv", "ranges.csv", "curves.csv", "report.html"):
@@ -40,6 +41,7 @@ def test_smoke_writes_every_table(smoke):
     assert "Exact-match accuracy by model and length" in (out / "report.html").read_text()
 
 
+@pytest.mark.study
 def test_a_trained_depth_one_member_answers_by_cell(smoke):
     """Without positions, depth 1's answer at t is a function of (x_t, #a, #b): equal cells, equal
     answers, in the trained member as loaded from its checkpoint."""

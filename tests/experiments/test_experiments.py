@@ -75,6 +75,7 @@ def test_toy_through_the_python_api(tmp_path):
     assert not (tmp_path / "bad").exists()
 
 
+@pytest.mark.study
 def test_families_come_from_the_registry_with_suggestions():
     assert {"levine", "petty", "spa", "khop", "groups"} <= set(EXPERIMENTS.names())
     res = runner.invoke(app, ["study", "--family", "khopp", "--out", "/nonexistent/x"])

@@ -16,6 +16,7 @@ def smoke(tmp_path_factory):
     return run_study("groups", "smoke", out=tmp_path_factory.mktemp("groups") / "smoke", echo=lambda _: None)
 
 
+@pytest.mark.study
 def test_smoke_curriculum_positions_and_prefix(smoke):
     out = smoke.folder
     members = pd.read_csv(out / "members.csv")
@@ -34,6 +35,7 @@ def test_smoke_curriculum_positions_and_prefix(smoke):
     assert "Longest prefix solved" in (out / "report.html").read_text()
 
 
+@pytest.mark.study
 def test_prefix_table_on_planted_accuracies():
     cfg = resolve("groups", "smoke", threshold=0.9, seeds=2)
     rows = []
@@ -74,6 +76,7 @@ def test_bad_curriculum_options(tmp_path):
     assert not any(tmp_path.iterdir())
 
 
+@pytest.mark.study
 def test_curriculum_check_moves_on_only_at_checks_and_when_solved(tmp_path):
     from depthprobe.probes.experiments.groups import Groups
     from depthprobe.probes.models.loading import load

@@ -74,6 +74,7 @@ def test_crasp_strings_of_random_length_batched_equal_alone(tmp_path):
     _same(batched, alone, exact=(*EXACT, "ranges.csv", "skipped_accuracy.csv"), close=("depth_usage.csv",))
 
 
+@pytest.mark.study
 def test_a_diverging_member_fails_its_batch_with_exit_3(tmp_path):
     out = tmp_path / "diverge"
     args = ["study", "--family", "khop", "--depths", "1", "--seeds", "2", "--lr", "1e12", "--steps", "20"]
@@ -84,6 +85,7 @@ def test_a_diverging_member_fails_its_batch_with_exit_3(tmp_path):
     assert members.error.str.contains("diverged").all() and members.error.str.contains("batch-members off").all()
 
 
+@pytest.mark.study
 def test_a_damaged_member_of_a_batched_study_trains_again(tmp_path, khop_alone):
     first = _run(tmp_path, "resume", seeds=2, batch_members=2)
     (first.folder / "members" / "L2-d16-s1" / "accuracy.csv").write_text("damaged\n")
@@ -94,6 +96,7 @@ def test_a_damaged_member_of_a_batched_study_trains_again(tmp_path, khop_alone):
     _same(again, khop_alone, close=("hops.csv",))
 
 
+@pytest.mark.study
 def test_a_resumed_batched_study_keeps_the_batches_of_an_uninterrupted_run():
     """#47 N8: with --jobs 2 auto cuts the 4 seeds of one shape into 2 batches of 2; a run killed
     after the first batch regrouped the 2 left into batches of 1 (weights off by 1e-7). The

@@ -77,6 +77,7 @@ def test_member_files_and_params_counted_from_the_model(khop_study):
     assert meta["row"]["params"] == sum(p.numel() for p in model.bridge.original_model.parameters())
 
 
+@pytest.mark.study
 def test_rerun_keeps_finished_members_and_rebuilds_damaged(khop_study):
     study, _ = khop_study
     out = study.folder
@@ -134,6 +135,7 @@ def test_groups_law_table_and_prediction_shape():
     assert got[("a5", 4)] == (2, "grows like log T", False) and got[("a5", 16)][0] == 4
 
 
+@pytest.mark.study
 def test_groups_smoke_end_to_end(tmp_path):
     out = tmp_path / "groups"
     result = CliRunner().invoke(app, ["study", "--family", "groups", "--groups", "z2", "--out", str(out)])
@@ -148,6 +150,7 @@ def test_groups_smoke_end_to_end(tmp_path):
     assert f"wrote {out}" in result.output
 
 
+@pytest.mark.study
 def test_failed_member_is_recorded_with_exit_3(tmp_path):
     out = tmp_path / "diverge"
     result = CliRunner().invoke(app, ["study", "--family", "khop", "--depths", "1", "--lr", "1e12", "--steps", "20",
@@ -226,6 +229,7 @@ def test_predicted_line_sits_on_the_predicted_rows():
     assert gap == "M" + " L".join(f"{x:g},{top + ch:g}" for x in xs)
 
 
+@pytest.mark.study
 @pytest.mark.slow
 def test_jobs_2_equals_jobs_1(tmp_path):
     one = law_study("khop", "smoke", out=tmp_path / "one", echo=lambda _: None)

@@ -73,6 +73,7 @@ def test_skipped_accuracy_equals_skip_layers_by_hand(khop_study):
             assert got == pytest.approx(by_hand, abs=1e-12), (s, k)
 
 
+@pytest.mark.study
 def test_switched_off_writes_none(tmp_path):
     out = tmp_path / "crasp"
     result = CliRunner().invoke(
@@ -85,6 +86,7 @@ def test_switched_off_writes_none(tmp_path):
     assert resolve("levine", "smoke").depth_usage is True
 
 
+@pytest.mark.study
 def test_crasp_skipped_accuracy_per_length_range(tmp_path):
     s = study("crasp", "smoke", out=tmp_path / "crasp", echo=lambda line: None)
     table = pd.read_csv(s.folder / "skipped_accuracy.csv")
@@ -94,6 +96,7 @@ def test_crasp_skipped_accuracy_per_length_range(tmp_path):
     assert set(usage["member"]) == set(s.table["member"])
 
 
+@pytest.mark.study
 def test_text_members_and_resume(tmp_path, tiny_corpus):
     lines: list[str] = []
     first = study("levine", "smoke", out=tmp_path / "l", corpus=str(tiny_corpus), echo=lines.append, **TINY)
@@ -158,6 +161,7 @@ class PluginFamily(Experiment):
         return {}
 
 
+@pytest.mark.study
 def test_a_plugin_family_gets_the_study_table(tmp_path, monkeypatch):
     monkeypatch.setattr(EXPERIMENTS, "_items", dict(EXPERIMENTS._items))  # registered for this test only
     register_experiment(PluginFamily)

@@ -19,7 +19,7 @@ from typer.testing import CliRunner
 
 from depthprobe.cli.main import app
 from depthprobe.probes.experiments.folder import LOCK
-from tests.helpers import plan, resolve, toy_study
+from tests.helpers import plan, resolve, tmpfs, toy_study
 
 runner = CliRunner()
 
@@ -30,6 +30,7 @@ HOLD = (
 )
 
 
+@pytest.mark.study
 def test_a_folder_held_by_a_live_run_is_refused_and_left_alone(tmp_path):
     assert toy_study(tmp_path / "s").exit_code == 0
     before = (tmp_path / "s" / "members.csv").read_text()
@@ -49,6 +50,7 @@ def test_a_folder_held_by_a_live_run_is_refused_and_left_alone(tmp_path):
     assert not (tmp_path / "s" / LOCK).exists()
 
 
+@pytest.mark.study
 def test_a_lock_file_left_behind_holds_nothing(tmp_path):
     """A lock file without a live holder (a copied folder, an old version's file) is no lock."""
     (tmp_path / "s").mkdir()
@@ -59,6 +61,7 @@ def test_a_lock_file_left_behind_holds_nothing(tmp_path):
     assert len(pd.read_csv(tmp_path / "s" / "members.csv")) == 3
 
 
+@pytest.mark.study
 @pytest.mark.parametrize(
     ("args", "fragment"),
     [
@@ -104,6 +107,7 @@ def test_impossible_settings_are_refused_up_front_with_nothing_written(tmp_path,
     assert not (tmp_path / "s").exists()
 
 
+@pytest.mark.study
 def test_no_law_control_equals_a_member():
     for family in ("khop", "groups"):
         jobs = plan(resolve(family, "smoke"))  # deepest depth 2 at width 16: the control would be L2-d16
@@ -115,6 +119,7 @@ def test_no_law_control_equals_a_member():
     assert len(control) == 1 and control[0].depth == 2 and control[0].d_model > 16
 
 
+@pytest.mark.study
 def test_a_ray_cluster_that_refuses_the_run_at_join_time_leaves_no_folder(tmp_path):
     """#38.14: the runner wrote study.json before the member jobs joined the cluster; a cluster that
     is not there (refused at join time) left OUT/study.json behind."""
@@ -195,13 +200,8 @@ def test_enolck_is_one_line_and_leaves_no_folder(tmp_path, monkeypatch):
 @pytest.fixture
 def tiny_disk(tmp_path):
     """A real 256 KiB tmpfs (needs root that may mount; skipped elsewhere)."""
-    disk = tmp_path / "disk"
-    disk.mkdir()
-    made = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(disk)], capture_output=True)
-    if made.returncode != 0:
-        pytest.skip(f"mounting a tmpfs needs root with CAP_SYS_ADMIN: {made.stderr.decode().strip()}")
-    yield disk
-    subprocess.run(["umount", "-l", str(disk)], check=True)
+    with tmpfs(tmp_path / "disk", "size=256k") as disk:
+        yield disk
 
 
 def fill(disk: Path) -> Path:
@@ -282,6 +282,7 @@ class Filler(Experiment):
 '''
 
 
+@pytest.mark.study
 def test_a_disk_that_fills_while_the_tables_are_written_is_one_line_and_loses_no_member(tiny_disk, tmp_path):
     plugin = tmp_path / "filler.py"
     plugin.write_text(FILLER)
@@ -322,6 +323,7 @@ def test_flags_show_no_value_in_help():
     assert "<bool>" not in line and "<bool>" not in res.output, line
 
 
+@pytest.mark.study
 def test_study_help_lists_every_familys_options():
     res = runner.invoke(app, ["study", "--help"], terminal_width=400)
     assert res.exit_code == 0

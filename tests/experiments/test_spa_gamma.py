@@ -42,6 +42,7 @@ def test_uspa_current_share_falls_to_one_minus_rho():
     assert kernels.current_share("u-spa", 100_000, rho_last=0.8) == pytest.approx(0.2, abs=1e-5)
 
 
+@pytest.mark.study
 def test_cpu_preset_gamma_gives_uspa_long_context_share():
     """The stated rule: E-SPA's share equals U-SPA's at long context, 1 - rho_L = 0.2."""
     cfg = resolve("spa", "cpu")
@@ -50,6 +51,7 @@ def test_cpu_preset_gamma_gives_uspa_long_context_share():
     assert resolve("spa", "smoke").gamma_last == 0.005  # the model's default elsewhere
 
 
+@pytest.mark.study
 @pytest.mark.parametrize(("gamma", "share"), [(0.005, 0.0099502), (0.1116, 0.2000452)])
 def test_study_member_builds_espa_with_its_gamma(gamma, share):
     """The member the study trains holds the kernel: on inputs with kernel I (orthonormal rows),

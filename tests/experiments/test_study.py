@@ -41,6 +41,7 @@ def smoke(tmp_path_factory, tiny_corpus):
     return study("levine", "smoke", out=out, corpus=str(tiny_corpus), echo=lambda line: None, **TINY)
 
 
+@pytest.mark.study
 def test_smoke_study_writes_every_member_and_file(smoke):
     table = smoke.table
     assert list(table.columns) == COLUMNS
@@ -62,6 +63,7 @@ def test_smoke_study_writes_every_member_and_file(smoke):
     assert list(on_disk.member) == list(table.member)
 
 
+@pytest.mark.study
 def test_member_checkpoint_reloads_with_its_tokenizer_and_loss(smoke):
     """The saved member is the trained model: reloading it gives the recorded validation loss."""
     from depthprobe.probes.data import corpus as corpora
@@ -78,12 +80,14 @@ def test_member_checkpoint_reloads_with_its_tokenizer_and_loss(smoke):
     assert model.tokenizer.decode(ids) == "To be, or not to be"
 
 
+@pytest.mark.study
 def test_trained_members_beat_the_unigram_floor_of_init(smoke):
     """Training did something: validation loss is far below ln(vocab) (a uniform guess)."""
     vocab = smoke.config.vocab
     assert (smoke.table.val_loss < math.log(vocab) - 0.5).all()
 
 
+@pytest.mark.study
 def test_rerun_keeps_finished_members(smoke):
     before = {p: p.stat().st_mtime_ns for p in (smoke.folder / "members").glob("*/member.json")}
     again = study("levine", "smoke", out=smoke.folder, corpus=smoke.config.corpus, echo=lambda line: None, **TINY)
@@ -91,12 +95,14 @@ def test_rerun_keeps_finished_members(smoke):
     assert len(again.table) == 2
 
 
+@pytest.mark.study
 def test_rerun_with_other_settings_is_refused(smoke):
     with pytest.raises(probes.ProbeError, match="holds another study"):
         study("levine", "smoke", out=smoke.folder, corpus=smoke.config.corpus, echo=lambda line: None,
               **{**TINY, "vocab": 320})  # fmt: skip
 
 
+@pytest.mark.study
 def test_failed_member_is_isolated_then_resumed(tmp_path, tiny_corpus):
     """A member over --max-params fails with its error; the other finishes; a rerun without the
     limit runs only the failed one."""
@@ -118,6 +124,7 @@ def test_failed_member_is_isolated_then_resumed(tmp_path, tiny_corpus):
     assert ok_json.stat().st_mtime_ns == stamp
 
 
+@pytest.mark.study
 def test_api_save_copies_the_folder(smoke, tmp_path):
     copy = smoke.save(tmp_path / "copy")
     assert (copy / "members.csv").read_text() == (smoke.folder / "members.csv").read_text()
@@ -135,6 +142,7 @@ def test_cli_errors_before_any_work(tmp_path):
     assert not list(tmp_path.iterdir())
 
 
+@pytest.mark.study
 def test_cli_smoke_petty(tmp_path, tiny_corpus):
     out = tmp_path / "petty"
     args = ["study", "--family", "petty", "--corpus", str(tiny_corpus), "--vocab", "300", "--context", "32",
@@ -147,6 +155,7 @@ def test_cli_smoke_petty(tmp_path, tiny_corpus):
     assert f"wrote {out}" in result.output
 
 
+@pytest.mark.study
 @pytest.mark.slow
 def test_sigterm_keeps_finished_members_whole(tmp_path, tiny_corpus):
     """A real `probe study` process is terminated while its second member trains: exit 143, one
@@ -189,6 +198,7 @@ def test_sigterm_keeps_finished_members_whole(tmp_path, tiny_corpus):
     assert (pd.read_csv(out / "members.csv").status == "ok").all()
 
 
+@pytest.mark.study
 def test_lr_grid_keeps_the_best_rate(tmp_path, tiny_corpus):
     """Two rates tried on a fraction of the budget from the same init; the one that cannot train
     (1e-7) loses, and the grid's best rate trains the member."""
@@ -203,6 +213,7 @@ def test_lr_grid_keeps_the_best_rate(tmp_path, tiny_corpus):
         assert (grid.tokens < s.table.tokens.iloc[0]).all()
 
 
+@pytest.mark.study
 def test_spa_smoke_members_train_save_and_reload(tmp_path, tiny_corpus):
     """The spa family: skipless variants on text; their checkpoints reload through probes.load
     with the recorded validation loss."""
@@ -293,6 +304,7 @@ def test_member_refuses_a_corpus_other_than_the_one_the_driver_checked(tmp_path,
         run_member(dataclasses.replace(job, corpus_digest="0" * 64))
 
 
+@pytest.mark.study
 def test_corpus_from_a_pipe_is_read_once(tmp_path, plays):
     """The members of a local study reuse the corpus the driver read: a pipe cannot be read twice."""
     import threading
@@ -309,6 +321,7 @@ def test_corpus_from_a_pipe_is_read_once(tmp_path, plays):
     assert (s.table.status == "ok").all(), s.table.error.tolist()
 
 
+@pytest.mark.study
 def test_corpus_of_one_long_line_is_probed_in_pieces(tmp_path, plays):
     one_line = tmp_path / "one-line.txt"
     one_line.write_text(" ".join(plays.read_text(encoding="utf-8").split()), encoding="utf-8")
@@ -385,6 +398,7 @@ def test_out_is_checked_before_the_corpus_is_read(tmp_path):
     cli_error(["study", "--family", "levine", "--corpus", tmp_path / "empty.txt", "--out", tmp_path / "file"], "--out")
 
 
+@pytest.mark.study
 def test_failed_members_give_exit_3(tmp_path, plays):
     out = tmp_path / "s"
     result = cli("--corpus", plays, "--out", out, "--max-params", "20000")
@@ -394,6 +408,7 @@ def test_failed_members_give_exit_3(tmp_path, plays):
     assert "1 member(s) failed" in result.output
 
 
+@pytest.mark.study
 def test_damaged_finished_members_are_rebuilt(tmp_path, plays):
     out = tmp_path / "s"
     quiet_study(out, plays)
@@ -422,6 +437,7 @@ def test_study_member_without_weights_names_the_study_rerun(tmp_path, plays):
     assert "probe train" not in str(info.value)
 
 
+@pytest.mark.study
 def test_sigterm_while_reading_a_fifo_corpus_says_nothing_was_written(tmp_path):
     fifo = tmp_path / "corpus.fifo"
     os.mkfifo(fifo)
@@ -538,6 +554,7 @@ class Named(Experiment):
 '''
 
 
+@pytest.mark.study
 @pytest.mark.parametrize(
     ("names", "fragment"),
     [

@@ -15,15 +15,7 @@ NUMBERS = ["params_nonembed", "params_embed", "tokens", "flops", "val_loss", "va
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module")
-def ray_instance():
-    import ray
-
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield ray
-    ray.shutdown()
-
-
+@pytest.mark.study
 def test_study_on_ray_equals_local_and_isolates_a_failure(tmp_path, monkeypatch, ray_instance, tiny_corpus):
     monkeypatch.setenv("DEPTHPROBE_CACHE", str(tmp_path / "cache"))
     common = {"corpus": str(tiny_corpus), "echo": lambda line: None, "max_params": 20_000, **TINY}

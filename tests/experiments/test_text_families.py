@@ -87,6 +87,7 @@ def test_byte_vocab_is_256_bytes_and_bos(tiny_corpus, tmp_path):
     assert corpus.vocab == 257 and corpus.train_ids.numel() == len(train_text.encode("utf-8"))
 
 
+@pytest.mark.study
 def test_study_csv_has_totals_shares_and_ratios(tiny_corpus, tmp_path):
     s = study("petty", "smoke", out=tmp_path / "p", corpus=str(tiny_corpus), echo=lambda line: None,
               **{**TINY, "vocab": BYTE_VOCAB})  # fmt: skip
@@ -112,6 +113,7 @@ def test_presets_respect_the_pass_limit_on_the_builtin_corpus():
             assert tokens / 411_268 <= cfg.max_passes, job.name
 
 
+@pytest.mark.study
 def test_too_many_passes_is_refused_before_anything_is_written(tmp_path, tiny_corpus):
     tiny = tmp_path / "tiny.txt"
     tiny.write_text(tiny_corpus.read_text(encoding="utf-8")[:20_000], encoding="utf-8")
@@ -124,6 +126,7 @@ def test_too_many_passes_is_refused_before_anything_is_written(tmp_path, tiny_co
     assert not out.exists()
 
 
+@pytest.mark.study
 def test_study_prints_its_passes(tiny_corpus, tmp_path):
     lines: list[str] = []
     s = study("levine", "smoke", out=tmp_path / "l", corpus=str(tiny_corpus), echo=lines.append, **TINY)

@@ -22,18 +22,18 @@ def model():
     return probes.load(SPEC)
 
 
-@pytest.fixture(scope="module")
-def pair():
-    g = torch.Generator().manual_seed(1)
-    return torch.randint(0, 20, (3, 6), generator=g), torch.randint(0, 20, (3, 6), generator=g)
-
-
 def identity_sae() -> SAE:
     """Latents [relu(x), relu(-x)], reconstruction relu(x) - relu(-x) = x: no error at all."""
     eye = torch.eye(D)
     tensors = {"W_enc": torch.cat([eye, -eye], 1), "b_enc": torch.zeros(2 * D)}
     tensors |= {"W_dec": torch.cat([eye, -eye], 0), "b_dec": torch.zeros(D)}
     return SAE(SAEConfig(D, 2 * D, HOOK), tensors)
+
+
+@pytest.fixture(scope="module")
+def pair():
+    g = torch.Generator().manual_seed(1)
+    return torch.randint(0, 20, (3, 6), generator=g), torch.randint(0, 20, (3, 6), generator=g)
 
 
 def random_tensors(d_sae: int = 12, seed: int = 0) -> dict[str, torch.Tensor]:

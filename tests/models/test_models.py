@@ -19,7 +19,7 @@ from depthprobe.probes.data import corpus
 from depthprobe.probes.models import device
 from depthprobe.probes.models.checkpoints import CHECKPOINT_WEIGHTS, checkpoint_files
 from depthprobe.probes.models.device import parse_dtype, resolve_device
-from tests.helpers import cli_error, one_line_error
+from tests.helpers import cli_error, one_line_error, probe_cli
 
 
 def test_local_hf_directories_load_with_real_facts(tiny_bert, tiny_gpt2):
@@ -535,58 +535,48 @@ def test_bfloat16_attention_stats_agree_with_float32(tiny_bert_dir):
 
 
 def test_cli_dtype_option(tiny_bert_dir, tmp_path):
-    from depthprobe.cli.main import app
 
-    res = CliRunner().invoke(
-        app,
-        [
-            "run",
-            "--model",
-            str(tiny_bert_dir),
-            "--task",
-            "attention-stats",
-            "--limit",
-            "2",
-            "--dtype",
-            "float16",
-            "--device",
-            "cpu",
-            "--out",
-            str(tmp_path / "run"),
-        ],
+    res = probe_cli(
+        "run",
+        "--model",
+        str(tiny_bert_dir),
+        "--task",
+        "attention-stats",
+        "--limit",
+        "2",
+        "--dtype",
+        "float16",
+        "--device",
+        "cpu",
+        "--out",
+        str(tmp_path / "run"),
     )
     assert res.exit_code == 0, res.output
     manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
     assert manifest["config"]["dtype"] == "float16" and manifest["config"]["batch_size"] == 32
-    res = CliRunner().invoke(
-        app, ["run", "--model", str(tiny_bert_dir), "--dtype", "double", "--out", str(tmp_path / "run2")]
-    )
+    res = probe_cli("run", "--model", str(tiny_bert_dir), "--dtype", "double", "--out", str(tmp_path / "run2"))
     assert res.exit_code == 2 and "unknown --dtype 'double'" in res.output
     assert not (tmp_path / "run2").exists()
 
 
 def test_viz_dtype_option(tiny_bert_dir, tmp_path):
-    from depthprobe.cli.main import app
 
-    res = CliRunner().invoke(
-        app,
-        [
-            "viz",
-            "--model",
-            str(tiny_bert_dir),
-            "--text",
-            "the cat sat",
-            "--dtype",
-            "bfloat16",
-            "--device",
-            "cpu",
-            "--out",
-            str(tmp_path / "a.html"),
-        ],
+    res = probe_cli(
+        "viz",
+        "--model",
+        str(tiny_bert_dir),
+        "--text",
+        "the cat sat",
+        "--dtype",
+        "bfloat16",
+        "--device",
+        "cpu",
+        "--out",
+        str(tmp_path / "a.html"),
     )
     assert res.exit_code == 0, res.output
     assert (tmp_path / "a.html").stat().st_size > 1000
-    res = CliRunner().invoke(
-        app, ["viz", "--model", str(tiny_bert_dir), "--text", "x", "--dtype", "half", "--out", str(tmp_path / "b.html")]
+    res = probe_cli(
+        "viz", "--model", str(tiny_bert_dir), "--text", "x", "--dtype", "half", "--out", str(tmp_path / "b.html")
     )
     assert res.exit_code == 2 and "unknown --dtype 'half'" in res.output and not (tmp_path / "b.html").exists()

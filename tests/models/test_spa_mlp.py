@@ -143,6 +143,7 @@ def test_family_members_with_and_without_mlps():
         families.spa(mlp="tta")
 
 
+@pytest.mark.study
 def test_study_config_mlp_option():
     cfg = resolve("spa", "smoke", mlp="tat")
     assert cfg.mlp == "tat"
@@ -160,6 +161,7 @@ def test_study_config_mlp_option():
     )  # the MLPs too
 
 
+@pytest.mark.study
 def test_cli_refuses_bad_mlp_before_work(tmp_path):
     res = runner.invoke(app, ["study", "--family", "spa", "--mlp", "relu", "--out", str(tmp_path / "s")])
     assert res.exit_code == 2 and "use none or tat" in res.output
@@ -168,6 +170,7 @@ def test_cli_refuses_bad_mlp_before_work(tmp_path):
     assert res.exit_code == 2 and "add mlp=true (sweep: --mlp)" in res.output
 
 
+@pytest.mark.study
 @pytest.mark.slow
 def test_smoke_study_with_tat_mlps_trains(tmp_path):
     res = runner.invoke(app, ["study", "--family", "spa", "--preset", "smoke", "--mlp", "tat", "--out", str(tmp_path)])

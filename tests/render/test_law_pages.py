@@ -134,6 +134,7 @@ def test_headers_show_no_absolute_path_and_members_print_whole_numbers(folders):
         assert "<td>2.0000</td>" not in members and "<td>2</td>" in members, family  # heads, as written
 
 
+@pytest.mark.study
 def test_page_headers_shorten_absolute_paths():
     """A study's corpus and a run's local model and data file: their last part, not the machine's layout."""
     from depthprobe.probes.render.html import no_paths
@@ -171,6 +172,7 @@ def test_the_views_status_line_comes_after_the_title():
     assert html.index("<h1>") < html.index("id='dp-status'") < html.index("<section class='attention'>")
 
 
+@pytest.mark.study
 def test_export_figures_writes_each_figure_of_a_study_as_svg(folders, tmp_path):
     """scripts/export_figures.py: the report drawn again from the folder, each figure a file."""
     import subprocess

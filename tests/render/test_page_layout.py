@@ -156,6 +156,7 @@ def test_a_blank_measured_depth_says_why():
     assert "why no measured depth" not in law_table(full, acc, 0.99)
 
 
+@pytest.mark.study
 def test_law_pages_of_the_smoke_studies_say_why(tmp_path):
     """khop's smoke preset reaches no depth at 40 steps: its page gives each blank cell a reason."""
     from depthprobe.probes.experiments.runner import study

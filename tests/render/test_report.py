@@ -28,6 +28,7 @@ from depthprobe.probes.render.attention import (
 )
 from depthprobe.probes.render.html import bundle_js, clean, esc, page, script_json
 from depthprobe.probes.render.report import RunData, default_panels, panel_matrix, render, write_report
+from tests.helpers import probe_cli
 
 EVIL = "</script><img src=x onerror=alert(1)>"
 
@@ -177,39 +178,10 @@ def _scores() -> pd.DataFrame:
     rows = []
     for layer in range(2):
         for head in range(3):
-            rows.append(
-                {
-                    "model": "m",
-                    "task": "t",
-                    "layer": layer,
-                    "head": head,
-                    "metric": "acc",
-                    "value": layer * 10 + head,
-                    "relation": "det",
-                }
-            )
-            rows.append(
-                {
-                    "model": "m",
-                    "task": "t",
-                    "layer": layer,
-                    "head": head,
-                    "metric": "acc",
-                    "value": -1.0,
-                    "relation": "nsubj",
-                }
-            )
-            rows.append(
-                {
-                    "model": "m",
-                    "task": "t",
-                    "layer": layer,
-                    "head": head,
-                    "metric": "entropy",
-                    "value": 0.5 + head,
-                    "relation": None,
-                }
-            )
+            at = {"model": "m", "task": "t", "layer": layer, "head": head}
+            rows.append({**at, "metric": "acc", "value": layer * 10 + head, "relation": "det"})
+            rows.append({**at, "metric": "acc", "value": -1.0, "relation": "nsubj"})
+            rows.append({**at, "metric": "entropy", "value": 0.5 + head, "relation": None})
     rows.append(
         {"model": "m", "task": "t", "layer": None, "head": None, "metric": "acc", "value": 99.0, "relation": "baseline"}
     )
@@ -378,7 +350,7 @@ def test_viz_bad_input_fails_before_loading(tmp_path):
     from depthprobe.cli.main import app
 
     runner = CliRunner()
-    res = runner.invoke(app, ["viz", "--model", "no/such-model", "--text", "x", "--layers", "a"])
+    res = probe_cli("viz", "--model", "no/such-model", "--text", "x", "--layers", "a")
     assert res.exit_code == 2 and "--layers expects" in res.output
     res = runner.invoke(app, ["viz", "--model", "no/such-model"])
     assert res.exit_code == 2 and "exactly one of --text" in res.output
@@ -387,35 +359,29 @@ def test_viz_bad_input_fails_before_loading(tmp_path):
 
 
 def test_viz_cli_writes_page(tiny_bert_dir, tmp_path):
-    from depthprobe.cli.main import app
 
     (tmp_path / "in.txt").write_text(f"the dog {EVIL} saw a cat", encoding="utf-8")
     out = tmp_path / "a.html"
-    res = CliRunner().invoke(
-        app,
-        [
-            "viz",
-            "--model",
-            str(tiny_bert_dir),
-            "--file",
-            str(tmp_path / "in.txt"),
-            "--layers",
-            "1",
-            "--heads",
-            "0,3",
-            "--words",
-            "--out",
-            str(out),
-        ],
+    res = probe_cli(
+        "viz",
+        "--model",
+        str(tiny_bert_dir),
+        "--file",
+        str(tmp_path / "in.txt"),
+        "--layers",
+        "1",
+        "--heads",
+        "0,3",
+        "--words",
+        "--out",
+        str(out),
     )
     assert res.exit_code == 0, res.output
     text = out.read_text(encoding="utf-8")
     assert text.count("var CircuitsVis=") == 1 and text.count("class='view'") == 1
     data = json.loads(Tags(text).scripts[0])
     assert data[0]["heads"] == ["1-0", "1-3"] and "<" in data[0]["tokens"][3]
-    res = CliRunner().invoke(
-        app, ["viz", "--model", str(tiny_bert_dir), "--text", "x", "--heads", "4", "--out", str(out)]
-    )
+    res = probe_cli("viz", "--model", str(tiny_bert_dir), "--text", "x", "--heads", "4", "--out", str(out))
     assert res.exit_code == 2 and "--heads 4 out of range" in res.output
 
 

@@ -172,6 +172,7 @@ def test_levine_differences_are_the_known_ones(levine):
         )
 
 
+@pytest.mark.study
 def test_levine_page(levine):
     html = render_study(levine)
     assert_offline(html)

@@ -27,6 +27,7 @@ from depthprobe.tasks.induction.metrics import (
     k_composition,
     token_losses,
 )
+from tests.helpers import probe_cli
 
 S = 5  # repeat length of the hand-built patterns
 
@@ -409,47 +410,41 @@ def test_sweep_bad_option():
 
 def test_cli_run_and_sweep(tmp_path):
     runner = CliRunner()
-    res = runner.invoke(
-        app,
-        [
-            "run",
-            "--model",
-            "native:layers=2,d_model=16,heads=2,d_vocab=12,n_ctx=32",
-            "--task",
-            "induction",
-            "-O",
-            "repeat_len=6",
-            "-O",
-            "n_seqs=3",
-            "--out",
-            str(tmp_path / "r"),
-        ],
+    res = probe_cli(
+        "run",
+        "--model",
+        "native:layers=2,d_model=16,heads=2,d_vocab=12,n_ctx=32",
+        "--task",
+        "induction",
+        "-O",
+        "repeat_len=6",
+        "-O",
+        "n_seqs=3",
+        "--out",
+        str(tmp_path / "r"),
     )
     assert res.exit_code == 0, res.output
     assert "top_heads" in res.output
-    res = runner.invoke(
-        app,
-        [
-            "sweep",
-            "--task",
-            "induction",
-            "--layers",
-            "1",
-            "--steps",
-            "4",
-            "--width",
-            "16",
-            "--heads",
-            "2",
-            "--seq-len",
-            "24",
-            "-O",
-            "eval_every=2",
-            "-O",
-            "n_seqs=2",
-            "--out",
-            str(tmp_path / "s"),
-        ],
+    res = probe_cli(
+        "sweep",
+        "--task",
+        "induction",
+        "--layers",
+        "1",
+        "--steps",
+        "4",
+        "--width",
+        "16",
+        "--heads",
+        "2",
+        "--seq-len",
+        "24",
+        "-O",
+        "eval_every=2",
+        "-O",
+        "n_seqs=2",
+        "--out",
+        str(tmp_path / "s"),
     )
     assert res.exit_code == 0, res.output
     assert (tmp_path / "s" / "plots" / "induction_vs_step.svg").exists()
@@ -468,19 +463,16 @@ def test_minilm_encoder_run_is_seeded(minilm):
 
 
 def test_cli_bad_icl_text_is_one_line(tiny_gpt2_dir, tmp_path):
-    res = CliRunner().invoke(
-        app,
-        [
-            "run",
-            "--model",
-            str(tiny_gpt2_dir),
-            "--task",
-            "induction",
-            "-O",
-            f"icl_text={tmp_path / 'missing.txt'}",
-            "--out",
-            str(tmp_path / "r"),
-        ],
+    res = probe_cli(
+        "run",
+        "--model",
+        str(tiny_gpt2_dir),
+        "--task",
+        "induction",
+        "-O",
+        f"icl_text={tmp_path / 'missing.txt'}",
+        "--out",
+        str(tmp_path / "r"),
     )
     assert res.exit_code == 2 and "is not a file" in res.output
     assert "Traceback" not in res.output and not (tmp_path / "r").exists()

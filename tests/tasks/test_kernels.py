@@ -10,7 +10,6 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from depthprobe.cli.main import app
 from depthprobe.probes.api.run import run
 from depthprobe.probes.api.sweep import sweep
 from depthprobe.probes.base.errors import ProbeError
@@ -18,7 +17,7 @@ from depthprobe.probes.hooks.capture import forward
 from depthprobe.probes.measures import kernels
 from depthprobe.probes.models import variant_net, variants
 from depthprobe.probes.training.copy_task import train_copy
-from tests.helpers import cli_error
+from tests.helpers import cli_error, probe_cli
 from tests.reference.kernels import uniform_recursion
 
 runner = CliRunner()
@@ -522,25 +521,22 @@ def test_kernel_controlled_attention_with_mlp_is_refused(attention):
 
 
 def test_cli_dtype_dong_and_refusals(tmp_path):
-    res = runner.invoke(
-        app,
-        [
-            "sweep",
-            "--task",
-            "kernels",
-            "--depths",
-            "3",
-            "--variants",
-            "dong",
-            "--width",
-            "32",
-            "--seq-len",
-            "16",
-            "--dtype",
-            "float64",
-            "--out",
-            str(tmp_path / "d"),
-        ],
+    res = probe_cli(
+        "sweep",
+        "--task",
+        "kernels",
+        "--depths",
+        "3",
+        "--variants",
+        "dong",
+        "--width",
+        "32",
+        "--seq-len",
+        "16",
+        "--dtype",
+        "float64",
+        "--out",
+        str(tmp_path / "d"),
     )
     assert res.exit_code == 0, res.output
     assert "contraction exponent" in res.output

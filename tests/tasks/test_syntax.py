@@ -28,6 +28,7 @@ from depthprobe.tasks.syntax import (
     best_offset,
     predict_governors,
 )
+from tests.helpers import probe_cli
 from tests.reference.syntax import reference, reference_best
 
 # ---------------------------------------------------------------- pure functions
@@ -437,14 +438,10 @@ def test_raw_text_needs_a_parser_and_a_missing_pipeline_says_how_to_install(tiny
 
 
 def test_cli_parser_flag_missing_pipeline_is_one_line(tmp_path):
-    from typer.testing import CliRunner
-
-    from depthprobe.cli.main import app
 
     text = _bad(tmp_path, "t.txt", "The dog barked.\n")
-    res = CliRunner().invoke(
-        app,
-        ["run", "--task", "syntax", "--data", str(text), "--parser", "en_core_web_sm", "--out", str(tmp_path / "o")],
+    res = probe_cli(
+        "run", "--task", "syntax", "--data", str(text), "--parser", "en_core_web_sm", "--out", str(tmp_path / "o")
     )
     assert res.exit_code == 2
     lines = [ln for ln in res.output.strip().splitlines() if ln]
@@ -519,27 +516,21 @@ def test_trees_read_through_spacy_keep_the_conllu_columns(shared_data):
 
 
 def test_cli_parser_flag_runs_raw_text(tiny_bert_dir, spacy_pipeline, tmp_path):
-    from typer.testing import CliRunner
-
-    from depthprobe.cli.main import app
 
     text = _bad(tmp_path, "t.txt", "The dog barked at the mail carrier.\n")
     out = tmp_path / "run"
-    res = CliRunner().invoke(
-        app,
-        [
-            "run",
-            "--model",
-            str(tiny_bert_dir),
-            "--task",
-            "syntax",
-            "--data",
-            str(text),
-            "--parser",
-            str(spacy_pipeline),
-            "--out",
-            str(out),
-        ],
+    res = probe_cli(
+        "run",
+        "--model",
+        str(tiny_bert_dir),
+        "--task",
+        "syntax",
+        "--data",
+        str(text),
+        "--parser",
+        str(spacy_pipeline),
+        "--out",
+        str(out),
     )
     assert res.exit_code == 0, res.output
     assert "ALL" in res.output and (out / "scores.csv").exists() and (out / "baselines.csv").exists()

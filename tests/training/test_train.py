@@ -197,27 +197,8 @@ def test_bad_settings():
 
 def test_cli_train_then_run_induction_on_the_checkpoint(tmp_path):
     out = tmp_path / "model"
-    args = [
-        "train",
-        "--layers",
-        "2",
-        "--d-model",
-        "32",
-        "--heads",
-        "2",
-        "--vocab",
-        "16",
-        "--seq-len",
-        "24",
-        "--steps",
-        "10",
-        "--batch-size",
-        "4",
-        "--save-every",
-        "5",
-        "--out",
-        str(out),
-    ]
+    args = "train --layers 2 --d-model 32 --heads 2 --vocab 16 --seq-len 24 --steps 10 --batch-size 4".split()
+    args += ["--save-every", "5", "--out", str(out)]
     res = runner.invoke(app, args)
     assert res.exit_code == 0, res.output
     assert "step 10" in res.output and (checkpoint_files(out) / "model.safetensors").exists()
@@ -337,23 +318,11 @@ def _train_cmd(out, steps):
     from pathlib import Path
 
     probe = Path(sys.executable).with_name("probe")
+    shape = "--layers 1 --d-model 32 --heads 2 --vocab 16 --seq-len 24 --batch-size 4 --warmup 5".split()
     return [
         str(probe),
         "train",
-        "--layers",
-        "1",
-        "--d-model",
-        "32",
-        "--heads",
-        "2",
-        "--vocab",
-        "16",
-        "--seq-len",
-        "24",
-        "--batch-size",
-        "4",
-        "--warmup",
-        "5",
+        *shape,
         "--log-every",
         "1",
         "--save-every",
