@@ -378,7 +378,7 @@ def test_checkpoint_entry_linking_outside_its_folder_is_refused(tmp_path):
     [
         (["--device", "cuda"], "--device"),
         (["--max-params", "100"], "--max-params"),
-        (["--context", "4000"], "--context"),
+        (["--context", "40000"], "--context"),  # longer than the tiny corpus
         (["--retries", "-1"], "--retries"),
         (["--backend", "rya"], "backend"),
         (["--cpus-per-member", "-1"], "cpus-per-member"),
