@@ -41,7 +41,7 @@ def test_khop_smoke_writes_every_table(khop_study):
         assert (out / name).is_file(), name
     members = pd.read_csv(out / "members.csv")
     assert list(members.columns) == ROW_COLUMNS
-    # the 2-layer control would be L2-d16-s0 again: left out (tests/experiments/test_study_guards.py)
+    # the 2-layer control would be L2-d16-s0 again: left out (tests/experiments/test_runner.py)
     assert list(members.member) == ["L1-d16-s0", "L2-d16-s0"]
     assert (members.status == "ok").all() and len(lines) == 2
     acc = pd.read_csv(out / "accuracy.csv")
