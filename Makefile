@@ -63,7 +63,7 @@ wheel-check:
 	PYTHON=$(PYTHON) TORCH="$(TORCH)" LOCK="$(LOCK)" scripts/wheel-smoke.sh
 
 # the newest versions inside pyproject.toml's ranges (torch: TORCH), in a scratch environment made
-# anew, and the suite on them; PYTEST_ARGS="tests/test_x.py" runs part of it. Lists what differs
+# anew, and the suite on them; PYTEST_ARGS="tests/hooks/test_cache.py" runs part of it. Lists what differs
 # from the lock. Nothing here changes the lock: `make lock` does, after this passed.
 upgrade-check:
 	rm -rf $(UPGRADE_VENV)

@@ -9,7 +9,7 @@ round of each kept, so load from other processes hurts both alike). Two figures 
 - wall: the whole study's seconds (training, learning-curve evaluations, final evaluations, the
   hop-attention and depth-usage probes, checkpoints and files; these do not batch).
 
-It also checks that the two runs' accuracy tables are identical (tests/test_law_batch.py holds the
+It also checks that the two runs' accuracy tables are identical (tests/experiments/test_law_batch.py holds the
 tolerances). What it shows: the gain a study gets from batching on this machine at this shape. Not
 shown: other shapes (``bench/bench_batched_members.py`` times the training step alone at any shape),
 nor a GPU unless ``--device cuda``.

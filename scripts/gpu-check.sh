@@ -105,7 +105,7 @@ step process-probe 60 "$PROBE" run --model "$BERT" --task attention-stats --data
     --out "$OUT/attention-stats"
 step process-bare 60 "$PY" bench/bare_hf.py "$BERT" --batches "$BERT/batches.json"
 if "$PY" -c "import pytest" 2>/dev/null; then
-    step cuda-tests 90 "$PY" -m pytest -q -p no:cacheprovider -m cuda tests/test_batched.py
+    step cuda-tests 90 "$PY" -m pytest -q -p no:cacheprovider -m cuda tests/training/test_batched.py
 else
     echo "| cuda-tests | skipped: no pytest for $PY | 0 |" >>"$SUMMARY"
 fi

@@ -118,6 +118,19 @@ def minilm():
     return load("minilm", device="cpu")
 
 
+PLAYS = REPO / "tasks" / "data" / "tinyshakespeare.txt"
+
+
+@pytest.fixture(scope="session")
+def tiny_corpus(tmp_path_factory) -> Path:
+    """The tests' tiny local corpus: the first 60,000 characters (about 60 KB) of the built-in plays
+    (tasks/data/tinyshakespeare.txt) as ``corpus/plays.txt``, written once per session. Shared: a
+    test that changes it, or adds to its folder, works on a copy."""
+    path = tmp_path_factory.mktemp("corpus") / "plays.txt"
+    path.write_text(PLAYS.read_text(encoding="utf-8")[:60_000], encoding="utf-8")
+    return path
+
+
 @pytest.fixture
 def shared_data() -> Path:
     if not SHARED_DATA.exists():
@@ -128,7 +141,7 @@ def shared_data() -> Path:
 @pytest.fixture(scope="session")
 def tiny_family_dir(tmp_path_factory):
     """family name -> folder of its tiny random model (built once per session, on first use)."""
-    from tiny_families import build
+    from tests.tiny_families import build
 
     root = tmp_path_factory.mktemp("families")
     built: dict[str, Path] = {}
@@ -139,3 +152,13 @@ def tiny_family_dir(tmp_path_factory):
         return built[family]
 
     return get
+
+
+@pytest.fixture(scope="module")
+def ray_instance():
+    """A real local Ray instance (2 CPUs), for the tests of one module."""
+    import ray
+
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield ray
+    ray.shutdown()

@@ -18,7 +18,8 @@ import string
 from pathlib import Path
 
 import torch
-from conftest import WORDS, _bert_vocab
+
+from tests.conftest import WORDS, _bert_vocab
 
 HIDDEN = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64)
 ROPE = dict(HIDDEN, max_position_embeddings=256)

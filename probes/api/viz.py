@@ -251,8 +251,9 @@ def viz_page(model: Any, text: Any, **kwargs: Any) -> str:
 
 class InlineView:
     """A `probe viz` page that a notebook shows inline (an iframe holding the page, its CSP kept).
-    The circuitsvis bundle goes with the first display in the process (``bundle=None``), or
-    always (True) or never (False); later displays borrow it from the first on the notebook page."""
+    The circuitsvis bundle goes with the display when no output on the notebook holds it
+    (``bundle=None``: the first, and the first after the cell that carried it runs again), or
+    always (True) or never (False); other displays borrow it from the one on the notebook page."""
 
     def __init__(self, parts: VizPage, bundle: bool | None = None) -> None:
         self.parts = parts
@@ -372,8 +373,9 @@ def view(
     self-contained, offline page as ``probe viz`` (escaping and Content-Security-Policy included)
     in a sandboxed iframe. Any model: without a tokenizer pass token ids (shown as numbers).
     ``layers`` and ``heads`` are 0-indexed (default: all). The circuitsvis bundle (1.3 MB) goes
-    into the notebook once: with the first display in this process (``bundle=None``); later ones
-    borrow it from that output (``bundle=True`` embeds it again, e.g. after clearing that output).
+    into the notebook once: with the first display (``bundle=None``), and again when the cell that
+    carried it runs anew; other displays borrow it from that output (``bundle=True`` embeds it
+    again, e.g. after clearing that output by hand).
 
     ``kind``: "layers" (the default: one circuitsvis view per layer, its heads side by side),
     "model" (every layer x head pattern at a glance, bertviz's model view: thumbnails, click one

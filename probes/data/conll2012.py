@@ -88,11 +88,11 @@ class _Conll12Doc:
 
 
 def _conll12_docs(path: Path) -> Iterator[_Conll12Doc]:
-    from depthprobe.probes.data.conllu import _lines
+    from depthprobe.probes.data.text import all_lines
 
     cur: _Conll12Doc | None = None
     new_sentence = True
-    for lineno, raw in enumerate(_lines(path), 1):
+    for lineno, raw in enumerate(all_lines(path), 1):
         line = raw.rstrip("\r")
         if line.startswith("#begin document"):
             if cur is not None:

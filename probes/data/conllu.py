@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from depthprobe.probes.base.errors import ProbeError
-from depthprobe.probes.data.text import read_text
+from depthprobe.probes.data.text import all_lines
 
 
 @dataclass(frozen=True)
@@ -47,10 +47,6 @@ class Sentence:
 
 def _fail(path: Path, line: int, what: str) -> ProbeError:
     return ProbeError(f"{path}:{line}: {what}")
-
-
-def _lines(path: Path) -> list[str]:
-    return read_text(path).split("\n")
 
 
 def _check_tree(path: Path, tokens: list[Token]) -> None:
@@ -102,7 +98,7 @@ def read_conllu(path: str | Path) -> list[Sentence]:
             sentences.append(Sentence(tuple(tokens), sid, doc_id, str(path), start))
         tokens, sent_id = [], None
 
-    for lineno, line in enumerate(_lines(path), 1):
+    for lineno, line in enumerate(all_lines(path), 1):
         line = line.rstrip("\r")
         if not line.strip():
             close()

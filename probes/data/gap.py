@@ -77,10 +77,10 @@ def _offset(path: Path, line: int, text: str, col: str, name: str, value: str) -
 
 def read_gap(path: str | Path) -> list[GapExample]:
     """Every row of a GAP TSV file, validated (file:line errors)."""
-    from depthprobe.probes.data.conllu import _lines
+    from depthprobe.probes.data.text import all_lines
 
     path = Path(path)
-    lines = _lines(path)
+    lines = all_lines(path)
     header = lines[0].rstrip("\r").split("\t") if lines else []
     if header[:10] != GAP_COLUMNS[:10]:
         raise fail(path, 1, "not a GAP header; expected the columns " + " ".join(GAP_COLUMNS))

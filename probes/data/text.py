@@ -53,6 +53,11 @@ def read_text(path: Path) -> str:
         raise ProbeError(f"{path}:{line}: not valid UTF-8; re-save the file as UTF-8") from None
 
 
+def all_lines(path: Path) -> list[str]:
+    """Every line of the input, blank ones included (split on ``\\n``), decoded as :func:`read_text` decodes it."""
+    return read_text(path).split("\n")
+
+
 def nonempty_lines(path: Path, what: str) -> list[str]:
     """Stripped non-empty lines; ``what`` says what a line is, for the directory and empty-file errors."""
     if path.is_dir():

@@ -2,7 +2,7 @@
 
 Pure functions of the tables the atlas's runs wrote (a law study's ``accuracy.csv`` and
 ``law.csv``, a sweep's or a run's ``summary.csv``), so the verdicts can be checked on planted
-tables with known answers (tests/test_atlas.py). A verdict compares the measurement with the
+tables with known answers (tests/experiments/test_atlas.py). A verdict compares the measurement with the
 prediction the row names; it never says more than that row's numbers.
 """
 

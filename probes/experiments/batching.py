@@ -22,7 +22,7 @@ batch still gets its own folder, files and row, exactly as when trained alone.
 as the GPU's free memory holds (each unit's estimated training memory plus a CUDA context), at most
 the host's cores and :data:`MAX_AUTO_JOBS`.
 
-Pure functions of their arguments (no torch), tested on given numbers (tests/test_batching.py).
+Pure functions of their arguments (no torch), tested on given numbers (tests/experiments/test_batching.py).
 """
 
 from __future__ import annotations

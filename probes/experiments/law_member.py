@@ -20,7 +20,7 @@ own batch source), trains them together through the one loop
 member), with each member's own :func:`hands`, then evaluates, probes and writes each member alone
 (:func:`finish` in :func:`.folder.measure_member`: its own folder, files and row, ``batch`` saying
 how many trained together). The result is each member's result alone up to float rounding
-(tests/test_law_batch.py). A member that diverges stops the batch (its name in the error); the
+(tests/experiments/test_law_batch.py). A member that diverges stops the batch (its name in the error); the
 batch then raises, so the job map retries it and records every member of it failed with that line
 (rerun with ``--batch-members off`` to train the others alone). A member whose evaluation, probe or
 files fail after training fails alone.
@@ -87,7 +87,7 @@ class LawTask(Protocol):
 def member_logits(model: Model, tokens: torch.Tensor, skip: tuple[int, ...] = ()) -> torch.Tensor:
     """Logits [batch, pos, vocab] for the family's evaluations (the fast path) with the blocks
     ``skip`` skipped (each one's output is its input), the same function as the bridge under
-    ``probes.skip_layers`` (tests/test_depth_usage_members.py)."""
+    ``probes.skip_layers`` (tests/api/test_depth_usage_members.py)."""
     return fast_logits(model, tokens, skip=skip)
 
 

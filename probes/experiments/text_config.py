@@ -19,7 +19,7 @@ from depthprobe.probes.experiments import protocol
 from depthprobe.probes.experiments.protocol import at_least, check_field_ranges, check_members, distinct, positive
 
 BYTE_VOCAB = 257  # --vocab bytes: the 256 bytes and <|bos|>, no merges (data.corpus.MIN_VOCAB; not imported
-# here, so that `probe study --help` loads no torch: tests/test_study_protocols.py checks they agree)
+# here, so that `probe study --help` loads no torch: tests/experiments/test_text_families.py checks they agree)
 MAX_BUDGET = 10**12  # parameters: the width searches of probes.models.families stay short below it
 MAX_VOCAB = 1_000_000  # BPE vocabulary (its training is refused, not run for hours, above this)
 MAX_PROBE_ITEMS = 100_000  # validation lines or windows a member's probes read

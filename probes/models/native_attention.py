@@ -15,7 +15,7 @@ bridge's own hooks in place, as TransformerLens's ``HookedTransformer`` does:
   query input can be patched (TransformerLens's path patching, ``get_act_patch_direct_path``);
 - with ``use_attn_result``, ``hook_result``: each head's output [batch, pos, head, d_model].
 
-With no edit the output is bit-identical to TransformerLens's (tests/test_native_attention.py).
+With no edit the output is bit-identical to TransformerLens's (tests/models/test_native_attention.py).
 """
 
 from __future__ import annotations

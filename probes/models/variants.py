@@ -135,14 +135,17 @@ def _fmt(v: Any) -> str:
 # ----------------------------------------------------------------------------- named variants
 
 
+VariantName = Literal["vanilla", "skip", "skip-scaled", "value-skipinit", "u-spa", "e-spa", "dong", "pre-ln", "post-ln"]
+
+
 @dataclass(frozen=True)
 class Variant:
-    name: str
+    name: VariantName
     description: str
     make: Callable[[int], dict[str, Any]]  # depth -> SPAConfig fields
 
 
-VARIANTS: dict[str, Variant] = {
+VARIANTS: dict[VariantName, Variant] = {  # every VariantName, in its order
     v.name: v
     for v in (
         Variant(

@@ -24,6 +24,7 @@ import html
 import json
 import math
 import re
+import sys
 import unicodedata
 from collections.abc import Mapping, Sequence
 from importlib import resources
@@ -212,15 +213,43 @@ def _document(title: str, body: str, scripts: str, hashes: Sequence[str]) -> str
     )
 
 
-_NOTEBOOK = {"bundle_shown": False}
+# The notebook cell whose output carries the circuitsvis bundle: None until a display carries it,
+# and again once that cell runs anew (its output, bundle and all, is replaced); "" outside a kernel.
+_NOTEBOOK: dict[str, Any] = {"carrier": None, "watching": None}
+
+
+def _running_cell() -> str | None:
+    """The Jupyter cell running now, as the front end names it: its cell id (JupyterLab, Notebook 7
+    and VS Code send one), else its code; None outside a Jupyter kernel. The first call in a kernel
+    also starts watching for the carrier's cell to run again."""
+    ipython = sys.modules.get("IPython")  # never imported here: a plain script has no cells
+    shell = ipython.get_ipython() if ipython is not None else None
+    try:
+        parent = shell.kernel.get_parent()  # type: ignore[union-attr]  # the execute request
+        cell = parent["metadata"].get("cellId") or parent["content"]["code"]
+    except (AttributeError, KeyError, TypeError):
+        return None
+    if _NOTEBOOK["watching"] is not shell:
+        shell.events.register("pre_run_cell", _on_cell_run)  # type: ignore[union-attr]
+        _NOTEBOOK["watching"] = shell
+    return str(cell)
+
+
+def _on_cell_run(info: Any) -> None:
+    if _NOTEBOOK["carrier"] is not None and _NOTEBOOK["carrier"] == (getattr(info, "cell_id", None) or info.raw_cell):
+        _NOTEBOOK["carrier"] = None  # the carrier's output is about to be replaced: the next display carries it
 
 
 def notebook_bundle(bundle: bool | None = None) -> bool:
     """Whether a notebook display carries the circuitsvis bundle (1.3 MB): always (True), never
-    (False), or the first time in this process (None); later displays borrow it from that one."""
+    (False), or (None) when no output on the notebook holds it: the first display, and the first
+    after the cell that carried it runs again (a re-run replaces that cell's output, so the saved
+    notebook would hold no bundle and every view would fail on reload). Later displays borrow it."""
+    cell = _running_cell()
     if bundle is None:
-        bundle = not _NOTEBOOK["bundle_shown"]
-    _NOTEBOOK["bundle_shown"] = _NOTEBOOK["bundle_shown"] or bundle
+        bundle = _NOTEBOOK["carrier"] is None
+    if bundle:
+        _NOTEBOOK["carrier"] = "" if cell is None else cell
     return bundle
 
 

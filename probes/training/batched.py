@@ -11,7 +11,7 @@ What stays per member: the init (each model is built as it would be alone), the 
 member's own :class:`~probes.training.loop.BatchSource`), the learning-rate schedule (one rate per
 member per step), the gradient-norm clipping (each member's own norm) and the loss windows. So
 the result is the one-by-one result up to float rounding (batched products sum in another order):
-``tests/test_batched.py`` checks the weights and validation losses against sequential training.
+``tests/training/test_batched.py`` checks the weights and validation losses against sequential training.
 
 Layout: the members' parameters live in one flat buffer ``[N, P]`` (and their gradients in
 another), so clipping and the AdamW update are a handful of whole-buffer kernels, not ten per

@@ -5,7 +5,7 @@ component with a dozen hook points, and its LayerNorm is re-implemented in Pytho
 sizes that overhead dominates a training step. :func:`fast_logits` computes the same
 function directly from the innermost ``nn.Module``s (the very same parameter tensors), with
 fused LayerNorm and ``scaled_dot_product_attention``. Nothing is copied: after training,
-the bridge (hooks and all) computes this function, which ``tests/test_train.py`` checks.
+the bridge (hooks and all) computes this function, which ``tests/training/test_train.py`` checks.
 """
 
 from __future__ import annotations

@@ -55,7 +55,7 @@ def adamw(
     kernel where the device has one. Fused, a step is one kernel over all tensors instead of about ten
     small ones per tensor: on one CPU thread 0.5 ms instead of 6 ms for a 4-layer width-64 member
     (``bench/bench_flops.py``); the update is the same within float rounding
-    (``tests/test_train_speed_equal.py``)."""
+    (``tests/training/test_loop.py``)."""
     tensors = [p for g in params for p in g["params"]] if params and isinstance(params[0], dict) else params
     fused = bool(tensors) and all(p.device.type in FUSED_DEVICES for p in tensors)  # type: ignore[union-attr]
     return torch.optim.AdamW(params, lr=lr, betas=betas, weight_decay=weight_decay, fused=fused or None)

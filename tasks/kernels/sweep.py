@@ -21,17 +21,18 @@ from depthprobe.probes.engine.task import Output, Sweep, SweepConfig
 from depthprobe.probes.measures import kernels
 from depthprobe.probes.measures.levine import threshold
 from depthprobe.probes.models import variant_net, variants
+from depthprobe.probes.models.variants import VariantName
 from depthprobe.probes.render.lines import PALETTE, Series, chart_svg
 from depthprobe.probes.training.copy_task import train_copy
 from depthprobe.tasks.kernels.accumulator import COLLAPSED, CONTRACTION, METRICS, Accumulator, measure, theory_rows
 from depthprobe.tasks.kernels.plots import npz_bytes, plot_heatmaps
 
-DEFAULT_VARIANTS = ("vanilla", "skip", "skip-scaled", "value-skipinit", "u-spa", "e-spa")
+DEFAULT_VARIANTS: tuple[VariantName, ...] = ("vanilla", "skip", "skip-scaled", "value-skipinit", "u-spa", "e-spa")
 
 
 @dataclass(frozen=True)
 class SweepOptions:
-    variants: tuple[str, ...] = DEFAULT_VARIANTS
+    variants: tuple[VariantName, ...] = DEFAULT_VARIANTS
     width: int = ranged(256, min=1)
     heads: int = ranged(4, min=1)
     seq_len: int = ranged(128, min=2)
@@ -54,7 +55,9 @@ class SweepOptions:
     dtype: str = "float32"  # float32 or float64: the models are built and run in it
 
 
-def sweep_configs(depths: tuple[int, ...], o: SweepOptions, seed: int) -> dict[tuple[str, int], variants.SPAConfig]:
+def sweep_configs(
+    depths: tuple[int, ...], o: SweepOptions, seed: int
+) -> dict[tuple[VariantName, int], variants.SPAConfig]:
     """Every model of the sweep, validated before anything is built."""
     for v in o.variants:
         if v not in variants.VARIANTS:
@@ -107,7 +110,7 @@ class KernelJob:
     """One member of the kernels sweep: the model to build (and train), the sweep's options and
     seed, and which layers' kernels come back as heatmaps (those of the deepest models)."""
 
-    variant: str
+    variant: VariantName
     depth: int
     cfg: variants.SPAConfig
     options: SweepOptions
@@ -181,7 +184,12 @@ class KernelSweep(Sweep):
 
     @staticmethod
     def _record(
-        variant: str, depth: int, cfg: variants.SPAConfig, acc: Accumulator, o: SweepOptions, losses: list[float]
+        variant: VariantName,
+        depth: int,
+        cfg: variants.SPAConfig,
+        acc: Accumulator,
+        o: SweepOptions,
+        losses: list[float],
     ) -> dict[str, Any]:
         means, kern = acc.means(), acc.kernels()
         sigmas = variant_net.theory_kernels(cfg, o.seq_len)
@@ -237,8 +245,8 @@ class KernelSweep(Sweep):
         o: SweepOptions,
         rows: list[dict],
         summary: list[dict],
-        finals: dict[tuple[str, int], np.ndarray],
-        maps: dict[tuple[str, int], np.ndarray],
+        finals: dict[tuple[VariantName, int], np.ndarray],
+        maps: dict[tuple[VariantName, int], np.ndarray],
     ) -> Output:
         scores = pd.DataFrame(rows)
         scores.insert(0, "task", self.name)
