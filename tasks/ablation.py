@@ -63,7 +63,8 @@ from depthprobe.probes.engine.task import (
     tidy,
 )
 from depthprobe.probes.hooks.capture import Captured, HookFn
-from depthprobe.probes.hooks.interventions import Head, head_edits, head_label, parse_heads
+from depthprobe.probes.base.scores import head_label
+from depthprobe.probes.hooks.interventions import Head, head_edits, parse_heads
 from depthprobe.probes.models.model import Model
 from depthprobe.tasks.cards import CARDS, AblationOptions
 

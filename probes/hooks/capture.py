@@ -98,10 +98,6 @@ _NO_GRAD = (
 )
 
 
-def _open_captures(model: Model) -> int:
-    return getattr(model.bridge, "_depthprobe_open", 0)
-
-
 def _hook_fns(model: Model, names: Names, fn: HookFn | None) -> dict[str, HookFn | None]:
     """Resolved hook name -> its edit function (None: capture only), checked before any pass."""
     if fn is not None and not callable(fn):
@@ -163,7 +159,7 @@ def capture(
     _check_edits(model, [n for n, f in fns.items() if f is not None])
     acts = Captured()
     wanted, fired = set(fns), set()
-    stop = stop_early and _open_captures(model) == 0
+    stop = stop_early and guard.open_count(model.bridge) == 0
 
     def make_hook(name: str, edit: HookFn | None) -> HookFn:
         def hook(tensor: torch.Tensor, hook: Any) -> torch.Tensor | None:
@@ -186,14 +182,11 @@ def capture(
 
     bridge = model.bridge
     with guard.hold(bridge, model.name, editing=any(f is not None for f in fns.values())):
-        bridge._depthprobe_open = _open_captures(model) + 1
         try:
             with bridge.hooks(fwd_hooks=[(n, make_hook(n, f)) for n, f in fns.items()]):
                 yield acts
         except _StopForward:
             pass
-        finally:
-            bridge._depthprobe_open -= 1
 
 
 def forward(

@@ -30,10 +30,6 @@ Head = tuple[int, int]
 _LABEL = re.compile(r"^(\d+)-(\d+)$")
 
 
-def head_label(layer: int, head: int) -> str:
-    return f"{layer}-{head}"
-
-
 def parse_heads(model: Model, heads: str | Head | Sequence[str | Head]) -> list[Head]:
     """``"1-2,0-3"``, ``"1-2"``, ``(1, 2)`` or a list of those -> [(1, 2), (0, 3)], checked against the model."""
     items: list[Any] = (
