@@ -44,35 +44,38 @@ def resolve_names(model: Model, names: str | Sequence[str]) -> list[str]:
             f"hook names must be a string or a list of strings (globs allowed), got {type(names).__name__}; "
             "e.g. names='blocks.*.attn.hook_pattern'"
         )
-    available = list(model.bridge.hook_dict)
+    hook_dict = model.bridge.hook_dict  # built afresh by each read: read once
+    available = list(hook_dict)
     out: list[str] = []
+    seen: set[str] = set()
     for name in names:
         if any(ch in name for ch in "*?["):
             matches = [n for n in available if fnmatch.fnmatchcase(n, name)]
             if not matches:
                 raise ProbeError(f"hook pattern {name!r} matches no hook of {model.name}{suggest(name, available)}")
-        elif name in available:
+        elif name in hook_dict:
             matches = [name]
         else:
             raise ProbeError(
                 f"unknown hook {name!r}{suggest(name, available)}; "
                 "hook names follow TransformerLens, e.g. blocks.0.attn.hook_pattern"
             )
-        out.extend(m for m in matches if m not in out)
-    return _ungated(model, out, explicit={n for n in names if n in available})
+        out.extend(m for m in matches if m not in seen)
+        seen.update(matches)
+    return _ungated(model, hook_dict, out, explicit={n for n in names if n in hook_dict})
 
 
-def _ungated(model: Model, names: list[str], explicit: set[str]) -> list[str]:
+def _ungated(model: Model, hook_dict: Mapping[str, Any], names: list[str], explicit: set[str]) -> list[str]:
     """Drop hooks the bridge keeps off (``hook_result`` until ``set_use_attn_result(True)``...) from
     glob matches; refuse them when named."""
     gated = getattr(model.bridge, "_gated_hook_reason", None)
     if gated is None or not names:
         return names
-    for name in names:
-        reason = gated(getattr(model.bridge.hook_dict[name], "name", None) or name)
+    reasons = {n: gated(getattr(hook_dict[n], "name", None) or n) for n in names}
+    for name, reason in reasons.items():
         if reason is not None and name in explicit:
             raise ProbeError(f"hook {name!r} is off on {model.name}; call model.bridge.set_{reason}(True) first")
-    kept = [n for n in names if gated(getattr(model.bridge.hook_dict[n], "name", None) or n) is None]
+    kept = [n for n in names if reasons[n] is None]
     if not kept:
         raise ProbeError(f"every hook matching {names[0]!r} is off on {model.name}; name it to see which setter")
     return kept

@@ -6,6 +6,7 @@ API). Loading them is :mod:`probes.models.loading`."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -263,10 +264,11 @@ class Model:
             raise ProbeError(f"{string!r} is {len(ids)} tokens in {self.name}, not one: {pieces}; give one token")
         return int(ids[0])
 
-    @property
+    @functools.cached_property
     def has_lm_head(self) -> bool:
         """False when the checkpoint holds no trained head over the vocabulary (a sentence encoder
-        such as minilm: transformers gives it a randomly initialised head, whose logits mean nothing)."""
+        such as minilm: transformers gives it a randomly initialised head, whose logits mean nothing).
+        Read from the checkpoint's files once per model."""
         if self.info.native is not None or self.tokenizer is None:
             return True
         hf = getattr(self.bridge, "original_model", None)
