@@ -14,6 +14,7 @@ the last block's ``hook_resid_post``, which is what Hugging Face calls ``last_hi
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 import json
 import re
@@ -24,7 +25,7 @@ from typing import Any
 import torch
 
 from depthprobe.probes.base.errors import ProbeError
-from depthprobe.probes.hooks.capture import Names, capture, resolve_names
+from depthprobe.probes.hooks.capture import HookFn, Names, capture, resolve_names
 from depthprobe.probes.hooks.inputs import inputs
 from depthprobe.probes.hooks.loss import ReturnType, check_return_type, token_loss
 from depthprobe.probes.hooks.stats import bar, chunks
@@ -244,13 +245,18 @@ def _every_hook(model: Model) -> list[str]:
     ]
 
 
-def outputs(model: Model, ids: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
-    """The logits of one pass (final hidden states for encoders without an LM head), no cache;
-    in the autograd graph when gradients are on."""
+def outputs(
+    model: Model, ids: torch.Tensor, mask: torch.Tensor | None = None, edits: Mapping[str, HookFn] | None = None
+) -> torch.Tensor:
+    """The logits of one pass (final hidden states for encoders without an LM head), no cache, with
+    ``edits`` (hook name -> function) applied; in the autograd graph when gradients are on. An
+    encoder's pass stops at its last block (nothing after it is computed, unless another capture
+    is open)."""
     if model.has_lm_head:
-        return model.bridge(ids, attention_mask=mask)
+        with capture(model, edits, store=False) if edits else contextlib.nullcontext():
+            return model.bridge(ids, attention_mask=mask)
     last = f"blocks.{model.info.n_layers - 1}.hook_resid_post"
-    with capture(model, last, grad=torch.is_grad_enabled()) as acts:
+    with capture(model, _with(edits or [], last), grad=torch.is_grad_enabled(), stop_early=True) as acts:
         model.bridge(ids, attention_mask=mask, return_type=None)
     return acts[last]
 
@@ -313,9 +319,9 @@ def run_with_cache(
 
 
 def _with(wanted: Names, name: str) -> Names:
-    """``wanted`` and ``name`` too (captured, not edited)."""
+    """``wanted`` and ``name`` too (captured; not edited, unless ``wanted`` edits it)."""
     if isinstance(wanted, Mapping):
-        return {**wanted, name: _keep}
+        return {name: _keep, **wanted}
     return [*([wanted] if isinstance(wanted, str) else wanted), name]
 
 

@@ -24,7 +24,7 @@ import torch
 
 from depthprobe.probes.base.errors import ProbeError, suggest
 from depthprobe.probes.hooks import eager_attention, guard
-from depthprobe.probes.models import native_attention
+from depthprobe.probes.models import bridge_norms, native_attention
 from depthprobe.probes.models.model import Model
 
 HookFn = Callable[[torch.Tensor, Any], torch.Tensor | None]
@@ -125,9 +125,11 @@ def _hook_fns(model: Model, names: Names, fn: HookFn | None) -> dict[str, HookFn
 
 def _check_edits(model: Model, edited: list[str]) -> None:
     """Attention hooks fire where their tensors are used (HF families and native models); an edit
-    that would still be discarded is refused, before any pass."""
+    that would still be discarded is refused, before any pass. Normalization skips the work no
+    hook reads (:mod:`~depthprobe.probes.models.bridge_norms`)."""
     eager_attention.install(model.bridge)
     native_attention.install(model.bridge)
+    bridge_norms.install()
     eager_attention.check_editable(model.bridge, edited)
     native_attention.check_editable(model.bridge, edited)
 
