@@ -140,7 +140,7 @@ def copies_per_pass(model: Model, shape: Sequence[int], runs: int) -> int:
     batch, pos = int(shape[0]), int(shape[1])
     d_model = int(cfg.d_model)
     d_mlp = int(getattr(cfg, "d_mlp", None) or 0)
-    vocab = int(getattr(cfg, "d_vocab_out", None) or getattr(cfg, "d_vocab", 0)) if model.has_lm_head else 0
+    vocab = int(getattr(cfg, "d_vocab_out", 0) or getattr(cfg, "d_vocab", 0)) if model.has_lm_head else 0
     per_token = vocab + 8 * d_model + 4 * d_mlp + 3 * int(cfg.n_heads) * pos
     per_copy = 4 * batch * pos * per_token
     free = available_memory(model.device)

@@ -35,7 +35,7 @@ def install() -> None:
         return result if result.dtype == x.dtype else result.to(x.dtype)
 
     forward.__doc__ = full.__doc__
-    NormalizationBridge._hf_autograd_forward_with_hooks = forward
+    NormalizationBridge._hf_autograd_forward_with_hooks = forward  # type: ignore[method-assign]
     _installed = True
 
 

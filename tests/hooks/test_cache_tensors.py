@@ -16,7 +16,7 @@ def native():
 def test_every_cached_tensor_equals_a_copy_taken_as_its_hook_fired(request, which):
     model = request.getfixturevalue(which)
     ids = torch.tensor([[1, 5, 6, 7, 8, 2], [1, 9, 10, 11, 12, 2]])
-    logits, cache = run_with_cache(model, ids)
+    _, cache = run_with_cache(model, ids)
     with torch.no_grad(), capture(model, list(cache), clone=True) as copies:
         model.bridge(ids)
     assert len(cache) > 40 and set(cache) == set(copies)
