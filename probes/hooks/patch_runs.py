@@ -78,8 +78,15 @@ def _packed(
     if k == 1 or not blocks or any(layer is None for layer in layers):
         return outputs(model, ids.repeat(k, 1), mask.repeat(k, 1), edits=edits)
     first = min(layer for layer in layers if layer is not None)
-    with _repeated_from(blocks[first:], n, k):
-        return outputs(model, ids, mask, edits=edits)
+    try:
+        with _repeated_from(blocks[first:], n, k):
+            return outputs(model, ids, mask, edits=edits)
+    except _Unrepeated:  # a hook of block L fired before the block's input (a family we do not know)
+        return outputs(model, ids.repeat(k, 1), mask.repeat(k, 1), edits=edits)
+
+
+class _Unrepeated(Exception):
+    """A patched hook saw the batch before it was repeated: the pass must repeat the input instead."""
 
 
 @contextmanager
@@ -114,6 +121,7 @@ def _writes(group: Sequence[Run], clean: dict[str, torch.Tensor], n: int) -> dic
     """hook name -> the edit writing each of its runs' clean slot into that run's copy (rows
     ``j * n`` to ``(j + 1) * n`` of the packed batch)."""
     by_hook: dict[str, list[tuple[int, Slot]]] = {}
+    k = len(group)
     for j, (name, slot) in enumerate(group):
         by_hook.setdefault(name, []).append((j, slot))
 
@@ -121,6 +129,8 @@ def _writes(group: Sequence[Run], clean: dict[str, torch.Tensor], n: int) -> dic
         kind, act = layout(name), clean[name]
 
         def write(t: torch.Tensor, hook: Any) -> torch.Tensor:
+            if t.shape[0] != k * n:
+                raise _Unrepeated
             t = t.clone()
             for j, slot in runs:
                 index = slot.index(kind)

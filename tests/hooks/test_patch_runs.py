@@ -1,6 +1,7 @@
 """Patched runs packed many to a pass equal the same runs one by one (the table patch gave before
 packing: a pass per (hook, slot), the corrupted input with one clean slot written in)."""
 
+import pandas as pd
 import pytest
 import torch
 import transformers
@@ -37,19 +38,13 @@ def one_by_one(model, clean, corrupt, table, metric):
 
 
 def _name(r):
-    return r.hook if r.layer is pd_na() else f"blocks.{r.layer}.{r.hook}"
-
-
-def pd_na():
-    import pandas as pd
-
-    return pd.NA
+    return r.hook if pd.isna(r.layer) else f"blocks.{r.layer}.{r.hook}"
 
 
 def _slot(r, kind):
     every = slice(None)
-    head = every if r.head is pd_na() else int(r.head)
-    pos = every if r.position is pd_na() else int(r.position)
+    head = every if pd.isna(r.head) else int(r.head)
+    pos = every if pd.isna(r.position) else int(r.position)
     if kind == "heads":
         return (every, pos, head)
     if kind == "maps":
@@ -123,7 +118,7 @@ def test_the_native_attention_only_model_and_the_row_order(native):
     assert table["position"].tolist()[:6] == list(range(6))
 
 
-def test_a_pass_holds_as_many_copies_as_its_memory_allows(tiny_gpt2, minilm_like_sizes=(8, 12)):
+def test_a_pass_holds_as_many_copies_as_its_memory_allows(tiny_gpt2):
     """Wider inputs, fewer copies a pass; never none, never more than the runs."""
     few = copies_per_pass(tiny_gpt2, (8, 12), runs=1000)
     many = copies_per_pass(tiny_gpt2, (1, 4), runs=1000)
