@@ -13,6 +13,7 @@ The values equal the one-by-one runs' up to float rounding (tests/hooks/test_pat
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -92,9 +93,13 @@ class _Unrepeated(Exception):
 @contextmanager
 def _repeated_from(blocks: Sequence[torch.nn.Module], n: int, k: int) -> Iterator[None]:
     """Within the block, every tensor of ``n`` rows entering one of ``blocks`` (the residual
-    stream, its attention mask, position embeddings...) enters as ``k`` copies of them."""
+    stream, its attention mask, position embeddings...) enters as ``k`` copies of them, in this
+    thread's passes (another thread's capture is refused, but its passes are left alone)."""
+    me = threading.get_ident()
 
-    def widen(module: Any, args: Any, kwargs: Any) -> tuple[Any, Any]:
+    def widen(module: Any, args: Any, kwargs: Any) -> tuple[Any, Any] | None:
+        if threading.get_ident() != me:
+            return None
         return _copies(args, n, k), _copies(kwargs, n, k)
 
     handles = [block.register_forward_pre_hook(widen, with_kwargs=True) for block in blocks]
