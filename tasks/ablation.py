@@ -51,6 +51,7 @@ import torch
 import torch.nn.functional as F
 
 from depthprobe.probes.base.errors import ProbeError
+from depthprobe.probes.base.scores import head_label
 from depthprobe.probes.engine.execute import accumulate
 from depthprobe.probes.engine.task import (
     Batch,
@@ -63,7 +64,7 @@ from depthprobe.probes.engine.task import (
     tidy,
 )
 from depthprobe.probes.hooks.capture import Captured, HookFn
-from depthprobe.probes.hooks.interventions import Head, head_edits, head_label, parse_heads
+from depthprobe.probes.hooks.interventions import Head, head_edits, parse_heads
 from depthprobe.probes.models.model import Model
 from depthprobe.tasks.cards import CARDS, AblationOptions
 

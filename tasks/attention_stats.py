@@ -27,10 +27,10 @@ import torch
 
 from depthprobe.probes.base.batching import Batch
 from depthprobe.probes.base.errors import ProbeError
+from depthprobe.probes.base.scores import head_label
 from depthprobe.probes.engine.inputs import text_sequences
 from depthprobe.probes.engine.task import Context, Examples, HeatmapPanel, Output, Task, add_sums, tidy
 from depthprobe.probes.hooks.capture import Captured, pattern_names
-from depthprobe.probes.hooks.interventions import head_label
 from depthprobe.probes.measures.metrics import (
     attention_stat_sums,
     clark_stat_sums,

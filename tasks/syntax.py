@@ -32,10 +32,10 @@ import torch
 
 from depthprobe.probes.base.batching import Batch, length_batches
 from depthprobe.probes.base.errors import ProbeError
+from depthprobe.probes.base.scores import head_label
 from depthprobe.probes.data.align import Encoded, encode_pieces, unit_matrix, word_attention, word_pieces_many
 from depthprobe.probes.engine.task import Context, Examples, HeatmapPanel, Output, Task, ViewPanel, tidy
 from depthprobe.probes.hooks.capture import Captured, pattern_names
-from depthprobe.probes.hooks.interventions import head_label
 from depthprobe.probes.models.model import Model
 from depthprobe.tasks.cards import CARDS, SyntaxOptions
 

@@ -46,9 +46,9 @@ import pandas as pd
 
 from depthprobe.probes.base import artifacts
 from depthprobe.probes.base.errors import ProbeError, suggest
+from depthprobe.probes.base.scores import SCORE_COLUMNS
 from depthprobe.probes.render.compare import render
 
-SCORE_COLUMNS = ["model", "task", "layer", "head", "metric", "value"]
 RUN_FILES = ("manifest.json", "scores.csv")
 LOWER_IS_BETTER = ("entropy", "loss", "perplexity")
 DEFAULT_ROOT = Path("artifacts") / "compare"

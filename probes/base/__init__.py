@@ -1,1 +1,3 @@
-"""The bottom floor: errors, options, registry, runtime, artifacts, batching. Imports nothing else of the project."""
+"""The bottom floor: errors, options, registry, runtime, artifacts, batching, scores.
+
+Imports nothing else of the project."""

@@ -46,6 +46,7 @@ from depthprobe.probes.base.batching import Batch, length_batches
 from depthprobe.probes.base.errors import ProbeError, suggest
 from depthprobe.probes.base.options import check_ranges, coerce
 from depthprobe.probes.base.registry import Registry
+from depthprobe.probes.base.scores import SCORE_COLUMNS
 from depthprobe.probes.engine.plugins import entry_point_origins, entry_point_tasks
 from depthprobe.tasks import SWEEPS as SWEEP_LIBRARY
 from depthprobe.tasks import TASKS as TASK_LIBRARY
@@ -54,8 +55,6 @@ if TYPE_CHECKING:  # only for annotations: loading models pulls in TransformerLe
     from depthprobe.probes.data.memory import InMemory
     from depthprobe.probes.hooks.capture import Captured
     from depthprobe.probes.models.model import Model
-
-SCORE_COLUMNS = ["model", "task", "layer", "head", "metric", "value"]
 
 OptionsT = TypeVar("OptionsT")  # a task's frozen Options dataclass
 StateT = TypeVar("StateT")  # what start returns and accumulate folds batches into

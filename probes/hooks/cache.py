@@ -14,6 +14,7 @@ the last block's ``hook_resid_post``, which is what Hugging Face calls ``last_hi
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 import json
 import re
@@ -24,7 +25,7 @@ from typing import Any
 import torch
 
 from depthprobe.probes.base.errors import ProbeError
-from depthprobe.probes.hooks.capture import Names, capture, resolve_names
+from depthprobe.probes.hooks.capture import HookFn, Names, capture, resolve_names
 from depthprobe.probes.hooks.inputs import inputs
 from depthprobe.probes.hooks.loss import ReturnType, check_return_type, token_loss
 from depthprobe.probes.hooks.stats import bar, chunks
@@ -37,8 +38,8 @@ def _layer_key(name: str) -> tuple[int, str]:
 
 
 class Cache(dict):
-    """hook name -> tensor (a clone: later in-place edits of the model's tensors leave it alone);
-    with ``grad=True``, ``name + "_grad"`` -> its gradient too."""
+    """hook name -> tensor (the pass's own tensor, as TransformerLens caches it; a copy when the pass
+    ran edits, which may act in place); with ``grad=True``, ``name + "_grad"`` -> its gradient too."""
 
     def __init__(self, tensors: dict[str, torch.Tensor], n_layers: int, bridge: Any = None) -> None:
         super().__init__(tensors)
@@ -185,8 +186,9 @@ def _once(cache: Cache) -> tuple[dict[str, torch.Tensor], dict[str, list[Any]]]:
         if same is not None:
             aliases[k] = [same, list(v.shape)]
             continue
-        tensors[k] = v.clone() if v.data_ptr() in seen and v.numel() else v  # no shared storage
-        seen.add(v.data_ptr())
+        storage = v.untyped_storage().data_ptr()  # views of one tensor (the cache holds no copies) share it
+        tensors[k] = v.clone() if storage in seen and v.numel() else v  # safetensors writes no shared storage
+        seen.add(tensors[k].untyped_storage().data_ptr())
         candidates.setdefault(key, []).append(k)
     return tensors, aliases
 
@@ -243,13 +245,18 @@ def _every_hook(model: Model) -> list[str]:
     ]
 
 
-def outputs(model: Model, ids: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
-    """The logits of one pass (final hidden states for encoders without an LM head), no cache;
-    in the autograd graph when gradients are on."""
+def outputs(
+    model: Model, ids: torch.Tensor, mask: torch.Tensor | None = None, edits: Mapping[str, HookFn] | None = None
+) -> torch.Tensor:
+    """The logits of one pass (final hidden states for encoders without an LM head), no cache, with
+    ``edits`` (hook name -> function) applied; in the autograd graph when gradients are on. An
+    encoder's pass stops at its last block (nothing after it is computed, unless another capture
+    is open)."""
     if model.has_lm_head:
-        return model.bridge(ids, attention_mask=mask)
+        with capture(model, edits, store=False) if edits else contextlib.nullcontext():
+            return model.bridge(ids, attention_mask=mask)
     last = f"blocks.{model.info.n_layers - 1}.hook_resid_post"
-    with capture(model, last, grad=torch.is_grad_enabled()) as acts:
+    with capture(model, _with(edits or [], last), grad=torch.is_grad_enabled(), stop_early=True) as acts:
         model.bridge(ids, attention_mask=mask, return_type=None)
     return acts[last]
 
@@ -261,7 +268,7 @@ def _check_names(model: Model, names: Names | None) -> list[str]:
             f"got {type(names).__name__}; e.g. names='blocks.*.attn.hook_pattern'"
         )
     wanted: Any = _every_hook(model) if names is None else names
-    return list(wanted) if isinstance(wanted, Mapping) else resolve_names(model, wanted)
+    return resolve_names(model, list(wanted) if isinstance(wanted, Mapping) else wanted)
 
 
 def run_with_cache(
@@ -311,6 +318,18 @@ def run_with_cache(
     return (loss if return_type == "loss" else logits), cache
 
 
+def _with(wanted: Names, name: str) -> Names:
+    """``wanted`` and ``name`` too (captured; not edited, unless ``wanted`` edits it)."""
+    if isinstance(wanted, Mapping):
+        return {name: _keep, **wanted}
+    return [*([wanted] if isinstance(wanted, str) else wanted), name]
+
+
+def _keep(tensor: torch.Tensor, hook: Any) -> None:
+    """An edit that leaves the activation as it is (captures it beside the user's edits)."""
+    return None
+
+
 def _real_tokens(mask: torch.Tensor) -> float:
     """Next-token targets with a real token on both sides (what the mean loss averages over)."""
     return float((mask[:, 1:] * mask[:, :-1]).sum().clamp(min=1))
@@ -339,19 +358,19 @@ def _one_pass(
     """One batch's logits, loss (times ``share`` of the whole mean, when batched) and cached tensors."""
     last = f"blocks.{model.info.n_layers - 1}.hook_resid_post"
     lm = model.has_lm_head
-    extra = [] if lm or last in keys else [last]
-    with (
-        capture(model, wanted, clone=not grad, grad=grad) as acts,
-        capture(model, extra or last, grad=grad) as final,
-    ):
+    edits = isinstance(wanted, Mapping)  # a user's edit may act in place: keep copies then
+    added = not lm and last not in keys
+    hooks = _with(wanted, last) if added else wanted
+    # an encoder's logits are its last hook_resid_post: the pass stops once every asked-for hook has fired
+    with capture(model, hooks, clone=edits and not grad, grad=grad, stop_early=not lm) as acts:
         out = model.bridge(ids, attention_mask=mask, return_type="logits" if lm else None)
-    logits = out if lm else (acts[last] if last in acts else final[last])
+    logits = out if lm else acts[last]
     if not grad and not lm:
         logits = logits.clone()
     loss = token_loss(logits, ids, mask, per_token=loss_per_token) if return_type != "logits" else None
     if loss is not None and share is not None and not loss_per_token:
         loss = loss * share
-    tensors = {k: v.detach().clone() if grad else v for k, v in acts.items()}
+    tensors = {k: v.detach().clone() if grad else v for k, v in acts.items() if not (added and k == last)}
     if grad and loss is not None:
         # token ids (embed.hook_in...) have no gradient: skipped, as TransformerLens's incl_bwd skips them
         wrt = [k for k, v in acts.items() if v.requires_grad]

@@ -24,7 +24,7 @@ import torch
 
 from depthprobe.probes.base.errors import ProbeError, suggest
 from depthprobe.probes.hooks import eager_attention, guard
-from depthprobe.probes.models import native_attention
+from depthprobe.probes.models import bridge_norms, native_attention
 from depthprobe.probes.models.model import Model
 
 HookFn = Callable[[torch.Tensor, Any], torch.Tensor | None]
@@ -44,35 +44,38 @@ def resolve_names(model: Model, names: str | Sequence[str]) -> list[str]:
             f"hook names must be a string or a list of strings (globs allowed), got {type(names).__name__}; "
             "e.g. names='blocks.*.attn.hook_pattern'"
         )
-    available = list(model.bridge.hook_dict)
+    hook_dict = model.bridge.hook_dict  # built afresh by each read: read once
+    available = list(hook_dict)
     out: list[str] = []
+    seen: set[str] = set()
     for name in names:
         if any(ch in name for ch in "*?["):
             matches = [n for n in available if fnmatch.fnmatchcase(n, name)]
             if not matches:
                 raise ProbeError(f"hook pattern {name!r} matches no hook of {model.name}{suggest(name, available)}")
-        elif name in available:
+        elif name in hook_dict:
             matches = [name]
         else:
             raise ProbeError(
                 f"unknown hook {name!r}{suggest(name, available)}; "
                 "hook names follow TransformerLens, e.g. blocks.0.attn.hook_pattern"
             )
-        out.extend(m for m in matches if m not in out)
-    return _ungated(model, out, explicit={n for n in names if n in available})
+        out.extend(m for m in matches if m not in seen)
+        seen.update(matches)
+    return _ungated(model, hook_dict, out, explicit={n for n in names if n in hook_dict})
 
 
-def _ungated(model: Model, names: list[str], explicit: set[str]) -> list[str]:
+def _ungated(model: Model, hook_dict: Mapping[str, Any], names: list[str], explicit: set[str]) -> list[str]:
     """Drop hooks the bridge keeps off (``hook_result`` until ``set_use_attn_result(True)``...) from
     glob matches; refuse them when named."""
     gated = getattr(model.bridge, "_gated_hook_reason", None)
     if gated is None or not names:
         return names
-    for name in names:
-        reason = gated(getattr(model.bridge.hook_dict[name], "name", None) or name)
+    reasons = {n: gated(getattr(hook_dict[n], "name", None) or n) for n in names}
+    for name, reason in reasons.items():
         if reason is not None and name in explicit:
             raise ProbeError(f"hook {name!r} is off on {model.name}; call model.bridge.set_{reason}(True) first")
-    kept = [n for n in names if gated(getattr(model.bridge.hook_dict[n], "name", None) or n) is None]
+    kept = [n for n in names if reasons[n] is None]
     if not kept:
         raise ProbeError(f"every hook matching {names[0]!r} is off on {model.name}; name it to see which setter")
     return kept
@@ -96,10 +99,6 @@ _NO_GRAD = (
     "capture(..., grad=True) keeps gradients, but this pass runs under torch.no_grad() or inference_mode; "
     "run it outside them (or inside torch.enable_grad())"
 )
-
-
-def _open_captures(model: Model) -> int:
-    return getattr(model.bridge, "_depthprobe_open", 0)
 
 
 def _hook_fns(model: Model, names: Names, fn: HookFn | None) -> dict[str, HookFn | None]:
@@ -126,9 +125,11 @@ def _hook_fns(model: Model, names: Names, fn: HookFn | None) -> dict[str, HookFn
 
 def _check_edits(model: Model, edited: list[str]) -> None:
     """Attention hooks fire where their tensors are used (HF families and native models); an edit
-    that would still be discarded is refused, before any pass."""
+    that would still be discarded is refused, before any pass. Normalization skips the work no
+    hook reads (:mod:`~depthprobe.probes.models.bridge_norms`)."""
     eager_attention.install(model.bridge)
     native_attention.install(model.bridge)
+    bridge_norms.install()
     eager_attention.check_editable(model.bridge, edited)
     native_attention.check_editable(model.bridge, edited)
 
@@ -163,7 +164,7 @@ def capture(
     _check_edits(model, [n for n, f in fns.items() if f is not None])
     acts = Captured()
     wanted, fired = set(fns), set()
-    stop = stop_early and _open_captures(model) == 0
+    stop = stop_early and guard.open_count(model.bridge) == 0
 
     def make_hook(name: str, edit: HookFn | None) -> HookFn:
         def hook(tensor: torch.Tensor, hook: Any) -> torch.Tensor | None:
@@ -186,14 +187,11 @@ def capture(
 
     bridge = model.bridge
     with guard.hold(bridge, model.name, editing=any(f is not None for f in fns.values())):
-        bridge._depthprobe_open = _open_captures(model) + 1
         try:
             with bridge.hooks(fwd_hooks=[(n, make_hook(n, f)) for n, f in fns.items()]):
                 yield acts
         except _StopForward:
             pass
-        finally:
-            bridge._depthprobe_open -= 1
 
 
 def forward(

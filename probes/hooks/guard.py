@@ -3,7 +3,10 @@ one thread would see (and an edit would change) every forward pass of that model
 whichever thread runs it. :func:`hold` refuses a capture while another thread has one open on the
 same model, before any hook is attached. Passes run on ``model.bridge`` directly, outside any
 capture, cannot be checked: do not run them from another thread while a capture is open; load the
-model once per thread instead."""
+model once per thread instead.
+
+The count :func:`hold` keeps is the one count of open captures on a bridge: :func:`open_count`
+reads it (a capture inside another runs its pass to the end, for the outer one's hooks)."""
 
 from __future__ import annotations
 
@@ -15,6 +18,12 @@ from typing import Any
 from depthprobe.probes.base.errors import ProbeError
 
 _LOCK = threading.Lock()
+
+
+def open_count(bridge: Any) -> int:
+    """This thread's open captures on ``bridge`` (another thread's would have been refused)."""
+    with _LOCK:
+        return int(bridge.__dict__.get("_depthprobe_owners", {}).get(threading.get_ident(), 0))
 
 
 @contextmanager

@@ -4,13 +4,14 @@ Heads are labelled ``L-H``, 0-indexed (``1-2`` is layer 1, head 2). Ablation rep
 output ``hook_z`` [batch, pos, head, d_head] by zero or by its mean over a data set (the default:
 zero shifts activations off-distribution). Patching follows TransformerLens: run the corrupted
 input with one clean activation written in, and record a metric of the logits
-(:mod:`.grains` says which slots, :mod:`.patching` the table).
+(:mod:`.grains` says which slots, :mod:`.patching` the table; :mod:`.patch_runs` packs the
+patched runs many to a forward pass).
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -18,20 +19,16 @@ import pandas as pd
 import torch
 
 from depthprobe.probes.base.errors import ProbeError
-from depthprobe.probes.hooks.cache import outputs, run_with_cache
 from depthprobe.probes.hooks.capture import HookFn, capture, forward
-from depthprobe.probes.hooks.grains import Per, layout
+from depthprobe.probes.hooks.grains import Per
 from depthprobe.probes.hooks.inputs import inputs
-from depthprobe.probes.hooks.patching import Plan, each_slot, plan, sweep
+from depthprobe.probes.hooks.patch_runs import patch_batch
+from depthprobe.probes.hooks.patching import plan, sweep
 from depthprobe.probes.hooks.stats import Metrics, Stats, Values
 from depthprobe.probes.models.model import Model
 
 Head = tuple[int, int]
 _LABEL = re.compile(r"^(\d+)-(\d+)$")
-
-
-def head_label(layer: int, head: int) -> str:
-    return f"{layer}-{head}"
 
 
 def parse_heads(model: Model, heads: str | Head | Sequence[str | Head]) -> list[Head]:
@@ -129,17 +126,6 @@ def head_edits(heads: Sequence[Head], method: str, means: dict[int, torch.Tensor
     return {f"blocks.{layer}.attn.hook_z": make(layer) for layer in by_layer}
 
 
-def _write_clean(clean_act: torch.Tensor, index: tuple[Any, ...]) -> Callable[[torch.Tensor, Any], torch.Tensor]:
-    """A hook that writes one slot (a head, a position, or both) of the clean activation into the pass."""
-
-    def write(t: torch.Tensor, hook: Any) -> torch.Tensor:
-        t = t.clone()
-        t[index] = clean_act[index].to(t.dtype)
-        return t
-
-    return write
-
-
 def patch(
     model: Model,
     clean: Any,
@@ -177,7 +163,7 @@ def patch(
 
     def run_batch(part: slice, got: Values, order: dict[Any, None]) -> None:
         with torch.no_grad():
-            _patch_batch(model, p, part, got, order)
+            patch_batch(model, p, part, got, order)
 
     return sweep(
         model,
@@ -191,22 +177,3 @@ def patch(
         label="patching batches",
         stats=stats,
     )
-
-
-def _patch_batch(
-    model: Model, p: Plan, part: slice, got: Values, order: dict[Any, None], only: set[Any] | None = None
-) -> None:
-    """One batch of examples: its clean and corrupted runs and one patched run per hook x slot
-    (or per (hook, slot) in ``only``)."""
-    (c_ids, c_mask), (x_ids, x_mask) = ((ids[part], mask[part]) for ids, mask in (p.clean, p.corrupt))
-    logits, cache = run_with_cache(model, c_ids, names=list(p.grains), attention_mask=c_mask)
-    got.add("clean", logits, part)
-    got.add("corrupt", outputs(model, x_ids, x_mask), part)
-    for name in p.grains:
-        for slot in each_slot(p, name, cache[name], model.info.causal):
-            if only is not None and (name, slot) not in only:
-                continue
-            with capture(model, {name: _write_clean(cache[name], slot.index(layout(name)))}, store=False):
-                out = outputs(model, x_ids, x_mask)
-            order[(name, slot)] = None  # an ordered set of the runs
-            got.add((name, slot), out, part)

@@ -17,7 +17,7 @@ import pandas as pd
 import torch
 
 from depthprobe.probes.hooks.grains import Slot
-from depthprobe.probes.hooks.interventions import _patch_batch
+from depthprobe.probes.hooks.patch_runs import patch_batch
 from depthprobe.probes.hooks.patching import Plan
 from depthprobe.probes.hooks.stats import Metrics, Values, chunks, metric_fns
 from depthprobe.probes.models.model import Model
@@ -63,7 +63,7 @@ def spot_check(
     got = Values({name: fns[name]}, batch_size is not None)
     for part in chunks(p.clean[0].shape[0], batch_size):
         with torch.no_grad():
-            _patch_batch(model, p, part, got, {}, only=set(keys))
+            patch_batch(model, p, part, got, {}, only=set(keys))
     checked: list[dict[str, Any]] = []
     for (hook, slot), (_, row) in zip(keys, rows.iterrows(), strict=True):
         patched = got.mean((hook, slot), name) - got.mean("corrupt", name)

@@ -129,6 +129,7 @@ class Model:
     info: ModelInfo
     device: torch.device
     special_ids: frozenset[int] = field(default_factory=frozenset)
+    _lm_head: bool | None = field(default=None, init=False, repr=False, compare=False)  # has_lm_head, once read
 
     def __repr__(self) -> str:
         i = self.info
@@ -266,7 +267,13 @@ class Model:
     @property
     def has_lm_head(self) -> bool:
         """False when the checkpoint holds no trained head over the vocabulary (a sentence encoder
-        such as minilm: transformers gives it a randomly initialised head, whose logits mean nothing)."""
+        such as minilm: transformers gives it a randomly initialised head, whose logits mean nothing).
+        Read from the checkpoint's files once per model."""
+        if self._lm_head is None:
+            self._lm_head = self._reads_lm_head()
+        return self._lm_head
+
+    def _reads_lm_head(self) -> bool:
         if self.info.native is not None or self.tokenizer is None:
             return True
         hf = getattr(self.bridge, "original_model", None)

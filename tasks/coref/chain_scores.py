@@ -15,9 +15,9 @@ from typing import Any
 import pandas as pd
 import torch
 
+from depthprobe.probes.base.scores import head_label
 from depthprobe.probes.data.align import unit_matrix, word_attention
 from depthprobe.probes.engine.task import Batch, Context, HeatmapPanel, Output, ViewPanel, tidy
-from depthprobe.probes.hooks.interventions import head_label
 from depthprobe.tasks.coref.chains import BASELINES, TYPES, Query, Window
 from depthprobe.tasks.coref.common import best_head, clark, heatmap_rows, pct
 

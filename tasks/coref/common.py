@@ -10,8 +10,8 @@ from collections.abc import Iterator, Sequence
 import torch
 
 from depthprobe.probes.base.batching import by_length, pad
+from depthprobe.probes.base.scores import head_label
 from depthprobe.probes.engine.task import Batch
-from depthprobe.probes.hooks.interventions import head_label
 
 PATTERN_BUDGET = 1 << 30  # bytes of float32 attention patterns held for one batch
 

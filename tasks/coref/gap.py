@@ -14,9 +14,9 @@ import pandas as pd
 import torch
 
 from depthprobe.probes.base.errors import ProbeError
+from depthprobe.probes.base.scores import head_label
 from depthprobe.probes.data import gap as gap_data
 from depthprobe.probes.engine.task import Batch, Context, HeatmapPanel, Output, ViewPanel, tidy
-from depthprobe.probes.hooks.interventions import head_label
 from depthprobe.tasks.coref.common import best_head, clark, heatmap_rows, pct
 
 GENDERS = ("masculine", "feminine", "other")

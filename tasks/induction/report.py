@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 import pandas as pd
 import torch
 
-from depthprobe.probes.hooks.interventions import head_label
+from depthprobe.probes.base.scores import head_label
 from depthprobe.probes.models.model import Model
 
 if TYPE_CHECKING:

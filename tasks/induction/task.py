@@ -12,10 +12,10 @@ import torch
 
 from depthprobe.probes.base.batching import Batch
 from depthprobe.probes.base.errors import ProbeError
+from depthprobe.probes.base.scores import head_label
 from depthprobe.probes.data.synthetic import frame, ordinary_ids, sequences
 from depthprobe.probes.engine.task import Context, Examples, Output, Task, ViewPanel, add_sums, tidy
 from depthprobe.probes.hooks.capture import Captured, pattern_names
-from depthprobe.probes.hooks.interventions import head_label
 from depthprobe.probes.models.model import Model
 from depthprobe.tasks.cards import CARDS, InductionOptions
 from depthprobe.tasks.induction.inputs import icl_losses, icl_windows, read_icl_text, token_strings

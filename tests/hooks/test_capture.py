@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from depthprobe.probes import ProbeError, capture
+from depthprobe.probes.hooks import guard
 from depthprobe.probes.hooks.capture import forward, resolve_names
 
 
@@ -115,7 +116,7 @@ def test_a_nested_forward_does_not_blind_the_outer_capture(tiny_gpt2):
     with torch.no_grad(), capture(tiny_gpt2, last) as plain:
         tiny_gpt2.bridge(ids)
     assert torch.equal(outer[last], plain[last])
-    assert not getattr(tiny_gpt2.bridge, "_depthprobe_open", 0)
+    assert guard.open_count(tiny_gpt2.bridge) == 0
 
 
 def test_the_early_stop_never_escapes(tiny_gpt2):
