@@ -75,6 +75,25 @@ def cpu_seconds() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
+def adopt_orphans() -> None:
+    """Linux: become the subreaper of every process a study starts, so that the fork server and
+    the member processes it forks (orphaned when the driver exits) are waited for here and their
+    CPU seconds counted (:func:`reap`)."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+
+
+def reap() -> None:
+    """Wait for every descendant still running (a fork server exits just after its driver)."""
+    while True:
+        try:
+            os.waitpid(-1, 0)
+        except ChildProcessError:
+            return
+
+
 def tables(folder: Path) -> dict[str, object]:
     """Every top-level CSV of a study folder, timed columns dropped."""
     import pandas as pd
@@ -90,7 +109,9 @@ def whole_study(family: str, extra: list[str], jobs: int) -> tuple[float, float,
         cmd = [probe, "study", "--family", family, "--preset", "smoke", "--out", str(out), "--jobs", str(jobs), *extra]
         t0, c0 = time.perf_counter(), cpu_seconds()
         subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        return time.perf_counter() - t0, cpu_seconds() - c0, tables(out)
+        wall = time.perf_counter() - t0
+        reap()
+        return wall, cpu_seconds() - c0, tables(out)
 
 
 def same_tables(a: dict[str, object], b: dict[str, object]) -> bool:
@@ -137,6 +158,7 @@ def main() -> None:
     cores = len(os.sched_getaffinity(0))
     print(f"{cores} usable cores; load average before: {os.getloadavg()}")
     if args.smoke_all:
+        adopt_orphans()
         smoke_all(args.jobs, args.rounds, [f.strip() for f in args.families.split(",") if f.strip()])
         print(f"load average after: {os.getloadavg()}")
         return
