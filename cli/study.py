@@ -108,9 +108,7 @@ def study(
     if dry_run:
         _dry_run(family, preset, out, {**given, "jobs": n_jobs})
     else:
-        where = {
-            k: ctx.params[k] for k in ("backend", "address", "cpus_per_member", "gpus_per_member", "retries")
-        }
+        where = {k: ctx.params[k] for k in ("backend", "address", "cpus_per_member", "gpus_per_member", "retries")}
         _run(exp, family, preset, out, {**given, **where, "jobs": n_jobs})
 
 

@@ -87,7 +87,7 @@ def test_jobs_read_as_typed():
     assert read_jobs(None) is None
     assert read_jobs("auto") == "auto" and read_jobs(" AUTO ") == "auto"
     assert read_jobs("3") == 3
-    with pytest.raises(ProbeError, match="--jobs takes a whole number or auto, got 'two'; e.g. --jobs 2"):
+    with pytest.raises(ProbeError, match=r"--jobs takes a whole number or auto, got 'two'; e\.g\. --jobs 2"):
         read_jobs("two")
 
 
