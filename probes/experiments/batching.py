@@ -27,7 +27,7 @@ on CUDA as when not given.
 
 ``--jobs N`` (N > 1, local): the fork server the member processes fork from starts before the
 study plans (:func:`warm_members`), importing what a member needs (:data:`MEMBER_MODULES` and the
-family's module) while the driver does the same.
+family's module: :func:`member_modules`) while the driver does the same.
 
 Pure functions of their arguments (no torch), tested on given numbers (tests/test_batching.py).
 """
@@ -48,18 +48,24 @@ CUDA_CONTEXT_BYTES = 512 * 2**20  # a CUDA context per member process (about 300
 MEMORY_SHARE = 0.8  # of the GPU's free memory that auto --jobs fills
 PROCESS_START_S = 5.0  # CPU seconds member processes cost: the fork server's imports (torch, the project)
 MEMBER_FIXED_S = 2.0  # CPU seconds of a member beyond its training FLOPs (model build, probes, files)
-MEMBER_MODULES = (  # what a member imports on its first run (petty, khop: python -X importtime), preloaded
+MEMBER_MODULES = (  # what every built-in family's member imports on its first run (python -X importtime)
     "transformer_lens.model_bridge",
-    "matplotlib.pyplot",
     "depthprobe.probes.experiments.batching",
-    "depthprobe.probes.models.variant_net",
-    "depthprobe.probes.hooks.interventions",
     "depthprobe.probes.api.depth_usage",
     "depthprobe.tasks.depth_usage.task",
-    "depthprobe.tasks.induction.task",
-    "depthprobe.tasks.kernels.task",
-    "depthprobe.tasks.attention_stats",
 )
+KIND_MODULES = {  # what the members of one kind of family import beyond those (petty, khop: -X importtime)
+    "text": (
+        "matplotlib.pyplot",
+        "depthprobe.probes.models.variant_net",
+        "depthprobe.probes.hooks.interventions",
+        "depthprobe.tasks.induction.task",
+        "depthprobe.tasks.kernels.task",
+        "depthprobe.tasks.attention_stats",
+    ),
+    "law": ("depthprobe.probes.experiments.law_member", "depthprobe.probes.engine.inputs"),
+}
+KINDS = {"levine": "text", "petty": "text", "spa": "text", "khop": "law", "crasp": "law", "groups": "law"}
 MAX_AUTO_JOBS = 4  # the issue measured 3 processes on one H200 (2.2x the throughput of 1); more is unmeasured
 
 
@@ -176,14 +182,21 @@ def cpu_jobs(work_s: Sequence[float | None], cores: int) -> int:
 
 
 def warm_members(family: str, backend: str, jobs: Any) -> None:
-    """``--jobs N`` (N > 1, local): start the fork server now, importing :data:`MEMBER_MODULES`
-    and the family's module, so that it imports while the driver plans. Nothing for anything
+    """``--jobs N`` (N > 1, local): start the fork server now, importing what the family's
+    members need (:func:`member_modules`), so that it imports while the driver plans. Nothing for anything
     else (``auto`` starts it once it has chosen; a bad ``--jobs`` is refused later)."""
     if backend != "local" or not isinstance(jobs, int) or isinstance(jobs, bool) or jobs < 2:
         return
     from depthprobe.probes.engine.processes import warm_up
 
-    warm_up((*MEMBER_MODULES, *family_module(family)))
+    warm_up(member_modules(family))
+
+
+def member_modules(family: str) -> tuple[str, ...]:
+    """What the fork server preloads for ``family``'s members: :data:`MEMBER_MODULES`, those of
+    its kind (:data:`KIND_MODULES`; a family of no known kind gets none) and its own module; no
+    more, since a member waits until the server has imported them all."""
+    return (*MEMBER_MODULES, *KIND_MODULES.get(KINDS.get(family, ""), ()), *family_module(family))
 
 
 def family_module(family: str) -> tuple[str, ...]:
@@ -243,6 +256,7 @@ __all__ = [
     "AUTO_CPU",
     "AUTO_CPU_WIDTH",
     "AUTO_CUDA",
+    "KIND_MODULES",
     "MEMBER_MODULES",
     "PROCESS_START_S",
     "Batch",
@@ -254,6 +268,7 @@ __all__ = [
     "cpu_jobs",
     "default_jobs",
     "family_module",
+    "member_modules",
     "members",
     "plan_units",
     "read_batch_members",
