@@ -88,7 +88,7 @@ def member_context() -> Any:
 
 
 def warm_up(preload: Sequence[str] = ()) -> None:
-    """Start the fork server now, if it is not running, importing torch, this module and
+    """Start the fork server now, if it is not running, importing torch, :mod:`.fork_server` and
     ``preload`` (module names; one that fails to import is skipped, and a member imports it when
     it needs it): it imports while the caller goes on, and every member process of this driver
     forks from it. Nothing where members are spawned."""
