@@ -78,18 +78,24 @@ def study(
     cpus_per_member: float = CPUS_PER_MEMBER,
     gpus_per_member: float = GPUS_PER_MEMBER,
     retries: int = typer.Option(0, "--retries", help="Retries of a failed member before it is recorded failed."),
-    jobs: int | None = typer.Option(
+    jobs: str | None = typer.Option(
         None,
         "--jobs",
         "-j",
-        help="local: members trained at once in separate processes, each with cores/N threads (default: 1 on a "
-        "CPU; on CUDA chosen from the GPU's free memory and the host's cores, said in one line). "
-        "The results equal --jobs 1.",
+        help="local: members trained at once in N member processes, each with cores/N threads, forked from one "
+        "that has imported torch and the project (default: 1 on a CPU; on CUDA chosen from the GPU's free memory "
+        "and the host's cores, said in one line; auto: on a CPU the cores when the plan's estimated work pays "
+        "for the processes, else 1). The results equal --jobs 1.",
     ),
     plugin: list[str] = typer.Option(
         [], "--plugin", help="A Python file or module that registers families (@register_experiment), imported first."
     ),
 ) -> None:
+    from depthprobe.probes.experiments.batching import read_jobs, warm_members
+
+    n_jobs = read_jobs(jobs)
+    if not dry_run:  # the member processes' fork server imports while this process does
+        warm_members(family, backend, n_jobs)
     from depthprobe.probes.engine.plugins import load_plugin
     from depthprobe.probes.experiments.protocol import get_experiment
 
@@ -100,12 +106,10 @@ def study(
     exp = get_experiment(family)
     given = family_options(ctx.args)
     if dry_run:
-        _dry_run(family, preset, out, {**given, "jobs": jobs})
+        _dry_run(family, preset, out, {**given, "jobs": n_jobs})
     else:
-        where = {
-            k: ctx.params[k] for k in ("backend", "address", "cpus_per_member", "gpus_per_member", "retries", "jobs")
-        }
-        _run(exp, family, preset, out, {**given, **where})
+        where = {k: ctx.params[k] for k in ("backend", "address", "cpus_per_member", "gpus_per_member", "retries")}
+        _run(exp, family, preset, out, {**given, **where, "jobs": n_jobs})
 
 
 def family_options(args: list[str]) -> dict[str, str]:

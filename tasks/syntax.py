@@ -103,20 +103,20 @@ def trees_from_doc(doc, bounds: list[tuple[int, int]] | None = None) -> list[Tre
 
 
 def read_conllu_trees(path: Path) -> list[Tree]:
-    """A CoNLL-U file or folder, validated (file:line errors), through spaCy Docs."""
-    from spacy.vocab import Vocab
+    """A CoNLL-U file or folder, validated (file:line errors), as Trees: each word's HEAD as
+    written, its DEPREL (``_`` read as ``dep``), a root word labelled ``root``; the trees a
+    spaCy Doc of the treebank gives, read without building one (spaCy is not imported)."""
+    from depthprobe.probes.data.conllu import read_treebank
 
-    from depthprobe.probes.data.conllu import by_document, read_treebank, to_doc
-
-    vocab, out = Vocab(), []
-    for group in by_document(read_treebank(path)):
-        doc = to_doc(group, vocab)
-        bounds, start = [], 0
-        for sent in group:  # the file's sentence boundaries, whatever the trees look like
-            bounds.append((start, start + len(sent)))
-            start += len(sent)
-        out.extend(trees_from_doc(doc, bounds))
-    return out
+    return [
+        Tree(
+            s.sent_id,
+            tuple(t.form for t in s.tokens),
+            tuple(t.head for t in s.tokens),
+            tuple("root" if t.head == 0 else t.deprel if t.deprel != "_" else "dep" for t in s.tokens),
+        )
+        for s in read_treebank(path)
+    ]
 
 
 def read_trees(data: Path | None, parser: str | None) -> list[Tree]:

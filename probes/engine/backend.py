@@ -6,7 +6,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from depthprobe.probes.base.errors import ProbeError
 
@@ -21,21 +21,21 @@ class Backend:
     cpus_per_member: float = 1
     gpus_per_member: float = 0
     retries: int = 0
-    jobs: int | None = None
+    jobs: int | Literal["auto"] | None = None  # auto: the study chooses (batching.chosen_jobs)
 
     def check(self) -> None:
         """Refuse bad settings before anything runs, one line each."""
         from depthprobe.probes.engine.distributed import check_jobs, check_member_backend
 
         check_member_backend(self.backend, self.address, self.cpus_per_member, self.gpus_per_member, self.retries)
-        if self.jobs is not None:
+        if self.jobs is not None and self.jobs != "auto":
             check_jobs(self.jobs)
             if self.backend != "local" and self.jobs != 1:
                 raise ProbeError("--jobs applies to --backend local (Ray places members by --cpus-per-member); drop it")
 
     def placing(self, units: int) -> dict[str, Any]:
         """``map_jobs``' placing arguments for ``units`` units (local: at most ``jobs`` processes)."""
-        processes = 1 if self.backend == "ray" else min(self.jobs or 1, max(1, units))
+        processes = 1 if self.backend == "ray" else min(self.jobs if isinstance(self.jobs, int) else 1, max(1, units))
         return {
             "backend": self.backend,
             "address": self.address,

@@ -115,6 +115,9 @@ def local_slots(threads_per_job: int = 1) -> int:
 
 
 def check_jobs(processes: int) -> None:
+    """A job count: a whole number, 1 or more."""
+    if not isinstance(processes, int) or isinstance(processes, bool):
+        raise ProbeError(f"--jobs takes a whole number or auto, got {processes!r}; e.g. --jobs 2")
     if processes < 1:
         raise ProbeError(f"--jobs must be at least 1, got {processes}")
 
@@ -135,9 +138,10 @@ def map_jobs(
     """``fn(job)`` for every job, as :class:`JobResult` in job order.
 
     ``fn`` is a picklable top-level function. ``local``: with ``processes`` 1, in order in this
-    process; with more, up to that many at once in fresh (spawned) processes, each with
-    ``cores // processes`` torch threads, after ``setup()`` (a picklable callable that prepares the
-    process, e.g. hands it what the driver has already read); Ray is not imported either way. ``ray``: each job is a
+    process; with more, up to that many at once in member processes (forked from a fork server
+    that has imported torch, or spawned: :mod:`.processes`), each with ``cores // processes``
+    torch threads, after ``setup()`` (a picklable callable that prepares the process, e.g. hands
+    it what the driver has already read); Ray is not imported either way. ``ray``: each job is a
     Ray task with ``cpus_per_job`` CPUs and ``gpus_per_job`` GPUs. A job whose ``fn`` raises is run
     again up to ``retries`` times (the same loop for every backend), and so is a job whose local
     process died (the other processes keep their jobs); a job whose Ray worker or node dies is

@@ -1,16 +1,22 @@
 """One job's call, its outcome as data, and jobs in local member processes (``--jobs N``).
 
-Each member process is a fresh spawned interpreter (no forked torch or OpenMP state) that takes
-one job at a time over its own pipe. It pays its imports and first calls once (about 7 s on a
-loaded 2-core machine): worth it for members that train for tens of seconds, not for the smoke
-preset's 3-second members.
+Each member process takes one job at a time over its own pipe and serves every job of its pool.
+Where the platform has it (Linux, macOS), a member process is forked from a fork server
+(multiprocessing's ``forkserver``): one helper process, started once per driver by
+:func:`warm_up` (a study starts it before it plans, so that its imports overlap the driver's own),
+that imports torch and the modules a member needs (:func:`warm_up`'s ``preload``) and has run no
+torch operation, so each member starts with them already imported and no forked OpenMP or thread
+state (forking the driver itself after a torch operation can hang the child). Elsewhere a member
+is a freshly spawned interpreter that pays those imports itself. A member process gets the
+driver's environment variables as they are when its pool starts.
 
 - A member process that dies (killed, out of memory) costs only the job it held: the driver sees
   its exit, starts a new process in its place and reports the job as crashed (the retry loop in
   :mod:`.distributed` runs it again under ``--retries``); the other processes keep their jobs.
-- A member process never outlives its driver: on Linux it asks the kernel for SIGKILL when the
-  driver goes (``PR_SET_PDEATHSIG``), and everywhere it checks that its driver is still its
-  parent before it takes a job, and exits when the driver's end of the pipe closes.
+- A member process never outlives its driver: on Linux it asks the kernel for SIGKILL when its
+  parent goes (``PR_SET_PDEATHSIG``; the fork server exits when the driver does), and everywhere
+  it checks that its parent is still the one it started under before it takes a job, and exits
+  when the driver's end of the pipe closes.
 """
 
 from __future__ import annotations
@@ -26,14 +32,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-import torch
-
 from depthprobe.probes.base.errors import ProbeError
 from depthprobe.probes.base.progress import job_label
 
-__all__ = ["LocalProcesses", "Outcome", "call", "one_line", "start_process"]
+__all__ = ["LocalProcesses", "Outcome", "call", "member_context", "one_line", "start_process", "warm_up"]
 
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
+_PRELOAD = dict.fromkeys(("depthprobe.probes.engine.fork_server", "torch"))  # what the fork server imports
 
 
 @dataclass(frozen=True)
@@ -68,15 +73,50 @@ def call(fn: Callable[[Any], Any], job: Any) -> Outcome:
         return Outcome(False, error=one_line(exc))
 
 
-def start_process(threads: int, setup: Callable[[], None] | None) -> None:
-    """Prepare a member process: its torch threads, then ``setup()``."""
+def start_method() -> str:
+    """``forkserver`` where the platform has it, else ``spawn``."""
+    import multiprocessing
+
+    return "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
+
+
+def member_context() -> Any:
+    """The multiprocessing context member processes start in (:func:`start_method`)."""
+    import multiprocessing
+
+    return multiprocessing.get_context(start_method())
+
+
+def warm_up(preload: Sequence[str] = ()) -> None:
+    """Start the fork server now, if it is not running, importing torch, :mod:`.fork_server` and
+    ``preload`` (module names; one that fails to import is skipped, and a member imports it when
+    it needs it): it imports while the caller goes on, and every member process of this driver
+    forks from it. Nothing where members are spawned."""
+    if start_method() != "forkserver":
+        return
+    from multiprocessing import forkserver
+
+    _PRELOAD.update(dict.fromkeys(preload))  # a fork server started again imports all asked for so far
+    member_context().set_forkserver_preload(list(_PRELOAD))
+    forkserver.ensure_running()
+
+
+def start_process(threads: int, setup: Callable[[], None] | None, environ: dict[str, str] | None = None) -> None:
+    """Prepare a member process: the driver's environment variables (``environ``), its torch
+    threads, then ``setup()``."""
+    import torch  # the fork server imported it already
+
+    if environ is not None:
+        os.environ.clear()
+        os.environ.update(environ)
     torch.set_num_threads(threads)
     if setup is not None:
         setup()
 
 
 def die_with_parent(parent: int) -> None:
-    """In a member process: be killed when the driver dies, and exit now if it already has."""
+    """In a member process: be killed when ``parent`` (the driver, or the fork server that exits
+    with it) dies, and exit now if it already has."""
     if sys.platform.startswith("linux"):
         import ctypes
 
@@ -86,13 +126,22 @@ def die_with_parent(parent: int) -> None:
         os._exit(0)
 
 
-def serve(conn: Any, parent: int, threads: int, setup: Callable[[], None] | None, fn_bytes: bytes) -> None:
+def serve(
+    conn: Any,
+    parent: int | None,
+    threads: int,
+    setup: Callable[[], None] | None,
+    fn_bytes: bytes,
+    environ: dict[str, str] | None = None,
+) -> None:
     """A member process's loop: take a job, run it, send back its outcome; stop when told, when
-    the pipe closes, or when the driver is no longer this process's parent. ``fn`` arrives pickled
-    and is read after ``setup()``, which may load the module it comes from (a plugin file)."""
+    the pipe closes, or when its parent (``parent``: the driver's pid when spawned; None: the
+    fork server it was forked from) is no longer its parent. ``fn`` arrives pickled and is read
+    after ``setup()``, which may load the module it comes from (a plugin file)."""
+    parent = os.getppid() if parent is None else parent
     die_with_parent(parent)
     try:
-        start_process(threads, setup)
+        start_process(threads, setup, environ)
         fn = pickle.loads(fn_bytes)
         while (job := take(conn, parent)) is not None:
             outcome = call(fn, job[1])
@@ -146,14 +195,14 @@ class LocalProcesses:
     count: Any = field(default_factory=itertools.count)
 
     def __post_init__(self) -> None:
-        import multiprocessing
-
-        self.context = multiprocessing.get_context("spawn")
+        warm_up()  # the fork server, if no study started it with more to preload
+        self.context = member_context()
         self.members = [self._start() for _ in range(self.processes)]
 
     def _start(self) -> Member:
         ours, theirs = self.context.Pipe()
-        args = (theirs, os.getpid(), self.threads, self.setup, pickle.dumps(self.fn))
+        parent = os.getpid() if self.context.get_start_method() == "spawn" else None
+        args = (theirs, parent, self.threads, self.setup, pickle.dumps(self.fn), dict(os.environ))
         process = self.context.Process(target=serve, args=args, daemon=True)
         process.start()
         theirs.close()

@@ -20,7 +20,14 @@ batch still gets its own folder, files and row, exactly as when trained alone.
 
 ``--jobs`` not given (:func:`auto_jobs`): on a CPU 1, as always; on CUDA as many member processes
 as the GPU's free memory holds (each unit's estimated training memory plus a CUDA context), at most
-the host's cores and :data:`MAX_AUTO_JOBS`.
+the host's cores and :data:`MAX_AUTO_JOBS`. ``--jobs auto`` (:func:`cpu_jobs`): on a CPU, the
+usable cores when the plan's estimated work gains more from them than the member processes cost
+(:data:`PROCESS_START_S`: the fork server's imports, paid once), else 1 (members in the driver);
+on CUDA as when not given.
+
+``--jobs N`` (N > 1, local): the fork server the member processes fork from starts before the
+study plans (:func:`warm_members`), importing what a member needs (:data:`MEMBER_MODULES` and the
+family's module: :func:`member_modules`) while the driver does the same.
 
 Pure functions of their arguments (no torch), tested on given numbers (tests/experiments/test_batching.py).
 """
@@ -30,7 +37,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from depthprobe.probes.base.errors import ProbeError
 
@@ -39,6 +46,26 @@ AUTO_CPU = 4  # members per batch under auto on a CPU (the bench's 4)
 AUTO_CPU_WIDTH = 32  # widest member batched under auto on a CPU (measured: a gain at 16, none at 64)
 CUDA_CONTEXT_BYTES = 512 * 2**20  # a CUDA context per member process (about 300-500 MB)
 MEMORY_SHARE = 0.8  # of the GPU's free memory that auto --jobs fills
+PROCESS_START_S = 5.0  # CPU seconds member processes cost: the fork server's imports (torch, the project)
+MEMBER_FIXED_S = 2.0  # CPU seconds of a member beyond its training FLOPs (model build, probes, files)
+MEMBER_MODULES = (  # what every built-in family's member imports on its first run (python -X importtime)
+    "transformer_lens.model_bridge",
+    "depthprobe.probes.experiments.batching",
+    "depthprobe.probes.api.depth_usage",
+    "depthprobe.tasks.depth_usage.task",
+)
+KIND_MODULES = {  # what the members of one kind of family import beyond those (petty, khop: -X importtime)
+    "text": (
+        "matplotlib.pyplot",
+        "depthprobe.probes.models.variant_net",
+        "depthprobe.probes.hooks.interventions",
+        "depthprobe.tasks.induction.task",
+        "depthprobe.tasks.kernels.task",
+        "depthprobe.tasks.attention_stats",
+    ),
+    "law": ("depthprobe.probes.experiments.law_member", "depthprobe.probes.engine.inputs"),
+}
+KINDS = {"levine": "text", "petty": "text", "spa": "text", "khop": "law", "crasp": "law", "groups": "law"}
 MAX_AUTO_JOBS = 4  # the issue measured 3 processes on one H200 (2.2x the throughput of 1); more is unmeasured
 
 
@@ -66,6 +93,19 @@ def read_batch_members(text: str) -> str | int:
         return int(word)
     except ValueError:
         raise ProbeError(f"--batch-members must be auto, off or a number of members, got {text!r}") from None
+
+
+def read_jobs(text: str | None) -> int | Literal["auto"] | None:
+    """``--jobs`` as typed: a whole number (its range is checked with the other settings),
+    ``auto``, or None when not given."""
+    if text is None:
+        return None
+    if text.strip().lower() == "auto":
+        return "auto"
+    try:
+        return int(text)
+    except ValueError:
+        raise ProbeError(f"--jobs takes a whole number or auto, got {text!r}; e.g. --jobs 2") from None
 
 
 def check_batch_members(value: Any) -> None:
@@ -130,6 +170,69 @@ def auto_jobs(free_bytes: int | None, unit_bytes: int | None, cores: int, units:
     return max(1, min(by_memory, cores, MAX_AUTO_JOBS, units))
 
 
+def cpu_jobs(work_s: Sequence[float | None], cores: int) -> int:
+    """``--jobs auto`` on a CPU: ``cores`` slots (at most one per member) when the members'
+    estimated CPU seconds (None: unknown, taken as large), each plus :data:`MEMBER_FIXED_S`,
+    gain more wall time from them than the member processes cost (:data:`PROCESS_START_S`); else 1."""
+    n = max(1, min(cores, len(work_s)))
+    if n == 1 or any(w is None for w in work_s):
+        return n
+    work = sum(float(w) + MEMBER_FIXED_S for w in work_s if w is not None)
+    return n if work * (1 - 1 / n) > PROCESS_START_S else 1
+
+
+def warm_members(family: str, backend: str, jobs: Any) -> None:
+    """``--jobs N`` (N > 1, local): start the fork server now, importing what the family's
+    members need (:func:`member_modules`), so that it imports while the driver plans. Nothing for anything
+    else (``auto`` starts it once it has chosen; a bad ``--jobs`` is refused later)."""
+    if backend != "local" or not isinstance(jobs, int) or isinstance(jobs, bool) or jobs < 2:
+        return
+    from depthprobe.probes.engine.processes import warm_up
+
+    warm_up(member_modules(family))
+
+
+def member_modules(family: str) -> tuple[str, ...]:
+    """What the fork server preloads for ``family``'s members: :data:`MEMBER_MODULES`, those of
+    its kind (:data:`KIND_MODULES`; a family of no known kind gets none) and its own module; no
+    more, since a member waits until the server has imported them all."""
+    return (*MEMBER_MODULES, *KIND_MODULES.get(KINDS.get(family, ""), ()), *family_module(family))
+
+
+def family_module(family: str) -> tuple[str, ...]:
+    """The module that defines a built-in family, or a registered one's (a plugin file's module is
+    not importable by name: its members load it at setup), without importing it."""
+    from depthprobe.probes.experiments.protocol import BUILT_IN, EXPERIMENTS
+
+    if family in BUILT_IN:
+        return (BUILT_IN[family].partition(":")[0],)
+    try:
+        module = type(EXPERIMENTS.get(family)).__module__
+    except ProbeError:  # planning refuses it in one line
+        return ()
+    return () if module.startswith("depthprobe_plugin_") else (module,)
+
+
+def chosen_jobs(exp: Any, cfg: Any, jobs: list[Any], context: Any, say: Callable[[str], None]) -> int | None:
+    """``--jobs auto``: on a CPU :func:`cpu_jobs` of the plan's estimated CPU minutes, said in one
+    line; on CUDA None (as when not given: :func:`default_jobs`)."""
+    from depthprobe.probes.engine.distributed import local_slots
+    from depthprobe.probes.models.device import resolve_device
+
+    if resolve_device(getattr(cfg, "device", None)).type == "cuda":
+        return None
+    minutes = [exp.plan_row(cfg, job, context).get("cpu_minutes") for job in jobs]
+    work = [None if m is None else 60.0 * float(m) for m in minutes]
+    n = cpu_jobs(work, local_slots())
+    known = sum(w + MEMBER_FIXED_S for w in work if w is not None)
+    say(
+        f"--jobs {n} (chosen: {len(jobs)} members of about {known:.0f} CPU-s estimated, member processes "
+        f"cost about {PROCESS_START_S:.0f} CPU-s to start, {local_slots()} cores; pass --jobs N to choose)"
+    )
+    warm_members(exp.name, "local", n)
+    return n
+
+
 def default_jobs(exp: Any, cfg: Any, units: list[Any], say: Callable[[str], None]) -> int:
     """``--jobs`` not given: 1 on a CPU (as always); on CUDA :func:`auto_jobs` of the GPU's free
     memory, the largest unit's estimated need (:meth:`Experiment.member_bytes` summed over its
@@ -153,14 +256,23 @@ __all__ = [
     "AUTO_CPU",
     "AUTO_CPU_WIDTH",
     "AUTO_CUDA",
+    "KIND_MODULES",
+    "MEMBER_MODULES",
+    "PROCESS_START_S",
     "Batch",
     "Outcome",
     "auto_jobs",
     "batch_size",
     "check_batch_members",
+    "chosen_jobs",
+    "cpu_jobs",
     "default_jobs",
+    "family_module",
+    "member_modules",
     "members",
     "plan_units",
     "read_batch_members",
+    "read_jobs",
     "run_unit",
+    "warm_members",
 ]

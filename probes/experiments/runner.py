@@ -13,13 +13,14 @@ writes ``plan.csv`` (every member with its estimated cost) and trains nothing.
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from depthprobe.probes.base import artifacts
 from depthprobe.probes.base.errors import ProbeError
@@ -79,14 +80,18 @@ def study(
     cpus_per_member: float = 1,
     gpus_per_member: float = 0,
     retries: int = 0,
-    jobs: int | None = None,
+    jobs: int | Literal["auto"] | None = None,
     echo: Callable[[str], None] | None = None,
     **options: Any,
 ) -> Study:
     """Run (or continue) a study of ``family``; returns it. ``options`` override the preset (the
     family's Config fields). ``jobs`` (local backend): members at once in spawned processes, each
     with ``cores // jobs`` threads; the numbers and files equal ``jobs=1``; None: 1 on a CPU, on
-    CUDA chosen from the GPU's free memory (:func:`.batching.default_jobs`)."""
+    CUDA chosen from the GPU's free memory (:func:`.batching.default_jobs`); ``"auto"``: on a CPU
+    from the plan's estimated work (:func:`.batching.cpu_jobs`)."""
+    from depthprobe.probes.experiments import batching
+
+    batching.warm_members(family, backend, jobs)  # the member processes' fork server imports meanwhile
     exp, cfg, jobs_ = planned(family, preset, options)
     where = Backend(backend, address, cpus_per_member, gpus_per_member, retries, jobs)
     where.check()
@@ -98,6 +103,8 @@ def study(
         resolve_device(cfg.device)
     say = echo or (lambda line: print(line, file=sys.stderr))
     context = exp.prepare(cfg, jobs_, say)  # refusals here write nothing
+    if jobs == "auto":
+        where = replace(where, jobs=batching.chosen_jobs(exp, cfg, jobs_, context, say))
     with folders.locked(folder), folders.disk_errors(folder):
         saved = folders.check_folder(folder, family, cfg, exp.resumable)  # again, now that this run holds it
         done = open_study(exp, folder, cfg, jobs_, context, saved, say)
@@ -188,7 +195,7 @@ def units_to_run(exp: Experiment, cfg: Any, jobs: list[Any], done: set[str], whe
     if where.backend == "ray":
         return [j for j in jobs if j.name not in done]
     units = []
-    for unit in exp.batches(cfg, jobs, where.jobs or 1):
+    for unit in exp.batches(cfg, jobs, where.jobs if isinstance(where.jobs, int) else 1):
         left = [j for j in batching.members(unit) if j.name not in done]
         if left:
             units.append(left[0] if len(left) == 1 else batching.Batch(tuple(left)))
@@ -214,7 +221,7 @@ def run_jobs(
 
     counter = {"n": done}
     device = cfg.device
-    jobs = where.jobs
+    jobs = where.jobs if isinstance(where.jobs, int) else None  # study() resolved "auto"
     if jobs is None and where.backend == "local":
         jobs = batching.default_jobs(exp, cfg, units, say)  # 1 on a CPU; on CUDA from its memory
 
@@ -279,7 +286,7 @@ def dry_run(
     preset: str = "smoke",
     *,
     out: str | Path,
-    jobs: int | None = None,
+    jobs: int | Literal["auto"] | None = None,
     echo: Callable[[str], None] | None = None,
     **options: Any,
 ) -> pd.DataFrame:
@@ -304,7 +311,7 @@ def dry_run(
     table = pd.DataFrame(rows, columns=list(dict.fromkeys(k for r in rows for k in r)))
     folder.mkdir(parents=True, exist_ok=True)
     folders.write_table(folder, folders.PLAN_CSV, table)
-    line = exp.plan_total(table, jobs or 1)
+    line = exp.plan_total(table, jobs if isinstance(jobs, int) else 1)
     if line:
         say(line)
     return table
