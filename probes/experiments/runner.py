@@ -165,7 +165,6 @@ def open_study(
 ) -> set[str]:
     """Create the study folder (``saved`` None), or continue it after the family checked that its
     recorded inputs are this run's; returns the finished members whose files are intact."""
-    import dataclasses
 
     if saved is not None:
         exp.check_same(folder, cfg, context, saved)
