@@ -6,7 +6,7 @@ the law member's training step (forward, per-member loss, backward, clipping at 
 0.98) with decay on matrices, the warm-up/cosine rate) through the one loop,
 :func:`probes.training.loop.train_steps`:
 
-- sequential: each member in turn with its own optimiser, as ``probes/api/law_member.py`` trains it;
+- sequential: each member in turn with its own optimiser, as ``probes/experiments/law_member.py`` trains it;
 - batched: all N as one model, :func:`probes.training.batched.train_batched`.
 
 Rounds interleave the two (the best round of each kept, so load from other processes hurts both
