@@ -236,22 +236,18 @@ class Crasp(LawExperiment):
             out[hi] = (s["exact_match"], s["token_accuracy"])
         return out
 
-    def usage_inputs(self, job: LawJob) -> torch.Tensor:
+    def usage(self, job: LawJob, sets: dict[int, Any]) -> tuple[torch.Tensor, dict[int, Any]]:
         """Strings of L_k of the longest training length, ``nmax`` (no padding), from the
-        evaluation seed space."""
+        evaluation seed space; the sets of the training range and the solve range: the question is
+        which blocks the member needs where it was trained and where the law is decided (the longest
+        range alone is 3/4 of the evaluation cost and would be read once per block)."""
         from depthprobe.probes.data import crasp
 
         cfg = job.config
-        return crasp.eval_batch(job.level or 0, USAGE_SEQUENCES, cfg.nmax, cfg.nmax, job.seed)[0]
+        inputs = crasp.eval_batch(job.level or 0, USAGE_SEQUENCES, cfg.nmax, cfg.nmax, job.seed)[0]
+        return inputs, {key: s for key, s in sets.items() if key in (cfg.ranges[0][1], cfg.solve_at)}
 
-    def usage_keys(self, job: LawJob) -> set[Any]:
-        """The training range and the solve range: the question is which blocks the member needs
-        where it was trained and where the law is decided (the longest range alone is 3/4 of the
-        evaluation cost and would be read once per block)."""
-        cfg = job.config
-        return {cfg.ranges[0][1], cfg.solve_at}
-
-    def probe(self, job: LawJob, model: Model, folder: Path) -> None:
+    def probe(self, job: LawJob, model: Model, folder: Path, source: BatchSource) -> None:
         """``ranges.csv``: per range its lengths and the majority-class token accuracy of the final
         evaluation set (what always answering the more frequent class scores)."""
         import pandas as pd
@@ -276,24 +272,23 @@ class Crasp(LawExperiment):
     def law(self, cfg: CraspConfig, accuracy: pd.DataFrame) -> pd.DataFrame:
         return law_table(cfg, accuracy)
 
-    def law_cells(
-        self, config: CraspConfig, law: pd.DataFrame, acc: pd.DataFrame
-    ) -> tuple[pd.DataFrame | None, pd.DataFrame]:
-        """law.csv's predicted first depth of L_k on its heatmap's solve-range column (law.csv's
-        solve_range, read at its longest length; the in-distribution column has no prediction),
-        and the accuracies behind law.csv: the solve range's."""
+    def page(self, config: CraspConfig, tables: dict[str, pd.DataFrame], folder: Path, *_: Any) -> list[str]:
+        """The laws' page with law.csv's predicted first depth of L_k on its heatmap's solve-range
+        column (law.csv's solve_range, read at its longest length; the in-distribution column has no
+        prediction), and the solve range's accuracies behind law.csv (the law is read there)."""
         import pandas as pd
 
-        behind = acc[acc["max_length"] == config.solve_at]  # the law is read at the solve range
-        if law.empty:
-            return None, behind
+        acc, law = tables.get("accuracy.csv"), tables["law.csv"]
+        if acc is None or acc.empty:
+            return super().page(config, tables, folder)
         cells = {
             "d_model": law["d_model"],
             "group": [f"L{k}" for k in law["k"]],
             "max_length": [int(str(r).rsplit("-", 1)[-1]) for r in law["solve_range"]],
             "predicted_depth": law["predicted_depth"],
         }
-        return pd.DataFrame(cells), behind
+        predicted = None if law.empty else pd.DataFrame(cells)
+        return super().page(config, tables, folder, predicted, acc[acc["max_length"] == config.solve_at])
 
     def middle(self, config: CraspConfig, tables: dict[str, pd.DataFrame]) -> list[str]:
         """Exact-match accuracy per model and range (depths.csv) in place of the wide control's table."""

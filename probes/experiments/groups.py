@@ -144,43 +144,25 @@ class Groups(LawExperiment):
 
         cfg = job.config
         if cfg.curriculum:
-            return CurriculumSource(str(job.group), cfg.batch_size, group_data.curriculum(max(cfg.lengths)), job.seed)
+            lengths = group_data.curriculum(max(cfg.lengths))
+            checks = {
+                "check_every": cfg.check_every,
+                "check_sequences": cfg.check_sequences,
+                "threshold": cfg.threshold,
+            }
+            return CurriculumSource(str(job.group), cfg.batch_size, lengths, job.seed, **checks)
         return GroupSource(str(job.group), cfg.batch_size, max(cfg.lengths), job.seed)
 
-    def after_update(self, job: LawJob, source: BatchSource, model: Model, done: int) -> bool:
-        """The curriculum's check: every ``check_every`` updates, the accuracy over every position of
-        the current length on its check set; solved (>= the threshold) moves on to the next."""
-        from depthprobe.probes.data import groups as group_data
-        from depthprobe.probes.experiments.law_member import predict
-        from depthprobe.probes.training.sources import CurriculumSource
-
-        cfg = job.config
-        if not isinstance(source, CurriculumSource) or source.finished or done % cfg.check_every:
-            return False
-        group = group_data.get_group(str(job.group))
-        inputs, targets = group_data.check_batch(group, cfg.check_sequences, source.length, job.seed)
-        source.advance(float((predict(model, inputs) == targets).float().mean()), cfg.threshold, step=done)
-        return True
-
-    def training_files(self, job: LawJob, source: BatchSource, folder: Path) -> None:
-        """``curriculum.csv``: the length trained from each step on (step 0: the first)."""
-        import pandas as pd
-
-        from depthprobe.probes.base.artifacts import write_csv
-        from depthprobe.probes.training.sources import CurriculumSource
-
-        if isinstance(source, CurriculumSource):
-            moves = pd.DataFrame([(0, source.lengths[0]), *source.moves], columns=["step", "length"])
-            write_csv(folder / "curriculum.csv", moves.assign(member=job.name)[["member", "step", "length"]])
-
-    def probe(self, job: LawJob, model: Model, folder: Path) -> None:
+    def probe(self, job: LawJob, model: Model, folder: Path, source: BatchSource) -> None:
         """``positions.csv``: at each position of the longest evaluation set, the accuracy and (for
-        permutation groups) the sign's accuracy."""
+        permutation groups) the sign's accuracy; with the curriculum, ``curriculum.csv``: the length
+        trained from each step on (step 0: the first)."""
         import pandas as pd
 
         from depthprobe.probes.base.artifacts import write_csv
         from depthprobe.probes.data import groups as group_data
         from depthprobe.probes.experiments.law_member import predict
+        from depthprobe.probes.training.sources import CurriculumSource
 
         group = group_data.get_group(str(job.group))
         inputs, targets = group_data.eval_batch(group, job.config.eval_sequences, max(job.config.lengths), job.seed)
@@ -189,6 +171,9 @@ class Groups(LawExperiment):
         signs = group_data.sign_accuracy(group, pred, targets).tolist() if group.signs else [None] * len(per)
         per_position = {"position": range(len(per)), "accuracy": per, "sign_accuracy": signs}
         write_csv(folder / "positions.csv", pd.DataFrame({**job.ids(), **per_position}))
+        if isinstance(source, CurriculumSource):
+            moves = pd.DataFrame([(0, source.lengths[0]), *source.moves], columns=["step", "length"])
+            write_csv(folder / "curriculum.csv", moves.assign(member=job.name)[["member", "step", "length"]])
 
     def eval_sets(self, job: LawJob, n: int) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
         """Per T, drawn from the evaluation seed space (never a training batch: probes.data.streams)."""

@@ -274,7 +274,7 @@ class KHop(LawExperiment):
 
         return {k: khop.accuracy(predict(x), y, job.config.letters) for k, (x, y) in sets.items()}
 
-    def probe(self, job: LawJob, model: Model, folder: Path) -> None:
+    def probe(self, job: LawJob, model: Model, folder: Path, source: BatchSource) -> None:
         """The hop-attention task (tables in runs/hop-attention): per head and hop (member, layer,
         head, hop, attention, chance), and per layer the largest hop resolved, the heads resolving
         it and the layer's largest attention to the previous token and to the previous occurrence

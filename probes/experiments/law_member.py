@@ -4,7 +4,7 @@
 positions, none for crasp), trains it with the one training loop
 (:func:`probes.training.loop.train_steps`, the one optimizer :func:`probes.training.lm.decay_adamw`:
 AdamW (0.9, 0.98), weight decay on matrices, linear warm-up then cosine, gradient clipping 1) on
-its family's batch source (after each update the family may check it: groups' length
+its family's batch source (after each update a :class:`Checking` source checks it: groups' length
 curriculum), evaluates it per key (k, T or length range) on the fixed evaluation sets every
 ``eval_every`` steps (learning curves; the seconds are not training time) and at the end on the
 full sets, lets the family probe it (khop: hop attention) and record its training (groups: the
@@ -35,7 +35,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar, Protocol, runtime_checkable
 
 import pandas as pd
 import torch
@@ -64,11 +64,19 @@ BETAS = (0.9, 0.98)  # AdamW's of every law member, alone or batched
 Predict = Callable[..., torch.Tensor]  # predict(inputs, decide=None) -> predictions [n, T] (a member's)
 
 
+@runtime_checkable
+class Checking(Protocol):
+    """A batch source that checks the member after its updates (groups' length curriculum:
+    :class:`~probes.training.sources.CurriculumSource`); True when it used the model."""
+
+    def check(self, predict: Predict, done: int) -> bool: ...
+
+
 class LawTask(Protocol):
     """The data half of a law family, all a member's training and evaluation calls: its batch
     source, its evaluation sets and scores (``key``: the sets' key column, ``second``: the second
-    accuracy's), the depth-usage probe's inputs and keys, what it measures and writes besides
-    accuracy, and what it checks after an update (a length curriculum)."""
+    accuracy's), the depth-usage probe's inputs and sets, and what it measures and writes besides
+    accuracy."""
 
     name: ClassVar[str]
     key: ClassVar[str]
@@ -77,11 +85,8 @@ class LawTask(Protocol):
     def source(self, job: LawJob) -> BatchSource: ...
     def eval_sets(self, job: LawJob, n: int) -> dict[int, tuple[torch.Tensor, torch.Tensor]]: ...
     def scores(self, job: LawJob, predict: Predict, sets: dict[int, Any]) -> dict[int, tuple[float, float]]: ...
-    def usage_inputs(self, job: LawJob) -> torch.Tensor: ...
-    def usage_keys(self, job: LawJob) -> set[Any] | None: ...
-    def probe(self, job: LawJob, model: Model, folder: Path) -> None: ...
-    def after_update(self, job: LawJob, source: BatchSource, model: Model, done: int) -> bool: ...
-    def training_files(self, job: LawJob, source: BatchSource, folder: Path) -> None: ...
+    def usage(self, job: LawJob, sets: dict[int, Any]) -> tuple[torch.Tensor, dict[int, Any]]: ...
+    def probe(self, job: LawJob, model: Model, folder: Path, source: BatchSource) -> None: ...
 
 
 def member_logits(model: Model, tokens: torch.Tensor, skip: tuple[int, ...] = ()) -> torch.Tensor:
@@ -123,18 +128,19 @@ class Hands:
 
 def hands(exp: LawTask, job: LawJob, model: Model, source: BatchSource) -> Hands:
     """The member's loss log (each window) and learning curve (one row per evaluation and key,
-    every ``eval_every`` steps); after each update the family may check the model (a curriculum)."""
+    every ``eval_every`` steps); after each update a :class:`Checking` source checks the model."""
     cfg = job.config
     curve_sets = exp.eval_sets(job, cfg.curve_sequences)
     evals = set(cfg.eval_steps())
     log: list[dict[str, Any]] = []
     curves: list[dict[str, Any]] = []
+    check = source.check if isinstance(source, Checking) else None
 
     def on_window(w: Window) -> None:
         log.append({"step": w.step, "loss": w.loss, "lr": w.lr, "elapsed_s": w.elapsed})
 
     def after_step(done: int) -> bool:
-        used = exp.after_update(job, source, model, done)  # a length curriculum's check
+        used = check is not None and check(predictor(model), done)  # its seconds are not training time
         if done not in evals:
             return used
         for value, (acc, acc_all) in exp.scores(job, predictor(model), curve_sets).items():
@@ -153,11 +159,10 @@ def steps_plan(cfg: Any) -> Steps:
 
 def depth_files(exp: LawTask, job: LawJob, model: Model, sets: dict[int, Any], folder: Path) -> None:
     """``depth_usage.csv`` on the family's depth-usage inputs, and ``skipped_accuracy.csv``: the
-    accuracy per key on the final evaluation sets of :meth:`~LawExperiment.usage_keys`, intact and
-    with each single block skipped."""
-    member_depth.write_depth_usage(model, exp.usage_inputs(job), folder, job.name, max_len=job.context)
-    keys = exp.usage_keys(job)
-    chosen = sets if keys is None else {key: s for key, s in sets.items() if key in keys}
+    accuracy per key on the final evaluation sets the family chooses (:meth:`~LawExperiment.usage`),
+    intact and with each single block skipped."""
+    inputs, chosen = exp.usage(job, sets)
+    member_depth.write_depth_usage(model, inputs, folder, job.name, max_len=job.context)
 
     def evaluate(block: int | None) -> dict[int, float]:
         scores = exp.scores(job, predictor(model, () if block is None else (block,)), chosen)
@@ -218,8 +223,7 @@ def finish(
     accuracy["step_reached"] = accuracy[exp.key].map(reached).astype("Int64")
     write_csv(folder / "accuracy.csv", accuracy)
     save_checkpoint(model, folder / "checkpoint", {"law_study": {"member": job.name, "family": exp.name}})
-    exp.probe(job, model, folder)
-    exp.training_files(job, source, folder)
+    exp.probe(job, model, folder, source)
     if job.config.depth_usage:  # after every other measurement: nothing above depends on it
         depth_files(exp, job, model, sets, folder)
     row.update(params=nonembed + embed, params_nonembed=nonembed, train_s=seconds, batch=batch)

@@ -73,26 +73,16 @@ class LawExperiment(Experiment):
         """law.csv from the finished members' accuracies (never empty)."""
         raise NotImplementedError
 
-    def probe(self, job: LawJob, model: Model, folder: Path) -> None:
-        """What the family measures on a trained member besides accuracy (files in ``folder``)."""
+    def probe(self, job: LawJob, model: Model, folder: Path, source: BatchSource) -> None:
+        """What the family measures on a trained member besides accuracy, and records of its
+        training on ``source`` (a curriculum's moves): files in ``folder``."""
 
-    def usage_inputs(self, job: LawJob) -> torch.Tensor:
+    def usage(self, job: LawJob, sets: dict[int, Any]) -> tuple[torch.Tensor, dict[int, Any]]:
         """The depth-usage probe's token ids [example, pos] (every row one whole sequence, no
-        padding): :data:`USAGE_SEQUENCES` sequences of the largest key, from the evaluation seed space."""
-        sets = self.eval_sets(job, USAGE_SEQUENCES)
-        return sets[max(sets)][0]
-
-    def usage_keys(self, job: LawJob) -> set[Any] | None:
-        """The keys whose final evaluation sets ``skipped_accuracy.csv`` reads (``None``: all)."""
-        return None
-
-    def after_update(self, job: LawJob, source: BatchSource, model: Model, done: int) -> bool:
-        """What the family does after update ``done`` (a length curriculum's check); True when it
-        used the model (its seconds are then not training time)."""
-        return False
-
-    def training_files(self, job: LawJob, source: BatchSource, folder: Path) -> None:
-        """Files about the training itself (a curriculum's moves), in ``folder``."""
+        padding): :data:`USAGE_SEQUENCES` sequences of the largest key, from the evaluation seed
+        space; and the final evaluation ``sets`` that ``skipped_accuracy.csv`` reads (all)."""
+        inputs = self.eval_sets(job, USAGE_SEQUENCES)
+        return inputs[max(inputs)][0], sets
 
     def middle(self, config: Any, tables: dict[str, pd.DataFrame]) -> list[str]:
         """The page's sections between the heatmaps and the learning curves: the control against
@@ -100,13 +90,6 @@ class LawExperiment(Experiment):
         from depthprobe.probes.render import laws
 
         return [laws.control(self.key, tables["accuracy.csv"], tables["members.csv"])]
-
-    def law_cells(self, config: Any, law: pd.DataFrame, acc: pd.DataFrame) -> tuple[pd.DataFrame | None, pd.DataFrame]:
-        """How law.csv reads against the accuracies: the heatmaps' predicted first depth per cell
-        (columns d_model, group where there are groups, :attr:`key`, predicted_depth; None: law.csv's
-        rows where they are per :attr:`key`) and the accuracies behind its rows (which say why a
-        measured depth is blank: all)."""
-        return None, acc
 
     # -- the protocol --------------------------------------------------------------------------
     def plan(self, config: Any) -> list[LawJob]:
@@ -219,9 +202,19 @@ class LawExperiment(Experiment):
     def skipped_view(self, config: Any, tables: dict[str, pd.DataFrame]) -> tuple[str, float | None, Any]:
         return self.key, config.threshold, tables.get("law.csv")
 
-    def page(self, config: Any, tables: dict[str, pd.DataFrame], folder: Path) -> list[str]:
-        """The prediction, the law table (a blank measured depth says why), the heatmaps,
-        :meth:`middle` and the learning curves (probes/render/laws.py)."""
+    def page(
+        self,
+        config: Any,
+        tables: dict[str, pd.DataFrame],
+        folder: Path,
+        predicted: pd.DataFrame | None = None,
+        behind: pd.DataFrame | None = None,
+    ) -> list[str]:
+        """The prediction, the law table (a blank measured depth says why: ``behind``, the
+        accuracies behind its rows, default all), the heatmaps (``predicted``: the predicted first
+        depth per cell, columns d_model, group where there are groups, :attr:`key`, predicted_depth;
+        default law.csv's rows where they are per :attr:`key`), :meth:`middle` and the learning
+        curves (probes/render/laws.py)."""
         import pandas as pd
 
         from depthprobe.probes.render import laws
@@ -229,10 +222,9 @@ class LawExperiment(Experiment):
         acc, law, members = tables.get("accuracy.csv", pd.DataFrame()), tables["law.csv"], tables["members.csv"]
         if acc.empty:
             return [laws.intro(self.prediction), "<p class='note'>no member finished; there is nothing to plot.</p>"]
-        predicted, behind = self.law_cells(config, law, acc)
         return [
             laws.intro(self.prediction),
-            laws.law_table(law, behind, config.threshold),
+            laws.law_table(law, acc if behind is None else behind, config.threshold),
             laws.heatmaps(self.key, acc, law, threshold=config.threshold, predicted=predicted),
             *self.middle(config, tables),
             laws.curves(self.key, tables.get("curves.csv", pd.DataFrame()), members, config.threshold),

@@ -128,11 +128,7 @@ class Experiment:
 
     def prepare(self, config: Any, jobs: list[Any], say: Callable[[str], None]) -> Any:
         """Expensive checks and shared inputs, before anything is written (a corpus read once);
-        the returned context reaches :meth:`plan_row`, :meth:`record` and :meth:`setup`."""
-        return None
-
-    def setup(self, config: Any, context: Any) -> Callable[[], None] | None:
-        """A picklable call each member process runs first (hand it the shared inputs)."""
+        the returned context reaches :meth:`plan_row`, :meth:`record` and :meth:`bind`."""
         return None
 
     def bind(self, job: Any, context: Any, dest: str | None) -> Any:

@@ -114,7 +114,7 @@ def study(
         if done:
             say(f"{len(done)} finished member(s) kept in {folder}; {len(jobs_) - len(done)} to run")
         try:
-            run_jobs(exp, cfg, folder, todo, len(done), len(jobs_), say, where, exp.setup(cfg, context))
+            run_jobs(exp, cfg, folder, todo, len(done), len(jobs_), say, where)
         except ProbeError:  # refused before any member ran (a Ray cluster at join time): no new study.json
             if saved is None:
                 folders.forget_new_study(folder)
@@ -210,7 +210,6 @@ def run_jobs(
     total: int,
     say: Callable[[str], None],
     where: Backend,
-    setup: Callable[[], None] | None,
 ) -> None:
     """Run the units still to do (:func:`units_to_run`), recording each member as it finishes:
     its folder (a Ray member's files; a local member wrote its own), its line, members.csv (after
@@ -238,28 +237,22 @@ def run_jobs(
 
     placing = replace(where, jobs=jobs).placing(len(units))
     try:
-        map_jobs(partial(batching.run_unit, exp), units, setup=plugin_setup(exp, setup), on_done=unit_done, **placing)
+        map_jobs(partial(batching.run_unit, exp), units, setup=plugin_setup(exp), on_done=unit_done, **placing)
     except BaseException:  # members stopped mid-write (their processes are gone) leave no hidden folder
         artifacts.remove_stale_partials(folder / folders.MEMBERS / "any", any_name=True)
         raise
 
 
-def plugin_setup(exp: Experiment, setup: Callable[[], None] | None) -> Callable[[], None] | None:
+def plugin_setup(exp: Experiment) -> Callable[[], Any] | None:
     """A family from a plugin file is not importable by name in a spawned process: load the file
-    there first (then the family's own setup)."""
+    there first."""
     module = sys.modules.get(type(exp).__module__)
     path = getattr(module, "__file__", None)
     if not type(exp).__module__.startswith("depthprobe_plugin_") or path is None:
-        return setup
-    return partial(_load_then, str(path), setup)
-
-
-def _load_then(path: str, setup: Callable[[], None] | None) -> None:
+        return None
     from depthprobe.probes.engine.plugins import load_plugin
 
-    load_plugin(path)
-    if setup is not None:
-        setup()
+    return partial(load_plugin, str(path))
 
 
 def write_members(exp: Experiment, folder: Path) -> pd.DataFrame:

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from depthprobe.probes.base.errors import ProbeError
 from depthprobe.probes.experiments.protocol import RUN_COLUMNS, Experiment
 from depthprobe.probes.experiments.text_config import parse_budgets, parse_vocab
-from depthprobe.probes.experiments.text_member import TextJob, cached_corpus, measure, probe_inputs, share_corpus
+from depthprobe.probes.experiments.text_member import TextJob, measure, probe_inputs
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -139,7 +139,9 @@ class TextExperiment(Experiment):
 
     def prepare(self, config: Any, jobs: list[TextJob], say: Callable[[str], None]) -> Corpus:
         """Read the corpus once and refuse what would fail every member (before anything is written)."""
-        corpus = cached_corpus(config)  # a bad corpus fails here (the tokenizer is trained once, then cached)
+        from depthprobe.probes.data.corpus import load_corpus
+
+        corpus = load_corpus(config.corpus, vocab=config.vocab)  # a bad corpus fails here (its tokenizer is cached)
         self.check_corpus(config, corpus, jobs)
         worst = max(jobs, key=lambda j: j.tokens)
         tokens, train = worst.tokens, int(corpus.train_ids.numel())
@@ -172,11 +174,11 @@ class TextExperiment(Experiment):
                 "raise --max-params or drop it"
             )
 
-    def setup(self, config: Any, context: Corpus) -> Callable[[], None]:
-        return share_corpus(config, context)
-
     def bind(self, job: TextJob, context: Corpus, dest: str | None) -> TextJob:
-        return dataclasses.replace(job, corpus_digest=context.digest, dest=dest)
+        """A local member carries the corpus the driver read (its process reads nothing again; a pipe
+        serves too); a Ray member reads it and checks its digest."""
+        corpus = context if dest is not None else None
+        return dataclasses.replace(job, corpus_digest=context.digest, dest=dest, corpus=corpus)
 
     def record(self, config: Any, context: Corpus) -> dict[str, Any]:
         return {"corpus": {"label": context.label, "digest": context.digest, "key": context.key}}

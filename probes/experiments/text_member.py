@@ -14,8 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -31,8 +30,6 @@ if TYPE_CHECKING:
     from depthprobe.probes.models.model import Model
     from depthprobe.probes.training.lm import LMConfig, Trainable
 
-CorpusKey = tuple[str | None, int, tuple[tuple[str, int, int], ...]]
-
 
 @dataclass(frozen=True)
 class TextJob:
@@ -45,6 +42,7 @@ class TextJob:
     config: Any
     corpus_digest: str | None = None  # the corpus text the driver checked: a member refuses another one
     dest: str | None = None  # members/<name>/ when the member writes its own folder (local backend)
+    corpus: corpora.Corpus | None = field(default=None, compare=False, repr=False)  # the driver's (local backend)
 
     @property
     def name(self) -> str:
@@ -127,35 +125,17 @@ class TextJob:
         return out
 
 
-_CORPORA: dict[CorpusKey, corpora.Corpus] = {}
-
-
-def _corpus_key(cfg: Any) -> CorpusKey:
-    from depthprobe.probes.data.corpus import corpus_stamp
-
-    return (cfg.corpus, cfg.vocab, corpus_stamp(cfg.corpus))
-
-
-def cached_corpus(cfg: Any) -> corpora.Corpus:
-    """The study's corpus, read and tokenized once per process while its files stay the same (the
-    tokenizer is cached on disk): a file edited, added or removed gives a new corpus; a pipe is read once."""
+def job_corpus(job: TextJob) -> corpora.Corpus:
+    """The corpus the member trains on: the one the driver read and checked, carried by the job
+    (a local study: a pipe serves too), else read here (a Ray member, a job run alone), refused
+    when it is not the text the driver checked."""
     from depthprobe.probes.data.corpus import load_corpus
 
-    key = _corpus_key(cfg)
-    if key not in _CORPORA:
-        _keep_corpus(key, load_corpus(cfg.corpus, vocab=cfg.vocab))
-    return _CORPORA[key]
-
-
-def share_corpus(cfg: Any, corpus: corpora.Corpus) -> Callable[[], None]:
-    """A picklable setup for a member process: it holds the corpus the driver read (and checked),
-    so the process neither reads nor tokenizes it again (and a pipe, readable once, serves too)."""
-    return partial(_keep_corpus, _corpus_key(cfg), corpus)
-
-
-def _keep_corpus(key: CorpusKey, corpus: corpora.Corpus) -> None:
-    _CORPORA.clear()
-    _CORPORA[key] = corpus
+    cfg = job.config
+    corpus = job.corpus if job.corpus is not None else load_corpus(cfg.corpus, vocab=cfg.vocab)
+    if job.corpus_digest is not None and corpus.digest != job.corpus_digest:
+        raise ProbeError(f"--corpus {cfg.corpus} changed while the study ran; rerun the study with a new --out")
+    return corpus
 
 
 def probe_inputs(corpus: corpora.Corpus, n: int, context: int) -> list[str]:
@@ -238,9 +218,7 @@ def measure(job: TextJob, folder: Path, row: dict[str, Any]) -> dict[str, Any]:
 
     cfg = job.config
     device = resolve_device(cfg.device)
-    corpus = cached_corpus(cfg)
-    if job.corpus_digest is not None and corpus.digest != job.corpus_digest:
-        raise ProbeError(f"--corpus {cfg.corpus} changed while the study ran; rerun the study with a new --out")
+    corpus = job_corpus(job)
     lines = probe_inputs(corpus, cfg.probe_lines, cfg.context)  # the text probes read them in memory
     with size_limit(cfg.max_params):
         model = job.build(corpus, device)
@@ -285,4 +263,4 @@ def measure(job: TextJob, folder: Path, row: dict[str, Any]) -> dict[str, Any]:
     return {"corpus": corpus.label, "corpus_key": corpus.key, "corpus_digest": corpus.digest}
 
 
-__all__ = ["TextJob", "cached_corpus", "measure", "probe_inputs", "share_corpus"]
+__all__ = ["TextJob", "job_corpus", "measure", "probe_inputs"]

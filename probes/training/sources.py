@@ -14,6 +14,7 @@ resumes); the curriculum's batch is a pure function of the step and its stage.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -132,7 +133,8 @@ class GroupSource:
 class CurriculumSource:
     """A ``groups`` member's batches under Merrill and Sabharwal's length curriculum: batch ``step``
     is :func:`probes.data.groups.train_batch` at the current stage's length (``lengths[stage]``);
-    the caller evaluates that length and moves on with :meth:`advance`."""
+    every ``check_every`` updates :meth:`check` evaluates that length on ``check_sequences``
+    sequences and moves on (:meth:`advance`) once their accuracy reaches ``threshold``."""
 
     group: str
     batch_size: int
@@ -140,6 +142,9 @@ class CurriculumSource:
     seed: int
     stage: int = 0
     moves: list[tuple[int, int]] = field(default_factory=list)  # (step, the length trained from there on)
+    check_every: int = 1
+    check_sequences: int = 1
+    threshold: float = 1.0
 
     @property
     def length(self) -> int:
@@ -158,6 +163,16 @@ class CurriculumSource:
     def finished(self) -> bool:
         """At the last length: nothing left to check."""
         return self.stage == len(self.lengths) - 1
+
+    def check(self, predict: Callable[[torch.Tensor], torch.Tensor], done: int) -> bool:
+        """After update ``done``, every ``check_every`` updates: the accuracy over every position of
+        the current length on its check set (:func:`probes.data.groups.check_batch`) of the model's
+        predictions ``predict(inputs)``; solved moves on. True when it used the model."""
+        if self.finished or done % self.check_every:
+            return False
+        inputs, targets = groups.check_batch(groups.get_group(self.group), self.check_sequences, self.length, self.seed)
+        self.advance(float((predict(inputs) == targets).float().mean()), self.threshold, step=done)
+        return True
 
     def batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
         return groups.train_batch(groups.get_group(self.group), self.batch_size, self.length, self.seed, step)

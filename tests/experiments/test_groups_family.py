@@ -79,6 +79,7 @@ def test_bad_curriculum_options(tmp_path):
 @pytest.mark.study
 def test_curriculum_check_moves_on_only_at_checks_and_when_solved(tmp_path):
     from depthprobe.probes.experiments.groups import Groups
+    from depthprobe.probes.experiments.law_member import predictor
     from depthprobe.probes.models.loading import load
     from depthprobe.probes.training.sources import CurriculumSource
 
@@ -87,9 +88,12 @@ def test_curriculum_check_moves_on_only_at_checks_and_when_solved(tmp_path):
     model = load(job.native(), device="cpu")
     source = exp.source(job)
     assert isinstance(source, CurriculumSource) and source.lengths == (2, 4, 8)
-    assert not exp.after_update(job, source, model, 5) and source.length == 2  # not a check step
-    assert exp.after_update(job, source, model, 10) and source.length == 4
-    strict = plan(resolve("groups", "smoke", groups=("s3",), threshold=1.0))[0]
-    assert exp.after_update(strict, source, model, 20) and source.length == 4  # an untrained model: not solved
-    exp.training_files(job, source, tmp_path)
+    predict = predictor(model)
+    assert not source.check(predict, 5) and source.length == 2  # not a check step
+    assert source.check(predict, 10) and source.length == 4
+    strict = exp.source(plan(resolve("groups", "smoke", groups=("s3",), threshold=1.0))[0])
+    assert isinstance(strict, CurriculumSource) and strict.threshold == 1.0
+    source.threshold = strict.threshold
+    assert source.check(predict, 20) and source.length == 4  # an untrained model: not solved
+    exp.probe(job, model, tmp_path, source)
     assert pd.read_csv(tmp_path / "curriculum.csv")[["step", "length"]].values.tolist() == [[0, 2], [10, 4]]
