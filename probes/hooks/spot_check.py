@@ -38,7 +38,7 @@ def _key(row: pd.Series) -> tuple[str, Slot]:
     """(hook name, slot) of a table row."""
     layer = _none(row["layer"])
     name = row["hook"] if layer is None else f"blocks.{layer}.{row['hook']}"
-    return name, Slot(_none(row["head"]), _none(row["position"]), _none(row.get("key")), _none(row.get("latent")))
+    return name, Slot(_none(row["head"]), _none(row["position"]), _none(row.get("key")), _none(row.get("latent")), _none(row.get("neuron")))
 
 
 def _top(df: pd.DataFrame, metric: str, corrupt: float, top: int) -> pd.DataFrame:
