@@ -35,6 +35,7 @@ from depthprobe.probes.models.model import Model
 
 COLUMNS = ["model", "task", "layer", "head", "position", "hook", "metric", "value"]
 Metric = Callable[[torch.Tensor], Any]
+_INTS = ("layer", "head", "position", "key", "latent", "neuron", "example", "n")  # integer columns
 
 
 @dataclass(frozen=True)
@@ -140,9 +141,10 @@ def row(model: Model, task: str, metric: Metric, name: str, slot: Slot, v: float
 
 def table(rows: list[dict[str, Any]], clean: Any, corrupt: Any) -> pd.DataFrame:
     """The tidy table; per-example metrics add ``se`` and ``n`` (or ``example``) columns."""
-    extra = [c for c in ("key", "latent", "neuron", "example", "se", "n", "ci_low", "ci_high", "p") if any(c in r for r in rows)]
+    optional = ("key", "latent", "neuron", "example", "se", "n", "ci_low", "ci_high", "p")
+    extra = [c for c in optional if any(c in r for r in rows)]
     df = pd.DataFrame(rows, columns=COLUMNS + extra)
-    for col in ("layer", "head", "position", *(c for c in extra if c in ("key", "latent", "neuron", "example", "n"))):
+    for col in (c for c in ("layer", "head", "position", *extra) if c in _INTS):
         df[col] = df[col].astype("Int64")
     df.attrs.update(clean=clean, corrupt=corrupt)
     return df
