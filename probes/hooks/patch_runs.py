@@ -42,7 +42,7 @@ def patch_batch(
     logits, cache = run_with_cache(model, c_ids, names=list(p.grains), attention_mask=c_mask)
     got.add("clean", logits, part)
     got.add("corrupt", outputs(model, x_ids, x_mask), part)
-    runs = [run for run in every_slot(p, cache, model.info.causal) if only is None or run in only]
+    runs = every_slot(p, cache, model.info.causal, only)
     order.update(dict.fromkeys(runs))  # an ordered set of the runs, in sweep order
     n = x_ids.shape[0]
     for group in _passes(model, runs, x_ids.shape):

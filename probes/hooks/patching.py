@@ -93,10 +93,13 @@ def each_slot(p: Plan, name: str, act: torch.Tensor, causal: bool = True) -> lis
     return slots(p.grains[name], head_count(name, act), p.positions, act.shape[-1], causal)
 
 
-def every_slot(p: Plan, acts: dict[str, torch.Tensor], causal: bool = True) -> list[tuple[str, Slot]]:
-    """(hook, slot) of every patched run, in sweep order; all neurons of wide hooks (more than
-    :data:`MAX_NEURONS` runs without ``neurons=``) refused."""
+def every_slot(
+    p: Plan, acts: dict[str, torch.Tensor], causal: bool = True, only: set[Any] | None = None
+) -> list[tuple[str, Slot]]:
+    """(hook, slot) of every patched run (or of those in ``only``), in sweep order; all neurons
+    of wide hooks (more than :data:`MAX_NEURONS` runs without ``neurons=``) refused."""
     runs = [(name, slot) for name in p.grains for slot in each_slot(p, name, acts[name], causal)]
+    runs = runs if only is None else [run for run in runs if run in only]
     n = sum(slot.neuron is not None for _, slot in runs)
     if p.neurons is None and n > MAX_NEURONS:
         raise ProbeError(

@@ -23,7 +23,7 @@ from depthprobe.probes.hooks.stats import Metrics, Values, chunks, metric_fns
 from depthprobe.probes.models.model import Model
 
 TOLERANCE = 0.5  # of the larger effect
-_SLOT = ["layer", "hook", "head", "position", "key", "latent"]
+_SLOT = ["layer", "hook", "head", "position", "key", "latent", "neuron"]
 
 
 class AttributionWarning(UserWarning):

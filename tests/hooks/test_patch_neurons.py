@@ -9,6 +9,7 @@ import transformers
 from depthprobe.probes import capture, load, run_with_cache
 from depthprobe.probes.base.errors import ProbeError
 from depthprobe.probes.hooks import patching
+from depthprobe.probes.hooks.attribution import attribute
 from depthprobe.probes.hooks.cache import outputs
 from depthprobe.probes.hooks.interventions import patch
 
@@ -111,3 +112,19 @@ def test_every_neuron_of_many_hooks_is_refused_past_the_limit(tiny_gpt2, monkeyp
         patch(tiny_gpt2, c_ids, x_ids, hooks="blocks.*.mlp.hook_post", metric=metric, per="neuron")
     table = patch(tiny_gpt2, c_ids, x_ids, hooks="blocks.*.mlp.hook_post", metric=metric, per="neuron", neurons=[1])
     assert table["layer"].tolist() == [0, 1] and table["neuron"].tolist() == [1, 1]
+
+
+def test_attribute_per_neuron_spot_checks_equal_the_patched_table(tiny_gpt2):
+    """attribute(per="neuron") estimates every neuron; the neurons it ranks first are patched
+    through the same runs, and their patched effects are patch's values."""
+    c_ids, x_ids = ids_of(tiny_gpt2)
+    hooks = "blocks.*.mlp.hook_post"
+    est = attribute(tiny_gpt2, c_ids, x_ids, metric, hooks=hooks, per="neuron", check=3)
+    picked = attribute(tiny_gpt2, c_ids, x_ids, metric, hooks=hooks, per="neuron", neurons=[5, 2], check=0)
+    assert picked["neuron"].tolist() == [2, 5, 2, 5]
+    assert len(est) == 2 * 128 and est["neuron"].tolist()[:3] == [0, 1, 2]
+    table = patch(tiny_gpt2, c_ids, x_ids, hooks=hooks, metric=metric, per="neuron").set_index(["layer", "neuron"])
+    for checked in est.attrs["checked"]:
+        layer, neuron = int(checked["hook"].split(".")[1]), int(checked["slot"].split()[-1])
+        want = table.loc[(layer, neuron), "value"] - table.attrs["corrupt"]
+        assert abs(checked["patched"] - want) < 1e-5
