@@ -14,7 +14,12 @@ how far the mean embedding moves from the corrupted towards the clean one). Two 
 Both loops run ``BertModel`` with eager attention and no head over the vocabulary (what minilm
 is), under ``torch.inference_mode()``, on the same thread count (one by default: on shared cores
 two threads slow the loop's many small operations far more than the packed passes); the tables
-are checked equal to the loop's values first. Per-neuron patching has no grain in ``probes.patch`` and is not timed.
+are checked equal to the loop's values first.
+
+- per neuron: ``hooks="blocks.3.mlp.hook_post", per="neuron", neurons=<64 of its 1,536>``, 64
+  runs. The plain loop: a forward hook on ``encoder.layer[3].intermediate`` (the MLP activation)
+  keeping the clean output, then 64 patched forwards, each with a forward hook writing one
+  neuron's clean column (every position).
 
 Usage: python bench/bench_patching.py [--rounds 3] [--copies 1] [--threads 1]
 (``--copies N`` repeats the ten pairs N times: a wider input). Prints the best time of each side
@@ -81,6 +86,32 @@ def hf_sweep(hf, clean, corrupt, metric, where: str) -> torch.Tensor:
     return torch.stack(values)
 
 
+NEURON_LAYER, NEURONS = 3, list(range(0, 1536, 24))  # 64 neurons of one layer's MLP
+
+
+def hf_neurons(hf, clean, corrupt, metric) -> torch.Tensor:
+    """The plain per-neuron loop: [64, ...] metric values, one patched forward per neuron."""
+    (c_ids, c_mask), (x_ids, x_mask) = clean, corrupt
+    module = hf.encoder.layer[NEURON_LAYER].intermediate
+    kept: list[torch.Tensor] = []
+    with torch.inference_mode():
+        handle = module.register_forward_hook(lambda m, args, out: kept.append(out))
+        hf(input_ids=c_ids, attention_mask=c_mask)
+        handle.remove()
+        values = []
+        for i in NEURONS:
+
+            def write(m, args, out, i=i):
+                out = out.clone()
+                out[..., i] = kept[0][..., i]
+                return out
+
+            handle = module.register_forward_hook(write)
+            values.append(metric(hf(input_ids=x_ids, attention_mask=x_mask).last_hidden_state))
+            handle.remove()
+    return torch.stack(values)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=3)
@@ -101,7 +132,7 @@ def main() -> None:
     def restored(out: torch.Tensor) -> torch.Tensor:  # [batch]: 0 = the corrupted embedding, 1 = the clean one
         return ((out.mean(1) - corrupt_emb) * direction).sum(-1) / (direction * direction).sum(-1)
 
-    sweeps = {"head": "blocks.*.attn.hook_z", "position": "blocks.*.hook_resid_pre"}
+    sweeps = {"head": "blocks.*.attn.hook_z", "position": "blocks.*.hook_resid_pre", "neuron": "neuron"}
     print(
         f"minilm, {len(clean_texts)} pairs x {clean[0].shape[1]} tokens, {torch.get_num_threads()} threads, "
         f"{args.rounds} interleaved rounds"
@@ -109,9 +140,14 @@ def main() -> None:
     for where, hooks in sweeps.items():
 
         def ours(hooks=hooks):
+            if hooks == "neuron":
+                hook, kw = f"blocks.{NEURON_LAYER}.mlp.hook_post", {"per": "neuron", "neurons": NEURONS}
+                return probes.patch(model, clean_texts, corrupt_texts, hooks=hook, metric=restored, **kw)
             return probes.patch(model, clean_texts, corrupt_texts, hooks=hooks, metric=restored)
 
         def plain(where=where):
+            if where == "neuron":
+                return hf_neurons(hf, clean, corrupt, restored)
             return hf_sweep(hf, clean, corrupt, restored, where)
 
         table, ref = ours(), plain()  # also the warm-up

@@ -44,6 +44,7 @@ def attribute(
     *,
     per: Per | None = None,
     positions: Sequence[int] | None = None,
+    neurons: Sequence[int] | None = None,
     per_example: bool = False,
     batch_size: int | None = None,
     progress: bool = False,
@@ -54,7 +55,7 @@ def attribute(
     ig_steps: int = 1,
     check: int = 3,
 ) -> pd.DataFrame:
-    """The table :func:`patch` gives (same hooks, ``per``, ``positions``, metrics, ``per_example``,
+    """The table :func:`patch` gives (same hooks, ``per``, ``positions``, ``neurons``, metrics, ``per_example``,
     ``batch_size``, ``progress`` and statistics, ``ci``, ``n_boot``, ``permutation``, ``seed``), from
     two passes and a backward pass per metric instead of
     one pass per slot; ``ig_steps`` > 1 integrates the gradient along the path from the corrupted
@@ -66,7 +67,7 @@ def attribute(
         if isinstance(value, bool) or not isinstance(value, int) or value < low:
             raise ProbeError(f"{arg} must be an integer of at least {low}, got {value!r}")
     stats = Stats(ci, n_boot, permutation, seed).check(per_example)
-    p = plan(model, clean, corrupt, hooks, metric, per, positions)
+    p = plan(model, clean, corrupt, hooks, metric, per, positions, neurons)
     df = sweep(
         model,
         p,

@@ -11,8 +11,11 @@ Three layouts (TransformerLens's), told apart by the hook's name:
 ``per`` is ``"position"`` (one slot per position, every head), ``"head"`` (one per head, every
 position), ``"head_position"`` or, for the maps, ``"head_query_key"`` (one slot per head and
 destination x source pair: a causal model's pairs with key <= query), or, for SAE latents,
-``"latent"`` (one latent at every position) and ``"latent_position"``; the default is the hook's
-natural grain: ``head`` for the per-head layouts, ``latent`` for latents, ``position`` for the rest.
+``"latent"`` (one latent at every position) and ``"latent_position"``, or, for [batch, pos, d]
+hooks of the last layout (``mlp.hook_post`` / ``hook_pre`` [.., d_mlp], residuals [.., d_model]),
+``"neuron"`` (one hidden unit at every position; ``neurons=`` picks which, all by default, at most
+:data:`MAX_NEURONS` of them in all without it); the default is the hook's natural grain: ``head``
+for the per-head layouts, ``latent`` for latents, ``position`` for the rest.
 """
 
 from __future__ import annotations
@@ -24,7 +27,8 @@ from typing import Any, Literal, get_args
 
 from depthprobe.probes.base.errors import ProbeError
 
-Per = Literal["position", "head", "head_position", "head_query_key", "latent", "latent_position"]
+Per = Literal["position", "head", "head_position", "head_query_key", "latent", "latent_position", "neuron"]
+MAX_NEURONS = 4096  # per="neuron" without neurons=: at most this many patched runs in all (one per hook x neuron)
 Layout = Literal["heads", "maps", "latents", "positions"]
 _HEADS = re.compile(r"attn\.hook_(z|q|k|v|result)$")
 _MAPS = re.compile(r"attn\.hook_(pattern|attn_scores)$")
@@ -53,7 +57,12 @@ def grain(name: str, per: Per | None) -> Per:
             f"per={per!r} does not cut {name}; SAE latents (hook_sae_acts_post) take per='latent', "
             "'latent_position' or 'position', other hooks the rest"
         )
-    if kind == "positions" and per != "position":
+    if per == "neuron" and kind != "positions":
+        raise ProbeError(
+            f"{name} has no single neuron axis, so it cannot be patched per='neuron'; patch "
+            "blocks.*.mlp.hook_post or a residual (blocks.*.hook_resid_pre), or use per='head' here"
+        )
+    if kind == "positions" and per not in ("position", "neuron"):
         raise ProbeError(
             f"{name} has no head axis, so it cannot be patched per={per!r}; use per='position' "
             "or a per-head hook (blocks.*.attn.hook_z, hook_q/k/v, hook_pattern)"
@@ -77,6 +86,7 @@ class Slot:
     position: int | None
     key: int | None = None  # the source position of a map's slot (per="head_query_key")
     latent: int | None = None  # an SAE latent (per="latent" or "latent_position")
+    neuron: int | None = None  # a hidden unit of a [batch, pos, d] hook (per="neuron")
 
     def index(self, kind: Layout) -> tuple[Any, ...]:
         """The index of this slot in a tensor of the layout (batch first)."""
@@ -89,10 +99,14 @@ class Slot:
             return (every, head, pos) if self.key is None else (every, head, pos, self.key)
         if kind == "latents":
             return (every, pos, every if self.latent is None else self.latent)
-        return (every, pos)
+        return (every, pos) if self.neuron is None else (every, pos, self.neuron)
 
 
-def slots(per: Per, n_heads: int, positions: Sequence[int], n_keys: int = 0, causal: bool = True) -> list[Slot]:
+def slots(
+    per: Per, n_heads: int, positions: Sequence[int], n_keys: int = 0, causal: bool = True, neurons: Sequence[int] = ()
+) -> list[Slot]:
+    if per == "neuron":
+        return [Slot(None, None, neuron=i) for i in neurons]
     if per == "position":
         return [Slot(None, p) for p in positions]
     if per == "head":
@@ -109,15 +123,39 @@ def slots(per: Per, n_heads: int, positions: Sequence[int], n_keys: int = 0, cau
 
 def check_positions(positions: Sequence[int] | None, n_pos: int) -> list[int]:
     """Positions to patch (all by default), each inside the input."""
-    if positions is None:
+    out = index_list(positions, "positions")
+    if out is None:
         return list(range(n_pos))
-    if isinstance(positions, int):
-        positions = [positions]
-    try:
-        out = [int(p) for p in positions]
-    except (TypeError, ValueError):
-        raise ProbeError("positions must be a list of token positions (ints), e.g. positions=[2, 3]") from None
     bad = [p for p in out if not -n_pos <= p < n_pos]
     if bad or not out:
         raise ProbeError(f"positions must lie in 0..{n_pos - 1} (the inputs have {n_pos} tokens), got {out}")
     return sorted({p % n_pos for p in out})
+
+
+def index_list(values: Any, what: str) -> list[int] | None:
+    """``positions=`` / ``neurons=`` as a list of ints (an int is a list of one; None stays None)."""
+    if values is None:
+        return None
+    if isinstance(values, int):
+        values = [values]
+    try:
+        return [int(v) for v in values]
+    except (TypeError, ValueError):
+        raise ProbeError(f"{what} must be a list of indices (ints), e.g. {what}=[2, 3]") from None
+
+
+def check_neurons(neurons: list[int] | None, name: str, act: Any) -> list[int]:
+    """The neurons of hook ``name`` (activation ``act`` [batch, pos, d]) to patch: all by default,
+    each inside its hidden axis."""
+    if act.dim() != 3:
+        raise ProbeError(
+            f"{name} has shape {list(act.shape)}, not [batch, pos, d]; patch per='neuron' on "
+            "blocks.*.mlp.hook_post or a residual"
+        )
+    width = int(act.shape[-1])
+    if neurons is None:
+        return list(range(width))
+    bad = [i for i in neurons if not -width <= i < width]
+    if bad or not neurons:
+        raise ProbeError(f"neurons must lie in 0..{width - 1} ({name} has {width} neurons), got {bad or neurons}")
+    return sorted({i % width for i in neurons})

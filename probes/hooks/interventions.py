@@ -136,6 +136,7 @@ def patch(
     *,
     per: Per | None = None,
     positions: Sequence[int] | None = None,
+    neurons: Sequence[int] | None = None,
     per_example: bool = False,
     batch_size: int | None = None,
     progress: bool = False,
@@ -150,6 +151,11 @@ def patch(
     ``attn.hook_z`` / ``hook_q/k/v``, ``attn.hook_pattern`` / ``hook_attn_scores``...
     ``per``: ``"position"``, ``"head"`` or ``"head_position"`` (default: ``head`` for per-head hooks,
     ``position`` otherwise; see :mod:`.grains`); ``positions`` limits the positions patched.
+    ``per="neuron"`` patches one hidden unit of a [batch, pos, d] hook at every position (e.g.
+    ``blocks.0.mlp.hook_post`` [.., d_mlp], or a residual's d_model); ``neurons`` picks them as
+    ``positions`` picks positions: a list of indices (or one int) into the hook's last axis, the
+    same for every hook, all by default (at most :data:`~.grains.MAX_NEURONS` runs in all
+    without it). The table then has a ``neuron`` column.
     ``metric(logits)`` (logits as :func:`run_with_cache` gives them: final hidden states for
     encoders without an LM head) gives a number, or one per example (then the table has the mean,
     ``se`` and ``n``, or with ``per_example`` a row per example); a dict of them measures each
@@ -159,7 +165,7 @@ def patch(
     Returns the tidy table of :mod:`.patching` (one row per hook x slot x metric, the metric of the
     patched run); the clean and corrupted values are in ``df.attrs``."""
     stats = Stats(ci, n_boot, permutation, seed).check(per_example)
-    p = plan(model, clean, corrupt, hooks, metric, per, positions)
+    p = plan(model, clean, corrupt, hooks, metric, per, positions, neurons)
 
     def run_batch(part: slice, got: Values, order: dict[Any, None]) -> None:
         with torch.no_grad():

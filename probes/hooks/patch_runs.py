@@ -23,7 +23,7 @@ import torch
 from depthprobe.probes.hooks.cache import outputs, run_with_cache
 from depthprobe.probes.hooks.capture import HookFn
 from depthprobe.probes.hooks.grains import Slot, layer_and_hook, layout
-from depthprobe.probes.hooks.patching import Plan, each_slot
+from depthprobe.probes.hooks.patching import Plan, every_slot
 from depthprobe.probes.hooks.stats import Values
 from depthprobe.probes.models.device import available_memory
 from depthprobe.probes.models.model import Model
@@ -42,12 +42,7 @@ def patch_batch(
     logits, cache = run_with_cache(model, c_ids, names=list(p.grains), attention_mask=c_mask)
     got.add("clean", logits, part)
     got.add("corrupt", outputs(model, x_ids, x_mask), part)
-    runs = [
-        (name, slot)
-        for name in p.grains
-        for slot in each_slot(p, name, cache[name], model.info.causal)
-        if only is None or (name, slot) in only
-    ]
+    runs = every_slot(p, cache, model.info.causal, only)
     order.update(dict.fromkeys(runs))  # an ordered set of the runs, in sweep order
     n = x_ids.shape[0]
     for group in _passes(model, runs, x_ids.shape):

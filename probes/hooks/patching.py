@@ -17,13 +17,25 @@ import torch
 from depthprobe.probes.base.errors import ProbeError
 from depthprobe.probes.hooks import eager_attention
 from depthprobe.probes.hooks.capture import resolve_names
-from depthprobe.probes.hooks.grains import Per, Slot, check_positions, grain, layer_and_hook, layout, slots
+from depthprobe.probes.hooks.grains import (
+    MAX_NEURONS,
+    Per,
+    Slot,
+    check_neurons,
+    check_positions,
+    grain,
+    index_list,
+    layer_and_hook,
+    layout,
+    slots,
+)
 from depthprobe.probes.hooks.inputs import inputs
 from depthprobe.probes.hooks.stats import Metrics, Stats, Values, bar, chunks, metric_fns
 from depthprobe.probes.models.model import Model
 
 COLUMNS = ["model", "task", "layer", "head", "position", "hook", "metric", "value"]
 Metric = Callable[[torch.Tensor], Any]
+_INTS = ("layer", "head", "position", "key", "latent", "neuron", "example", "n")  # integer columns
 
 
 @dataclass(frozen=True)
@@ -32,6 +44,7 @@ class Plan:
     corrupt: tuple[torch.Tensor, torch.Tensor]
     grains: dict[str, Per]  # hook name -> grain, in the order asked
     positions: list[int]
+    neurons: list[int] | None = None  # per="neuron": the neurons asked (None: all)
 
 
 def plan(
@@ -42,11 +55,16 @@ def plan(
     metric: Metrics | None,
     per: Per | None,
     positions: Sequence[int] | None,
+    neurons: Sequence[int] | None = None,
 ) -> Plan:
-    """Check everything a patching run needs, before any forward pass."""
+    """Check everything a patching run needs, before any forward pass (the neurons' range, which
+    needs the hooks' widths, is checked on the first batch's clean run, before any patched run)."""
     metric_fns(metric)
     names = resolve_names(model, hooks)
     grains = {name: grain(name, per) for name in names}
+    picked = index_list(neurons, "neurons")
+    if picked is not None and per != "neuron":
+        raise ProbeError(f"neurons= picks the neurons of per='neuron'; pass per='neuron' (got per={per!r})")
     c_ids, c_mask = inputs(model, clean, None)
     x_ids, x_mask = inputs(model, corrupt, None)
     if c_ids.shape != x_ids.shape:
@@ -55,7 +73,7 @@ def plan(
             f"{list(x_ids.shape)}; pick corruptions that keep the token count"
         )
     eager_attention.check_editable(model.bridge, names)  # pattern edits that would be ignored
-    return Plan((c_ids, c_mask), (x_ids, x_mask), grains, check_positions(positions, c_ids.shape[1]))
+    return Plan((c_ids, c_mask), (x_ids, x_mask), grains, check_positions(positions, c_ids.shape[1]), picked)
 
 
 def head_count(name: str, act: torch.Tensor) -> int:
@@ -70,7 +88,25 @@ def head_count(name: str, act: torch.Tensor) -> int:
 
 
 def each_slot(p: Plan, name: str, act: torch.Tensor, causal: bool = True) -> list[Slot]:
+    if p.grains[name] == "neuron":
+        return slots("neuron", 0, p.positions, neurons=check_neurons(p.neurons, name, act))
     return slots(p.grains[name], head_count(name, act), p.positions, act.shape[-1], causal)
+
+
+def every_slot(
+    p: Plan, acts: dict[str, torch.Tensor], causal: bool = True, only: set[Any] | None = None
+) -> list[tuple[str, Slot]]:
+    """(hook, slot) of every patched run (or of those in ``only``), in sweep order; all neurons
+    of wide hooks (more than :data:`MAX_NEURONS` runs without ``neurons=``) refused."""
+    runs = [(name, slot) for name in p.grains for slot in each_slot(p, name, acts[name], causal)]
+    runs = runs if only is None else [run for run in runs if run in only]
+    n = sum(slot.neuron is not None for _, slot in runs)
+    if p.neurons is None and n > MAX_NEURONS:
+        raise ProbeError(
+            f"per='neuron' over every neuron of these hooks is {n} patched runs (limit {MAX_NEURONS}); "
+            "pick some with neurons=[...] or patch fewer hooks"
+        )
+    return runs
 
 
 def value(metric: Metric, logits: torch.Tensor) -> float:
@@ -98,6 +134,7 @@ def where(model: Model, task: str, name: str, slot: Slot) -> dict[str, Any]:
         "hook": hook,
         **({} if slot.key is None else {"key": slot.key}),
         **({} if slot.latent is None else {"latent": slot.latent}),
+        **({} if slot.neuron is None else {"neuron": slot.neuron}),
     }
 
 
@@ -107,9 +144,10 @@ def row(model: Model, task: str, metric: Metric, name: str, slot: Slot, v: float
 
 def table(rows: list[dict[str, Any]], clean: Any, corrupt: Any) -> pd.DataFrame:
     """The tidy table; per-example metrics add ``se`` and ``n`` (or ``example``) columns."""
-    extra = [c for c in ("key", "latent", "example", "se", "n", "ci_low", "ci_high", "p") if any(c in r for r in rows)]
+    optional = ("key", "latent", "neuron", "example", "se", "n", "ci_low", "ci_high", "p")
+    extra = [c for c in optional if any(c in r for r in rows)]
     df = pd.DataFrame(rows, columns=COLUMNS + extra)
-    for col in ("layer", "head", "position", *(c for c in extra if c in ("key", "latent", "example", "n"))):
+    for col in (c for c in ("layer", "head", "position", *extra) if c in _INTS):
         df[col] = df[col].astype("Int64")
     df.attrs.update(clean=clean, corrupt=corrupt)
     return df

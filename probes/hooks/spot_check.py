@@ -23,7 +23,7 @@ from depthprobe.probes.hooks.stats import Metrics, Values, chunks, metric_fns
 from depthprobe.probes.models.model import Model
 
 TOLERANCE = 0.5  # of the larger effect
-_SLOT = ["layer", "hook", "head", "position", "key", "latent"]
+_SLOT = ["layer", "hook", "head", "position", "key", "latent", "neuron"]
 
 
 class AttributionWarning(UserWarning):
@@ -38,7 +38,8 @@ def _key(row: pd.Series) -> tuple[str, Slot]:
     """(hook name, slot) of a table row."""
     layer = _none(row["layer"])
     name = row["hook"] if layer is None else f"blocks.{layer}.{row['hook']}"
-    return name, Slot(_none(row["head"]), _none(row["position"]), _none(row.get("key")), _none(row.get("latent")))
+    extra = {c: _none(row.get(c)) for c in ("key", "latent", "neuron")}
+    return name, Slot(_none(row["head"]), _none(row["position"]), **extra)
 
 
 def _top(df: pd.DataFrame, metric: str, corrupt: float, top: int) -> pd.DataFrame:
