@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import math
+import typing
 from typing import Any
 
 from depthprobe.probes.base.errors import ProbeError, suggest
@@ -39,12 +40,11 @@ def _either(names: list[str]) -> str:
 def check_choices(obj: Any, where: str) -> Any:
     """Fail with one line naming the choices when a ``Literal[...]`` field of the dataclass ``obj``
     holds another value (for dataclasses built directly in Python, not through :func:`coerce`)."""
-    for f in dataclasses.fields(obj):
-        text = annotation_text(f.type)
+    for name, text in field_types(obj).items():
         allowed = choices(text.removesuffix("| None").strip())
-        value = getattr(obj, f.name)
+        value = getattr(obj, name)
         if allowed is not None and not (value is None and text.endswith("| None")):
-            check_choice(value, allowed, where, f.name)
+            check_choice(value, allowed, where, name)
     return obj
 
 
@@ -111,8 +111,31 @@ def parse_pairs(spec: str, kind: str, keys: list[str], example: str) -> dict[str
     return pairs
 
 
-def field_types(cls: type) -> dict[str, str]:
-    return {f.name: str(f.type) for f in dataclasses.fields(cls)}
+_PLAIN = frozenset({"bool", "int", "float", "str", "bytes", "Any", "Path", "object"})
+
+
+def field_types(cls: Any) -> dict[str, str]:
+    """Each field's annotation as text (:func:`annotation_text`), with a type alias of a
+    ``Literal`` (``Method = Literal["a", "b"]``; ``method: Method``) spelled out, so that its choices
+    are checked like an inline ``Literal[...]``."""
+    texts = {f.name: annotation_text(f.type) for f in dataclasses.fields(cls)}
+    aliases = [n for n, t in texts.items() if _bare_name(t.removesuffix("| None").strip())]
+    if not aliases:
+        return texts
+    try:
+        hints = typing.get_type_hints(cls if isinstance(cls, type) else type(cls))
+    except Exception:  # a name imported only for type checkers: keep the text as written
+        return texts
+    for name in aliases:
+        resolved = annotation_text(hints.get(name, texts[name]))
+        if "Literal[" in resolved:
+            texts[name] = resolved
+    return texts
+
+
+def _bare_name(text: str) -> bool:
+    """``Method`` or ``mod.Method`` (a name that may be an alias), not ``int`` or ``tuple[int, ...]``."""
+    return text.replace(".", "_").isidentifier() and text not in _PLAIN
 
 
 SEED_MAX = 2**32 - 1  # numpy's RandomState accepts 0..2**32-1; torch accepts more, so this is the bound

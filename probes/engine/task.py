@@ -44,7 +44,7 @@ import pandas as pd
 
 from depthprobe.probes.base.batching import Batch, length_batches
 from depthprobe.probes.base.errors import ProbeError, suggest
-from depthprobe.probes.base.options import check_ranges, coerce
+from depthprobe.probes.base.options import check_ranges, coerce, field_types
 from depthprobe.probes.base.registry import Registry
 from depthprobe.probes.base.scores import SCORE_COLUMNS
 from depthprobe.probes.engine.plugins import entry_point_origins, entry_point_tasks
@@ -169,7 +169,8 @@ class Configurable:
                 known = ", ".join(fields) or "none"
                 raise ProbeError(f"task {self.name!r} has no option {key!r}{hint}; its options: {known}")
         where = f"task {self.name!r} option"
-        kwargs = {k: coerce(v, fields[k].type, f"{where} {k}", key=k, flag="-O") for k, v in options.items()}
+        types = field_types(self.Options)
+        kwargs = {k: coerce(v, types[k], f"{where} {k}", key=k, flag="-O") for k, v in options.items()}
         return check_ranges(self.Options(**kwargs), f"{self.name}: option")
 
 

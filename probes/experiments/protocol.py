@@ -32,7 +32,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from depthprobe.probes.base.errors import ProbeError, suggest
-from depthprobe.probes.base.options import check_choices, check_seed, coerce, out_of_range, range_text
+from depthprobe.probes.base.options import (
+    check_choices,
+    check_seed,
+    coerce,
+    field_types,
+    out_of_range,
+    range_text,
+)
 from depthprobe.probes.base.registry import Registry
 from depthprobe.probes.engine.plugins import entry_point_origins, entry_point_tasks
 from depthprobe.probes.experiments.folder import MemberOutput, measure_member
@@ -191,17 +198,17 @@ class Experiment:
                 f"unknown --preset {preset!r}{suggest(preset, self.presets)} for the {self.name} family; "
                 f"choose from {', '.join(self.presets)}"
             )
-        fields = {f.name: f for f in dataclasses.fields(self.Config)}
+        types = field_types(self.Config)
         settings = dict(self.presets[preset])
         for key, value in given.items():
             if value is None:
                 continue
             name = self.aliases.get(key, key)
-            if name not in fields:
-                raise refusal(self.name, key, list(fields) + list(self.aliases))
+            if name not in types:
+                raise refusal(self.name, key, list(types) + list(self.aliases))
             if isinstance(value, str) and name in self.parsers:
                 value = self.parsers[name](value)
-            settings[name] = coerce(value, fields[name].type, f"--{key.replace('_', '-')}", name)
+            settings[name] = coerce(value, types[name], f"--{key.replace('_', '-')}", name)
         if not (isinstance(self.Config, type) and issubclass(self.Config, StudyConfig)):
             raise ProbeError(
                 f"the {self.name} family's Config must derive from depthprobe.probes.experiments.protocol."
