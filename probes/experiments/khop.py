@@ -223,8 +223,8 @@ class KHop(LawExperiment):
             ),
             "staircase": Preset(
                 "k 1-8 mixed, depths 2-5 at widths 32 and 64, N 48, 2 seeds, 8,000 steps, no control: 16 members, 76 "
-                "CPU-minutes planned by --dry-run; its width-32 half measured 33.8 CPU-minutes, 86 min wall with "
-                "--jobs 2 on 2 shared CPU cores (the plan says 15.7; docs/depth-laws.md)",
+                "CPU-minutes planned by --dry-run; measured with --jobs 2 on 2 shared CPU cores: width 32 86 min wall "
+                "(33.8 CPU-minutes; the plan says 15.7), width 64 56 min wall (docs/depth-laws.md)",
                 {
                     **COMMON["cpu"],
                     "depths": (2, 3, 4, 5),

@@ -132,19 +132,25 @@ def heatmaps(
 
 
 def curves(key: str, curve: pd.DataFrame, members: pd.DataFrame, threshold: float) -> str:
-    """Learning curves: one chart per key (and group), a line per depth (mean over seeds); depth,
-    control and group come from members.csv's columns."""
+    """Learning curves: one chart per key (and group), a line per depth (mean over seeds; per depth
+    and width when the members have several widths); depth, control, group and d_model come from
+    members.csv's columns."""
     if curve.empty:
         return ""
-    cols = [c for c in ("member", "depth", "control", "group") if c in members]
+    cols = [c for c in ("member", "depth", "control", "group", "d_model") if c in members]
     curve = curve.merge(members[cols], on="member", how="left")
+    if "d_model" not in curve:
+        curve["d_model"] = 0
+    main = curve[~curve["control"].astype(bool)]
+    widths = main["d_model"].nunique() > 1  # a line per depth and width: seeds of one width only
     keys = _keys(curve, key)
     charts = []
     for group, at in curve.groupby(keys, sort=True):
         series = []
-        for (depth, control), line in at.groupby(["depth", "control"], sort=True):
+        for (depth, control, width), line in at.groupby(["depth", "control", "d_model"], sort=True):
             mean = line.groupby("step")["accuracy"].agg(["mean", "min", "max"])
             label = f"control L{int(depth)}" if control else f"depth {int(depth)}"
+            label += f", d_model {int(width)}" if widths and not control else ""
             points = tuple(zip(mean.index.astype(float), mean["mean"], strict=True))
             spread = tuple(zip(mean["min"], mean["max"], strict=True))
             series.append(Series(label, points, spread=spread, dashed=bool(control)))
