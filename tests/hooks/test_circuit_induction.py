@@ -2,7 +2,9 @@
 token head 0-0, induction head 1-0 reading it by K-composition, every other head zero) has exactly
 four edges that matter: the previous-token head -> induction head key edge ranks in the top 3 and
 pruning keeps those four edges (4 of 81, under 10%) recovering the whole metric. Trained, the
-research notebook's model spreads induction over several heads (slow test: what holds there)."""
+research notebook's model spreads induction over several heads (slow test: what holds there); a
+model trained longer (4 heads, 3000 steps, seed 1), with a corruption that changes only the
+induction heads' keys, meets the known answer (slow test; other seeds do not: docs/api.md)."""
 
 from __future__ import annotations
 
