@@ -63,10 +63,10 @@ def main() -> None:
     _, cache = probes.run_with_cache(model, clean, names=names)
     prev = cache[names[0]].diagonal(-1, -2, -1).mean((0, 2))
     induction = cache[names[1]].diagonal(-(HALF - 1), -2, -1)[:, :, HALF + 1 :].mean((0, 2))
-    print(settings, args.corruption, "clean", round(float(next_logprob(model.bridge(clean)).mean()), 2))
-    print(
-        "previous-token attention", prev.round(decimals=2).tolist(), "induction", induction.round(decimals=2).tolist()
-    )
+    with torch.no_grad():
+        print(settings, args.corruption, "clean", round(float(next_logprob(model.bridge(clean)).mean()), 2))
+    print("previous-token attention", [round(x, 2) for x in prev.tolist()])
+    print("induction attention", [round(x, 2) for x in induction.tolist()])
     for method in args.methods.split(","):
         table = probes.circuit(model, clean, corrupt, next_logprob, method, ig_steps=16)
         to_key = table["sender"].str.fullmatch(r"0-\d+") & table["receiver"].str.fullmatch(r"1-\d+\.k")
