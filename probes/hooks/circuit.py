@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 import pandas as pd
@@ -38,7 +38,7 @@ from depthprobe.probes.hooks.cache import outputs
 from depthprobe.probes.hooks.capture import capture
 from depthprobe.probes.hooks.graph import Edge, Graph, Node
 from depthprobe.probes.hooks.inputs import inputs
-from depthprobe.probes.hooks.stats import Stats, call, measure
+from depthprobe.probes.hooks.stats import Stats, bar, batch_errors, call, chunks, measure
 from depthprobe.probes.models.model import Model
 
 COLUMNS = ["model", "task", "sender", "receiver", "metric", "score"]
@@ -65,6 +65,37 @@ class Pair:
     corrupt: tuple[torch.Tensor, torch.Tensor]
     graph: Graph
     name: str  # the metric's
+    index: slice | None = None  # a batch's slice of the examples (for fn(logits, index)); None: all
+    batched: bool = False  # run in batches (batch_size): the metric must give one value per example
+
+    def parts(self, batch_size: int | None) -> list[Pair]:
+        """The examples ``batch_size`` at a time (itself when None)."""
+        n = self.clean[0].shape[0]
+        if batch_size is None:
+            return [self]
+        return [
+            replace(self, clean=_rows(self.clean, s), corrupt=_rows(self.corrupt, s), index=s, batched=True)
+            for s in chunks(n, batch_size)
+        ]
+
+    def measure(self, metric: Callable, logits: torch.Tensor) -> torch.Tensor:
+        """The metric of this batch's logits (0-d or [batch]; 0-d refused in batches)."""
+        with batch_errors(self.name, metric, self.batched, logits.shape[0]):
+            v = measure(self.name, metric, logits, self.index)
+        if self.batched and v.dim() == 0:
+            raise _one_per_example(self.name)
+        return v
+
+
+def _rows(x: tuple[torch.Tensor, torch.Tensor], s: slice) -> tuple[torch.Tensor, torch.Tensor]:
+    return x[0][s], x[1][s]
+
+
+def _one_per_example(name: str) -> ProbeError:
+    return ProbeError(
+        f"with batch_size, metric {name!r} must give one value per example (a [batch] tensor), so that the "
+        "batches join exactly; e.g. return logits[:, -1, a] - logits[:, -1, b]"
+    )
 
 
 def check_metric(metric: Any) -> str:
@@ -89,28 +120,59 @@ def pair(model: Model, clean: Any, corrupt: Any, metric: Any) -> Pair:
     return Pair(c, x, graph.build(model), name)
 
 
-def references(model: Model, p: Pair, ablation: str) -> tuple[dict[Node, torch.Tensor], dict[Node, torch.Tensor]]:
-    """Each sender's clean output and what a removed edge carries instead (corrupted, or the mean)."""
+Outputs = dict[Node, torch.Tensor]
+
+
+def means(model: Model, parts: list[Pair], ablation: str) -> Outputs | None:
+    """With ``ablation="mean"``, each sender's clean output averaged over all the examples (every
+    batch), [1, pos, d]; else None."""
+    if ablation != "mean":
+        return None
+    total: Outputs = {}
+    dtype = torch.float32
+    for q in parts:
+        for s, t in graph.outputs(model, q.graph, *q.clean).items():
+            part, dtype = t.to(torch.float64).sum(0, keepdim=True), t.dtype  # float64: one sum in any batches
+            total[s] = total[s] + part if s in total else part
+    n = sum(q.clean[0].shape[0] for q in parts)
+    return {s: (t / n).to(dtype) for s, t in total.items()}
+
+
+def references(model: Model, p: Pair, mean: Outputs | None) -> tuple[Outputs, Outputs]:
+    """Each sender's clean output and what a removed edge carries instead (corrupted, or ``mean``)."""
     clean = graph.outputs(model, p.graph, *p.clean)
-    if ablation == "mean":
-        return clean, {s: t.mean(0, keepdim=True).expand_as(t) for s, t in clean.items()}
+    if mean is not None:
+        return clean, {s: mean[s].expand_as(t) for s, t in clean.items()}
     return clean, graph.outputs(model, p.graph, *p.corrupt)
 
 
-def metric_of(
-    model: Model, p: Pair, metric: Callable, removed: set[Edge], ref: dict[Node, torch.Tensor]
-) -> torch.Tensor:
+Tick = Callable[[], None]
+
+
+def metric_of(model: Model, p: Pair, metric: Callable, removed: set[Edge], ref: Outputs) -> torch.Tensor:
     """The metric (0-d, or one per example) of the clean run with ``removed`` edges carrying ``ref``."""
     ids, mask = p.clean
     with torch.no_grad():
         logits = graph.run_without(model, ids, mask, removed, ref, lambda: outputs(model, ids, mask))
-    return measure(p.name, metric, logits)
+    return p.measure(metric, logits)
 
 
-def _gradients(
-    model: Model, p: Pair, metric: Callable, steps: int, ref: dict[Node, torch.Tensor], clean: dict[Node, torch.Tensor]
-) -> tuple[bool, dict[str, torch.Tensor]]:
-    """Each receiver's input gradient, averaged over the path from the corrupted embeddings (k/steps)."""
+def _gradient_metric(p: Pair, metric: Callable, logits: torch.Tensor) -> torch.Tensor:
+    with batch_errors(p.name, metric, p.batched, logits.shape[0]):
+        out = call(metric, logits, p.index)
+    if not isinstance(out, torch.Tensor) or not out.requires_grad or out.numel() not in (1, logits.shape[0]):
+        raise ProbeError(
+            f"circuit's gradient methods need metric {p.name!r} to return a one-element tensor (or one per "
+            "example) computed from the logits (no .item() or float()); or use method='patch'"
+        )
+    if p.batched and not (out.dim() == 1 and out.numel() == logits.shape[0]):
+        raise _one_per_example(p.name)
+    return out
+
+
+def _gradients(p: Pair, model: Model, metric: Callable, steps: int, ref: Outputs, clean: Outputs, tick: Tick) -> Any:
+    """Whether the metric is per example, and each receiver's input gradient averaged over the path
+    from the corrupted embeddings (k/steps of the way, k = 1..steps)."""
     ids, mask = p.clean
     embed = p.graph.senders[0]
     hooks = sorted({r.hook for r in p.graph.receivers})
@@ -126,26 +188,29 @@ def _gradients(
             capture(model, {embed.hook: hold}, store=False),
             capture(model, hooks, grad=True) as acts,
         ):
-            out = call(metric, outputs(model, ids, mask), None)
-            if not isinstance(out, torch.Tensor) or not out.requires_grad or out.numel() not in (1, ids.shape[0]):
-                raise ProbeError(
-                    f"circuit's gradient methods need metric {p.name!r} to return a one-element tensor (or one per "
-                    "example) computed from the logits (no .item() or float()); or use method='patch'"
-                )
+            out = _gradient_metric(p, metric, outputs(model, ids, mask))
             grads = torch.autograd.grad(out.sum(), [acts[h] for h in hooks], allow_unused=True)
         for h, g in zip(hooks, grads, strict=True):
             g = torch.zeros_like(acts[h]) if g is None else g.detach()
             total[h] = total[h] + g if h in total else g
+        tick()
     per_example = out.numel() == ids.shape[0] and out.dim() == 1
     return per_example, {h: t / steps for h, t in total.items()}
 
 
-def _edge_scores(model: Model, p: Pair, cfg: CircuitConfig, metric: Callable) -> dict[Edge, torch.Tensor]:
-    clean, ref = references(model, p, cfg.ablation)
+def _edge_scores(
+    model: Model, p: Pair, cfg: CircuitConfig, metric: Callable, mean: Outputs | None, tick: Tick
+) -> dict[Edge, torch.Tensor]:
+    clean, ref = references(model, p, mean)
     if cfg.method == "patch":
         base = metric_of(model, p, metric, set(), ref)
-        return {e: base - metric_of(model, p, metric, {e}, ref) for e in p.graph.edges}
-    per_example, grads = _gradients(model, p, metric, 1 if cfg.method == "eap" else cfg.ig_steps, ref, clean)
+        scores = {}
+        for e in p.graph.edges:
+            scores[e] = base - metric_of(model, p, metric, {e}, ref)
+            tick()
+        return scores
+    steps = 1 if cfg.method == "eap" else cfg.ig_steps
+    per_example, grads = _gradients(p, model, metric, steps, ref, clean, tick)
     scores = {}
     for s, r in p.graph.edges:
         g = grads[r.hook] if r.head is None else grads[r.hook][:, :, r.head]
@@ -154,18 +219,45 @@ def _edge_scores(model: Model, p: Pair, cfg: CircuitConfig, metric: Callable) ->
     return scores
 
 
-def _node_scores(model: Model, p: Pair, cfg: CircuitConfig, metric: Callable) -> dict[Node, torch.Tensor]:
+def _node_scores(
+    model: Model, p: Pair, cfg: CircuitConfig, metric: Callable, mean: Outputs | None, tick: Tick
+) -> dict[Node, torch.Tensor]:
     if cfg.method != "patch":
-        edges = _edge_scores(model, p, cfg, metric)
         out: dict[Node, torch.Tensor] = {}
-        for (s, _), v in edges.items():
+        for (s, _), v in _edge_scores(model, p, cfg, metric, mean, tick).items():
             out[s] = out[s] + v if s in out else v
         return out
-    _, ref = references(model, p, cfg.ablation)
+    _, ref = references(model, p, mean)
     base = metric_of(model, p, metric, set(), ref)
-    return {
-        s: base - metric_of(model, p, metric, {e for e in p.graph.edges if e[0] == s}, ref) for s in p.graph.senders
-    }
+    scores = {}
+    for s in p.graph.senders:
+        scores[s] = base - metric_of(model, p, metric, {e for e in p.graph.edges if e[0] == s}, ref)
+        tick()
+    return scores
+
+
+def _passes(p: Pair, cfg: CircuitConfig) -> int:
+    """Patched passes (or gradient steps) per batch: the progress bar's unit."""
+    if cfg.method != "patch":
+        return 1 if cfg.method == "eap" else cfg.ig_steps
+    return len(p.graph.edges) if cfg.grain == "edge" else len(p.graph.senders)
+
+
+def _scores(model: Model, p: Pair, cfg: CircuitConfig, metric: Callable, batch_size: int | None, progress: bool) -> Any:
+    """Every edge's (or node's) scores, batch by batch, the per-example values joined in order."""
+    parts = p.parts(batch_size)
+    shown = bar(progress, len(parts) * _passes(p, cfg), "circuit passes")
+    tick: Tick = (lambda: None) if shown is None else (lambda: shown.update(1))
+    mean = means(model, parts, cfg.ablation)
+    got: list[dict[Any, torch.Tensor]] = [
+        _edge_scores(model, q, cfg, metric, mean, tick)
+        if cfg.grain == "edge"
+        else _node_scores(model, q, cfg, metric, mean, tick)
+        for q in parts
+    ]
+    if shown is not None:
+        shown.close()
+    return got[0] if len(got) == 1 else {k: torch.cat([g[k] for g in got]) for k in got[0]}
 
 
 def table(model: Model, task: str, metric: str, scores: dict[Any, torch.Tensor], stats: Stats | None) -> pd.DataFrame:
@@ -211,17 +303,21 @@ def circuit(
     n_boot: int = 1000,
     permutation: int = 0,
     seed: int = 0,
+    batch_size: int | None = None,
+    progress: bool = False,
 ) -> pd.DataFrame:
     """Score every edge (or node) of ``model``'s graph for ``metric`` on ``clean`` against
-    ``corrupt`` (texts or token ids of the same shape); see the module notes. Checked before any
-    pass: the method, grain, ablation, ig_steps, statistics, metric, inputs and model."""
+    ``corrupt`` (texts or token ids of the same shape); see the module notes. ``batch_size`` runs
+    the examples in batches (the metric must then give one value per example; a metric
+    ``fn(logits, index)`` gets the batch's slice, as in :func:`~.interventions.patch`), the same
+    scores and statistics as one batch; ``progress`` shows a bar of the passes. Checked before any
+    pass: the method, grain, ablation, ig_steps, statistics, batch_size, metric, inputs and model."""
     cfg = CircuitConfig(method=method, grain=grain, ablation=ablation, ig_steps=ig_steps)  # type: ignore[arg-type]
     stats = Stats(ci, n_boot, permutation, seed).check(False)
     p = pair(model, clean, corrupt, metric)
+    p.parts(batch_size)  # checked before any pass
     with graph.split_inputs(model):
-        scores: dict[Any, torch.Tensor] = (
-            _edge_scores(model, p, cfg, metric) if grain == "edge" else _node_scores(model, p, cfg, metric)
-        )
+        scores: dict[Any, torch.Tensor] = _scores(model, p, cfg, metric, batch_size, progress)
     df = table(model, task, p.name, scores, stats)
     df.attrs.update(method=method, grain=grain, ablation=ablation, ig_steps=ig_steps if method == "eap-ig" else 1)
     df.attrs["of"] = len(p.graph.edges)
@@ -245,20 +341,29 @@ def _ranked_edges(model: Model, p: Pair, edges: Any) -> list[Edge]:
 
 
 class _Recovery:
-    """The metric recovered with the top n edges kept, the rest removed (mean over examples)."""
+    """The metric recovered with the top n edges kept, the rest removed (mean over examples, run
+    ``batch_size`` at a time)."""
 
-    def __init__(self, model: Model, p: Pair, metric: Callable, ranked: list[Edge], ablation: str) -> None:
-        self.model, self.p, self.metric, self.ranked = model, p, metric, ranked
+    def __init__(
+        self, model: Model, p: Pair, metric: Callable, ranked: list[Edge], ablation: str, batch_size: int | None
+    ) -> None:
+        self.model, self.metric, self.ranked = model, metric, ranked
         self.everything = set(p.graph.edges)
-        _, self.ref = references(model, p, ablation)
+        parts = p.parts(batch_size)
+        mean = means(model, parts, ablation)
+        self.parts = [(q, references(model, q, mean)[1]) for q in parts]
         self.clean = self.value(None)
-        self.empty = float(metric_of(model, p, metric, self.everything, self.ref).mean())
+        self.empty = self._mean(self.everything)
         if math.isclose(self.clean, self.empty, rel_tol=0, abs_tol=1e-9):
             raise ProbeError("the metric is the same with every edge removed as with none; nothing to recover")
 
     def value(self, n: int | None) -> float:
-        removed = set() if n is None else self.everything - set(self.ranked[:n])
-        return float(metric_of(self.model, self.p, self.metric, removed, self.ref).mean())
+        return self._mean(set() if n is None else self.everything - set(self.ranked[:n]))
+
+    def _mean(self, removed: set[Edge]) -> float:
+        return float(
+            torch.cat([metric_of(self.model, q, self.metric, removed, ref).reshape(-1) for q, ref in self.parts]).mean()
+        )
 
     def recovered(self, n: int) -> tuple[float, float]:
         v = self.value(n)
@@ -286,18 +391,21 @@ def faithfulness(
     *,
     keep: Any = None,
     ablation: str = "corrupt",
+    batch_size: int | None = None,
 ) -> pd.DataFrame:
     """The metric recovered against the number of edges kept: for each n in ``keep`` (default 0, 1,
     2, 4, ... and all), the clean run with the top n edges of ``edges`` (a circuit table) kept and
     every other edge carrying its corrupted output (or mean, ``ablation="mean"``). Columns ``edges``,
     ``fraction`` (of all edges), ``value`` (the metric's mean) and ``recovered``: (value - empty) /
-    (clean - empty), where empty is every edge removed (``df.attrs``: clean, empty)."""
+    (clean - empty), where empty is every edge removed (``df.attrs``: clean, empty). ``batch_size``
+    runs the examples in batches, as :func:`circuit` does."""
     CircuitConfig(ablation=ablation)  # type: ignore[arg-type]
     p = pair(model, clean, corrupt, metric)
+    p.parts(batch_size)  # checked before any pass
     ranked = _ranked_edges(model, p, edges)
     counts = _counts(keep, len(ranked))
     with graph.split_inputs(model):
-        r = _Recovery(model, p, metric, ranked, ablation)
+        r = _Recovery(model, p, metric, ranked, ablation, batch_size)
         rows = [(n, n / len(p.graph.edges), *r.recovered(n)) for n in counts]
     df = pd.DataFrame(rows, columns=["edges", "fraction", "value", "recovered"])
     df.attrs.update(clean=r.clean, empty=r.empty, ablation=ablation)
@@ -313,19 +421,21 @@ def prune(
     *,
     target: float = 0.9,
     ablation: str = "corrupt",
+    batch_size: int | None = None,
 ) -> pd.DataFrame:
     """The fewest top edges of ``edges`` that recover at least ``target`` of the metric (as
     :func:`faithfulness` measures it): counts 1, 2, 4, ... until one reaches the target, then a
     bisection between it and the last below (recovery is taken to grow with the edges kept; the
-    count returned is measured to reach it). Returns those rows; ``df.attrs``: recovered, edges
-    (kept), of (all edges), clean, empty."""
+    count returned is measured to reach it; ``batch_size`` as in :func:`circuit`). Returns those
+    rows; ``df.attrs``: recovered, edges (kept), of (all edges), clean, empty."""
     if isinstance(target, bool) or not isinstance(target, int | float) or not 0 < target <= 1:
         raise ProbeError(f"target must be a fraction of the metric in (0, 1], got {target!r}")
     CircuitConfig(ablation=ablation)  # type: ignore[arg-type]
     p = pair(model, clean, corrupt, metric)
+    p.parts(batch_size)  # checked before any pass
     ranked = _ranked_edges(model, p, edges)
     with graph.split_inputs(model):
-        r = _Recovery(model, p, metric, ranked, ablation)
+        r = _Recovery(model, p, metric, ranked, ablation, batch_size)
         low, high, got = 0, 1, r.recovered(1)[1]
         while got < target and high < len(ranked):
             low, high = high, min(2 * high, len(ranked))

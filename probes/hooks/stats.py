@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import inspect
 import math
-from collections.abc import Callable, Hashable, Mapping
+from collections.abc import Callable, Hashable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -151,6 +152,23 @@ def per_example_only(name: str) -> ProbeError:
     )
 
 
+@contextmanager
+def batch_errors(name: str, fn: Metric, batched: bool, n: int) -> Iterator[None]:
+    """With ``batch_size``, a one-argument metric's failure on a batch (a target read from outside
+    with the whole dataset's shape) becomes one line naming the fix: take the batch's slice too."""
+    try:
+        yield
+    except (RuntimeError, IndexError, ValueError) as exc:
+        if not batched or takes_examples(fn):
+            raise
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:160]
+        raise ProbeError(
+            f"metric {name!r} failed on a batch of {n} examples ({type(exc).__name__}: {first}); "
+            "with batch_size a metric sees one batch at a time: to read targets from outside, take the "
+            "batch's slice too, def metric(logits, index): ... targets[index]"
+        ) from None
+
+
 class Values:
     """Metric values per key (a run: "clean", "corrupt", or a hook and slot) and metric name,
     gathered over batches."""
@@ -161,17 +179,8 @@ class Values:
 
     def add(self, key: Hashable, logits: torch.Tensor, index: slice | None = None) -> None:
         for name, fn in self.fns.items():
-            try:
+            with batch_errors(name, fn, self.batched, logits.shape[0]):
                 value = measure(name, fn, logits, index)
-            except (RuntimeError, IndexError, ValueError) as exc:
-                if not self.batched or takes_examples(fn):
-                    raise
-                first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:160]
-                raise ProbeError(
-                    f"metric {name!r} failed on a batch of {logits.shape[0]} examples ({type(exc).__name__}: {first}); "
-                    "with batch_size a metric sees one batch at a time: to read targets from outside, take the "
-                    "batch's slice too, def metric(logits, index): ... targets[index]"
-                ) from None
             self.put(key, name, value)
 
     def put(self, key: Hashable, name: str, v: torch.Tensor) -> None:

@@ -2,7 +2,9 @@
 token head 0-0, induction head 1-0 reading it by K-composition, every other head zero) has exactly
 four edges that matter: the previous-token head -> induction head key edge ranks in the top 3 and
 pruning keeps those four edges (4 of 81, under 10%) recovering the whole metric. Trained, the
-research notebook's model spreads induction over several heads (slow test: what holds there)."""
+research notebook's model spreads induction over several heads (slow test: what holds there); a
+model trained longer (4 heads, 3000 steps, seed 1), with a corruption that changes only the
+induction heads' keys, meets the known answer (slow test; other seeds do not: docs/api.md)."""
 
 from __future__ import annotations
 
@@ -108,3 +110,51 @@ def test_the_trained_notebook_model(tmp_path):
     assert table.index[table["sender"] == strongest["sender"]][0] < 5
     pruned = probes.prune(model, clean, corrupt, metric, table, target=0.9)
     assert pruned.attrs["recovered"] >= 0.9 and pruned.attrs["edges"] / pruned.attrs["of"] < 0.5
+
+
+def alternate_pair(n: int = 32, half: int = 10):
+    """BOS, ``half`` random tokens, the same again. The corruption redraws the first copy's odd
+    positions (1, 3, ..., 9) and keeps its even ones (2, ..., 10): the tokens that the queries at
+    11, 13, ..., 19 should find and copy (at 2, 4, ..., 10) are unchanged, the tokens before them,
+    which the previous-token head writes into those keys, are not. So only the induction heads' key
+    path carries the effect (K-composition), not their values."""
+    g = torch.Generator().manual_seed(0)
+    first, other = (torch.randint(1, 64, (n, half), generator=g) for _ in range(2))
+    clean = torch.cat([torch.zeros(n, 1, dtype=torch.long), first, first], 1)
+    corrupt = clean.clone()
+    corrupt[:, 1 : half + 1 : 2] = other[:, ::2]
+    return clean, corrupt
+
+
+TRAINED_CLEAN, TRAINED_CORRUPT = alternate_pair()
+QUERIES = torch.arange(11, 20, 2)  # second-copy positions whose next token sits at a kept position
+
+
+def next_logprob(logits):  # each example's mean log-probability of the next token at QUERIES
+    lp = logits[:, QUERIES].log_softmax(-1)
+    return lp.gather(-1, TRAINED_CLEAN[:, QUERIES + 1, None])[..., 0].mean(-1)
+
+
+@pytest.fixture(scope="module")
+def trained_seed1():
+    """`probe train` defaults (d_model 64, 4 heads, attention-only) for 3000 steps at lr 3e-3, seed
+    1: previous-token head 0-1; induction heads 1-0, 1-2, 1-3 (1-1 weak). Seed 0 trains four
+    induction heads, whose 1 + 2 x 4 = 9 edges (11%) are the smallest circuit (docs/api.md)."""
+    return probes.train(layers=2, steps=3000, lr=3e-3, warmup=50, seed=1).model
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", ["patch", "eap-ig"])
+def test_a_trained_model_recovers_the_k_composition_circuit(trained_seed1, method):
+    model = trained_seed1
+    _, cache = probes.run_with_cache(model, TRAINED_CLEAN, names="blocks.0.attn.hook_pattern")
+    prev = int(cache["blocks.0.attn.hook_pattern"].diagonal(-1, -2, -1).mean((0, 2)).argmax())
+    table = probes.circuit(model, TRAINED_CLEAN, TRAINED_CORRUPT, next_logprob, method, ig_steps=16)
+    top = list(zip(table["sender"], table["receiver"], strict=True))
+    head = next(s for s, r in top if r == "logits" and s.startswith("1-"))  # the strongest induction head
+    assert top.index((f"0-{prev}", f"{head}.k")) < 3  # measured: 3rd for both methods
+    pruned = probes.prune(model, TRAINED_CLEAN, TRAINED_CORRUPT, next_logprob, table, target=0.9)
+    assert pruned.attrs["edges"] <= 0.1 * pruned.attrs["of"] and pruned.attrs["recovered"] >= 0.9
+    readers = ("1-0", "1-2", "1-3")  # measured: 7 of 81 edges, recovering 0.918
+    want = {("embed", f"0-{prev}.v")} | {(f"0-{prev}", f"{h}.k") for h in readers} | {(h, "logits") for h in readers}
+    assert set(zip(pruned["sender"], pruned["receiver"], strict=True)) == want
