@@ -44,11 +44,16 @@ from depthprobe.probes.models.model import Model
 COLUMNS = ["model", "task", "sender", "receiver", "metric", "score"]
 
 
+Method = Literal["eap", "eap-ig", "patch"]
+Grain = Literal["edge", "node"]
+Ablation = Literal["corrupt", "mean"]
+
+
 @dataclass(frozen=True)
 class CircuitConfig:
-    method: Literal["eap", "eap-ig", "patch"] = "eap"
-    grain: Literal["edge", "node"] = "edge"
-    ablation: Literal["corrupt", "mean"] = "corrupt"
+    method: Method = "eap"
+    grain: Grain = "edge"
+    ablation: Ablation = "corrupt"
     ig_steps: int = 16
 
     def __post_init__(self) -> None:
@@ -293,10 +298,10 @@ def circuit(
     clean: Any,
     corrupt: Any,
     metric: Callable[..., Any],
-    method: str = "eap",
-    grain: str = "edge",
+    method: Method = "eap",
+    grain: Grain = "edge",
     *,
-    ablation: str = "corrupt",
+    ablation: Ablation = "corrupt",
     ig_steps: int = 16,
     task: str = "circuit",
     ci: float | None = None,
@@ -312,7 +317,7 @@ def circuit(
     ``fn(logits, index)`` gets the batch's slice, as in :func:`~.interventions.patch`), the same
     scores and statistics as one batch; ``progress`` shows a bar of the passes. Checked before any
     pass: the method, grain, ablation, ig_steps, statistics, batch_size, metric, inputs and model."""
-    cfg = CircuitConfig(method=method, grain=grain, ablation=ablation, ig_steps=ig_steps)  # type: ignore[arg-type]
+    cfg = CircuitConfig(method=method, grain=grain, ablation=ablation, ig_steps=ig_steps)
     stats = Stats(ci, n_boot, permutation, seed).check(False)
     p = pair(model, clean, corrupt, metric)
     p.parts(batch_size)  # checked before any pass
@@ -390,7 +395,7 @@ def faithfulness(
     edges: pd.DataFrame,
     *,
     keep: Any = None,
-    ablation: str = "corrupt",
+    ablation: Ablation = "corrupt",
     batch_size: int | None = None,
 ) -> pd.DataFrame:
     """The metric recovered against the number of edges kept: for each n in ``keep`` (default 0, 1,
@@ -399,7 +404,7 @@ def faithfulness(
     ``fraction`` (of all edges), ``value`` (the metric's mean) and ``recovered``: (value - empty) /
     (clean - empty), where empty is every edge removed (``df.attrs``: clean, empty). ``batch_size``
     runs the examples in batches, as :func:`circuit` does."""
-    CircuitConfig(ablation=ablation)  # type: ignore[arg-type]
+    CircuitConfig(ablation=ablation)
     p = pair(model, clean, corrupt, metric)
     p.parts(batch_size)  # checked before any pass
     ranked = _ranked_edges(model, p, edges)
@@ -420,7 +425,7 @@ def prune(
     edges: pd.DataFrame,
     *,
     target: float = 0.9,
-    ablation: str = "corrupt",
+    ablation: Ablation = "corrupt",
     batch_size: int | None = None,
 ) -> pd.DataFrame:
     """The fewest top edges of ``edges`` that recover at least ``target`` of the metric (as
@@ -430,7 +435,7 @@ def prune(
     rows; ``df.attrs``: recovered, edges (kept), of (all edges), clean, empty."""
     if isinstance(target, bool) or not isinstance(target, int | float) or not 0 < target <= 1:
         raise ProbeError(f"target must be a fraction of the metric in (0, 1], got {target!r}")
-    CircuitConfig(ablation=ablation)  # type: ignore[arg-type]
+    CircuitConfig(ablation=ablation)
     p = pair(model, clean, corrupt, metric)
     p.parts(batch_size)  # checked before any pass
     ranked = _ranked_edges(model, p, edges)
