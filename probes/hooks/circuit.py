@@ -312,7 +312,9 @@ def circuit(
     progress: bool = False,
 ) -> pd.DataFrame:
     """Score every edge (or node) of ``model``'s graph for ``metric`` on ``clean`` against
-    ``corrupt`` (texts or token ids of the same shape); see the module notes. ``batch_size`` runs
+    ``corrupt`` (texts or token ids of the same shape); see the module notes. ``method``: ``"eap"``,
+    ``"eap-ig"`` or ``"patch"``; ``grain``: ``"edge"`` or ``"node"``; ``ablation``: ``"corrupt"``
+    or ``"mean"``. ``batch_size`` runs
     the examples in batches (the metric must then give one value per example; a metric
     ``fn(logits, index)`` gets the batch's slice, as in :func:`~.interventions.patch`), the same
     scores and statistics as one batch; ``progress`` shows a bar of the passes. Checked before any
