@@ -293,15 +293,16 @@ class Syntax(Task[Options, State]):
         info = state.model.info
         items: list[Example] = list(batch.items)
         names = pattern_names(info.n_layers)
-        dev = acts[names[0]][0].device
+        dev = state.correct.device
         n_max = max(e.enc.n_words for e in items)
         n_words = torch.tensor([e.enc.n_words for e in items], device=dev)
         pred = torch.empty(
             len(items), len(DIRECTIONS), info.n_layers, info.n_heads, n_max, dtype=torch.long, device=dev
         )  # [b, dir, layer, head, word]: predicted governor (word index)
-        shown = []
-        for layer, name in enumerate(names):  # reduced by layer_governors as each hook fired
-            pred[:, 0, layer], pred[:, 1, layer], view = acts[name]  # [b, h, n] each
+        shown, reduce = [], self.reducer(state, batch)
+        for layer, name in enumerate(names):  # reduced as each hook fired (or here, given whole patterns)
+            got = acts[name]
+            pred[:, 0, layer], pred[:, 1, layer], view = reduce(name, got) if torch.is_tensor(got) else got
             if view is not None:
                 shown.append(view)
         show = self._view_row(state, items)
