@@ -155,9 +155,8 @@ def capture(
     kept in the yielded dict, detached; with ``grad`` they are kept as the very tensors the pass
     goes on with (the hook hands the kept tensor back, so a reshaped view such as ``hook_z`` or
     ``hook_q`` is in the graph), gradients attached (run the model outside inference mode);
-    with ``clone``, as copies that later in-place edits in the same pass cannot change.
-    With ``reduce(name, tensor)`` what is kept is its return value, computed as the hook fires,
-    so the whole activation can be freed during the pass (not with ``grad``).
+    with ``clone``, as copies that later in-place edits in the same pass cannot change. With
+    ``reduce(name, tensor)`` its value is kept instead, as the hook fires (not with ``grad``).
     With ``stop_early`` the forward pass is abandoned as soon as every name has fired, unless
     another capture is open on the model (its hooks must see the whole pass); the block ends
     there, quietly. Edits of pattern or score hooks that could not take effect are refused
