@@ -42,7 +42,7 @@ from depthprobe.tasks.cards import CARDS, SyntaxOptions
 SAMPLE = Path(__file__).parent / "data" / "sample_syntax.conllu"
 ALL = "ALL"
 ENCODE_CHUNK = 256  # sentences per tokenizer call when encoding a treebank
-HEAD_CHUNK = 4  # heads per word-level attention computation (bounds its float64 maps)
+HEAD_CHUNK = 1  # heads per word-level attention computation (bounds its float64 maps; docs/syntax.md)
 DIRECTIONS = ("dependent->head", "head->dependent")
 OFFSETS = (-3, -2, -1, 0, 1, 2)
 HEATMAP_RELATIONS = ("det", "nsubj", "obj", "amod", "case", "aux", "nmod:poss", "advmod", ALL)
@@ -166,7 +166,7 @@ def layer_governors(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """One layer's pattern [batch, head, query, key] -> predicted governors in both directions
     ([batch, head, word] each, as :func:`predict_governors`) and, when ``show`` is a row, that
-    sentence's word-level attention [head, n, n] (float32, CPU). Heads go HEAD_CHUNK at a time,
+    sentence's word-level attention [head, n, n] (float32, CPU). Heads go HEAD_CHUNK (1) at a time,
     so the float64 word-level maps of a whole layer are never held at once (each head's are
     computed alone: the chunking changes no value)."""
     n_max = int(n_words.max())

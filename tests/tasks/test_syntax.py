@@ -543,8 +543,8 @@ def test_cli_parser_flag_runs_raw_text(tiny_bert_dir, spacy_pipeline, tmp_path):
 
 
 def test_layer_governors_in_head_chunks_equal_the_whole_layer_at_once():
-    """Heads go HEAD_CHUNK (4) at a time: 6 heads (chunks of 4 and 2) give bitwise the governors
-    and the shown word-level attention of one computation over the whole layer."""
+    """Heads go HEAD_CHUNK at a time: 6 heads in chunks give bitwise the governors and the shown
+    word-level attention of one computation over the whole layer."""
     torch.manual_seed(3)
     encs = [
         Encoded(ids=tuple(range(9)), unit_of_piece=(0, 1, 1, 2, 3, 3, 3, 4, 5), n_words=4),
