@@ -35,13 +35,14 @@ from depthprobe.probes.base.errors import ProbeError
 from depthprobe.probes.base.scores import head_label
 from depthprobe.probes.data.align import Encoded, encode_pieces, unit_matrix, word_attention, word_pieces_many
 from depthprobe.probes.engine.task import Context, Examples, HeatmapPanel, Output, Task, ViewPanel, tidy
-from depthprobe.probes.hooks.capture import Captured, pattern_names
+from depthprobe.probes.hooks.capture import Captured, Reduce, pattern_names
 from depthprobe.probes.models.model import Model
 from depthprobe.tasks.cards import CARDS, SyntaxOptions
 
 SAMPLE = Path(__file__).parent / "data" / "sample_syntax.conllu"
 ALL = "ALL"
 ENCODE_CHUNK = 256  # sentences per tokenizer call when encoding a treebank
+HEAD_CHUNK = 1  # heads per word-level attention computation (bounds its float64 maps; docs/syntax.md)
 DIRECTIONS = ("dependent->head", "head->dependent")
 OFFSETS = (-3, -2, -1, 0, 1, 2)
 HEATMAP_RELATIONS = ("det", "nsubj", "obj", "amod", "case", "aux", "nmod:poss", "advmod", ALL)
@@ -160,6 +161,27 @@ def predict_governors(w: torch.Tensor, n_words: torch.Tensor) -> tuple[torch.Ten
     return w.argmax(-1), w.transpose(-1, -2).contiguous().argmax(-1)
 
 
+def layer_governors(
+    pattern: torch.Tensor, units: torch.Tensor, n_words: torch.Tensor, show: int | None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """One layer's pattern [batch, head, query, key] -> predicted governors in both directions
+    ([batch, head, word] each, as :func:`predict_governors`) and, when ``show`` is a row, that
+    sentence's word-level attention [head, n, n] (float32, CPU). Heads go HEAD_CHUNK (1) at a time,
+    so the float64 word-level maps of a whole layer are never held at once (each head's are
+    computed alone: the chunking changes no value)."""
+    n_max = int(n_words.max())
+    dep, gov, shown = [], [], []
+    for h in range(0, pattern.shape[1], HEAD_CHUNK):
+        w = word_attention(pattern[:, h : h + HEAD_CHUNK], units)[..., 1 : n_max + 1, 1 : n_max + 1]  # [b, h, n, n]
+        if show is not None:
+            n = int(n_words[show])
+            shown.append(w[show, :, :n, :n].to("cpu", torch.float32))
+        d, g = predict_governors(w, n_words)
+        dep.append(d)
+        gov.append(g)
+    return torch.cat(dep, 1), torch.cat(gov, 1), torch.cat(shown) if shown else None
+
+
 def baseline_correct(position: torch.Tensor, n: torch.Tensor, gold: torch.Tensor, root: bool) -> torch.Tensor:
     """Fixed-offset baselines: [words] CoNLL-U positions, lengths, gold heads -> [words, offsets] bool."""
     off = torch.tensor(OFFSETS, device=position.device)
@@ -249,25 +271,41 @@ class Syntax(Task[Options, State]):
             base=torch.zeros(R, len(OFFSETS), **f64),
         )
 
+    def reducer(self, state: State, batch: Batch) -> Reduce:
+        """Each layer's pattern -> its predicted governors (and the shown sentence's word-level
+        attention) as the hook fires: a batch never holds every layer's attention maps."""
+        items: list[Example] = list(batch.items)
+        layers = {name: layer for layer, name in enumerate(pattern_names(state.model.info.n_layers))}
+        n_words = torch.tensor([e.enc.n_words for e in items])
+        show = self._view_row(state, items)
+        units: list[torch.Tensor] = []  # [b, unit, pos], built on the first pattern (its length and device)
+
+        def reduce(name: str, pattern: torch.Tensor) -> Any:
+            if name not in layers:
+                return pattern
+            if not units:
+                units.append(unit_matrix([e.enc for e in items], pattern.shape[-1], pattern.device))
+            return layer_governors(pattern, units[0], n_words, show)
+
+        return reduce
+
     def accumulate(self, state: State, batch: Batch, acts: Captured) -> None:
         info = state.model.info
         items: list[Example] = list(batch.items)
         names = pattern_names(info.n_layers)
-        dev, n_pos = acts[names[0]].device, acts[names[0]].shape[-1]
-        units = unit_matrix([e.enc for e in items], n_pos, dev)  # [b, unit, pos]
+        dev = state.correct.device
         n_max = max(e.enc.n_words for e in items)
         n_words = torch.tensor([e.enc.n_words for e in items], device=dev)
         pred = torch.empty(
             len(items), len(DIRECTIONS), info.n_layers, info.n_heads, n_max, dtype=torch.long, device=dev
         )  # [b, dir, layer, head, word]: predicted governor (word index)
+        shown, reduce = [], self.reducer(state, batch)
+        for layer, name in enumerate(names):  # reduced as each hook fired (or here, given whole patterns)
+            got = acts[name]
+            pred[:, 0, layer], pred[:, 1, layer], view = reduce(name, got) if torch.is_tensor(got) else got
+            if view is not None:
+                shown.append(view)
         show = self._view_row(state, items)
-        shown = []
-        for layer, name in enumerate(names):  # one layer at a time keeps the float64 maps small
-            w = word_attention(acts[name], units)[..., 1 : n_max + 1, 1 : n_max + 1]  # words: [b, h, n, n]
-            if show is not None:
-                n = items[show].enc.n_words
-                shown.append(w[show, :, :n, :n].to("cpu", torch.float32))  # [h, n, n]
-            pred[:, 0, layer], pred[:, 1, layer] = predict_governors(w, n_words)  # [b, h, n] each
         if show is not None and shown:
             state.view = {
                 "words": list(items[show].tree.words),

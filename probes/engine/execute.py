@@ -16,7 +16,7 @@ import torch
 from depthprobe.probes.base.batching import Batch
 from depthprobe.probes.base.signals import check_interrupt
 from depthprobe.probes.engine.task import Context, Examples, Output, Task
-from depthprobe.probes.hooks.capture import Captured, HookFn, Names, forward
+from depthprobe.probes.hooks.capture import Captured, HookFn, Names, Reduce, forward
 from depthprobe.probes.models.model import Model
 
 
@@ -33,7 +33,8 @@ def accumulate(
     """A state started over ``examples`` that has accumulated the task's batches (only those whose
     index is in ``batches``, when given); returns it and the number of batches run. Only the hooks
     the task names are captured; each batch's activations are freed before the next forward pass,
-    so memory stays flat as the data grows.
+    so memory stays flat as the data grows; a task's :meth:`~Task.reducer` reduces each one as its
+    hook fires, so not even one batch's activations are held together.
 
     ``extra`` (hook name -> function) joins the same pass: edits (an ablation) and further
     captures, which ``observe(batch, acts)`` reads before they are freed; with ``observe`` the
@@ -51,9 +52,11 @@ def accumulate(
             if i >= batches.stop:
                 break
             continue
-        acts = forward(model, batch.input_ids, batch.attention_mask, names, logits=logits)
+        reduce = task.reducer(state, batch)
+        reduce = None if reduce is None else _float32(reduce)
+        acts = forward(model, batch.input_ids, batch.attention_mask, names, logits=logits, reduce=reduce)
         for k, v in list(acts.items()):  # half-precision patterns: float32 copies for the metrics
-            if v.dtype in (torch.bfloat16, torch.float16):
+            if isinstance(v, torch.Tensor) and v.dtype in (torch.bfloat16, torch.float16):
                 acts[k] = v.float()
         task.accumulate(state, batch, acts)
         if observe is not None:
@@ -63,6 +66,15 @@ def accumulate(
         if on_batch is not None:
             on_batch(len(batch.items))
     return state, n_batches
+
+
+def _float32(reduce: Reduce) -> Reduce:
+    """The task's reducer, fed float32 copies of half-precision activations (as ``accumulate`` is)."""
+
+    def fed(name: str, t: torch.Tensor) -> Any:
+        return reduce(name, t.float() if t.dtype in (torch.bfloat16, torch.float16) else t)
+
+    return fed
 
 
 def _keep(t: torch.Tensor, hook: Any) -> None:

@@ -13,6 +13,9 @@ A task is a small declarative object:
 - ``hook_names(model, ctx)`` lists the TransformerLens hooks to capture;
 - ``start(model, ctx, examples)`` returns a fresh state; ``accumulate(state, batch, acts)`` folds one
   batch's activations into running sums; ``finalize(state, ctx)`` returns a :class:`Output`;
+- ``reducer(state, batch)`` (optional) returns ``reduce(name, tensor)``, applied to each captured
+  activation as its hook fires: ``accumulate`` then gets what it returned, and the whole
+  activation is freed during the pass (so a batch never holds every layer's attention maps);
 - ``merge(a, b)`` combines two states for a sharded run (``probe run --backend ray``): both were
   started over the same examples (the whole run's) and each accumulated a disjoint, contiguous run
   of its batches, ``a``'s before ``b``'s. ``finalize(merge(a, b))`` must equal ``finalize`` of one
@@ -53,7 +56,7 @@ from depthprobe.tasks import TASKS as TASK_LIBRARY
 
 if TYPE_CHECKING:  # only for annotations: loading models pulls in TransformerLens
     from depthprobe.probes.data.memory import InMemory
-    from depthprobe.probes.hooks.capture import Captured
+    from depthprobe.probes.hooks.capture import Captured, Reduce
     from depthprobe.probes.models.model import Model
 
 OptionsT = TypeVar("OptionsT")  # a task's frozen Options dataclass
@@ -210,6 +213,12 @@ class Task(Configurable, ABC, Generic[OptionsT, StateT]):
     @abstractmethod
     def start(self, model: Model, ctx: Context[OptionsT], examples: Examples) -> StateT:
         """A fresh state for a run over ``examples``."""
+
+    def reducer(self, state: StateT, batch: Batch) -> Reduce | None:
+        """``reduce(name, tensor)`` for this batch's captures (float32 copies of half-precision
+        ones), kept in ``acts`` in place of the activation; None (the default) keeps them whole.
+        It must return a hook it does not reduce unchanged (an ``ablation`` adds its own hooks)."""
+        return None
 
     @abstractmethod
     def accumulate(self, state: StateT, batch: Batch, acts: Captured) -> None:

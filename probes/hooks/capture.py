@@ -28,6 +28,7 @@ from depthprobe.probes.models import bridge_norms, native_attention
 from depthprobe.probes.models.model import Model
 
 HookFn = Callable[[torch.Tensor, Any], torch.Tensor | None]
+Reduce = Callable[[str, torch.Tensor], Any]  # (hook name, activation) -> what the capture keeps of it
 
 
 def pattern_names(n_layers: int) -> list[str]:
@@ -144,6 +145,7 @@ def capture(
     stop_early: bool = False,
     grad: bool = False,
     clone: bool = False,
+    reduce: Reduce | None = None,
 ) -> Iterator[Captured]:
     """Attach hooks to ``names`` for the duration of the block: one name, a list (globs allowed),
     or a dict of name -> function (a different edit per hook).
@@ -153,7 +155,8 @@ def capture(
     kept in the yielded dict, detached; with ``grad`` they are kept as the very tensors the pass
     goes on with (the hook hands the kept tensor back, so a reshaped view such as ``hook_z`` or
     ``hook_q`` is in the graph), gradients attached (run the model outside inference mode);
-    with ``clone``, as copies that later in-place edits in the same pass cannot change.
+    with ``clone``, as copies that later in-place edits in the same pass cannot change. With
+    ``reduce(name, tensor)`` its value is kept instead, as the hook fires (not with ``grad``).
     With ``stop_early`` the forward pass is abandoned as soon as every name has fired, unless
     another capture is open on the model (its hooks must see the whole pass); the block ends
     there, quietly. Edits of pattern or score hooks that could not take effect are refused
@@ -175,7 +178,8 @@ def capture(
                 kept = out if out is not None else tensor
                 if grad:  # a node of its own: its gradient is what flows through this hook point alone
                     kept = kept.view_as(kept)  # (q, k and v read one tensor; TransformerLens's grads are per hook)
-                acts[name] = kept if grad else kept.detach().clone() if clone else kept.detach()
+                kept = kept if grad else kept.detach().clone() if clone else kept.detach()
+                acts[name] = reduce(name, kept) if reduce is not None and not grad else kept
             fired.add(name)
             if stop and wanted.issubset(fired):
                 raise _StopForward
@@ -203,17 +207,18 @@ def forward(
     *,
     logits: bool = False,
     grad: bool = False,
+    reduce: Reduce | None = None,
 ) -> Captured:
     """One batched forward pass returning only the named activations.
 
     Unless ``logits`` is asked for (then stored under ``"logits"``), the pass stops as soon as
     the last named activation is produced, so nothing after it (later blocks, the MLM/LM head
     over the whole vocabulary) is computed. Inside another capture the pass runs to the end.
-    ``grad`` runs outside inference mode and keeps gradients.
+    ``grad`` runs outside inference mode and keeps gradients. ``reduce`` as in :func:`capture`.
     """
     mask = None if attention_mask is None else attention_mask.to(model.device)
     mode = contextlib.nullcontext() if grad else torch.inference_mode()
-    with mode, capture(model, names, fn, stop_early=not logits, grad=grad) as acts:
+    with mode, capture(model, names, fn, stop_early=not logits, grad=grad, reduce=reduce) as acts:
         out = model.bridge(input_ids.to(model.device), attention_mask=mask, return_type="logits" if logits else None)
         if logits:
             acts["logits"] = out

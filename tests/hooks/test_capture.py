@@ -127,3 +127,23 @@ def test_the_early_stop_never_escapes(tiny_gpt2):
         after.append("not reached: the pass stopped at the hook and the block ended there")
     assert acts["blocks.0.hook_resid_pre"].shape == (1, 5, tiny_gpt2.info.d_model)
     assert after == []
+
+
+def test_reduce_keeps_its_value_as_the_hook_fires_and_leaves_other_hooks_whole(tiny_bert):
+    """``reduce(name, tensor)``: what the capture keeps is its return value (here a sum, known
+    from a plain capture of the same pass); a hook it returns unchanged is kept whole."""
+    ids = torch.tensor([[2, 60, 61, 62, 3], [2, 70, 71, 3, 0]])
+    mask = (ids != 0).long()
+    names = ["blocks.0.attn.hook_pattern", "blocks.1.attn.hook_pattern"]
+    plain = forward(tiny_bert, ids, mask, names)
+    seen = []
+
+    def reduce(name, t):
+        seen.append(name)
+        return t.sum((-1, -2)) if name == names[0] else t
+
+    reduced = forward(tiny_bert, ids, mask, names, reduce=reduce)
+    assert seen == names  # in the order the hooks fire, once each
+    assert reduced[names[0]].shape == (2, tiny_bert.info.n_heads)
+    assert torch.equal(reduced[names[0]], plain[names[0]].sum((-1, -2)))
+    assert torch.equal(reduced[names[1]], plain[names[1]])

@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from depthprobe.probes import ProbeError, run
-from depthprobe.probes.data.align import Encoded
+from depthprobe.probes.data.align import Encoded, unit_matrix, word_attention
+from depthprobe.probes.engine.execute import accumulate
 from depthprobe.probes.engine.task import Batch, Context, RunConfig, get_task
 from depthprobe.probes.hooks.capture import Captured, forward, pattern_names
 from depthprobe.tasks.syntax import (
@@ -26,6 +27,7 @@ from depthprobe.tasks.syntax import (
     baseline_correct,
     best_head,
     best_offset,
+    layer_governors,
     predict_governors,
 )
 from tests.helpers import probe_cli
@@ -538,3 +540,49 @@ def test_cli_parser_flag_runs_raw_text(tiny_bert_dir, spacy_pipeline, tmp_path):
 
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["config"]["options"] == {"parser": str(spacy_pipeline)}
+
+
+def test_layer_governors_in_head_chunks_equal_the_whole_layer_at_once():
+    """Heads go HEAD_CHUNK at a time: 6 heads in chunks give bitwise the governors and the shown
+    word-level attention of one computation over the whole layer."""
+    torch.manual_seed(3)
+    encs = [
+        Encoded(ids=tuple(range(9)), unit_of_piece=(0, 1, 1, 2, 3, 3, 3, 4, 5), n_words=4),
+        Encoded(ids=tuple(range(5)), unit_of_piece=(0, 1, 2, 3, 4), n_words=3),
+    ]
+    pattern = torch.softmax(torch.randn(2, 6, 9, 9), -1)  # [batch, head, query, key]
+    pattern[1, :, 5:, :] = 0.0
+    pattern[1, :, :, 5:] = 0.0  # padding of the shorter sentence
+    units = unit_matrix(encs, 9)
+    n_words = torch.tensor([4, 3])
+    whole = word_attention(pattern, units)[..., 1:5, 1:5]
+    shown = whole[0, :, :4, :4].to(torch.float32)
+    dep, gov = predict_governors(whole.clone(), n_words)
+    got_dep, got_gov, got_shown = layer_governors(pattern, units, n_words, show=0)
+    assert torch.equal(got_dep, dep) and torch.equal(got_gov, gov)
+    assert got_dep.shape == (2, 6, 4)
+    assert torch.equal(got_shown, shown)
+    assert layer_governors(pattern, units, n_words, show=None)[2] is None
+
+
+def test_a_run_reduces_each_pattern_as_its_hook_fires(tiny_bert):
+    """Through the engine, syntax's accumulate gets each layer's governors, never the pattern
+    tensors [batch, head, pos, pos]; the counts equal those from whole patterns."""
+    task = get_task("syntax")
+    ctx = Context(RunConfig(model="x", task="syntax", batch_size=4), Options())
+    examples = task.load(tiny_bert, ctx)
+    kinds = set()
+
+    def observe(batch, acts):
+        kinds.update(type(acts[n]).__name__ for n in pattern_names(tiny_bert.info.n_layers))
+
+    state, n_batches = accumulate(task, tiny_bert, ctx, examples, observe=observe)
+    assert n_batches > 1 and kinds == {"tuple"}
+    whole = task.start(tiny_bert, ctx, examples)
+    for batch in task.batches(tiny_bert, examples, ctx):
+        acts = forward(tiny_bert, batch.input_ids, batch.attention_mask, task.hook_names(tiny_bert, ctx))
+        assert all(acts[n].dim() == 4 for n in task.hook_names(tiny_bert, ctx))
+        task.accumulate(whole, batch, acts)
+    for name in ("correct", "total", "base"):
+        assert torch.equal(getattr(state, name), getattr(whole, name)), name
+    assert torch.equal(state.view["w"], whole.view["w"])
