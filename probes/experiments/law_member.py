@@ -345,8 +345,8 @@ def _outcome(job: LawJob, base_row: dict[str, Any], fill: Any, t0: float) -> tup
 __all__ = [
     "Hands",
     "LawTask",
-    "SkipPredictions",
     "Predict",
+    "SkipPredictions",
     "finish",
     "hands",
     "measure",

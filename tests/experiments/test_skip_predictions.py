@@ -25,7 +25,9 @@ def trained(family: str):
     net = model.bridge.original_model
     params = [p for p in net.parameters() if p.requires_grad]
     opt = decay_adamw(net, lr=cfg.lr, betas=(0.9, 0.98), weight_decay=cfg.weight_decay)
-    train_steps(net, lambda x: fast_logits(model, x), exp.source(job), opt, params, steps_plan(cfg), device=model.device)
+    train_steps(
+        net, lambda x: fast_logits(model, x), exp.source(job), opt, params, steps_plan(cfg), device=model.device
+    )
     return exp, job, model
 
 
