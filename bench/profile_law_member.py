@@ -5,6 +5,9 @@ Phases: training steps (the loop without its evaluations), the learning-curve ev
 ``eval_every`` steps, building the evaluation sets, the final evaluation, the family's probe
 (khop: hop attention), the checkpoint, the depth-usage probe, the skipped-block accuracy, and
 writing the member's CSV files; the evaluations' forward passes are also split by sequence length.
+The passes on the sets ``skipped_accuracy.csv`` reads (intact and each block skipped, from one
+intact prefix: ``law_member.SkipPredictions``) run inside the final evaluation and are their own
+line; "skipped-block accuracy" is then the scoring of their predictions.
 What is left of the member's wall time (model build, counting, member.json) is printed as "rest".
 
     .venv/bin/python bench/profile_law_member.py --family khop --depths 3 --ks 2 --steps 300
@@ -74,6 +77,17 @@ def instrument(family: str) -> None:
         return out
 
     law_member.member_logits = by_length
+    skipped = law_member.skipped_logits
+
+    def skipped_by_length(model, tokens):
+        with phase("intact and skipped-block passes on the sets skipped_accuracy.csv reads"):
+            t0 = time.perf_counter()
+            out = list(skipped(model, tokens))
+            label = f"  of which forward passes at length {tokens.shape[1]} (skipped-block sets)"
+            SPENT[label] += time.perf_counter() - t0
+        return out
+
+    law_member.skipped_logits = skipped_by_length
     hands = law_member.hands
 
     def hands_timed(*args, **kwargs):

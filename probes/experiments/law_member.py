@@ -53,7 +53,7 @@ from depthprobe.probes.models.device import resolve_device
 from depthprobe.probes.models.loading import load
 from depthprobe.probes.models.model import Model
 from depthprobe.probes.training.batched import train_batched
-from depthprobe.probes.training.fast_forward import fast_logits
+from depthprobe.probes.training.fast_forward import fast_logits, skipped_logits
 from depthprobe.probes.training.lm import decay_adamw
 from depthprobe.probes.training.loop import BatchSource, Steps, Window, train_steps
 
@@ -115,6 +115,46 @@ def predictor(model: Model, skip: tuple[int, ...] = ()) -> Predict:
     return partial(predict, model, skip=skip)
 
 
+class SkipPredictions:
+    """A member's predictions on the sets ``skipped_accuracy.csv`` reads, intact and with each single
+    block skipped, all from one intact pass per chunk (:func:`~probes.training.fast_forward.skipped_logits`:
+    the same values as :func:`predict` with ``skip=()`` and ``skip=(s,)``, bit for bit, at about
+    half the block passes): the final evaluation's intact predictions on those sets come from the
+    same passes. Other inputs are predicted as :func:`predict` does."""
+
+    def __init__(self, model: Model, inputs: list[torch.Tensor]) -> None:
+        self.model = model
+        self.inputs = inputs  # the sets' inputs, by identity
+        self.done: list[tuple[torch.Tensor, Any, dict[int | None, torch.Tensor]]] = []
+
+    def predictor(self, block: int | None = None) -> Predict:
+        """The ``predict`` of the member with ``block`` skipped (None: intact)."""
+        return partial(self._predict, block)
+
+    def _predict(
+        self, block: int | None, inputs: torch.Tensor, decide: Callable[[torch.Tensor], torch.Tensor] | None = None
+    ) -> torch.Tensor:
+        for known, how, predictions in self.done:
+            if known is inputs and how is decide:
+                return predictions[block]
+        if not any(inputs is x for x in self.inputs):
+            return predict(self.model, inputs, decide, () if block is None else (block,))
+        predictions = self._all(inputs, decide)
+        self.done.append((inputs, decide, predictions))
+        return predictions[block]
+
+    @torch.no_grad()
+    def _all(
+        self, inputs: torch.Tensor, decide: Callable[[torch.Tensor], torch.Tensor] | None
+    ) -> dict[int | None, torch.Tensor]:
+        decide = decide or (lambda logits: logits.argmax(-1))
+        parts: dict[int | None, list[torch.Tensor]] = {}
+        for chunk in inputs.split(EVAL_CHUNK):
+            for block, logits in skipped_logits(self.model, chunk.to(self.model.device)):
+                parts.setdefault(block, []).append(decide(logits).cpu())
+        return {block: torch.cat(chunks) for block, chunks in parts.items()}
+
+
 @dataclass
 class Hands:
     """What a member's training hands back to it: its loss log and learning curve, filled by
@@ -157,15 +197,19 @@ def steps_plan(cfg: Any) -> Steps:
     )
 
 
-def depth_files(exp: LawTask, job: LawJob, model: Model, sets: dict[int, Any], folder: Path) -> None:
+def depth_files(
+    exp: LawTask, job: LawJob, model: Model, usage: tuple[torch.Tensor, dict[int, Any]], skips: SkipPredictions,
+    folder: Path,
+) -> None:  # fmt: skip
     """``depth_usage.csv`` on the family's depth-usage inputs, and ``skipped_accuracy.csv``: the
-    accuracy per key on the final evaluation sets the family chooses (:meth:`~LawExperiment.usage`),
-    intact and with each single block skipped."""
-    inputs, chosen = exp.usage(job, sets)
+    accuracy per key on the final evaluation sets the family chooses (``usage``:
+    :meth:`~LawExperiment.usage`), intact and with each single block skipped (``skips``: their
+    predictions)."""
+    inputs, chosen = usage
     member_depth.write_depth_usage(model, inputs, folder, job.name, max_len=job.context)
 
     def evaluate(block: int | None) -> dict[int, float]:
-        scores = exp.scores(job, predictor(model, () if block is None else (block,)), chosen)
+        scores = exp.scores(job, skips.predictor(block), chosen)
         return {value: acc for value, (acc, _) in scores.items()}
 
     member_depth.write_skipped_accuracy(model, evaluate, folder, job.name, key=exp.key)
@@ -213,7 +257,9 @@ def finish(
     trained with, itself included); no extra ``member.json`` entries."""
     nonembed, embed = families.count_params(model)
     sets = exp.eval_sets(job, job.config.eval_sequences)
-    final = exp.scores(job, predictor(model), sets)
+    usage = exp.usage(job, sets) if job.config.depth_usage else None
+    skips = SkipPredictions(model, [x for x, *_ in usage[1].values()] if usage else [])
+    final = exp.scores(job, skips.predictor(), sets)  # on the skipped-block sets, with their passes
     write_csv(folder / "loss.csv", pd.DataFrame(member.log, columns=["step", "loss", "lr", "elapsed_s"]))
     curves = pd.DataFrame(member.curves)
     write_csv(folder / "curves.csv", curves)
@@ -224,8 +270,8 @@ def finish(
     write_csv(folder / "accuracy.csv", accuracy)
     save_checkpoint(model, folder / "checkpoint", {"law_study": {"member": job.name, "family": exp.name}})
     exp.probe(job, model, folder, source)
-    if job.config.depth_usage:  # after every other measurement: nothing above depends on it
-        depth_files(exp, job, model, sets, folder)
+    if usage is not None:  # after every other measurement: nothing above depends on it
+        depth_files(exp, job, model, usage, skips, folder)
     row.update(params=nonembed + embed, params_nonembed=nonembed, train_s=seconds, batch=batch)
     row.update(
         steps_per_s=job.config.steps / seconds if seconds > 0 else None, device=str(resolve_device(job.config.device))
@@ -300,6 +346,7 @@ __all__ = [
     "Hands",
     "LawTask",
     "Predict",
+    "SkipPredictions",
     "finish",
     "hands",
     "measure",

@@ -10,7 +10,7 @@ the bridge (hooks and all) computes this function, which ``tests/training/test_t
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Iterator
 from typing import Any
 
 import torch
@@ -52,24 +52,64 @@ def fast_logits(model: Model, tokens: torch.Tensor, skip: Collection[int] = ()) 
     ``skip``: blocks whose output is their input (the same function as the bridge under
     :func:`~probes.hooks.depth.skip_layers`, checked in tests).
     """
+    native = _native(model)
+    h = _embed(native, tokens)
+    for i, wrapped in enumerate(native.layers):
+        if i not in skip:
+            h = _block(inner(wrapped), h)
+    return _readout(native, h)
+
+
+def skipped_logits(model: Model, tokens: torch.Tensor) -> Iterator[tuple[int | None, torch.Tensor]]:
+    """``(None, intact logits)``, then ``(s, logits with block s skipped)`` for every block s: the
+    values of :func:`fast_logits` with ``skip=()`` and ``skip=(s,)``, bit for bit, at about half
+    the block passes. Blocks before s compute in the pass without s what they compute intact, so
+    that pass starts from the intact residual entering block s and runs blocks s+1..L-1 alone
+    (the skipped block's output is its input): L(L+1)/2 block passes for L blocks instead of
+    L(L+1) (the residual entering every block of ``tokens`` is held meanwhile)."""
+    native = _native(model)
+    blocks = [inner(wrapped) for wrapped in native.layers]
+    h = _embed(native, tokens)
+    entering = []
+    for block in blocks:
+        entering.append(h)
+        h = _block(block, h)
+    yield None, _readout(native, h)
+    for s in range(len(blocks)):
+        h = entering[s]
+        for block in blocks[s + 1 :]:
+            h = _block(block, h)
+        yield s, _readout(native, h)
+
+
+def _native(model: Model) -> Any:
     native = model.bridge.original_model
     if float(getattr(native, "output_logits_soft_cap", -1.0)) > 0:
         raise ProbeError("logit soft-capping is not supported by the training fast path")
-    t = tokens.shape[1]
-    h = inner(native.tok_embed)(tokens)  # [b, t, d]
+    return native
+
+
+def _embed(native: Any, tokens: torch.Tensor) -> torch.Tensor:
+    """The residual entering block 0: token embeddings (plus learned positions). [b, t, d]"""
+    h = inner(native.tok_embed)(tokens)
     if native.pos is not None:
-        h = h + inner(native.pos).weight[:t]
-    for i, wrapped in enumerate(native.layers):
-        if i in skip:
-            continue
-        block = inner(wrapped)
-        h = h + _attention(inner(block.attn), inner(block.ln1)(h))
-        if not block.cfg.attn_only:
-            mlp = inner(block.mlp)
-            mid = mlp.act(inner(mlp.fc_in)(inner(block.ln2)(h)))
-            if mlp.ln is not None:
-                mid = mlp.ln(mid)
-            h = h + inner(mlp.fc_out)(mid)
+        h = h + inner(native.pos).weight[: tokens.shape[1]]
+    return h
+
+
+def _block(block: Any, h: torch.Tensor) -> torch.Tensor:
+    """One pre-LN block (its innermost module) on the residual ``h``."""
+    h = h + _attention(inner(block.attn), inner(block.ln1)(h))
+    if not block.cfg.attn_only:
+        mlp = inner(block.mlp)
+        mid = mlp.act(inner(mlp.fc_in)(inner(block.ln2)(h)))
+        if mlp.ln is not None:
+            mid = mlp.ln(mid)
+        h = h + inner(mlp.fc_out)(mid)
+    return h
+
+
+def _readout(native: Any, h: torch.Tensor) -> torch.Tensor:
     return inner(native.head)(inner(native.ln_out)(h))
 
 
