@@ -158,7 +158,12 @@ class Spa(TextExperiment):
         )
 
     def facts(self, config: SpaConfig) -> list[str]:
-        return [*super().facts(config), *([config.espa_fact()] if "e-spa" in config.variants else [])]
+        pos = "positional: learned (every member adds a learned absolute position embedding, context x width)"
+        return [
+            *super().facts(config),
+            *([config.espa_fact()] if "e-spa" in config.variants else []),
+            *([pos] if config.positional == "learned" else []),
+        ]
 
     def prepare(self, config: SpaConfig, jobs: list[TextJob], say: Callable[[str], None]) -> Corpus:
         if "e-spa" in config.variants:

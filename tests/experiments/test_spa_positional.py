@@ -22,6 +22,14 @@ def test_positional_defaults_to_none_and_reaches_every_member():
     assert len(jobs) == 3 and {job.net_config(300).positional for job in jobs} == {"learned"}
 
 
+def test_page_facts_name_learned_positional_only_when_on():
+    from depthprobe.probes.experiments.protocol import get_experiment
+
+    spa = get_experiment("spa")
+    assert not any("positional" in f for f in spa.facts(resolve("spa", "smoke")))
+    assert any(f.startswith("positional: learned") for f in spa.facts(resolve("spa", "smoke", positional="learned")))
+
+
 def test_unknown_positional_is_one_line_naming_learned(tmp_path):
     with pytest.raises(ProbeError, match="did you mean 'learned'"):
         resolve("spa", "smoke", positional="learnd")
