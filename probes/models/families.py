@@ -445,10 +445,10 @@ def spa(
     the attention (:mod:`probes.measures.tat`), He et al.'s setting; names end in ``-tat``. Either
     way the baselines (pre-LN, vanilla) get the same blocks, for an equal comparison. Baselines use
     softmax attention. Members have token embeddings W_E and an unembedding W_U and no positional
-    embedding unless the study's ``positional`` is learned (W_P, set by its job); ``budget`` is None (the variants differ only by
-    LayerNorm gains or Value-SkipInit's per-head alpha, beta). Non-causal variants (``dong``) are
-    refused: a language model must not see the next token. Members are ordered by variant, then
-    depth."""
+    embedding unless the study's ``positional`` is learned (W_P, set by its job); ``budget`` is None
+    (the variants differ only by LayerNorm gains or Value-SkipInit's per-head alpha, beta).
+    Non-causal variants (``dong``) are refused: a language model must not see the next token.
+    Members are ordered by variant, then depth."""
     _check_positive("spa", width=width, heads=heads)
     if width % heads:
         raise ProbeError(f"spa: width={width} is not divisible by heads={heads}; pick a multiple")
