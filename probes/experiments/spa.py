@@ -44,12 +44,15 @@ class SpaConfig(TextConfig):
     """``d_model``: the width; ``variants``: those compared; ``mlp``: none (attention-only blocks)
     or tat (TAT leaky-ReLU MLPs, He et al.'s setting); ``gamma_last``: E-SPA's kernel endpoint
     gamma_L (the last layer's target exp(-gamma_L |i - j|); the current token keeps 1 - exp(-2
-    gamma_L) of its variance there at init)."""
+    gamma_L) of its variance there at init); ``positional``: none (no positional encoding, the
+    published tables) or learned (every member adds a learned absolute position embedding, so
+    pre-LN is not left without one against E-SPA's built-in recency; optional)."""
 
     d_model: int = 64
     variants: tuple[str, ...] = ("pre-ln", "vanilla", "e-spa", "u-spa", "value-skipinit")
     mlp: Literal["none", "tat"] = "none"
     gamma_last: float = GAMMA_LAST
+    positional: Literal["none", "learned"] = "none"
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -76,12 +79,13 @@ class SpaConfig(TextConfig):
 @dataclass(frozen=True)
 class VariantJob(TextJob):
     """An spa member: the depth-study network (``models/variant_net.py``) with the study's
-    gamma_last, trained by calling it directly, saved with its tokenizer beside it."""
+    gamma_last and positional encoding, trained by calling it directly, saved with its tokenizer beside it."""
 
     def net_config(self, vocab: int) -> SPAConfig:
-        """The member's SPAConfig with the study's gamma_last (it changes only E-SPA's attention)."""
+        """The member's SPAConfig with the study's gamma_last (it changes only E-SPA's attention) and
+        positional encoding."""
         spa = self.member.spa(vocab, self.config.context, self.seed)
-        return dataclasses.replace(spa, gamma_last=self.config.gamma_last)
+        return dataclasses.replace(spa, gamma_last=self.config.gamma_last, positional=self.config.positional)
 
     def network(self, vocab: int, device: Any) -> Model:
         from depthprobe.probes.models import variant_net
@@ -154,7 +158,12 @@ class Spa(TextExperiment):
         )
 
     def facts(self, config: SpaConfig) -> list[str]:
-        return [*super().facts(config), *([config.espa_fact()] if "e-spa" in config.variants else [])]
+        pos = "positional: learned (every member adds a learned absolute position embedding, context x width)"
+        return [
+            *super().facts(config),
+            *([config.espa_fact()] if "e-spa" in config.variants else []),
+            *([pos] if config.positional == "learned" else []),
+        ]
 
     def prepare(self, config: SpaConfig, jobs: list[TextJob], say: Callable[[str], None]) -> Corpus:
         if "e-spa" in config.variants:

@@ -48,7 +48,7 @@ LEVINE_RATIO = (3, 5)  # levine's d_ff / d_model range (Levine et al.: 4)
 LEVINE_MIN_HEADS = 2
 
 # top-level parameter names: the native model (TransformerLens NativeModel) and VariantTransformer
-EMBEDDING = frozenset({"tok_embed", "pos", "head", "W_E", "W_U"})
+EMBEDDING = frozenset({"tok_embed", "pos", "head", "W_E", "W_P", "W_U"})
 NON_EMBEDDING = frozenset({"layers", "ln_out", "blocks"})
 
 
@@ -60,7 +60,7 @@ def count_params(model: Any) -> tuple[int, int]:
 
     ``model``: a :class:`Model`, a TransformerBridge over a native model, the native model itself
     or an :class:`~probes.models.variant_net.VariantTransformer`. Embedding: token embedding, positional
-    embedding, unembedding and its bias (tok_embed, pos, head; W_E, W_U). Non-embedding: the
+    embedding, unembedding and its bias (tok_embed, pos, head; W_E, W_P, W_U). Non-embedding: the
     blocks and the final norm (layers, ln_out; blocks)."""
     module = getattr(model, "bridge", model)
     module = getattr(module, "original_model", module)
@@ -444,11 +444,11 @@ def spa(
     MLP blocks (``d_ff`` = 4 width) with TAT leaky ReLUs whose slopes share the kernel budget with
     the attention (:mod:`probes.measures.tat`), He et al.'s setting; names end in ``-tat``. Either
     way the baselines (pre-LN, vanilla) get the same blocks, for an equal comparison. Baselines use
-    softmax attention. Members have token embeddings W_E and an unembedding W_U but no positional
-    embedding; ``budget`` is None (the variants differ only by
-    LayerNorm gains or Value-SkipInit's per-head alpha, beta). Non-causal variants (``dong``) are
-    refused: a language model must not see the next token. Members are ordered by variant, then
-    depth."""
+    softmax attention. Members have token embeddings W_E and an unembedding W_U and no positional
+    embedding unless the study's ``positional`` is learned (W_P, set by its job); ``budget`` is None
+    (the variants differ only by LayerNorm gains or Value-SkipInit's per-head alpha, beta).
+    Non-causal variants (``dong``) are refused: a language model must not see the next token.
+    Members are ordered by variant, then depth."""
     _check_positive("spa", width=width, heads=heads)
     if width % heads:
         raise ProbeError(f"spa: width={width} is not divisible by heads={heads}; pick a multiple")

@@ -25,7 +25,10 @@ DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
 @dataclass(frozen=True)
 class SPAConfig:
-    """One member of the family. ``branch_scale`` None means 1/sqrt(depth)."""
+    """One member of the family. ``branch_scale`` None means 1/sqrt(depth). ``positional`` "none": no
+    positional encoding (causal masking carries position); "learned": a learned absolute position
+    embedding W_P [n_ctx, width], N(0, 1) like W_E, added to the token embedding (the sum times
+    1/sqrt(2), so the input keeps unit variance per coordinate at init)."""
 
     depth: int = 4
     width: int = 256
@@ -45,6 +48,7 @@ class SPAConfig:
     rho_last: float = 0.8
     seed: int = 0
     dtype: Literal["float32", "float64"] = "float32"  # parameters, buffers and activations
+    positional: Literal["none", "learned"] = "none"  # learned: an absolute position embedding W_P [n_ctx, width]
 
     def __post_init__(self) -> None:
         for name in ("depth", "width", "heads", "n_ctx", "d_vocab"):
@@ -86,7 +90,8 @@ class SPAConfig:
         block = 4 * d * d + ln + (2 * self.heads if self.attention == "value-skipinit" else 0)
         if self.mlp:
             block += 2 * d * d_mlp + ln
-        return 2 * self.d_vocab * d + self.depth * block
+        pos = self.n_ctx * d if self.positional == "learned" else 0
+        return 2 * self.d_vocab * d + pos + self.depth * block
 
     def n_bytes(self, training: bool = False) -> int:
         """float32 weights (x4 when training: gradients and Adam's moments) + per-layer masks; SPA
@@ -113,8 +118,9 @@ class SPAConfig:
         return self.attention in ORTHOGONAL_BY_DEFAULT if self.orthogonal is None else self.orthogonal
 
     def spec(self) -> str:
-        """Every field, except ``mlp_kind`` while it is relu (so specs from before it stay the same)."""
-        fields = {k: v for k, v in dataclasses.asdict(self).items() if not (k == "mlp_kind" and v == "relu")}
+        """Every field, except ``mlp_kind`` while it is relu and ``positional`` while it is none (so
+        specs from before them stay the same)."""
+        fields = {k: v for k, v in dataclasses.asdict(self).items() if (k, v) not in _UNSPOKEN}
         return "spa:" + ",".join(f"{k}={_fmt(v)}" for k, v in fields.items())
 
     @classmethod
@@ -126,6 +132,9 @@ class SPAConfig:
         depth = kwargs.get("depth", cls.depth)
         preset = variant_config(pairs["variant"], depth) if "variant" in pairs else {}
         return cls(**{**preset, **kwargs})
+
+
+_UNSPOKEN = (("mlp_kind", "relu"), ("positional", "none"))  # defaults left out of spec()
 
 
 def _fmt(v: Any) -> str:
