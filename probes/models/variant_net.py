@@ -10,8 +10,8 @@ or normalisation-free networks. This family is built on TransformerLens's ``Hook
 Inputs: token ids [batch, pos] looked up in a random embedding table W_E with N(0, 1) entries
 (no positional embedding), so distinct tokens give Sigma_0 ~ I with unit diagonal; or float
 embeddings [batch, pos, d_model] used as they are. With ``positional="learned"`` token ids get
-(W_E[token] + W_P[pos]) / sqrt(2), W_P [n_ctx, d_model] learned with N(0, 1) entries drawn after
-every other weight (so the other weights are those of the same seed without it; Sigma_0 ~ I still);
+W_E[token] + W_P[pos], W_P [n_ctx, d_model] learned from zeros (so at initialisation the network,
+its weights and Sigma_0 are exactly those of the same seed without it);
 float embeddings are still used as they are. ``attention_mask`` [batch, pos] (1 = real)
 masks padded keys.
 
@@ -252,8 +252,8 @@ class VariantTransformer(HookedRootModule):
             Block(cfg, gen, None if spa is None else spa[i], slopes[i]) for i in range(cfg.depth)
         )
         self.W_U = _gauss(gen, cfg.width, cfg.d_vocab, std=cfg.width**-0.5)
-        if cfg.positional == "learned":  # drawn last: every other weight is the one without it
-            self.W_P = _gauss(gen, cfg.n_ctx, cfg.width, std=1.0)
+        if cfg.positional == "learned":  # zeros: at init the network is the one without it
+            self.W_P = nn.Parameter(torch.zeros(cfg.n_ctx, cfg.width))
         self.to(cfg.torch_dtype)  # Gaussian draws are the float32 ones, cast: the same weights in either dtype
         self.setup()
 
@@ -268,7 +268,7 @@ class VariantTransformer(HookedRootModule):
                 )
             x = self.W_E[input]  # [b, t] -> [b, t, d]
             if self.cfg.positional == "learned":
-                x = (x + self.W_P[: input.shape[1]]) * 0.5**0.5
+                x = x + self.W_P[: input.shape[1]]
         elif input.dim() == 3 and input.shape[-1] == self.cfg.width:
             x = input.to(self.W_E.dtype)
         else:

@@ -27,8 +27,8 @@ DTYPES = {"float32": torch.float32, "float64": torch.float64}
 class SPAConfig:
     """One member of the family. ``branch_scale`` None means 1/sqrt(depth). ``positional`` "none": no
     positional encoding (causal masking carries position); "learned": a learned absolute position
-    embedding W_P [n_ctx, width], N(0, 1) like W_E, added to the token embedding (the sum times
-    1/sqrt(2), so the input keeps unit variance per coordinate at init)."""
+    embedding W_P [n_ctx, width] added to the token embedding, learned from zeros (so at
+    initialisation the network is exactly the one without it)."""
 
     depth: int = 4
     width: int = 256

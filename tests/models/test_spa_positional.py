@@ -1,4 +1,5 @@
-"""SPAConfig's ``positional``: none is the network from before the field, learned adds W_P [n_ctx, width]."""
+"""SPAConfig's ``positional``: none is the network from before the field, learned adds W_P [n_ctx, width]
+learned from zeros."""
 
 from __future__ import annotations
 
@@ -47,7 +48,23 @@ def test_learned_adds_n_ctx_by_width_and_keeps_every_other_weight(variant):
     assert learned.W_P.shape == (8, 16)
     a, b = dict(none.named_parameters()), dict(learned.named_parameters())
     assert set(b) - set(a) == {"W_P"}
-    assert all(torch.equal(a[k], b[k]) for k in a)  # W_P is drawn last
+    assert all(torch.equal(a[k], b[k]) for k in a)  # W_P draws nothing from the seed
+    assert not learned.W_P.any()  # learned from zeros
+
+
+@pytest.mark.parametrize("variant", list(BEFORE))
+def test_learned_starts_as_the_network_without_it(variant):
+    """At initialisation W_P is zero, so the logits equal the positional-free network's exactly;
+    after one gradient step W_P has moved (it is trained) and the logits differ."""
+    none, learned = _net(f"spa:variant={variant},{SMALL}"), _net(f"spa:variant={variant},{SMALL},positional=learned")
+    with torch.no_grad():
+        assert torch.equal(learned(TOKENS), none(TOKENS))
+    loss = learned(TOKENS)[0, :-1].log_softmax(-1).gather(-1, TOKENS[0, 1:, None]).mean()
+    loss.backward()
+    assert learned.W_P.grad is not None and learned.W_P.grad[:7].abs().sum() > 0
+    with torch.no_grad():
+        learned.W_P.sub_(learned.W_P.grad)
+        assert not torch.equal(learned(TOKENS), none(TOKENS))
 
 
 def test_spec_names_positional_only_when_learned():
@@ -70,6 +87,8 @@ def test_order_of_earlier_tokens_reaches_the_last_position_only_with_learned(pos
     net = _net(f"spa:variant=pre-ln,{SMALL.replace('depth=2', 'depth=1')},attention=softmax,positional={positional}")
     with torch.no_grad():
         net.blocks[0].attn.W_Q.mul_(8.0)  # sharper attention: a clear difference when positions count
+        if positional == "learned":  # a trained position table (it starts at zeros)
+            net.W_P.copy_(torch.randn(8, 16, generator=torch.Generator().manual_seed(2), dtype=torch.float64))
         swapped = TOKENS[:, [1, 0, *range(2, 8)]]
         diff = (net(TOKENS)[0, -1] - net(swapped)[0, -1]).abs().max().item()
     assert (diff > 1e-3) if moves else (diff < 1e-12), diff
