@@ -134,6 +134,7 @@ def map_jobs(
     processes: int = 1,
     setup: Callable[[], None] | None = None,
     on_done: Callable[[int, JobResult], None] | None = None,
+    order: Sequence[int] | None = None,
 ) -> list[JobResult]:
     """``fn(job)`` for every job, as :class:`JobResult` in job order.
 
@@ -147,19 +148,19 @@ def map_jobs(
     process died (the other processes keep their jobs); a job whose Ray worker or node dies is
     resubmitted by Ray up to ``retries`` times. A job that still fails is ``ok=False`` with
     its error; the others go on. ``on_done(index, result)`` runs here, on the driver, as each job
-    finishes (in completion order). Ctrl-C cancels the outstanding jobs and re-raises."""
+    finishes (in completion order). ``order`` (a permutation of the job indices): the order jobs
+    are handed to member processes or Ray, e.g. longest first, so that a long job started last does
+    not run alone while the other processes idle; in this process jobs run in job order.
+    Ctrl-C cancels the outstanding jobs and re-raises."""
     check_backend(backend)
     check_jobs(processes)
-    if retries < 0:
-        raise ProbeError(f"--retries must be 0 or more, got {retries}")
-    if cpus_per_job < 0 or gpus_per_job < 0:
-        raise ProbeError("CPUs and GPUs per job must be 0 or more")
+    _check_placing(len(jobs), retries, cpus_per_job, gpus_per_job, order)
     if backend == "local" and (processes == 1 or len(jobs) < 2):
         return _drive(_InProcess(fn, jobs), len(jobs), retries, on_done)
     if backend == "local":
         n = min(processes, len(jobs))
         with LocalProcesses(fn, jobs, n, max(1, local_slots() // n), setup) as pool:
-            return _drive(pool, len(jobs), retries, on_done)
+            return _drive(pool, len(jobs), retries, on_done, order)
     if not jobs:  # nothing to run: no Ray session (joining a cluster takes seconds)
         return []
     with ray_session(address) as ray:
@@ -174,7 +175,8 @@ def map_jobs(
                 on_done(i, result)
 
         try:
-            return _drive(_OnRay(ray, fn, jobs, cpus_per_job, gpus_per_job, retries), len(jobs), retries, done)
+            ray_jobs = _OnRay(ray, fn, jobs, cpus_per_job, gpus_per_job, retries)
+            return _drive(ray_jobs, len(jobs), retries, done, order)
         except ClusterLost as exc:
             raise ClusterLost(
                 f"{exc}; the {finished[0]} of {len(jobs)} members that finished are kept "
@@ -182,14 +184,29 @@ def map_jobs(
             ) from None
 
 
-def _drive(runner: Any, n: int, retries: int, on_done: Callable[[int, JobResult], None] | None) -> list[JobResult]:
-    """The one retry loop: submit every job, take each outcome as it comes, resubmit a failed call
-    or a crashed member process up to ``retries`` times (a crashed Ray worker Ray has already
-    retried: ``runner.retries_crashes``), report each job once."""
+def _check_placing(n: int, retries: int, cpus: float, gpus: float, order: Sequence[int] | None) -> None:
+    if order is not None and sorted(order) != list(range(n)):
+        raise ProbeError(f"order must be a permutation of the {n} job indices, got {list(order)}")
+    if retries < 0:
+        raise ProbeError(f"--retries must be 0 or more, got {retries}")
+    if cpus < 0 or gpus < 0:
+        raise ProbeError("CPUs and GPUs per job must be 0 or more")
+
+
+def _drive(
+    runner: Any,
+    n: int,
+    retries: int,
+    on_done: Callable[[int, JobResult], None] | None,
+    order: Sequence[int] | None = None,
+) -> list[JobResult]:
+    """The one retry loop: submit every job (in ``order``, default job order), take each outcome
+    as it comes, resubmit a failed call or a crashed member process up to ``retries`` times (a
+    crashed Ray worker Ray has already retried: ``runner.retries_crashes``), report each job once."""
     pending: dict[Any, tuple[int, int]] = {}  # handle -> (job index, attempt)
     results: list[JobResult | None] = [None] * n
     try:
-        for i in range(n):
+        for i in range(n) if order is None else order:
             pending[runner.submit(i)] = (i, 1)
         while pending:
             handle, out = runner.next_done(pending)

@@ -159,6 +159,18 @@ def run_unit(exp: Any, unit: Any) -> list[Outcome]:
     return [(exp.run_member(unit), None)]
 
 
+def longest_first(exp: Any, cfg: Any, units: Sequence[Any], context: Any) -> list[int] | None:
+    """The order to hand ``units`` to member processes: the largest estimated work first (a unit's
+    members' training FLOPs from :meth:`Experiment.plan_row`), ties in plan order, so that the
+    longest member does not start last and run alone while the other processes idle (list
+    scheduling, longest first). None when a member's FLOPs are not known (plan order)."""
+    flops = [[exp.plan_row(cfg, job, context).get("flops") for job in members(unit)] for unit in units]
+    if any(f is None for unit in flops for f in unit):
+        return None
+    work = [sum(float(f) for f in unit) for unit in flops]
+    return sorted(range(len(units)), key=lambda i: (-work[i], i))
+
+
 def auto_jobs(free_bytes: int | None, unit_bytes: int | None, cores: int, units: int) -> int:
     """Member processes on one GPU when ``--jobs`` is not given: what ``MEMORY_SHARE`` of the free
     memory holds at ``unit_bytes`` plus a CUDA context each, at most ``cores`` (each process keeps
@@ -268,6 +280,7 @@ __all__ = [
     "cpu_jobs",
     "default_jobs",
     "family_module",
+    "longest_first",
     "member_modules",
     "members",
     "plan_units",

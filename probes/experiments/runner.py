@@ -114,7 +114,8 @@ def study(
         if done:
             say(f"{len(done)} finished member(s) kept in {folder}; {len(jobs_) - len(done)} to run")
         try:
-            run_jobs(exp, cfg, folder, todo, len(done), len(jobs_), say, where)
+            order = batching.longest_first(exp, cfg, todo, context)
+            run_jobs(exp, cfg, folder, todo, (len(done), len(jobs_)), say, where, order)
         except ProbeError:  # refused before any member ran (a Ray cluster at join time): no new study.json
             if saved is None:
                 folders.forget_new_study(folder)
@@ -206,17 +207,21 @@ def run_jobs(
     cfg: Any,
     folder: Path,
     units: list[Any],
-    done: int,
-    total: int,
+    counts: tuple[int, int],
     say: Callable[[str], None],
     where: Backend,
+    order: list[int] | None = None,
 ) -> None:
     """Run the units still to do (:func:`units_to_run`), recording each member as it finishes:
     its folder (a Ray member's files; a local member wrote its own), its line, members.csv (after
-    each unit: a member alone or a batch); a failed one with its error."""
+    each unit: a member alone or a batch); a failed one with its error. ``counts``: the members
+    finished before and in the whole plan (the progress lines' numbers); ``order``: the order the
+    units go to member processes or Ray (:func:`.batching.longest_first`; in this process, plan
+    order)."""
     from depthprobe.probes.engine.distributed import map_jobs
     from depthprobe.probes.experiments import batching
 
+    done, total = counts
     counter = {"n": done}
     device = cfg.device
     jobs = where.jobs if isinstance(where.jobs, int) else None  # study() resolved "auto"
@@ -237,7 +242,8 @@ def run_jobs(
 
     placing = replace(where, jobs=jobs).placing(len(units))
     try:
-        map_jobs(partial(batching.run_unit, exp), units, setup=plugin_setup(exp), on_done=unit_done, **placing)
+        run = partial(batching.run_unit, exp)
+        map_jobs(run, units, setup=plugin_setup(exp), on_done=unit_done, order=order, **placing)
     except BaseException:  # members stopped mid-write (their processes are gone) leave no hidden folder
         artifacts.remove_stale_partials(folder / folders.MEMBERS / "any", any_name=True)
         raise

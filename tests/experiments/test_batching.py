@@ -91,3 +91,30 @@ def test_law_members_batch_by_shape_not_seed():
 def test_bad_batch_members_refused_before_any_folder(tmp_path, value):
     cli_error(["study", "--family", "khop", "--batch-members", value, "--out", tmp_path / "never"], "--batch-members")
     assert not (tmp_path / "never").exists()
+
+
+def test_longest_first_hands_out_the_largest_members_first_ties_in_plan_order():
+    from depthprobe.probes.experiments.protocol import get_experiment
+
+    cfg = resolve("khop", "cpu")
+    jobs = plan(cfg)
+    order = batching.longest_first(get_experiment("khop"), cfg, jobs, None)
+    names = [jobs[i].name for i in order]
+    # parameters (docs/depth-laws.md): control 269,464 > depth 5 254,336 > ... > depth 1 54,400
+    assert names == [
+        "control-L2-d104-s0", "control-L2-d104-s1", "L5-d64-s0", "L5-d64-s1", "L4-d64-s0", "L4-d64-s1",
+        "L3-d64-s0", "L3-d64-s1", "L2-d64-s0", "L2-d64-s1", "L1-d64-s0", "L1-d64-s1",
+    ]  # fmt: skip
+
+
+def test_longest_first_is_plan_order_when_a_members_work_is_not_known():
+    from depthprobe.probes.experiments.protocol import Experiment
+
+    class Unknown:
+        def plan_row(self, config, job, context):
+            return Experiment.plan_row(self, config, job, context)  # flops None
+
+        def base_row(self, job):
+            return {"member": job.name}
+
+    assert batching.longest_first(Unknown(), None, [J("a", "A"), J("b", "B")], None) is None
