@@ -21,9 +21,9 @@ batch still gets its own folder, files and row, exactly as when trained alone.
 ``--jobs`` not given (:func:`auto_jobs`): on a CPU 1, as always; on CUDA as many member processes
 as the GPU's free memory holds (each unit's estimated training memory plus a CUDA context), at most
 the host's cores and :data:`MAX_AUTO_JOBS`. ``--jobs auto`` (:func:`cpu_jobs`): on a CPU, the
-usable cores when the plan's estimated work gains more from them than the member processes cost
-(:data:`PROCESS_START_S`: the fork server's imports, paid once), else 1 (members in the driver);
-on CUDA as when not given.
+usable cores when the plan's estimated work (each member's training FLOPs plus its family's
+``member_overhead_s``) gains more wall time from them than the member processes add
+(:data:`PROCESS_START_S`), else 1 (members in the driver); on CUDA as when not given.
 
 ``--jobs N`` (N > 1, local): the fork server the member processes fork from starts before the
 study plans (:func:`warm_members`), importing what a member needs (:data:`MEMBER_MODULES` and the
@@ -46,8 +46,11 @@ AUTO_CPU = 4  # members per batch under auto on a CPU (the bench's 4)
 AUTO_CPU_WIDTH = 32  # widest member batched under auto on a CPU (measured: a gain at 16, none at 64)
 CUDA_CONTEXT_BYTES = 512 * 2**20  # a CUDA context per member process (about 300-500 MB)
 MEMORY_SHARE = 0.8  # of the GPU's free memory that auto --jobs fills
-PROCESS_START_S = 5.0  # CPU seconds member processes cost: the fork server's imports (torch, the project)
-MEMBER_FIXED_S = 2.0  # CPU seconds of a member beyond its training FLOPs (model build, probes, files)
+# Wall seconds member processes add to a study: the fork server imports torch and the project on
+# another core while the driver plans (and the driver's own first member would import them too),
+# so what is left is forking, pipes and the imports not overlapped: measured 0.1-0.4 s on the law
+# smoke presets (bench/bench_jobs.py --smoke-all); 1 s leaves a margin.
+PROCESS_START_S = 1.0
 MEMBER_MODULES = (  # what every built-in family's member imports on its first run (python -X importtime)
     "transformer_lens.model_bridge",
     "depthprobe.probes.experiments.batching",
@@ -182,14 +185,15 @@ def auto_jobs(free_bytes: int | None, unit_bytes: int | None, cores: int, units:
     return max(1, min(by_memory, cores, MAX_AUTO_JOBS, units))
 
 
-def cpu_jobs(work_s: Sequence[float | None], cores: int) -> int:
+def cpu_jobs(work_s: Sequence[float | None], cores: int, overhead_s: float = 2.0) -> int:
     """``--jobs auto`` on a CPU: ``cores`` slots (at most one per member) when the members'
-    estimated CPU seconds (None: unknown, taken as large), each plus :data:`MEMBER_FIXED_S`,
-    gain more wall time from them than the member processes cost (:data:`PROCESS_START_S`); else 1."""
+    estimated CPU seconds (None: unknown, taken as large), each plus ``overhead_s`` (the family's
+    ``member_overhead_s``), gain more wall time from them than the member processes add
+    (:data:`PROCESS_START_S`); else 1."""
     n = max(1, min(cores, len(work_s)))
     if n == 1 or any(w is None for w in work_s):
         return n
-    work = sum(float(w) + MEMBER_FIXED_S for w in work_s if w is not None)
+    work = sum(float(w) + overhead_s for w in work_s if w is not None)
     return n if work * (1 - 1 / n) > PROCESS_START_S else 1
 
 
@@ -235,11 +239,11 @@ def chosen_jobs(exp: Any, cfg: Any, jobs: list[Any], context: Any, say: Callable
         return None
     minutes = [exp.plan_row(cfg, job, context).get("cpu_minutes") for job in jobs]
     work = [None if m is None else 60.0 * float(m) for m in minutes]
-    n = cpu_jobs(work, local_slots())
-    known = sum(w + MEMBER_FIXED_S for w in work if w is not None)
+    n = cpu_jobs(work, local_slots(), exp.member_overhead_s)
+    known = sum(w + exp.member_overhead_s for w in work if w is not None)
     say(
-        f"--jobs {n} (chosen: {len(jobs)} members of about {known:.0f} CPU-s estimated, member processes "
-        f"cost about {PROCESS_START_S:.0f} CPU-s to start, {local_slots()} cores; pass --jobs N to choose)"
+        f"--jobs {n} (chosen: {len(jobs)} members of about {known:.1f} CPU-s estimated, member processes "
+        f"add about {PROCESS_START_S:.0f} s, {local_slots()} cores; pass --jobs N to choose)"
     )
     warm_members(exp.name, "local", n)
     return n

@@ -47,6 +47,7 @@ class LawExperiment(Experiment):
     key: ClassVar[str]  # the evaluation key's column: k, T, max_length
     second: ClassVar[str]  # accuracy.csv's second accuracy column
     extra_tables: ClassVar[tuple[str, ...]] = ()  # member tables gathered besides accuracy and curves
+    member_overhead_s: ClassVar[float] = 0.3  # smoke members beyond the first: 0.1-0.3 s besides training
     prediction: ClassVar[str] = ""  # the prediction, for the page
     member_columns: ClassVar[tuple[str, ...]] = ()  # members.csv's columns copied onto accuracy.csv
     id_columns: ClassVar[tuple[str, ...]] = ("group", "depth", "d_model", "heads", "seed", "control")

@@ -96,6 +96,7 @@ class Experiment:
     parsers: ClassVar[dict[str, Callable[[str], Any]]] = {}  # field -> reader of its text form (``50k``)
     id_columns: ClassVar[tuple[str, ...]] = ("depth", "seed")  # members.csv's columns copied onto the depth tables
     members_note: ClassVar[str] = ""  # HTML the report shows above its member table (what the columns mean)
+    member_overhead_s: ClassVar[float] = 2.0  # a member's CPU seconds beyond its training FLOPs (--jobs auto)
 
     # -- what a family must say ----------------------------------------------------------------
     def plan(self, config: Any) -> list[Any]:
