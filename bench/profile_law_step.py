@@ -47,13 +47,9 @@ def cpu_ms(fn, steps: int) -> float:
     return (time.process_time() - c0) / steps * 1e3
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--family", default="khop", choices=["khop", "crasp", "groups"])
-    ap.add_argument("--depths", default="3")
-    ap.add_argument("--ks", default="2")
-    ap.add_argument("--steps", type=int, default=40)
-    args = ap.parse_args()
+def member_setup(family: str, depth: int, ks: str):
+    """One cpu-preset member of ``family`` at ``depth`` (``ks``: its k values), ready to train on
+    one thread: ``(make_step, source)``, where ``make_step(src)`` is one update on ``src``'s batches."""
     from depthprobe.probes.experiments.law_member import BETAS
     from depthprobe.probes.experiments.runner import planned
     from depthprobe.probes.models.loading import load
@@ -61,24 +57,40 @@ def main() -> None:
     from depthprobe.probes.training.lm import decay_adamw
     from depthprobe.probes.training.loop import _update
 
-    options = {"depths": (int(args.depths),), "seeds": 1, "control": False}
-    if args.family != "groups":
-        options["ks"] = tuple(int(k) for k in args.ks.split(","))
-    exp, cfg, jobs = planned(args.family, "cpu", options)
+    options: dict = {"depths": (depth,), "seeds": 1, "control": False}
+    if family != "groups":
+        options["ks"] = tuple(int(k) for k in ks.split(","))
+    exp, cfg, jobs = planned(family, "cpu", options)
     torch.set_num_threads(1)
     model = load(jobs[0].native(), device="cpu")
     net = model.bridge.original_model
     params = [p for p in net.parameters() if p.requires_grad]
     opt = decay_adamw(net, lr=cfg.lr, betas=BETAS, weight_decay=cfg.weight_decay)
-    source = exp.source(jobs[0])
     net.train()
 
-    def step(src):
+    def make_step(src):
         return lambda s: _update(lambda x: fast_logits(model, x), src, opt, params, s, cfg.lr_at(s), 1.0,
                                  model.device, torch.nn.utils.clip_grad_norm_)  # fmt: skip
 
+    return make_step, exp.source(jobs[0])
+
+
+def member_step(family: str, depth: int, ks: str):
+    """One update of the member at its own batch shape, and that shape."""
+    make_step, source = member_setup(family, depth, ks)
+    return make_step(source), tuple(source.batch(0)[0].shape)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--family", default="khop", choices=["khop", "crasp", "groups"])
+    ap.add_argument("--depths", default="3")
+    ap.add_argument("--ks", default="2")
+    ap.add_argument("--steps", type=int, default=40)
+    args = ap.parse_args()
+    step, source = member_setup(args.family, int(args.depths), args.ks)
     shape = tuple(source.batch(0)[0].shape)
-    print(f"{args.family} {jobs[0].name}, batch {shape}; load average {os.getloadavg()}")
+    print(f"{args.family} L{args.depths}, batch {shape}; load average {os.getloadavg()}")
     full, fixed = cpu_ms(step(source), args.steps), cpu_ms(step(Cut(source, 1, 5)), args.steps)
     data = cpu_ms(source.batch, args.steps)
     print(f"update at the member's shape: {full:.1f} CPU-ms; on 1 x 5 tokens: {fixed:.1f} CPU-ms "
