@@ -205,7 +205,7 @@ class KHop(LawExperiment):
             ),
             "cpu": Preset(
                 "depths 1-5 and a wide 2-layer control at width 64, k 1-4, N 48, 2 seeds, 3,000 steps: 12 members, "
-                "14 min with --jobs 2 on 2 idle CPU cores (measured; 27 CPU-minutes)",
+                "13 min with --jobs 2 on 2 CPU cores (measured, longest member first; 26 CPU-minutes)",
                 {**COMMON["cpu"], "depths": (1, 2, 3, 4, 5)},
             ),
             "demo": Preset(
