@@ -170,8 +170,8 @@ class Crasp(LawExperiment):
             ),
             "cpu": Preset(
                 "L_3-L_6 at depths 1-5 (width 64) and the control (depth k - 3, width 128), lengths 32-64, evaluated "
-                "to 512, 2 seeds, 2,000 steps: 46 members, 90 CPU-minutes, 67 min with --jobs 2 on partly shared cores "
-                "(measured; about 45-50 min on 2 idle cores: docs/depth-laws.md)",
+                "to 512, 2 seeds, 2,000 steps: 46 members, 53 min with --jobs 2 on 2 idle CPU cores (measured, longest "
+                "member first; 105 CPU-minutes: docs/depth-laws.md)",
                 {**COMMON["cpu"], "depths": (1, 2, 3, 4, 5), "steps": 2000},
             ),
             "demo": Preset(
