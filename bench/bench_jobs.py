@@ -18,7 +18,7 @@ whether every table the two studies wrote (each top-level CSV, timed columns apa
 
     .venv/bin/python bench/bench_jobs.py [--family levine] [--jobs 2] [--rounds 3]
     .venv/bin/python bench/bench_jobs.py --sweep induction [--jobs 2] [--rounds 1]
-    .venv/bin/python bench/bench_jobs.py --smoke-all [--jobs 2] [--rounds 1]
+    .venv/bin/python bench/bench_jobs.py --smoke-all [--jobs 2|auto] [--rounds 1]
 """
 
 from __future__ import annotations
@@ -101,7 +101,7 @@ def tables(folder: Path) -> dict[str, object]:
     return {p.name: pd.read_csv(p).drop(columns=TIMED, errors="ignore") for p in sorted(folder.glob("*.csv"))}
 
 
-def whole_study(family: str, extra: list[str], jobs: int) -> tuple[float, float, dict[str, object]]:
+def whole_study(family: str, extra: list[str], jobs: int | str) -> tuple[float, float, dict[str, object]]:
     """``probe study --preset smoke`` as its own process: (wall s, CPU s, its tables)."""
     probe = str(Path(sys.executable).parent / "probe")
     with tempfile.TemporaryDirectory() as tmp:
@@ -118,14 +118,15 @@ def same_tables(a: dict[str, object], b: dict[str, object]) -> bool:
     return a.keys() == b.keys() and all(a[k].equals(b[k]) for k in a)  # type: ignore[attr-defined]
 
 
-def smoke_all(jobs: int, rounds: int, families: list[str]) -> None:
-    """The smoke presets of ``families``, --jobs 1 against --jobs ``jobs``, whole processes, interleaved."""
+def smoke_all(jobs: int | str, rounds: int, families: list[str]) -> None:
+    """The smoke presets of ``families``, --jobs 1 against --jobs ``jobs`` (a number or auto), whole
+    processes, interleaved."""
     print(f"whole `probe study` processes, {rounds} round(s) each, order alternating per round")
     print(f"{'preset':18s} {'--jobs 1':>9s} {f'--jobs {jobs}':>9s} {'ratio':>6s} {'CPU-s 1':>8s} "
           f"{f'CPU-s {jobs}':>8s}  tables equal  load")  # fmt: skip
     for family in families:
         extra = SMOKE_ALL[family]
-        runs: dict[int, list[tuple[float, float, dict[str, object]]]] = {1: [], jobs: []}
+        runs: dict[int | str, list[tuple[float, float, dict[str, object]]]] = {1: [], jobs: []}
         for r in range(rounds):
             for n in [1, jobs] if r % 2 == 0 else [jobs, 1]:
                 runs[n].append(whole_study(family, extra, n))
@@ -147,7 +148,7 @@ def timed_sweep(task: str, jobs: int, options: dict) -> tuple[float, object]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--family", default="levine", choices=["levine", "petty", "spa"])
-    ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--jobs", default="2", help="a number; with --smoke-all also auto")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--min-tokens", type=int, default=None, help="override the preset's training tokens")
     ap.add_argument("--sweep", choices=sorted(SWEEP_SMOKE), default=None, help="time this sweep, not a study")
@@ -155,11 +156,15 @@ def main() -> None:
     ap.add_argument("--families", default=",".join(SMOKE_ALL), help="with --smoke-all: these families only")
     args = ap.parse_args()
     options = {} if args.min_tokens is None else {"min_tokens": args.min_tokens}
+    if args.jobs == "auto" and not args.smoke_all:
+        ap.error("--jobs auto is for --smoke-all; give a number")
+    jobs = 0 if args.jobs == "auto" else int(args.jobs)
     cores = len(os.sched_getaffinity(0))
     print(f"{cores} usable cores; load average before: {os.getloadavg()}")
     if args.smoke_all:
         adopt_orphans()
-        smoke_all(args.jobs, args.rounds, [f.strip() for f in args.families.split(",") if f.strip()])
+        families = [f.strip() for f in args.families.split(",") if f.strip()]
+        smoke_all(args.jobs if args.jobs == "auto" else int(args.jobs), args.rounds, families)
         print(f"load average after: {os.getloadavg()}")
         return
     if args.sweep is not None:
@@ -170,7 +175,7 @@ def main() -> None:
         timed(args.family, 1, {**options, "min_tokens": 4096})  # corpus and tokenizer cached, imports done
     one, many = [], []
     for r in range(args.rounds):
-        order = [1, args.jobs] if r % 2 == 0 else [args.jobs, 1]
+        order = [1, jobs] if r % 2 == 0 else [jobs, 1]
         for jobs in order:
             t, table = run(jobs, options)
             (one if jobs == 1 else many).append((t, table))
@@ -178,7 +183,7 @@ def main() -> None:
     same = all(a[1].equals(b[1]) for a, b in zip(one, many, strict=True))
     speedups = [a[0] / b[0] for a, b in zip(one, many, strict=True)]
     print(f"--jobs 1: median {statistics.median(t for t, _ in one):.1f} s; "
-          f"--jobs {args.jobs}: median {statistics.median(t for t, _ in many):.1f} s")  # fmt: skip
+          f"--jobs {jobs}: median {statistics.median(t for t, _ in many):.1f} s")  # fmt: skip
     print(f"speed-up per round: {', '.join(f'{s:.2f}x' for s in speedups)}; "
           f"median {statistics.median(speedups):.2f}x")  # fmt: skip
     what = "sweep scores" if args.sweep else f"members.csv apart from {', '.join(TIMED)}"
