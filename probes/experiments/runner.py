@@ -114,8 +114,7 @@ def study(
         if done:
             say(f"{len(done)} finished member(s) kept in {folder}; {len(jobs_) - len(done)} to run")
         try:
-            order = batching.longest_first(exp, cfg, todo, context)
-            run_jobs(exp, cfg, folder, todo, (len(done), len(jobs_)), say, where, order)
+            run_jobs(exp, cfg, folder, todo, (len(done), len(jobs_)), say, where, context)
         except ProbeError:  # refused before any member ran (a Ray cluster at join time): no new study.json
             if saved is None:
                 folders.forget_new_study(folder)
@@ -210,14 +209,14 @@ def run_jobs(
     counts: tuple[int, int],
     say: Callable[[str], None],
     where: Backend,
-    order: list[int] | None = None,
+    context: Any = None,
 ) -> None:
     """Run the units still to do (:func:`units_to_run`), recording each member as it finishes:
     its folder (a Ray member's files; a local member wrote its own), its line, members.csv (after
     each unit: a member alone or a batch); a failed one with its error. ``counts``: the members
-    finished before and in the whole plan (the progress lines' numbers); ``order``: the order the
-    units go to member processes or Ray (:func:`.batching.longest_first`; in this process, plan
-    order)."""
+    finished before and in the whole plan (the progress lines' numbers). Member processes and Ray
+    take the units longest first (:func:`.batching.longest_first`, from the plan's rows for
+    ``context``); in this process they run in plan order."""
     from depthprobe.probes.engine.distributed import map_jobs
     from depthprobe.probes.experiments import batching
 
@@ -241,6 +240,8 @@ def run_jobs(
         write_members(exp, folder)
 
     placing = replace(where, jobs=jobs).placing(len(units))
+    alone = placing["backend"] == "local" and placing["processes"] == 1
+    order = None if alone else batching.longest_first(exp, cfg, units, context)
     try:
         run = partial(batching.run_unit, exp)
         map_jobs(run, units, setup=plugin_setup(exp), on_done=unit_done, order=order, **placing)
