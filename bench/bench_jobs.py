@@ -66,7 +66,7 @@ def timed(family: str, jobs: int, options: dict) -> tuple[float, object]:
     bad = table[table.status != "ok"]
     if len(bad):
         raise SystemExit(f"members failed: {bad.error.tolist()}")
-    return elapsed, table.drop(columns=TIMED)
+    return elapsed, table.drop(columns=TIMED, errors="ignore")
 
 
 def cpu_seconds() -> float:
@@ -158,13 +158,13 @@ def main() -> None:
     options = {} if args.min_tokens is None else {"min_tokens": args.min_tokens}
     if args.jobs == "auto" and not args.smoke_all:
         ap.error("--jobs auto is for --smoke-all; give a number")
-    jobs = 0 if args.jobs == "auto" else int(args.jobs)
+    jobs: int | str = args.jobs if args.jobs == "auto" else int(args.jobs)
     cores = len(os.sched_getaffinity(0))
     print(f"{cores} usable cores; load average before: {os.getloadavg()}")
     if args.smoke_all:
         adopt_orphans()
         families = [f.strip() for f in args.families.split(",") if f.strip()]
-        smoke_all(args.jobs if args.jobs == "auto" else int(args.jobs), args.rounds, families)
+        smoke_all(jobs, args.rounds, families)
         print(f"load average after: {os.getloadavg()}")
         return
     if args.sweep is not None:
@@ -175,11 +175,10 @@ def main() -> None:
         timed(args.family, 1, {**options, "min_tokens": 4096})  # corpus and tokenizer cached, imports done
     one, many = [], []
     for r in range(args.rounds):
-        order = [1, jobs] if r % 2 == 0 else [jobs, 1]
-        for jobs in order:
-            t, table = run(jobs, options)
-            (one if jobs == 1 else many).append((t, table))
-            print(f"round {r + 1}: --jobs {jobs}: {t:.1f} s  (load {os.getloadavg()[0]:.2f})", flush=True)
+        for n in [1, jobs] if r % 2 == 0 else [jobs, 1]:
+            t, table = run(n, options)
+            (one if n == 1 else many).append((t, table))
+            print(f"round {r + 1}: --jobs {n}: {t:.1f} s  (load {os.getloadavg()[0]:.2f})", flush=True)
     same = all(a[1].equals(b[1]) for a, b in zip(one, many, strict=True))
     speedups = [a[0] / b[0] for a, b in zip(one, many, strict=True)]
     print(f"--jobs 1: median {statistics.median(t for t, _ in one):.1f} s; "
