@@ -8,7 +8,6 @@ against the same products timed alone: what is left to win without changing the 
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import time
@@ -53,14 +52,10 @@ def gemm_alone(shapes: list[tuple[int, int, int]], repeats: int = 50) -> float:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--family", default="khop", choices=["khop", "crasp", "groups"])
-    ap.add_argument("--depths", default="3")
-    ap.add_argument("--ks", default="2")
-    ap.add_argument("--steps", type=int, default=10)
-    args = ap.parse_args()
-    from profile_law_step import member_step
+    from profile_law_step import member_args, member_step
     from torch.profiler import ProfilerActivity, profile
+
+    args = member_args(__doc__, steps=10)
 
     step, shape = member_step(args.family, int(args.depths), args.ks)
     for s in range(5):

@@ -81,13 +81,18 @@ def member_step(family: str, depth: int, ks: str):
     return make_step(source), tuple(source.batch(0)[0].shape)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def member_args(doc: str, steps: int) -> argparse.Namespace:
+    """The command line of a law-member profiler: --family, --depths (one depth), --ks, --steps."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
     ap.add_argument("--family", default="khop", choices=["khop", "crasp", "groups"])
     ap.add_argument("--depths", default="3")
     ap.add_argument("--ks", default="2")
-    ap.add_argument("--steps", type=int, default=40)
-    args = ap.parse_args()
+    ap.add_argument("--steps", type=int, default=steps)
+    return ap.parse_args()
+
+
+def main() -> None:
+    args = member_args(__doc__, steps=40)
     step, source = member_setup(args.family, int(args.depths), args.ks)
     shape = tuple(source.batch(0)[0].shape)
     print(f"{args.family} L{args.depths}, batch {shape}; load average {os.getloadavg()}")
